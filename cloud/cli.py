@@ -1,0 +1,92 @@
+"""``eventspec-cloud``: run the Video-LLaVA verifier."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from cloud.config import CloudSettings
+from shared.types import ServerLimits
+
+log = logging.getLogger("eventspec.cloud")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = CloudSettings.from_env()
+    parser = argparse.ArgumentParser(prog="eventspec-cloud", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve eventspec.v1.Verifier over gRPC")
+    serve.add_argument("--model", default=env.model,
+                       help="a local Video-LLaVA-7B-hf directory, or tiny-random (default: %(default)s)")
+    serve.add_argument("--host", default=env.host, help="bind address (default: %(default)s)")
+    serve.add_argument("--port", type=int, default=env.port, help="port; 0 picks a free one")
+    serve.add_argument("--device", default=env.device, help="cpu, cuda or cuda:N")
+    serve.add_argument("--dtype", default=env.dtype,
+                       choices=["float32", "fp32", "float16", "fp16", "bfloat16", "bf16"])
+    serve.add_argument("--max-sessions", type=int, default=ServerLimits().max_sessions,
+                       help="concurrent Generate streams; more get RESOURCE_EXHAUSTED")
+    serve.add_argument("--max-new-tokens", type=int, default=ServerLimits().max_new_tokens,
+                       help="cap on a request's max_new_tokens")
+    serve.add_argument("--profile", type=Path, default=None,
+                       help="calibration profile file (default: ~/.cache/eventspec/...)")
+    serve.add_argument("--no-calibrate", action="store_true",
+                       help="skip warm-up calibration and use a fixed cost model")
+    serve.add_argument("--port-file", type=Path, default=None,
+                       help="write the bound port here once SERVING (for --port 0)")
+    serve.add_argument("--log-level", default="INFO")
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> CloudSettings:
+    if args.max_sessions < 1:
+        raise SystemExit("--max-sessions must be >= 1")
+    return replace(
+        CloudSettings(),
+        model=args.model,
+        host=args.host,
+        port=args.port,
+        device=args.device,
+        dtype=args.dtype,
+        limits=replace(ServerLimits(), max_sessions=args.max_sessions,
+                       max_new_tokens=args.max_new_tokens),
+        profile_path=args.profile,
+        calibrate=not args.no_calibrate,
+    )
+
+
+async def serve(settings: CloudSettings, port_file: Path | None) -> None:
+    from cloud.server import VerifierServer
+
+    server = VerifierServer(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    if port_file is not None:
+        port_file.write_text(str(server.port))
+    await stop.wait()
+    log.info("shutting down (grace %.0f s)", settings.grace_s)
+    await server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = settings_from_args(args)
+    try:
+        asyncio.run(serve(settings, args.port_file))
+    except Exception as exc:  # a clear one-line error for operators
+        log.error("eventspec-cloud failed: %s", exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""The cloud node's settings: one object, built from CLI flags and environment, passed down."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shared.types import ServerLimits
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(f"EVENTSPEC_CLOUD_{name}", default)
+
+
+@dataclass(frozen=True)
+class CloudSettings:
+    """Everything the verifier needs to start; see ``eventspec-cloud serve --help``."""
+
+    model: str = "tiny-random"
+    host: str = "127.0.0.1"
+    port: int = 50061
+    device: str = "cpu"
+    dtype: str = "float32"
+    limits: ServerLimits = field(default_factory=ServerLimits)
+    #: Widest verify forward: C[-1] plus up to this many minus one drafts.
+    max_verify_tokens: int = 33
+    #: Sessions older than this are released by the sweeper (a leak guard).
+    session_ttl_s: float = 600.0
+    #: How long to wait for aligned features after Open.
+    input_timeout_s: float = 30.0
+    #: Calibration profile file; None = under ~/.cache/eventspec.
+    profile_path: Path | None = None
+    #: Skip calibration and use a fixed cost model (tests).
+    calibrate: bool = True
+    grace_s: float = 5.0
+    seed: int = 0
+
+    @staticmethod
+    def from_env() -> CloudSettings:
+        """Defaults overridden by EVENTSPEC_CLOUD_* environment variables."""
+        return CloudSettings(
+            model=_env("MODEL", "tiny-random"),
+            host=_env("HOST", "127.0.0.1"),
+            port=int(_env("PORT", "50061")),
+            device=_env("DEVICE", "cpu"),
+            dtype=_env("DTYPE", "float32"),
+        )
+
+    def resolved_profile_path(self, model_id: str) -> Path:
+        if self.profile_path is not None:
+            return self.profile_path
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model_id)
+        base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+        return base / "eventspec" / f"cloud-{safe}-{self.device}-{self.dtype}.msgpack"

@@ -1,0 +1,291 @@
+"""One Generate stream, end to end, over domain types (no protobuf, no gRPC).
+
+The servicer converts wire messages to domain messages and back; this module owns the
+order of events: Open, the visual input, Plan, prefill (while hidden drafts arrive),
+then steps that each verify whatever valid drafts extend C, then Done. A reader task
+consumes the edge's messages concurrently, so drafts land while the model works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from cloud.decoding import DecodingSession
+from cloud.runtime import VerifierRuntime
+from shared.codec import TensorAssembler, TensorHeaderInfo
+from shared.errors import (
+    DeadlineExceeded,
+    EventSpecError,
+    FailedPrecondition,
+    InvalidInput,
+)
+from shared.timing import TimingPlan
+from shared.types import (
+    CancelRequest,
+    CommitEvent,
+    DoneEvent,
+    DraftTail,
+    FinishReason,
+    OpenRequest,
+    TensorChunkData,
+)
+
+log = logging.getLogger(__name__)
+
+from shared.convert import CloudOutbound, EdgeInbound  # noqa: E402
+
+FEATURE_TENSOR_NAME = "video_features"
+MAX_QUESTION_CHARS = 4096
+
+
+@dataclass
+class ByteCounter:
+    """Serialized bytes each way, filled in by the transport."""
+
+    uplink: int = 0
+    downlink: int = 0
+
+
+def _describe(msg: object) -> str:
+    return type(msg).__name__
+
+
+class _Inbox:
+    """Consumes the edge's messages after Open; feeds drafts, tensors and cancels."""
+
+    def __init__(self, session: DecodingSession, open_req: OpenRequest, rt: VerifierRuntime):
+        self.session = session
+        self.open = open_req
+        self.rt = rt
+        self.error: EventSpecError | None = None
+        self.wake = asyncio.Event()
+        self.features_ready = asyncio.Event()
+        self.features: torch.Tensor | None = None
+        self._assembler: TensorAssembler | None = None
+        self.cancelled = False
+
+    async def consume(self, messages: AsyncIterator[EdgeInbound]) -> None:
+        try:
+            async for msg in messages:
+                self._handle(msg)
+                self.wake.set()
+        except EventSpecError as exc:
+            self.error = exc
+        finally:
+            self.wake.set()
+            self.features_ready.set()
+
+    def _handle(self, msg: EdgeInbound) -> None:
+        if isinstance(msg, DraftTail):
+            self.session.offer_drafts(msg)
+        elif isinstance(msg, CancelRequest):
+            self.cancelled = True
+            self.session.finish(FinishReason.CANCELLED)
+        elif isinstance(msg, TensorHeaderInfo):
+            self._on_header(msg)
+        elif isinstance(msg, TensorChunkData):
+            self._on_chunk(msg)
+        elif isinstance(msg, OpenRequest):
+            raise FailedPrecondition("a second Open arrived on the same Generate stream")
+        else:
+            raise InvalidInput(f"unexpected message {_describe(msg)}")
+
+    def _on_header(self, header: TensorHeaderInfo) -> None:
+        spec = self.open.aligned
+        if spec is None:
+            raise InvalidInput(
+                f"tensor {header.name!r} sent, but Open declared frames, not aligned features"
+            )
+        if self._assembler is not None or self.features is not None:
+            raise InvalidInput(f"a second tensor header ({header.name!r}) arrived")
+        geometry = self.rt.info.geometry
+        if tuple(header.shape) != geometry.feature_shape:
+            raise InvalidInput(
+                f"aligned features have shape {list(header.shape)}, but this verifier "
+                f"expects {list(geometry.feature_shape)} (GetServerInfo.geometry)"
+            )
+        self._assembler = TensorAssembler(
+            header,
+            max_bytes=self.rt.info.limits.max_tensor_bytes,
+            expected_name=FEATURE_TENSOR_NAME,
+            expected_shape=geometry.feature_shape,
+        )
+
+    def _on_chunk(self, chunk: TensorChunkData) -> None:
+        if self._assembler is None:
+            raise InvalidInput(f"tensor chunk {chunk.index} of {chunk.name!r} before its header")
+        self._assembler.add_chunk(chunk.index, chunk.data, name=chunk.name)
+        if self._assembler.done:
+            feats = self._assembler.finish_dequantized(torch.float32)  # [F, T, D]
+            if not bool(torch.isfinite(feats).all()):
+                bad = int((~torch.isfinite(feats)).sum())
+                raise InvalidInput(f"aligned features contain {bad} NaN or inf values")
+            self.features = feats
+            self._assembler = None
+            self.features_ready.set()
+
+
+def validate_open(open_req: OpenRequest, rt: VerifierRuntime) -> OpenRequest:
+    """Check what needs the server's geometry and limits; return with settings filled."""
+    if not open_req.question.strip():
+        raise InvalidInput("question is empty")
+    if len(open_req.question) > MAX_QUESTION_CHARS:
+        raise InvalidInput(
+            f"question of {len(open_req.question)} characters exceeds {MAX_QUESTION_CHARS}"
+        )
+    info = rt.info
+    settings = open_req.generation.validated(info.limits.max_new_tokens)
+    if open_req.frames is not None:
+        n = len(open_req.frames)
+        if n != info.geometry.num_frames:
+            raise InvalidInput(
+                f"frames clip has {n} frames; this verifier needs exactly "
+                f"{info.geometry.num_frames}"
+            )
+        for i, frame in enumerate(open_req.frames):
+            if len(frame) > info.limits.max_frame_bytes:
+                raise InvalidInput(
+                    f"frame {i} is {len(frame)} bytes, over the cap of "
+                    f"{info.limits.max_frame_bytes}"
+                )
+    if open_req.aligned is not None:
+        if tuple(open_req.aligned.shape) != info.geometry.feature_shape:
+            raise InvalidInput(
+                f"Open declares aligned features of shape {list(open_req.aligned.shape)}, "
+                f"but this verifier expects {list(info.geometry.feature_shape)}"
+            )
+        if open_req.aligned.dtype not in ("float32", "float16", "bfloat16", "int8"):
+            raise InvalidInput(
+                f"aligned features must be float32/float16/bfloat16/int8, "
+                f"not {open_req.aligned.dtype}"
+            )
+    return OpenRequest(
+        request_id=open_req.request_id,
+        question=open_req.question,
+        generation=settings,
+        frames=open_req.frames,
+        aligned=open_req.aligned,
+        edge_cost=open_req.edge_cost,
+        deadline_ms=open_req.deadline_ms,
+        speculative=open_req.speculative,
+    )
+
+
+async def run_generate(
+    rt: VerifierRuntime, messages: AsyncIterator[EdgeInbound], counter: ByteCounter
+) -> AsyncIterator[CloudOutbound]:
+    """Serve one Generate stream: yields a Plan, Commits, then Done."""
+    try:
+        first = await anext(messages)
+    except StopAsyncIteration:
+        raise InvalidInput("the Generate stream ended before its Open message") from None
+    if not isinstance(first, OpenRequest):
+        raise FailedPrecondition(f"the first message must be Open, got {_describe(first)}")
+    open_req = validate_open(first, rt)
+    settings = open_req.generation
+    session = DecodingSession(
+        settings=settings,
+        text_vocab_size=rt.info.text_vocab_size,
+        eos_token_id=rt.info.eos_token_id,
+        max_draft_tokens=rt.info.limits.max_draft_tokens,
+        max_verify_tokens=rt.settings.max_verify_tokens,
+        decode=rt.target.decode,
+        speculative=open_req.speculative,
+        deadline_ms=open_req.deadline_ms,
+    )
+
+    async def release() -> None:
+        if session.engine_state is not None:
+            state = session.engine_state
+            session.engine_state = None
+            await rt.worker.run(lambda: rt.engine.release(state))
+
+    key = rt.registry.open(open_req.request_id, release)
+    inbox = _Inbox(session, open_req, rt)
+    reader = asyncio.create_task(inbox.consume(messages))
+    try:
+        prompt_ids = rt.target.build_prompt_ids(open_req.question)
+        plan = rt.plan_for(open_req, text_tokens=len(prompt_ids) - rt.info.geometry.visual_tokens)
+        session.lookahead_cap = max(1, plan.lookahead_tokens) if plan.speculate else 1
+        yield plan
+
+        visual = await _visual_input(rt, open_req, inbox)
+        t0 = time.perf_counter()
+        await rt.worker.run(lambda: session.run_prefill(rt.engine, prompt_ids, **visual))
+        session.mark_prefill_done()
+        log.debug("request %s prefill %.1f ms, %d hidden drafts", open_req.request_id,
+                  (time.perf_counter() - t0) * 1e3, session.counters.hidden_drafted)
+
+        while session.finish_reason is None:
+            if inbox.error is not None:
+                raise inbox.error
+            if session.deadline_passed():
+                session.finish(FinishReason.DEADLINE)
+                break
+            drafts = session.drafts_for_step()
+            step = await rt.worker.run(lambda d=drafts: session.run_step(rt.engine, d))  # type: ignore[misc]
+            commit = session.apply(step)
+            if commit is not None:
+                yield commit
+        if inbox.error is not None:
+            raise inbox.error
+        stats = session.stats(counter.uplink, counter.downlink)
+        rt.observe(stats)
+        done = DoneEvent(
+            finish_reason=session.finish_reason or FinishReason.MAX_TOKENS,
+            token_ids=tuple(session.committed),
+            text=session.text,
+            stats=stats,
+            final_plan=rt.replan(plan, stats),
+        )
+        log.info(
+            "request %s: %d tokens, %s, drafted %d accepted %d (rate %.2f, tau %.2f), "
+            "hidden %d/%d, ttft %.1f ms, total %.1f ms",
+            open_req.request_id, stats.new_tokens, done.finish_reason.name, stats.drafted,
+            stats.accepted, stats.acceptance_rate, stats.mean_accepted_length,
+            stats.hidden_accepted, stats.hidden_drafted, stats.ttft_ms, stats.total_ms,
+        )
+        yield done
+    finally:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await reader
+        await rt.registry.close(key)
+
+
+async def _visual_input(
+    rt: VerifierRuntime, open_req: OpenRequest, inbox: _Inbox
+) -> dict[str, Any]:
+    """The prefill's visual kwargs: preprocessed frames, or the received features."""
+    if open_req.frames is not None:
+        frames = open_req.frames
+        pixels = await asyncio.to_thread(rt.target.preprocess_frames, frames)  # [1,F,3,S,S]
+        return {"pixel_values_videos": pixels}
+    timeout = rt.settings.input_timeout_s
+    if open_req.deadline_ms > 0:
+        timeout = min(timeout, open_req.deadline_ms / 1e3)
+    try:
+        await asyncio.wait_for(inbox.features_ready.wait(), timeout=timeout)
+    except TimeoutError:
+        raise DeadlineExceeded(
+            f"aligned features did not arrive within {timeout:.1f} s of Open"
+        ) from None
+    if inbox.error is not None:
+        raise inbox.error
+    if inbox.features is None:
+        if inbox.cancelled:
+            raise FailedPrecondition("request cancelled before its features arrived")
+        raise InvalidInput("the stream ended before the aligned features were complete")
+    feats = inbox.features
+    if not math.isfinite(float(feats.abs().max())):
+        raise InvalidInput("aligned features contain NaN or inf values")
+    return {"video_features": feats}

@@ -1,0 +1,96 @@
+"""The verifier's long-lived state: model, engine, worker, sessions, cost model.
+
+Built once at start (``build_runtime``) and shared by every request. Planning lives
+here because it combines the server's calibrated cost with each request's edge profile
+through the one shared timing model.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from cloud.config import CloudSettings
+from cloud.engine.base import TargetEngine
+from cloud.scheduler import ModelWorker
+from cloud.sessions import SessionRegistry
+from cloud.target import TargetModel
+from shared.timing import AcceptanceEstimator, CloudCost, PlanInputs, TimingPlan, plan
+from shared.types import FeatureMode, OpenRequest, RequestStats, ServerInfo, VisualGeometry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class VerifierRuntime:
+    """Everything a Generate stream needs from the server."""
+
+    settings: CloudSettings
+    target: TargetModel
+    engine: TargetEngine
+    worker: ModelWorker
+    registry: SessionRegistry
+    info: ServerInfo
+    acceptance: AcceptanceEstimator = field(default_factory=lambda: AcceptanceEstimator())
+    requests_served: int = 0
+
+    def plan_for(self, open_req: OpenRequest, *, text_tokens: int) -> TimingPlan:
+        """The request's plan: the same function the edge runs on the same profiles."""
+        edge = open_req.edge_cost
+        if not open_req.speculative or edge is None:
+            return TimingPlan(
+                speculate=False,
+                hidden_draft_budget=0,
+                lookahead_tokens=0,
+                chunk_cadence_tokens=1,
+                aligned_fits_uplink=False,
+                acceptance_estimate=0.0,
+                predicted_prefill_ms=self.info.cloud_cost.prefill_ms(
+                    self.info.geometry.visual_tokens, text_tokens
+                ),
+                predicted_step_ms=self.info.cloud_cost.step_ms(1),
+                predicted_speedup=1.0,
+                reason="target-only request: no drafts expected",
+            )
+        return plan(
+            PlanInputs(
+                cloud=self.info.cloud_cost,
+                edge=edge,
+                visual_tokens=self.info.geometry.visual_tokens,
+                text_tokens=text_tokens,
+                alpha=edge.acceptance_prior,
+                max_new_tokens=open_req.generation.max_new_tokens,
+                max_lookahead=self.settings.max_verify_tokens - 1,
+            )
+        )
+
+    def observe(self, stats: RequestStats) -> None:
+        """Fold a finished request's acceptance into the server-wide estimate."""
+        self.requests_served += 1
+        if stats.drafted:
+            self.acceptance.update(stats.acceptance_rate)
+
+    def replan(self, initial: TimingPlan, stats: RequestStats) -> TimingPlan:
+        """The plan as it stands after this request's observed acceptance (for Done)."""
+        return initial
+
+
+def server_info_for(
+    target: TargetModel, cost: CloudCost, settings: CloudSettings
+) -> ServerInfo:
+    """Describe the loaded target for GetServerInfo."""
+    g = target.geometry
+    prompt = target.build_prompt_ids("")
+    geometry = VisualGeometry(g.num_frames, g.tokens_per_frame, g.feature_dim, g.image_size)
+    return ServerInfo(
+        model_id=target.model_id,
+        vocab_size=target.vocab_size,
+        text_vocab_size=target.text_vocab_size,
+        vocab_fingerprint=target.vocab_fingerprint,
+        eos_token_id=target.eos_token_id,
+        geometry=geometry,
+        feature_modes=(FeatureMode.FRAMES, FeatureMode.ALIGNED),
+        cloud_cost=cost,
+        limits=settings.limits,
+        prompt_overhead_tokens=len(prompt) - geometry.visual_tokens,
+    )

@@ -1,0 +1,160 @@
+"""The verifier process: gRPC server lifecycle, warm-up, health and shutdown.
+
+The server binds and reports NOT_SERVING first, loads the model and calibrates (or reads
+the calibration profile), then flips health to SERVING. On shutdown it reports
+NOT_SERVING again and stops with a grace period so in-flight requests can finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+import grpc
+from grpc import aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from cloud.calibrate import load_or_calibrate
+from cloud.config import CloudSettings
+from cloud.engine.hf import HFEngine
+from cloud.runtime import VerifierRuntime, server_info_for
+from cloud.scheduler import ModelWorker
+from cloud.servicer import VerifierServicer
+from cloud.sessions import SessionRegistry
+from cloud.target import TargetModel, build_tiny_random_target, load_target
+from shared.grpc_options import server_options
+from shared.interceptors import ErrorMappingInterceptor
+from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
+from shared.timing import CloudCost
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name
+DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
+          "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
+#: A fixed cost model for tests that skip calibration (CPU tiny-random magnitudes).
+FIXED_TEST_COST = CloudCost(
+    prefill_base_ms=5.0,
+    prefill_ms_per_visual_token=0.05,
+    prefill_ms_per_text_token=0.05,
+    step_base_ms=2.0,
+    step_ms_per_token=0.1,
+    device="fixed",
+)
+
+
+def load_target_for(settings: CloudSettings) -> TargetModel:
+    """The target named by ``--model``: ``tiny-random`` or a local checkpoint directory."""
+    import torch
+
+    dtype = getattr(torch, DTYPES.get(settings.dtype, settings.dtype))
+    if settings.model == "tiny-random":
+        return build_tiny_random_target(seed=settings.seed, device=settings.device, dtype=dtype)
+    return load_target(settings.model, device=settings.device, dtype=dtype)
+
+
+def build_runtime(
+    settings: CloudSettings, target: TargetModel | None = None
+) -> VerifierRuntime:
+    """Load (or take) the target, calibrate, and assemble the runtime. Blocking."""
+    target = target if target is not None else load_target_for(settings)
+    engine = HFEngine(target)
+    if settings.calibrate:
+        cost = load_or_calibrate(target, engine, settings.resolved_profile_path(target.model_id))
+    else:
+        cost = FIXED_TEST_COST
+    info = server_info_for(target, cost, settings)
+    return VerifierRuntime(
+        settings=settings,
+        target=target,
+        engine=engine,
+        worker=ModelWorker(),
+        registry=SessionRegistry(settings.limits.max_sessions, settings.session_ttl_s),
+        info=info,
+    )
+
+
+@dataclass
+class VerifierServer:
+    """A running verifier: ``await start()``, then ``port``; ``await stop()``."""
+
+    settings: CloudSettings
+    target: TargetModel | None = None
+    port: int = 0
+    runtime: VerifierRuntime | None = None
+    _server: aio.Server | None = None
+    _health: health.aio.HealthServicer | None = None
+    _servicer: VerifierServicer = field(default_factory=VerifierServicer)
+    _sweeper: asyncio.Task[None] | None = None
+
+    async def start(self, *, warm: bool = True) -> int:
+        """Bind, report NOT_SERVING, warm up, report SERVING. Returns the bound port."""
+        limits = self.settings.limits
+        server = aio.server(
+            interceptors=[ErrorMappingInterceptor()],
+            options=server_options(limits.max_message_bytes),
+            maximum_concurrent_rpcs=limits.max_sessions * 4 + 16,
+        )
+        self._health = health.aio.HealthServicer()
+        verifier_pb2_grpc.add_VerifierServicer_to_server(self._servicer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME),
+            server,
+        )
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.port = server.add_insecure_port(f"{self.settings.host}:{self.settings.port}")
+        if self.port == 0:
+            raise OSError(f"could not bind {self.settings.host}:{self.settings.port}")
+        await server.start()
+        self._server = server
+        log.info("verifier listening on %s:%d (NOT_SERVING while warming up)",
+                 self.settings.host, self.port)
+        if warm:
+            await self.warm_up()
+        return self.port
+
+    async def warm_up(self) -> None:
+        """Load the model and calibrate off the loop, then report SERVING."""
+        self.runtime = await asyncio.to_thread(build_runtime, self.settings, self.target)
+        self._servicer.attach(self.runtime)
+        self._sweeper = asyncio.create_task(
+            self.runtime.registry.run_sweeper(min(60.0, self.settings.session_ttl_s / 4))
+        )
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        info = self.runtime.info
+        log.info("verifier SERVING %s (vocab %d, %d visual tokens, step %.1f ms + %.2f ms/token)",
+                 info.model_id, info.vocab_size, info.geometry.visual_tokens,
+                 info.cloud_cost.step_base_ms, info.cloud_cost.step_ms_per_token)
+
+    async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
+        assert self._health is not None
+        await self._health.set("", status)
+        await self._health.set(SERVICE_NAME, status)
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """NOT_SERVING, then stop with a grace period for in-flight requests."""
+        if self._server is None:
+            return
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
+        await self._server.stop(self.settings.grace_s if grace_s is None else grace_s)
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        if self.runtime is not None:
+            await self.runtime.registry.close_all()
+            self.runtime.worker.shutdown()
+        self._server = None
+
+    async def wait(self) -> None:
+        if self._server is not None:
+            await self._server.wait_for_termination()
+
+    @property
+    def live_sessions(self) -> int:
+        return len(self.runtime.registry) if self.runtime is not None else 0
+

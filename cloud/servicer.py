@@ -1,0 +1,55 @@
+"""The Verifier gRPC servicer: thin. Parses, delegates to ``cloud.generation``, converts.
+
+Errors are raised as ``shared.errors`` exceptions and mapped to statuses by
+``shared.interceptors.ErrorMappingInterceptor``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from cloud.generation import ByteCounter, run_generate
+from cloud.runtime import VerifierRuntime
+from shared import convert
+from shared.convert import EdgeInbound
+from shared.errors import Unavailable
+from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
+
+
+class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
+    """``eventspec.v1.Verifier`` over a ``VerifierRuntime``."""
+
+    def __init__(self, runtime: VerifierRuntime | None = None) -> None:
+        self._rt = runtime
+
+    def attach(self, runtime: VerifierRuntime) -> None:
+        """Start serving requests once warm-up has built the runtime."""
+        self._rt = runtime
+
+    @property
+    def rt(self) -> VerifierRuntime:
+        if self._rt is None:
+            raise Unavailable("the verifier is still warming up; retry when health is SERVING")
+        return self._rt
+
+    async def GetServerInfo(
+        self, request: verifier_pb2.GetServerInfoRequest, context: Any
+    ) -> verifier_pb2.ServerInfo:
+        return convert.server_info_to_pb(self.rt.info)
+
+    async def Generate(  # type: ignore[override]
+        self, request_iterator: AsyncIterator[verifier_pb2.EdgeMessage], context: Any
+    ) -> AsyncIterator[verifier_pb2.CloudMessage]:
+        rt = self.rt
+        counter = ByteCounter()
+
+        async def inbound() -> AsyncIterator[EdgeInbound]:
+            async for msg in request_iterator:
+                counter.uplink += msg.ByteSize()
+                yield convert.edge_message_from_pb(msg)
+
+        async for event in run_generate(rt, inbound(), counter):
+            out = convert.cloud_message_to_pb(event)
+            counter.downlink += out.ByteSize()
+            yield out

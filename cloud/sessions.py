@@ -1,0 +1,100 @@
+"""Registry of live requests: the concurrency cap, KV release and a TTL sweep.
+
+Every Generate stream registers a session here for its lifetime. The KV cache is
+released exactly once, whichever way the stream ends (Done, Cancel, disconnect,
+deadline, error) or, as a safety net, when the TTL sweep finds a session older than
+its time to live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from shared.errors import ResourceExhausted
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SessionHandle:
+    """What the registry knows of one live request."""
+
+    request_id: str
+    created: float
+    release: Callable[[], Awaitable[None]]
+    task: asyncio.Task[object] | None = None
+    released: bool = False
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def release_once(self) -> None:
+        """Free the KV cache once, however many paths ask for it."""
+        async with self._lock:
+            if self.released:
+                return
+            self.released = True
+            await self.release()
+
+
+class SessionRegistry:
+    """Caps concurrent sessions and guarantees their KV is released."""
+
+    def __init__(self, max_sessions: int, ttl_s: float, clock: Callable[[], float] = time.monotonic):
+        if max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
+        self.max_sessions = max_sessions
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._sessions: dict[int, SessionHandle] = {}
+        self._next_key = 0
+        self.expired = 0
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def open(self, request_id: str, release: Callable[[], Awaitable[None]]) -> int:
+        """Register a session or raise RESOURCE_EXHAUSTED at the cap. Returns its key."""
+        if len(self._sessions) >= self.max_sessions:
+            raise ResourceExhausted(
+                f"the verifier is at its cap of {self.max_sessions} concurrent sessions; "
+                "retry later or raise --max-sessions"
+            )
+        key = self._next_key
+        self._next_key += 1
+        self._sessions[key] = SessionHandle(
+            request_id, self._clock(), release, asyncio.current_task()
+        )
+        return key
+
+    async def close(self, key: int) -> None:
+        """Release the session's KV (once) and forget it."""
+        handle = self._sessions.pop(key, None)
+        if handle is not None:
+            await handle.release_once()
+
+    async def sweep(self) -> int:
+        """Cancel and release sessions older than the TTL. Returns how many."""
+        now = self._clock()
+        old = [k for k, h in self._sessions.items() if now - h.created > self.ttl_s]
+        for key in old:
+            handle = self._sessions[key]
+            log.warning("session %s exceeded its TTL of %.0f s; releasing", handle.request_id,
+                        self.ttl_s)
+            if handle.task is not None and not handle.task.done():
+                handle.task.cancel()
+            await self.close(key)
+            self.expired += 1
+        return len(old)
+
+    async def run_sweeper(self, interval_s: float) -> None:
+        """Sweep forever every ``interval_s`` (run as a background task)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.sweep()
+
+    async def close_all(self) -> None:
+        for key in list(self._sessions):
+            await self.close(key)

@@ -1,0 +1,383 @@
+"""Protobuf <-> domain conversion. The only place (besides transports) that sees pb types."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, TypeVar
+
+from shared.codec import TensorHeaderInfo, WireDtype
+from shared.errors import InvalidInput
+from shared.pb.eventspec.v1 import common_pb2, verifier_pb2
+from shared.timing import CloudCost, EdgeCost, TimingPlan
+from shared.types import (
+    AlignedSpec,
+    CancelRequest,
+    CommitEvent,
+    DoneEvent,
+    DraftTail,
+    FeatureMode,
+    FinishReason,
+    GenerationSettings,
+    OpenRequest,
+    RequestStats,
+    ServerInfo,
+    ServerLimits,
+    TensorChunkData,
+    VisualGeometry,
+)
+
+T = TypeVar("T")
+
+_DTYPE_NAMES = {
+    WireDtype.FLOAT32: "float32",
+    WireDtype.FLOAT16: "float16",
+    WireDtype.BFLOAT16: "bfloat16",
+    WireDtype.INT8: "int8",
+    WireDtype.UINT8: "uint8",
+    WireDtype.INT64: "int64",
+}
+_DTYPES_BY_NAME = {v: k for k, v in _DTYPE_NAMES.items()}
+
+
+def dtype_name(dtype: WireDtype) -> str:
+    """Wire dtype -> its name ("float16", ...)."""
+    return _DTYPE_NAMES[dtype]
+
+
+def dtype_from_name(name: str) -> WireDtype:
+    """Name -> wire dtype, or InvalidInput listing the known names."""
+    try:
+        return _DTYPES_BY_NAME[name]
+    except KeyError:
+        raise InvalidInput(
+            f"unknown dtype {name!r}; expected one of {sorted(_DTYPES_BY_NAME)}"
+        ) from None
+
+
+def _copy_fields(src: Any, cls: type[T]) -> T:
+    """Build dataclass ``cls`` from same-named attributes of ``src``."""
+    return cls(**{f.name: getattr(src, f.name) for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
+
+
+def _finite_fields(obj: Any, what: str) -> None:
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidInput(f"{what}.{f.name} must be finite, got {value}")
+
+
+# -- generation ---------------------------------------------------------------------------
+
+
+def generation_to_pb(g: GenerationSettings) -> common_pb2.GenerationConfig:
+    return common_pb2.GenerationConfig(
+        max_new_tokens=g.max_new_tokens,
+        temperature=g.temperature,
+        top_p=g.top_p,
+        seed=g.seed,
+        stop=list(g.stop),
+    )
+
+
+def generation_from_pb(m: common_pb2.GenerationConfig) -> GenerationSettings:
+    return GenerationSettings(
+        max_new_tokens=m.max_new_tokens,
+        temperature=m.temperature,
+        top_p=m.top_p,
+        seed=m.seed,
+        stop=tuple(m.stop),
+    )
+
+
+# -- costs and plans ----------------------------------------------------------------------
+
+
+def cloud_cost_to_pb(c: CloudCost) -> common_pb2.CloudProfile:
+    return common_pb2.CloudProfile(**dataclasses.asdict(c))
+
+
+def cloud_cost_from_pb(m: common_pb2.CloudProfile) -> CloudCost:
+    return _copy_fields(m, CloudCost)
+
+
+def edge_cost_to_pb(e: EdgeCost) -> common_pb2.EdgeProfile:
+    return common_pb2.EdgeProfile(**dataclasses.asdict(e))
+
+
+def edge_cost_from_pb(m: common_pb2.EdgeProfile) -> EdgeCost:
+    cost = _copy_fields(m, EdgeCost)
+    _finite_fields(cost, "edge_profile")
+    return cost
+
+
+def plan_to_pb(p: TimingPlan) -> common_pb2.Plan:
+    return common_pb2.Plan(**dataclasses.asdict(p))
+
+
+def plan_from_pb(m: common_pb2.Plan) -> TimingPlan:
+    return _copy_fields(m, TimingPlan)
+
+
+# -- statistics ---------------------------------------------------------------------------
+
+
+def stats_to_pb(s: RequestStats) -> common_pb2.Stats:
+    return common_pb2.Stats(
+        drafted=s.drafted,
+        accepted=s.accepted,
+        acceptance_rate=s.acceptance_rate,
+        mean_accepted_length=s.mean_accepted_length,
+        hidden_drafted=s.hidden_drafted,
+        hidden_accepted=s.hidden_accepted,
+        target_steps=s.target_steps,
+        ttft_ms=s.ttft_ms,
+        total_ms=s.total_ms,
+        uplink_bytes=s.uplink_bytes,
+        downlink_bytes=s.downlink_bytes,
+        stage_ms=dict(s.stage_ms),
+        new_tokens=s.new_tokens,
+        stale_drafts=s.stale_drafts,
+    )
+
+
+def stats_from_pb(m: common_pb2.Stats) -> RequestStats:
+    return RequestStats(
+        drafted=m.drafted,
+        accepted=m.accepted,
+        hidden_drafted=m.hidden_drafted,
+        hidden_accepted=m.hidden_accepted,
+        target_steps=m.target_steps,
+        ttft_ms=m.ttft_ms,
+        total_ms=m.total_ms,
+        uplink_bytes=m.uplink_bytes,
+        downlink_bytes=m.downlink_bytes,
+        new_tokens=m.new_tokens,
+        stale_drafts=m.stale_drafts,
+        stage_ms=dict(m.stage_ms),
+    )
+
+
+# -- tensors ------------------------------------------------------------------------------
+
+
+def header_to_pb(h: TensorHeaderInfo) -> common_pb2.TensorHeader:
+    return common_pb2.TensorHeader(
+        name=h.name,
+        dtype=h.dtype.value,  # type: ignore[arg-type]
+        shape=list(h.shape),
+        total_bytes=h.total_bytes,
+        crc32=h.crc32,
+        num_chunks=h.num_chunks,
+        scale=h.scale,
+    )
+
+
+def header_from_pb(m: common_pb2.TensorHeader) -> TensorHeaderInfo:
+    try:
+        dtype = WireDtype(m.dtype)
+    except ValueError:
+        raise InvalidInput(
+            f"tensor {m.name!r}: unknown or unspecified dtype {m.dtype}"
+        ) from None
+    return TensorHeaderInfo(
+        name=m.name,
+        dtype=dtype,
+        shape=tuple(int(d) for d in m.shape),
+        total_bytes=m.total_bytes,
+        crc32=m.crc32,
+        num_chunks=m.num_chunks,
+        scale=m.scale,
+    )
+
+
+# -- server info --------------------------------------------------------------------------
+
+
+def server_info_to_pb(i: ServerInfo) -> verifier_pb2.ServerInfo:
+    g, lim = i.geometry, i.limits
+    return verifier_pb2.ServerInfo(
+        protocol=i.protocol,
+        model_id=i.model_id,
+        vocab_size=i.vocab_size,
+        text_vocab_size=i.text_vocab_size,
+        vocab_fingerprint=i.vocab_fingerprint,
+        eos_token_id=i.eos_token_id,
+        geometry=verifier_pb2.VisualGeometry(**dataclasses.asdict(g)),
+        feature_modes=[int(m) for m in i.feature_modes],  # type: ignore[misc]
+        profile=cloud_cost_to_pb(i.cloud_cost),
+        limits=verifier_pb2.Limits(**dataclasses.asdict(lim)),
+        prompt_overhead_tokens=i.prompt_overhead_tokens,
+    )
+
+
+def server_info_from_pb(m: verifier_pb2.ServerInfo) -> ServerInfo:
+    return ServerInfo(
+        model_id=m.model_id,
+        vocab_size=m.vocab_size,
+        text_vocab_size=m.text_vocab_size,
+        vocab_fingerprint=m.vocab_fingerprint,
+        eos_token_id=m.eos_token_id,
+        geometry=_copy_fields(m.geometry, VisualGeometry),
+        feature_modes=tuple(FeatureMode(v) for v in m.feature_modes),
+        cloud_cost=cloud_cost_from_pb(m.profile),
+        limits=_copy_fields(m.limits, ServerLimits),
+        prompt_overhead_tokens=m.prompt_overhead_tokens,
+        protocol=m.protocol,
+    )
+
+
+# -- the Generate stream ------------------------------------------------------------------
+
+
+def open_to_pb(o: OpenRequest) -> verifier_pb2.Open:
+    msg = verifier_pb2.Open(
+        request_id=o.request_id,
+        question=o.question,
+        generation=generation_to_pb(o.generation),
+        deadline_ms=o.deadline_ms,
+        speculative=o.speculative,
+    )
+    if o.frames is not None:
+        msg.frames.frames.extend(o.frames)
+    if o.aligned is not None:
+        msg.aligned.dtype = dtype_from_name(o.aligned.dtype).value  # type: ignore[assignment]
+        msg.aligned.shape.extend(o.aligned.shape)
+    if o.edge_cost is not None:
+        msg.edge_profile.CopyFrom(edge_cost_to_pb(o.edge_cost))
+    return msg
+
+
+def open_from_pb(m: verifier_pb2.Open) -> OpenRequest:
+    """Convert and check the parts that need no server context."""
+    kind = m.WhichOneof("visual")
+    if kind is None:
+        raise InvalidInput("Open has no visual input: set `frames` or `aligned`")
+    frames = tuple(m.frames.frames) if kind == "frames" else None
+    aligned = None
+    if kind == "aligned":
+        try:
+            wire = WireDtype(m.aligned.dtype)
+        except ValueError:
+            raise InvalidInput(f"Open.aligned has unknown dtype {m.aligned.dtype}") from None
+        aligned = AlignedSpec(dtype=dtype_name(wire), shape=tuple(m.aligned.shape))
+    if m.deadline_ms < 0:
+        raise InvalidInput(f"deadline_ms must be >= 0, got {m.deadline_ms}")
+    return OpenRequest(
+        request_id=m.request_id,
+        question=m.question,
+        generation=generation_from_pb(m.generation),
+        frames=frames,
+        aligned=aligned,
+        edge_cost=edge_cost_from_pb(m.edge_profile) if m.HasField("edge_profile") else None,
+        deadline_ms=m.deadline_ms,
+        speculative=m.speculative,
+    )
+
+
+def drafts_to_pb(d: DraftTail) -> verifier_pb2.Drafts:
+    return verifier_pb2.Drafts(base=d.base, token_ids=list(d.token_ids), sent_at_ms=d.sent_at_ms)
+
+
+def drafts_from_pb(m: verifier_pb2.Drafts) -> DraftTail:
+    return DraftTail(base=m.base, token_ids=tuple(m.token_ids), sent_at_ms=m.sent_at_ms)
+
+
+def commit_to_pb(c: CommitEvent) -> verifier_pb2.Commit:
+    return verifier_pb2.Commit(
+        start=c.start,
+        token_ids=list(c.token_ids),
+        drafts_verified=c.drafts_verified,
+        drafts_accepted=c.drafts_accepted,
+        text=c.text,
+        at_ms=c.at_ms,
+    )
+
+
+def commit_from_pb(m: verifier_pb2.Commit) -> CommitEvent:
+    return CommitEvent(
+        start=m.start,
+        token_ids=tuple(m.token_ids),
+        drafts_verified=m.drafts_verified,
+        drafts_accepted=m.drafts_accepted,
+        text=m.text,
+        at_ms=m.at_ms,
+    )
+
+
+def done_to_pb(d: DoneEvent) -> verifier_pb2.Done:
+    msg = verifier_pb2.Done(
+        finish_reason=int(d.finish_reason),  # type: ignore[arg-type]
+        token_ids=list(d.token_ids),
+        text=d.text,
+        stats=stats_to_pb(d.stats),
+    )
+    if d.final_plan is not None:
+        msg.final_plan.CopyFrom(plan_to_pb(d.final_plan))
+    return msg
+
+
+def done_from_pb(m: verifier_pb2.Done) -> DoneEvent:
+    return DoneEvent(
+        finish_reason=FinishReason(m.finish_reason),
+        token_ids=tuple(m.token_ids),
+        text=m.text,
+        stats=stats_from_pb(m.stats),
+        final_plan=plan_from_pb(m.final_plan) if m.HasField("final_plan") else None,
+    )
+
+
+# -- stream envelopes ---------------------------------------------------------------------
+
+EdgeInbound = OpenRequest | TensorHeaderInfo | TensorChunkData | DraftTail | CancelRequest
+CloudOutbound = TimingPlan | CommitEvent | DoneEvent
+
+
+def edge_message_from_pb(m: verifier_pb2.EdgeMessage) -> EdgeInbound:
+    """Unwrap one EdgeMessage; an empty envelope is InvalidInput."""
+    kind = m.WhichOneof("kind")
+    if kind == "open":
+        return open_from_pb(m.open)
+    if kind == "tensor_header":
+        return header_from_pb(m.tensor_header)
+    if kind == "tensor_chunk":
+        c = m.tensor_chunk
+        return TensorChunkData(name=c.name, index=c.index, data=c.data)
+    if kind == "drafts":
+        return drafts_from_pb(m.drafts)
+    if kind == "cancel":
+        return CancelRequest(reason=m.cancel.reason)
+    raise InvalidInput("EdgeMessage has no content (none of open/tensor/drafts/cancel set)")
+
+
+def edge_message_to_pb(msg: EdgeInbound) -> verifier_pb2.EdgeMessage:
+    if isinstance(msg, OpenRequest):
+        return verifier_pb2.EdgeMessage(open=open_to_pb(msg))
+    if isinstance(msg, TensorHeaderInfo):
+        return verifier_pb2.EdgeMessage(tensor_header=header_to_pb(msg))
+    if isinstance(msg, TensorChunkData):
+        return verifier_pb2.EdgeMessage(
+            tensor_chunk=common_pb2.TensorChunk(name=msg.name, index=msg.index, data=msg.data)
+        )
+    if isinstance(msg, DraftTail):
+        return verifier_pb2.EdgeMessage(drafts=drafts_to_pb(msg))
+    return verifier_pb2.EdgeMessage(cancel=verifier_pb2.Cancel(reason=msg.reason))
+
+
+def cloud_message_to_pb(msg: CloudOutbound) -> verifier_pb2.CloudMessage:
+    if isinstance(msg, TimingPlan):
+        return verifier_pb2.CloudMessage(plan=plan_to_pb(msg))
+    if isinstance(msg, CommitEvent):
+        return verifier_pb2.CloudMessage(commit=commit_to_pb(msg))
+    return verifier_pb2.CloudMessage(done=done_to_pb(msg))
+
+
+def cloud_message_from_pb(m: verifier_pb2.CloudMessage) -> CloudOutbound:
+    kind = m.WhichOneof("kind")
+    if kind == "plan":
+        return plan_from_pb(m.plan)
+    if kind == "commit":
+        return commit_from_pb(m.commit)
+    if kind == "done":
+        return done_from_pb(m.done)
+    raise InvalidInput("CloudMessage has no content")

@@ -1,0 +1,92 @@
+"""One server interceptor that maps domain exceptions to gRPC statuses.
+
+Servicers raise ``shared.errors.EventSpecError`` subclasses (or let them bubble up from
+the pure logic); this interceptor turns them into ``context.abort(code, message)`` for
+unary and streaming RPCs alike, so the client always sees a clear status, never a hang.
+Unexpected exceptions become INTERNAL with the exception's type, and are logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from shared.errors import EventSpecError
+
+log = logging.getLogger(__name__)
+
+
+async def _abort_for(exc: BaseException, context: aio.ServicerContext[Any, Any]) -> None:
+    if isinstance(exc, EventSpecError):
+        await context.abort(exc.code, exc.message)
+    log.exception("unhandled error in RPC", exc_info=exc)
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _wrap_unary(fn: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
+    async def wrapper(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+        try:
+            return await fn(request, context)
+        except aio.AbortError:
+            raise
+        except Exception as exc:
+            await _abort_for(exc, context)
+
+    return wrapper
+
+
+def _wrap_streaming(
+    fn: Callable[[Any, Any], AsyncIterator[Any]],
+) -> Callable[[Any, Any], AsyncIterator[Any]]:
+    async def wrapper(request: Any, context: aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+        try:
+            async for item in fn(request, context):
+                yield item
+        except aio.AbortError:
+            raise
+        except Exception as exc:
+            await _abort_for(exc, context)
+
+    return wrapper
+
+
+class ErrorMappingInterceptor(aio.ServerInterceptor):
+    """Map ``EventSpecError`` to its gRPC status for every RPC kind."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                _wrap_unary(handler.unary_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(
+                _wrap_unary(handler.stream_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                _wrap_streaming(handler.unary_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_stream:
+            return grpc.stream_stream_rpc_method_handler(
+                _wrap_streaming(handler.stream_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler

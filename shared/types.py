@@ -1,0 +1,221 @@
+"""Domain types shared by both nodes and clients: frozen dataclasses, no protobuf.
+
+``shared.convert`` maps them to and from the wire messages, so everything above the
+transport (sessions, drafter, timing, statistics) is plain Python and testable offline.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+from shared.errors import InvalidInput
+from shared.timing import CloudCost, EdgeCost, TimingPlan
+
+PROTOCOL = "eventspec.v1"
+
+
+class FeatureMode(enum.IntEnum):
+    """Visual path to the cloud; values equal the proto enum's."""
+
+    FRAMES = 1
+    ALIGNED = 2
+    AUTO = 3
+
+
+class Mode(enum.IntEnum):
+    """Who answers; values equal the proto enum's."""
+
+    SPECULATIVE = 1
+    TARGET_ONLY = 2
+    DRAFT_ONLY = 3
+
+
+class FinishReason(enum.IntEnum):
+    """Why generation stopped; values equal the proto enum's."""
+
+    EOS = 1
+    MAX_TOKENS = 2
+    STOP_STRING = 3
+    DEADLINE = 4
+    CANCELLED = 5
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """Decoding settings. temperature 0 is greedy (token-identical to target-only)."""
+
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+
+    def validated(self, max_new_tokens_cap: int) -> GenerationSettings:
+        """Return a copy with defaults filled in, or raise InvalidInput naming the field."""
+        if self.max_new_tokens < 0:
+            raise InvalidInput(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if self.max_new_tokens > max_new_tokens_cap:
+            raise InvalidInput(
+                f"max_new_tokens {self.max_new_tokens} exceeds this server's cap of "
+                f"{max_new_tokens_cap}"
+            )
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise InvalidInput(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not math.isfinite(self.top_p) or not 0 <= self.top_p <= 1:
+            raise InvalidInput(f"top_p must be in (0, 1], got {self.top_p}")
+        if any(not s for s in self.stop):
+            raise InvalidInput("stop strings must be non-empty")
+        return GenerationSettings(
+            max_new_tokens=self.max_new_tokens or min(64, max_new_tokens_cap),
+            temperature=self.temperature,
+            top_p=self.top_p or 1.0,
+            seed=self.seed,
+            stop=self.stop,
+        )
+
+
+@dataclass(frozen=True)
+class VisualGeometry:
+    """Aligned-feature injection geometry: [num_frames, tokens_per_frame, feature_dim]."""
+
+    num_frames: int
+    tokens_per_frame: int
+    feature_dim: int
+    image_size: int
+
+    @property
+    def visual_tokens(self) -> int:
+        return self.num_frames * self.tokens_per_frame
+
+    @property
+    def feature_shape(self) -> tuple[int, int, int]:
+        return (self.num_frames, self.tokens_per_frame, self.feature_dim)
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """The cloud's caps, advertised in GetServerInfo."""
+
+    max_sessions: int = 8
+    max_message_bytes: int = 8 << 20
+    max_tensor_bytes: int = 64 << 20
+    max_new_tokens: int = 512
+    max_draft_tokens: int = 128
+    max_frame_bytes: int = 4 << 20
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What a Verifier tells its clients about itself."""
+
+    model_id: str
+    vocab_size: int
+    text_vocab_size: int
+    vocab_fingerprint: str
+    eos_token_id: int
+    geometry: VisualGeometry
+    feature_modes: tuple[FeatureMode, ...]
+    cloud_cost: CloudCost
+    limits: ServerLimits
+    prompt_overhead_tokens: int
+    protocol: str = PROTOCOL
+
+
+@dataclass(frozen=True)
+class AlignedSpec:
+    """Declares that aligned features follow as a tensor of this dtype name and shape."""
+
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class OpenRequest:
+    """The first message of a Generate stream. Exactly one of frames / aligned is set."""
+
+    request_id: str
+    question: str
+    generation: GenerationSettings
+    frames: tuple[bytes, ...] | None = None
+    aligned: AlignedSpec | None = None
+    edge_cost: EdgeCost | None = None
+    deadline_ms: int = 0
+    speculative: bool = True
+
+
+@dataclass(frozen=True)
+class DraftTail:
+    """The edge's speculative tail: ``token_ids`` continue the committed answer at ``base``."""
+
+    base: int
+    token_ids: tuple[int, ...]
+    sent_at_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class CommitEvent:
+    """Tokens the cloud made final in one target step."""
+
+    start: int
+    token_ids: tuple[int, ...]
+    drafts_verified: int
+    drafts_accepted: int
+    text: str
+    at_ms: float
+
+
+@dataclass(frozen=True)
+class RequestStats:
+    """Per-request statistics in vLLM's vocabulary."""
+
+    drafted: int = 0
+    accepted: int = 0
+    hidden_drafted: int = 0
+    hidden_accepted: int = 0
+    target_steps: int = 0
+    ttft_ms: float = 0.0
+    total_ms: float = 0.0
+    uplink_bytes: int = 0
+    downlink_bytes: int = 0
+    new_tokens: int = 0
+    stale_drafts: int = 0
+    stage_ms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """accepted / drafted; 0 when nothing was drafted."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """tau = 1 + accepted / steps (vLLM); 0 before any step."""
+        return 1.0 + self.accepted / self.target_steps if self.target_steps else 0.0
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    """The end of a Generate stream."""
+
+    finish_reason: FinishReason
+    token_ids: tuple[int, ...]
+    text: str
+    stats: RequestStats
+    final_plan: TimingPlan | None = None
+
+
+@dataclass(frozen=True)
+class TensorChunkData:
+    """One chunk of a tensor stream, as received."""
+
+    name: str
+    index: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    """The edge asked the cloud to stop this request."""
+
+    reason: str = ""
