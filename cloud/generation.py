@@ -28,10 +28,8 @@ from shared.errors import (
     FailedPrecondition,
     InvalidInput,
 )
-from shared.timing import TimingPlan
 from shared.types import (
     CancelRequest,
-    CommitEvent,
     DoneEvent,
     DraftTail,
     FinishReason,

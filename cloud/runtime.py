@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 from cloud.config import CloudSettings
 from cloud.engine.base import TargetEngine
-from cloud.scheduler import ModelWorker
 from cloud.sessions import SessionRegistry
 from cloud.target import TargetModel
 from shared.timing import AcceptanceEstimator, CloudCost, PlanInputs, TimingPlan, plan
 from shared.types import FeatureMode, OpenRequest, RequestStats, ServerInfo, VisualGeometry
+from shared.worker import ModelWorker
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ class VerifierRuntime:
     worker: ModelWorker
     registry: SessionRegistry
     info: ServerInfo
-    acceptance: AcceptanceEstimator = field(default_factory=lambda: AcceptanceEstimator())
+    acceptance: AcceptanceEstimator = field(default_factory=lambda: AcceptanceEstimator(prior=0.5))
     requests_served: int = 0
 
     def plan_for(self, open_req: OpenRequest, *, text_tokens: int) -> TimingPlan:
@@ -68,7 +68,7 @@ class VerifierRuntime:
         """Fold a finished request's acceptance into the server-wide estimate."""
         self.requests_served += 1
         if stats.drafted:
-            self.acceptance.update(stats.acceptance_rate)
+            self.acceptance.observe(stats.accepted, stats.drafted)
 
     def replan(self, initial: TimingPlan, stats: RequestStats) -> TimingPlan:
         """The plan as it stands after this request's observed acceptance (for Done)."""

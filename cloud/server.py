@@ -11,7 +11,6 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-import grpc
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -20,7 +19,6 @@ from cloud.calibrate import load_or_calibrate
 from cloud.config import CloudSettings
 from cloud.engine.hf import HFEngine
 from cloud.runtime import VerifierRuntime, server_info_for
-from cloud.scheduler import ModelWorker
 from cloud.servicer import VerifierServicer
 from cloud.sessions import SessionRegistry
 from cloud.target import TargetModel, build_tiny_random_target, load_target
@@ -28,6 +26,7 @@ from shared.grpc_options import server_options
 from shared.interceptors import ErrorMappingInterceptor
 from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from shared.timing import CloudCost
+from shared.worker import ModelWorker
 
 log = logging.getLogger(__name__)
 

@@ -8,23 +8,30 @@ from typing import Any, TypeVar
 
 from shared.codec import TensorHeaderInfo, WireDtype
 from shared.errors import InvalidInput
-from shared.pb.eventspec.v1 import common_pb2, verifier_pb2
+from shared.pb.eventspec.v1 import common_pb2, edge_pb2, verifier_pb2
 from shared.timing import CloudCost, EdgeCost, TimingPlan
 from shared.types import (
     AlignedSpec,
+    AskEvent,
+    AskSpec,
     CancelRequest,
     CommitEvent,
+    CommittedEvent,
     DoneEvent,
     DraftTail,
     FeatureMode,
+    FinalEvent,
     FinishReason,
     GenerationSettings,
+    Mode,
     OpenRequest,
+    PreviewEvent,
     RequestStats,
     ServerInfo,
     ServerLimits,
     TensorChunkData,
     VisualGeometry,
+    WindowInfo,
 )
 
 T = TypeVar("T")
@@ -381,3 +388,99 @@ def cloud_message_from_pb(m: verifier_pb2.CloudMessage) -> CloudOutbound:
     if kind == "done":
         return done_from_pb(m.done)
     raise InvalidInput("CloudMessage has no content")
+
+
+# -- EdgeAgent.Ask ------------------------------------------------------------------------
+
+
+def ask_spec_to_pb(s: AskSpec) -> edge_pb2.AskRequest:
+    window = edge_pb2.Window(event_window_ms=s.event_window_ms)
+    if s.t0_us is not None and s.t1_us is not None:
+        window.range.CopyFrom(edge_pb2.TimeRange(t0_us=s.t0_us, t1_us=s.t1_us))
+    elif s.latest_ms is not None:
+        window.latest_ms = s.latest_ms
+    return edge_pb2.AskRequest(
+        question=s.question,
+        window=window,
+        mode=int(s.mode),  # type: ignore[arg-type]
+        generation=generation_to_pb(s.generation),
+        feature_mode=int(s.feature_mode),  # type: ignore[arg-type]
+        jpeg_quality=s.jpeg_quality,
+    )
+
+
+def ask_spec_from_pb(m: edge_pb2.AskRequest) -> AskSpec:
+    """Convert an AskRequest, filling defaults for unset fields."""
+    clip = m.window.WhichOneof("clip")
+    latest_ms: int | None = 1000
+    t0 = t1 = None
+    if clip == "latest_ms":
+        latest_ms = m.window.latest_ms
+        if latest_ms <= 0:
+            raise InvalidInput(f"window.latest_ms must be positive, got {latest_ms}")
+    elif clip == "range":
+        latest_ms, t0, t1 = None, m.window.range.t0_us, m.window.range.t1_us
+    if not 0 <= m.jpeg_quality <= 100:
+        raise InvalidInput(f"jpeg_quality must be in 1..100 (0 = default), got {m.jpeg_quality}")
+    try:
+        mode = Mode(m.mode) if m.mode else Mode.SPECULATIVE
+        feature_mode = FeatureMode(m.feature_mode) if m.feature_mode else FeatureMode.AUTO
+    except ValueError as exc:
+        raise InvalidInput(f"unknown enum value in AskRequest: {exc}") from None
+    return AskSpec(
+        question=m.question,
+        latest_ms=latest_ms,
+        t0_us=t0,
+        t1_us=t1,
+        event_window_ms=m.window.event_window_ms or 50,
+        mode=mode,
+        generation=generation_from_pb(m.generation),
+        feature_mode=feature_mode,
+        jpeg_quality=m.jpeg_quality,
+    )
+
+
+def ask_event_to_pb(e: AskEvent) -> edge_pb2.AskResponse:
+    if isinstance(e, PreviewEvent):
+        return edge_pb2.AskResponse(
+            preview=edge_pb2.Preview(base=e.base, token_ids=list(e.token_ids), text=e.text)
+        )
+    if isinstance(e, CommittedEvent):
+        return edge_pb2.AskResponse(
+            committed=edge_pb2.Committed(start=e.start, token_ids=list(e.token_ids), text=e.text)
+        )
+    final = edge_pb2.Final(
+        answer=e.answer,
+        token_ids=list(e.token_ids),
+        mode=int(e.mode),  # type: ignore[arg-type]
+        feature_mode=int(e.feature_mode or 0),  # type: ignore[arg-type]
+        finish_reason=int(e.finish_reason),  # type: ignore[arg-type]
+        stats=stats_to_pb(e.stats),
+    )
+    if e.plan is not None:
+        final.plan.CopyFrom(plan_to_pb(e.plan))
+    if e.window is not None:
+        final.window.CopyFrom(edge_pb2.WindowInfo(**dataclasses.asdict(e.window)))
+    return edge_pb2.AskResponse(final=final)
+
+
+def ask_event_from_pb(m: edge_pb2.AskResponse) -> AskEvent:
+    kind = m.WhichOneof("kind")
+    if kind == "preview":
+        return PreviewEvent(m.preview.base, tuple(m.preview.token_ids), m.preview.text)
+    if kind == "committed":
+        c = m.committed
+        return CommittedEvent(c.start, tuple(c.token_ids), c.text)
+    if kind != "final":
+        raise InvalidInput("AskResponse has no content")
+    f = m.final
+    return FinalEvent(
+        answer=f.answer,
+        token_ids=tuple(f.token_ids),
+        mode=Mode(f.mode),
+        feature_mode=FeatureMode(f.feature_mode) if f.feature_mode else None,
+        finish_reason=FinishReason(f.finish_reason),
+        stats=stats_from_pb(f.stats),
+        plan=plan_from_pb(f.plan) if f.HasField("plan") else None,
+        window=_copy_fields(f.window, WindowInfo) if f.HasField("window") else None,
+    )

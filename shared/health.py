@@ -9,7 +9,6 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 
-
 async def wait_for_serving(address: str, timeout_s: float = 60.0, service: str = "") -> None:
     """Poll grpc.health.v1 at ``address`` until SERVING (used by the demo and tests)."""
     deadline = asyncio.get_running_loop().time() + timeout_s

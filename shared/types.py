@@ -219,3 +219,64 @@ class CancelRequest:
     """The edge asked the cloud to stop this request."""
 
     reason: str = ""
+
+
+@dataclass(frozen=True)
+class AskSpec:
+    """One question to the edge: what, which moment, who answers, how."""
+
+    question: str
+    latest_ms: int | None = 1000
+    t0_us: int | None = None
+    t1_us: int | None = None
+    event_window_ms: int = 50
+    mode: Mode = Mode.SPECULATIVE
+    generation: GenerationSettings = field(default_factory=GenerationSettings)
+    feature_mode: FeatureMode = FeatureMode.AUTO
+    jpeg_quality: int = 0
+
+
+@dataclass(frozen=True)
+class WindowInfo:
+    """The clip and event window actually used, in the source's clock (µs)."""
+
+    clip_t0_us: int
+    clip_t1_us: int
+    event_t0_us: int
+    event_t1_us: int
+    num_events: int
+
+
+@dataclass(frozen=True)
+class PreviewEvent:
+    """Unverified draft text after the committed prefix, shown at once."""
+
+    base: int
+    token_ids: tuple[int, ...]
+    text: str
+
+
+@dataclass(frozen=True)
+class CommittedEvent:
+    """Final tokens, with the whole final text so far."""
+
+    start: int
+    token_ids: tuple[int, ...]
+    text: str
+
+
+@dataclass(frozen=True)
+class FinalEvent:
+    """The whole answer, who produced it, and the statistics."""
+
+    answer: str
+    token_ids: tuple[int, ...]
+    mode: Mode
+    feature_mode: FeatureMode | None  # None in draft_only: nothing went to the cloud
+    finish_reason: FinishReason
+    stats: RequestStats
+    plan: TimingPlan | None
+    window: WindowInfo | None
+
+
+AskEvent = PreviewEvent | CommittedEvent | FinalEvent

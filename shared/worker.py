@@ -1,4 +1,4 @@
-"""Runs model work off the asyncio loop, in one worker that owns the device.
+"""Runs model work off the asyncio loop, in one worker that owns the device (both nodes).
 
 Sessions submit their next unit of work (a prefill or a step); the worker runs them
 one at a time in FIFO order, so every ready session gets a turn and none starves. The

@@ -1,0 +1,96 @@
+"""``eventspec-edge``: run the edge agent beside an event camera."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from edge.config import EdgeSettings
+
+log = logging.getLogger("eventspec.edge")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = EdgeSettings.from_env()
+    parser = argparse.ArgumentParser(prog="eventspec-edge", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve eventspec.v1.EdgeAgent over gRPC")
+    serve.add_argument("--cloud", default=env.cloud,
+                       help="HOST:PORT of the cloud verifier (omit for draft_only)")
+    serve.add_argument("--source", default=env.source,
+                       help="synthetic[:SEED] | dsec:DIR | npy:FILE | npz:FILE")
+    serve.add_argument("--allow-pickle", action="store_true",
+                       help="allow EventGPT's pickled .npy files (loading a pickle runs code "
+                            "from the file: only for files you trust)")
+    serve.add_argument("--model", default=env.model,
+                       help="a local EventGPT-7b directory, or tiny-random")
+    serve.add_argument("--adapter", type=Path, default=None,
+                       help="feature adapter directory (enables the aligned feature mode)")
+    serve.add_argument("--host", default=env.host)
+    serve.add_argument("--port", type=int, default=env.port, help="port; 0 picks a free one")
+    serve.add_argument("--device", default=env.device, help="cpu, cuda or cuda:N")
+    serve.add_argument("--dtype", default="float32",
+                       choices=["float32", "fp32", "float16", "fp16", "bfloat16", "bf16"])
+    serve.add_argument("--jpeg-quality", type=int, default=90)
+    serve.add_argument("--request-timeout", type=float, default=120.0,
+                       help="deadline of one request's stream to the cloud, seconds")
+    serve.add_argument("--port-file", type=Path, default=None,
+                       help="write the bound port here once SERVING (for --port 0)")
+    serve.add_argument("--log-level", default="INFO")
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
+    if not 1 <= args.jpeg_quality <= 100:
+        raise SystemExit("--jpeg-quality must be in 1..100")
+    return replace(
+        EdgeSettings(),
+        cloud=args.cloud,
+        source=args.source,
+        allow_pickle=args.allow_pickle,
+        model=args.model,
+        adapter=args.adapter,
+        host=args.host,
+        port=args.port,
+        device=args.device,
+        dtype=args.dtype,
+        default_jpeg_quality=args.jpeg_quality,
+        request_timeout_s=args.request_timeout,
+    )
+
+
+async def serve(settings: EdgeSettings, port_file: Path | None) -> None:
+    from edge.server import EdgeServer
+
+    server = EdgeServer(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    if port_file is not None:
+        port_file.write_text(str(server.port))
+    await stop.wait()
+    log.info("shutting down (grace %.0f s)", settings.grace_s)
+    await server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(serve(settings_from_args(args), args.port_file))
+    except Exception as exc:
+        log.error("eventspec-edge failed: %s", exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

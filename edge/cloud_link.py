@@ -1,0 +1,121 @@
+"""The edge's one reused gRPC channel to the cloud verifier (transport only).
+
+Wraps the Verifier stub: GetServerInfo (which also samples the RTT) and Generate
+streams with explicit deadlines, converting wire messages to domain types and gRPC
+failures into ``shared.errors`` with a message that names the cloud.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from shared import convert
+from shared.convert import CloudOutbound, EdgeInbound
+from shared.errors import DeadlineExceeded, EventSpecError, InvalidInput, Unavailable
+from shared.grpc_options import channel_options
+from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
+from shared.timing import RttEstimator
+from shared.types import ServerInfo
+
+log = logging.getLogger(__name__)
+
+
+def rpc_error(exc: grpc.RpcError, address: str, what: str) -> EventSpecError:
+    """Map a gRPC failure talking to the cloud onto a domain error."""
+    code = exc.code() if isinstance(exc, aio.AioRpcError) else None
+    details = exc.details() if isinstance(exc, aio.AioRpcError) else str(exc)
+    message = f"cloud verifier at {address}: {what} failed: {details}"
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return DeadlineExceeded(message)
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidInput(message)
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, None):
+        return Unavailable(message)
+    err = EventSpecError(message)
+    err.code = code
+    return err
+
+
+class CloudStream:
+    """One Generate call: ``send`` domain messages, iterate the cloud's replies."""
+
+    def __init__(self, call: Any, address: str) -> None:
+        self._call = call
+        self._address = address
+        self.uplink_bytes = 0
+        self.downlink_bytes = 0
+
+    async def send(self, msg: EdgeInbound) -> None:
+        pb = convert.edge_message_to_pb(msg)
+        self.uplink_bytes += pb.ByteSize()
+        try:
+            await self._call.write(pb)
+        except (grpc.RpcError, aio.UsageError) as exc:
+            if isinstance(exc, grpc.RpcError):
+                raise rpc_error(exc, self._address, "sending to Generate") from exc
+            raise Unavailable(f"cloud verifier at {self._address}: stream closed") from exc
+
+    async def done_writing(self) -> None:
+        with contextlib.suppress(grpc.RpcError, aio.UsageError):
+            await self._call.done_writing()
+
+    async def replies(self) -> AsyncIterator[CloudOutbound]:
+        try:
+            while True:
+                msg = await self._call.read()
+                if msg is aio.EOF:
+                    return
+                self.downlink_bytes += msg.ByteSize()
+                yield convert.cloud_message_from_pb(msg)
+        except grpc.RpcError as exc:
+            raise rpc_error(exc, self._address, "Generate") from exc
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+class CloudLink:
+    """A reused channel with keepalive to one verifier; tracks reachability and RTT."""
+
+    def __init__(self, address: str, *, max_message_bytes: int = 8 << 20) -> None:
+        self.address = address
+        self._channel = aio.insecure_channel(address, options=channel_options(max_message_bytes))
+        self._stub = verifier_pb2_grpc.VerifierStub(self._channel)
+        self.rtt = RttEstimator()
+        self.reachable = False
+        self.last_error = ""
+        self.info: ServerInfo | None = None
+
+    async def server_info(self, timeout_s: float = 5.0) -> ServerInfo:
+        """Fetch GetServerInfo (cached on success); samples the RTT."""
+        t0 = time.perf_counter()
+        try:
+            pb = await self._stub.GetServerInfo(
+                verifier_pb2.GetServerInfoRequest(), timeout=timeout_s
+            )
+        except grpc.RpcError as exc:
+            err = rpc_error(exc, self.address, "GetServerInfo")
+            self.reachable, self.last_error = False, err.message
+            raise err from exc
+        self.rtt.update((time.perf_counter() - t0) * 1e3)
+        self.reachable, self.last_error = True, ""
+        self.info = convert.server_info_from_pb(pb)
+        return self.info
+
+    def open_stream(self, timeout_s: float) -> CloudStream:
+        """Start a Generate call with a deadline of ``timeout_s``."""
+        call = self._stub.Generate(timeout=timeout_s)
+        return CloudStream(call, self.address)
+
+    def mark_failure(self, err: EventSpecError) -> None:
+        self.reachable, self.last_error = False, err.message
+
+    async def close(self) -> None:
+        await self._channel.close()

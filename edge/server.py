@@ -1,0 +1,131 @@
+"""The edge process: source, draft model, cloud link, and the EdgeAgent gRPC server.
+
+Like the cloud: bind and report NOT_SERVING, load the draft model and measure its
+costs, then SERVING; on shutdown NOT_SERVING and ``stop(grace)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from grpc import aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from edge.agent import EdgeAgent
+from edge.align import FeatureAdapter, load_adapter
+from edge.cloud_link import CloudLink
+from edge.config import EdgeSettings
+from edge.draft import DraftModel, build_tiny_random_draft, load_draft
+from edge.events.base import EventSource
+from edge.events.sources import open_source
+from edge.servicer import EdgeAgentServicer
+from shared.errors import EventSpecError
+from shared.grpc_options import server_options
+from shared.interceptors import ErrorMappingInterceptor
+from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = edge_pb2.DESCRIPTOR.services_by_name["EdgeAgent"].full_name
+
+
+def load_draft_for(settings: EdgeSettings) -> DraftModel:
+    """The draft named by ``--model``: ``tiny-random`` or a local EventGPT directory."""
+    import torch
+
+    dtype = getattr(torch, {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}.get(
+        settings.dtype, settings.dtype))
+    if settings.model == "tiny-random":
+        return build_tiny_random_draft(seed=settings.seed, device=settings.device, dtype=dtype)
+    return load_draft(settings.model, device=settings.device, dtype=dtype)
+
+
+@dataclass
+class EdgeServer:
+    """A running edge agent: ``await start()``, then ``port``; ``await stop()``."""
+
+    settings: EdgeSettings
+    source: EventSource | None = None
+    draft: DraftModel | None = None
+    adapter: FeatureAdapter | None = None
+    port: int = 0
+    agent: EdgeAgent | None = None
+    _server: aio.Server | None = None
+    _health: health.aio.HealthServicer | None = None
+    _link: CloudLink | None = None
+
+    async def start(self) -> int:
+        s = self.settings
+        server = aio.server(
+            interceptors=[ErrorMappingInterceptor()],
+            options=server_options(s.max_message_bytes),
+            maximum_concurrent_rpcs=64,
+        )
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        source = self.source or await asyncio.to_thread(
+            open_source, s.source, allow_pickle=s.allow_pickle
+        )
+        draft = self.draft or await asyncio.to_thread(load_draft_for, s)
+        adapter = self.adapter
+        if adapter is None and s.adapter is not None:
+            adapter = await asyncio.to_thread(load_adapter, s.adapter)
+        self._link = CloudLink(s.cloud, max_message_bytes=s.max_message_bytes) if s.cloud else None
+        self.agent = EdgeAgent(
+            source=source,
+            draft=draft,
+            link=self._link,
+            adapter=adapter,
+            acceptance_prior=s.acceptance_prior,
+            default_jpeg_quality=s.default_jpeg_quality,
+            request_timeout_s=s.request_timeout_s,
+            rpc_timeout_s=s.rpc_timeout_s,
+            preview_every=s.preview_every,
+        )
+        servicer = EdgeAgentServicer(
+            self.agent, draft_model_id=draft.model_id,
+            adapter_id=str(s.adapter) if s.adapter else ("in-memory" if adapter else ""),
+        )
+        edge_pb2_grpc.add_EdgeAgentServicer_to_server(servicer, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME),
+            server,
+        )
+        self.port = server.add_insecure_port(f"{s.host}:{s.port}")
+        if self.port == 0:
+            raise OSError(f"could not bind {s.host}:{s.port}")
+        await server.start()
+        self._server = server
+        await self.agent.warm_up()
+        if self._link is not None:
+            try:
+                info = await self._link.server_info(s.rpc_timeout_s)
+                log.info("cloud %s reachable: %s", s.cloud, info.model_id)
+            except EventSpecError as exc:
+                log.warning("cloud not reachable yet (%s); will retry per request", exc)
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        log.info("edge agent SERVING on %s:%d, source %s, draft %s", s.host, self.port,
+                 source.describe(), draft.model_id)
+        return self.port
+
+    async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
+        assert self._health is not None
+        await self._health.set("", status)
+        await self._health.set(SERVICE_NAME, status)
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        if self._server is None:
+            return
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
+        await self._server.stop(self.settings.grace_s if grace_s is None else grace_s)
+        if self._link is not None:
+            await self._link.close()
+        if self.agent is not None:
+            self.agent.worker.shutdown()
+        self._server = None

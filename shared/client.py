@@ -1,0 +1,78 @@
+"""A Python client for the edge agent, for applications.
+
+    async with EdgeClient("127.0.0.1:50062") as client:
+        async for event in client.ask(AskSpec("What is moving?")):
+            ...
+        answer = await client.ask_final(AskSpec("What is moving?"))
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from types import TracebackType
+
+import grpc
+from grpc import aio
+
+from shared import convert
+from shared.grpc_options import channel_options
+from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
+from shared.types import AskEvent, AskSpec, FinalEvent
+
+
+class AskError(Exception):
+    """The edge answered with an error status; ``code`` and ``details`` say which."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+class EdgeClient:
+    """Talks to one edge agent over a reused channel."""
+
+    def __init__(self, address: str, *, timeout_s: float = 300.0) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._channel = aio.insecure_channel(address, options=channel_options())
+        self._stub = edge_pb2_grpc.EdgeAgentStub(self._channel)
+
+    async def __aenter__(self) -> EdgeClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def ask(self, spec: AskSpec) -> AsyncIterator[AskEvent]:
+        """Stream previews, committed text and the final answer."""
+        call = self._stub.Ask(convert.ask_spec_to_pb(spec), timeout=self.timeout_s)
+        try:
+            async for msg in call:
+                yield convert.ask_event_from_pb(msg)
+        except aio.AioRpcError as exc:
+            raise AskError(exc.code(), exc.details() or "") from None
+
+    async def ask_final(self, spec: AskSpec) -> FinalEvent:
+        """Just the final answer and statistics."""
+        final: FinalEvent | None = None
+        async for event in self.ask(spec):
+            if isinstance(event, FinalEvent):
+                final = event
+        if final is None:
+            raise AskError(grpc.StatusCode.INTERNAL, "the edge ended the stream without a Final")
+        return final
+
+    async def status(self) -> edge_pb2.EdgeStatus:
+        try:
+            return await self._stub.GetStatus(edge_pb2.GetStatusRequest(), timeout=10)
+        except aio.AioRpcError as exc:
+            raise AskError(exc.code(), exc.details() or "") from None
+
+    async def close(self) -> None:
+        await self._channel.close()

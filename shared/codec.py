@@ -1,0 +1,412 @@
+"""Tensors on the wire: one header, then ordered raw chunks.
+
+Why this shape: gRPC refuses messages over its size limit (4 MiB by default) and
+one huge message is several times slower than a stream of ~1 MiB chunks
+(REFERENCE.md, gRPC). Like KServe v2 / Triton, a tensor travels as a header
+(name, dtype, shape, byte count, CRC-32, chunk count, int8 scale) followed by raw
+little-endian bytes. Tensors are not compressed (activations barely shrink);
+they are quantised instead (:func:`quantize_int8`).
+
+The chunk stream is **ordered**: gRPC delivers the messages of one stream in the
+order they were sent, so chunk ``i`` must arrive right after chunk ``i - 1``. An
+out-of-order, repeated or skipped index therefore means a broken sender, and the
+receiver rejects it instead of buffering. Ordering is what lets the receiver
+copy every chunk straight into one buffer preallocated from the header.
+
+Zero-element tensors (a shape containing 0) are supported: ``total_bytes`` is 0,
+``num_chunks`` is 0 and no chunk follows the header.
+
+This module is pure domain code: the protobuf ⇄ :class:`TensorHeaderInfo`
+conversion lives in ``shared.convert``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import sys
+import zlib
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+import torch
+
+from shared.errors import CodecError
+
+DEFAULT_CHUNK_BYTES: Final[int] = 1 << 20
+"""About 1 MiB per chunk: well under gRPC's 4 MiB default, large enough to be cheap."""
+
+_INT8_QMAX: Final[int] = 127
+_NATIVE_LITTLE_ENDIAN: Final[bool] = sys.byteorder == "little"
+
+
+class WireDtype(enum.Enum):
+    """Element types allowed on the wire; values equal the proto ``Dtype`` numbers."""
+
+    FLOAT32 = 1
+    FLOAT16 = 2
+    BFLOAT16 = 3
+    INT8 = 4
+    UINT8 = 5
+    INT64 = 6
+
+    @classmethod
+    def from_wire(cls, value: int) -> WireDtype:
+        """Map a proto enum number; 0 (unspecified) and unknown numbers are errors."""
+        try:
+            return cls(value)
+        except ValueError:
+            known = ", ".join(f"{d.value}={d.name}" for d in cls)
+            raise CodecError(
+                f"unknown tensor dtype {value} on the wire (expected one of {known})"
+            ) from None
+
+    @classmethod
+    def from_torch(cls, dtype: torch.dtype) -> WireDtype:
+        """The wire type of a torch dtype; others must be converted by the caller."""
+        for wire, (torch_dtype, _) in _DTYPE_TABLE.items():
+            if torch_dtype == dtype:
+                return wire
+        names = ", ".join(str(t) for t, _ in _DTYPE_TABLE.values())
+        raise CodecError(f"tensor dtype {dtype} cannot be sent (supported: {names})")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The torch dtype a received tensor has."""
+        return _DTYPE_TABLE[self][0]
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element on the wire."""
+        return _DTYPE_TABLE[self][1]
+
+
+# wire dtype -> (torch dtype, bytes per element)
+_DTYPE_TABLE: Final[dict[WireDtype, tuple[torch.dtype, int]]] = {
+    WireDtype.FLOAT32: (torch.float32, 4),
+    WireDtype.FLOAT16: (torch.float16, 2),
+    WireDtype.BFLOAT16: (torch.bfloat16, 2),
+    WireDtype.INT8: (torch.int8, 1),
+    WireDtype.UINT8: (torch.uint8, 1),
+    WireDtype.INT64: (torch.int64, 8),
+}
+
+# Same-width integer views: numpy has no bf16/f16-safe path for raw bytes, so
+# every tensor is viewed as an integer tensor of equal element size first.
+_INT_VIEW: Final[dict[int, torch.dtype]] = {
+    1: torch.uint8,
+    2: torch.int16,
+    4: torch.int32,
+    8: torch.int64,
+}
+
+
+@dataclass(frozen=True)
+class TensorHeaderInfo:
+    """Everything the receiver needs to preallocate and validate one tensor."""
+
+    name: str
+    dtype: WireDtype
+    shape: tuple[int, ...]
+    total_bytes: int
+    crc32: int
+    num_chunks: int
+    scale: float = 0.0
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def _valid_scale(scale: float) -> bool:
+    return math.isfinite(scale) and scale > 0.0
+
+
+def encode_tensor(
+    name: str,
+    tensor: torch.Tensor,
+    *,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    scale: float | None = None,
+) -> tuple[TensorHeaderInfo, list[memoryview]]:
+    """Split ``tensor`` into a header and zero-copy chunks of its little-endian bytes.
+
+    The chunks are slices of one contiguous CPU buffer that they keep alive, so
+    sending costs no copy here (the transport still copies into its messages).
+    bf16 travels as the raw uint16 pattern. An int8 tensor needs ``scale``
+    (value = q * scale, see :func:`quantize_int8`); other dtypes must not have one.
+    """
+    if not name:
+        raise CodecError("tensor name must be non-empty")
+    if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes <= 0:
+        raise CodecError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
+    wire = WireDtype.from_torch(tensor.dtype)
+    if wire is WireDtype.INT8:
+        if scale is None or not _valid_scale(scale):
+            raise CodecError(f"tensor {name!r}: int8 needs a positive finite scale, got {scale!r}")
+    elif scale is not None:
+        raise CodecError(
+            f"tensor {name!r}: scale {scale!r} given for {wire.name}; only INT8 has a scale"
+        )
+
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)  # [numel]
+    as_int = flat.view(_INT_VIEW[wire.itemsize])  # [numel], same bytes
+    array = as_int.numpy()  # shares memory with the tensor
+    if not _NATIVE_LITTLE_ENDIAN:
+        array = array.byteswap()
+    payload = array.data.cast("B")  # [total_bytes] uint8 view
+    total = payload.nbytes
+    chunks = [payload[off : off + chunk_bytes] for off in range(0, total, chunk_bytes)]
+    header = TensorHeaderInfo(
+        name=name,
+        dtype=wire,
+        shape=tuple(int(s) for s in tensor.shape),
+        total_bytes=total,
+        crc32=zlib.crc32(payload),
+        num_chunks=len(chunks),
+        scale=float(scale) if scale is not None else 0.0,
+    )
+    return header, chunks
+
+
+def quantize_int8(tensor: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """Symmetric per-tensor int8: ``q = round(x / scale)`` in [-127, 127].
+
+    Why: zlib/blosc shrink activations only to 0.7-0.87 of their size, while int8
+    halves fp16 (REFERENCE.md). The scale is rounded to float32 first, so it
+    survives the proto's ``float scale`` field unchanged and both ends
+    dequantise identically. An all-zero tensor gets scale 1.0 (any positive works).
+    """
+    if not tensor.is_floating_point():
+        raise CodecError(f"quantize_int8 needs a floating tensor, got {tensor.dtype}")
+    x = tensor.detach().to(torch.float32)  # [...] same shape
+    if x.numel() > 0 and not bool(torch.isfinite(x).all()):
+        raise CodecError("quantize_int8: tensor contains NaN or infinity")
+    amax = float(x.abs().max()) if x.numel() > 0 else 0.0
+    scale32 = torch.tensor(amax / _INT8_QMAX, dtype=torch.float32)
+    scale = float(scale32)
+    if scale == 0.0:
+        scale = 1.0 if amax == 0.0 else float(torch.finfo(torch.float32).tiny)
+    q = torch.round(x / scale).clamp_(-_INT8_QMAX, _INT8_QMAX).to(torch.int8)  # [...]
+    return q, scale
+
+
+def dequantize(q: torch.Tensor, scale: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``q * scale`` computed in float32, then cast to ``dtype``."""
+    if q.dtype != torch.int8:
+        raise CodecError(f"dequantize needs an int8 tensor, got {q.dtype}")
+    if not _valid_scale(scale):
+        raise CodecError(f"dequantize needs a positive finite scale, got {scale!r}")
+    return (q.to(torch.float32) * scale).to(dtype)  # [...] same shape
+
+
+class TensorAssembler:
+    """Reassembles one tensor from its ordered chunks into a preallocated buffer.
+
+    The header is validated before any allocation, so a hostile or broken header
+    can neither make the receiver allocate more than ``max_bytes`` nor declare a
+    shape that disagrees with its byte count. After the first error the assembler
+    is poisoned: every later call repeats that error, because a stream that went
+    wrong once cannot be trusted to resynchronise.
+    """
+
+    def __init__(
+        self,
+        header: TensorHeaderInfo,
+        *,
+        max_bytes: int,
+        expected_name: str | None = None,
+        expected_shape: tuple[int | None, ...] | None = None,
+        expected_dtype: WireDtype | None = None,
+    ) -> None:
+        """Validate ``header``; ``None`` entries in ``expected_shape`` match any size."""
+        _validate_header(header, max_bytes=max_bytes)
+        label = f"tensor {header.name!r}"
+        if expected_name is not None and header.name != expected_name:
+            raise CodecError(
+                f"unexpected tensor name: expected {expected_name!r}, received {header.name!r}"
+            )
+        if expected_dtype is not None and header.dtype is not expected_dtype:
+            raise CodecError(
+                f"{label}: expected dtype {expected_dtype.name}, received {header.dtype.name}"
+            )
+        if expected_shape is not None and (
+            len(expected_shape) != len(header.shape)
+            or any(
+                e is not None and e != s for e, s in zip(expected_shape, header.shape, strict=True)
+            )
+        ):
+            want = "[" + ", ".join("*" if e is None else str(e) for e in expected_shape) + "]"
+            raise CodecError(f"{label}: expected shape {want}, received {list(header.shape)}")
+        self.header: Final[TensorHeaderInfo] = header
+        self._label = label
+        self._buffer = bytearray(header.total_bytes)  # [total_bytes], filled in order
+        self._view = memoryview(self._buffer)
+        self._next_index = 0
+        self._received = 0
+        self._failed: str | None = None
+        self._finished = False
+
+    @property
+    def received_bytes(self) -> int:
+        """Payload bytes copied so far (for uplink statistics)."""
+        return self._received
+
+    @property
+    def received_chunks(self) -> int:
+        """Chunks accepted so far."""
+        return self._next_index
+
+    @property
+    def done(self) -> bool:
+        """True once every declared chunk and byte has arrived."""
+        return (
+            self._failed is None
+            and self._next_index == self.header.num_chunks
+            and self._received == self.header.total_bytes
+        )
+
+    def _fail(self, message: str) -> CodecError:
+        self._failed = message
+        return CodecError(message)
+
+    def _check_usable(self) -> None:
+        if self._failed is not None:
+            raise CodecError(f"{self._label}: stream already failed: {self._failed}")
+        if self._finished:
+            raise CodecError(f"{self._label}: already finished")
+
+    def add_chunk(
+        self, index: int, data: bytes | bytearray | memoryview, *, name: str | None = None
+    ) -> None:
+        """Copy chunk ``index`` into place; ``name``, when given, must match the header."""
+        self._check_usable()
+        h = self.header
+        if name is not None and name != h.name:
+            raise self._fail(
+                f"{self._label}: chunk {index} carries name {name!r}, expected {h.name!r}"
+            )
+        if index < 0 or index >= h.num_chunks:
+            raise self._fail(
+                f"{self._label}: chunk index {index} out of range "
+                f"(header declared {h.num_chunks} chunks, 0..{h.num_chunks - 1})"
+            )
+        if index < self._next_index:
+            raise self._fail(
+                f"{self._label}: duplicate or out-of-order chunk {index} "
+                f"(expected chunk {self._next_index}; the stream is ordered)"
+            )
+        if index > self._next_index:
+            raise self._fail(
+                f"{self._label}: missing chunk {self._next_index}: received chunk {index} "
+                "instead (the stream is ordered)"
+            )
+        size = memoryview(data).nbytes
+        if size == 0:
+            raise self._fail(f"{self._label}: chunk {index} is empty")
+        end = self._received + size
+        if end > h.total_bytes:
+            raise self._fail(
+                f"{self._label}: chunk {index} carries {size} bytes, ending at byte {end}, "
+                f"past the declared total of {h.total_bytes} (trailing data)"
+            )
+        is_last = index == h.num_chunks - 1
+        if is_last and end != h.total_bytes:
+            raise self._fail(
+                f"{self._label}: last chunk {index} ends at byte {end} of {h.total_bytes}: "
+                f"{h.total_bytes - end} bytes missing"
+            )
+        if not is_last and end == h.total_bytes:
+            raise self._fail(
+                f"{self._label}: all {h.total_bytes} bytes arrived by chunk {index}, "
+                f"but the header declared {h.num_chunks} chunks"
+            )
+        self._view[self._received : end] = memoryview(data).cast("B")
+        self._received = end
+        self._next_index = index + 1
+
+    def finish(self) -> torch.Tensor:
+        """Verify completeness and CRC-32; return the tensor (int8 stays quantised).
+
+        The tensor is a view of the assembler's buffer (no copy); the assembler
+        cannot be reused afterwards.
+        """
+        self._check_usable()
+        h = self.header
+        if not self.done:
+            raise self._fail(
+                f"{self._label}: incomplete: received {self._next_index} of {h.num_chunks} "
+                f"chunks, {self._received} of {h.total_bytes} bytes"
+            )
+        crc = zlib.crc32(self._view)
+        if crc != h.crc32:
+            raise self._fail(
+                f"{self._label}: checksum mismatch: header crc32 {h.crc32:#010x}, "
+                f"payload crc32 {crc:#010x}"
+            )
+        self._finished = True
+        if h.total_bytes == 0:
+            return torch.empty(h.shape, dtype=h.dtype.torch_dtype)
+        int_dtype = _INT_VIEW[h.dtype.itemsize]
+        raw = torch.frombuffer(self._buffer, dtype=int_dtype)  # [numel], aliases buffer
+        if not _NATIVE_LITTLE_ENDIAN:
+            raw = torch.from_numpy(raw.numpy().byteswap())
+        return raw.view(h.dtype.torch_dtype).view(h.shape)  # [*shape]
+
+    def finish_dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Like :meth:`finish`, but int8 is dequantised with ``header.scale`` to ``dtype``.
+
+        Non-int8 tensors are cast to ``dtype`` (a no-op when it already matches).
+        """
+        tensor = self.finish()
+        if self.header.dtype is WireDtype.INT8:
+            return dequantize(tensor, self.header.scale, dtype)
+        return tensor.to(dtype)
+
+
+def _validate_header(h: TensorHeaderInfo, *, max_bytes: int) -> None:
+    """Reject a header before anything is allocated for it."""
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+        raise CodecError(f"max_bytes must be a non-negative int, got {max_bytes!r}")
+    if not isinstance(h.name, str) or not h.name:
+        raise CodecError("tensor header has an empty name")
+    label = f"tensor {h.name!r}"
+    if not isinstance(h.dtype, WireDtype):
+        raise CodecError(
+            f"{label}: unknown or unspecified dtype {h.dtype!r} "
+            f"(expected one of {', '.join(d.name for d in WireDtype)})"
+        )
+    for axis, dim in enumerate(h.shape):
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
+            raise CodecError(f"{label}: shape[{axis}] is {dim!r}, not an int")
+        if dim < 0:
+            raise CodecError(f"{label}: shape[{axis}] is negative ({dim})")
+    expected_bytes = _numel(h.shape) * h.dtype.itemsize
+    if h.total_bytes != expected_bytes:
+        raise CodecError(
+            f"{label}: shape {list(h.shape)} x {h.dtype.itemsize} bytes ({h.dtype.name}) = "
+            f"{expected_bytes} bytes, but the header declares total_bytes={h.total_bytes}"
+        )
+    if h.total_bytes > max_bytes:
+        raise CodecError(f"{label}: {h.total_bytes} bytes exceed the limit of {max_bytes} bytes")
+    if h.total_bytes == 0:
+        if h.num_chunks != 0:
+            raise CodecError(
+                f"{label}: an empty tensor has no chunks, but the header declares "
+                f"num_chunks={h.num_chunks}"
+            )
+    elif not 1 <= h.num_chunks <= h.total_bytes:
+        raise CodecError(
+            f"{label}: num_chunks={h.num_chunks} is inconsistent with {h.total_bytes} bytes "
+            f"(expected 1..{h.total_bytes})"
+        )
+    if not 0 <= h.crc32 < 1 << 32:
+        raise CodecError(f"{label}: crc32 {h.crc32} is not a 32-bit unsigned value")
+    if h.dtype is WireDtype.INT8:
+        if not _valid_scale(h.scale):
+            raise CodecError(f"{label}: INT8 needs a positive finite scale, received {h.scale!r}")
+    elif h.scale != 0.0:
+        raise CodecError(
+            f"{label}: scale {h.scale!r} given for {h.dtype.name}; only INT8 has a scale"
+        )

@@ -1,0 +1,174 @@
+"""Helpers to drive a real in-process Verifier over real gRPC stubs."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import grpc
+import numpy as np
+import torch
+from grpc import aio
+
+from cloud.config import CloudSettings
+from cloud.server import VerifierServer
+from cloud.target import TargetModel, build_tiny_random_target
+from shared import convert
+from shared.imageproc import encode_png
+from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
+from shared.types import CommitEvent, DoneEvent, GenerationSettings, OpenRequest, ServerLimits
+
+#: (base, committed so far, truth) -> the tail to send, or None for no message.
+DraftPolicy = Callable[[int, Sequence[int]], list[int] | None]
+
+
+def make_frames(seed: int, n: int = 8, size: int = 40) -> tuple[bytes, ...]:
+    """n random PNG frames (lossless, so both paths see identical pixels)."""
+    rng = np.random.default_rng(seed)
+    return tuple(
+        encode_png(rng.integers(0, 256, (size, size + 8, 3), dtype=np.uint8)) for _ in range(n)
+    )
+
+
+def settings(**limits: int) -> CloudSettings:
+    return replace(
+        CloudSettings(),
+        port=0,
+        calibrate=False,
+        limits=replace(ServerLimits(), **limits),
+        input_timeout_s=5.0,
+    )
+
+
+async def start_verifier(
+    target: TargetModel | None = None, **limits: int
+) -> VerifierServer:
+    server = VerifierServer(settings(**limits), target=target or build_tiny_random_target(seed=0))
+    await server.start()
+    return server
+
+
+def open_msg(question: str, frames: Sequence[bytes], *, max_new_tokens: int = 16,
+             speculative: bool = True, temperature: float = 0.0, seed: int = 0,
+             deadline_ms: int = 0) -> verifier_pb2.EdgeMessage:
+    from shared.timing import EdgeCost
+
+    req = OpenRequest(
+        request_id=f"test-{question[:8]}",
+        question=question,
+        generation=GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature,
+                                      seed=seed),
+        frames=tuple(frames),
+        edge_cost=EdgeCost(5.0, 1.0, 0.0, 0.0, 0.5) if speculative else None,
+        deadline_ms=deadline_ms,
+        speculative=speculative,
+    )
+    return verifier_pb2.EdgeMessage(open=convert.open_to_pb(req))
+
+
+def drafts_msg(base: int, tail: Sequence[int]) -> verifier_pb2.EdgeMessage:
+    return verifier_pb2.EdgeMessage(drafts=verifier_pb2.Drafts(base=base, token_ids=list(tail)))
+
+
+@dataclass
+class Outcome:
+    tokens: list[int]
+    done: DoneEvent
+    commits: list[CommitEvent] = field(default_factory=list)
+
+
+async def run_generate(
+    port: int,
+    first: verifier_pb2.EdgeMessage,
+    *,
+    hidden: list[int] | None = None,
+    policy: DraftPolicy | None = None,
+    extra: Sequence[verifier_pb2.EdgeMessage] = (),
+    timeout: float = 60.0,
+) -> Outcome:
+    """One Generate call: Open, optional hidden drafts, then drafts per Commit."""
+    async with aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        stub = verifier_pb2_grpc.VerifierStub(ch)
+        call = stub.Generate(timeout=timeout)
+        await call.write(first)
+        for m in extra:
+            await call.write(m)
+        if hidden:
+            await call.write(drafts_msg(0, hidden))
+        committed: list[int] = []
+        commits: list[CommitEvent] = []
+        while True:
+            msg = await call.read()
+            assert msg is not aio.EOF, "stream ended without Done"
+            event = convert.cloud_message_from_pb(msg)
+            if isinstance(event, DoneEvent):
+                break
+            if isinstance(event, CommitEvent):
+                assert event.start == len(committed)
+                committed.extend(event.token_ids)
+                commits.append(event)
+                if policy is not None:
+                    tail = policy(len(committed), committed)
+                    if tail is not None:
+                        try:
+                            await call.write(drafts_msg(len(committed), tail))
+                        except (grpc.RpcError, aio.UsageError):
+                            pass
+        await call.done_writing()
+        assert list(event.token_ids) == committed
+        return Outcome(committed, event, commits)
+
+
+# -- draft policies over a known target answer ----------------------------------------------
+
+
+def perfect(truth: Sequence[int], k: int = 6) -> DraftPolicy:
+    return lambda base, _c: list(truth[base : base + k]) or None
+
+
+def all_wrong(truth: Sequence[int], vocab: int, k: int = 6) -> DraftPolicy:
+    return lambda base, _c: [(t + 7) % vocab for t in truth[base : base + k]] or None
+
+
+def random_wrong(truth: Sequence[int], vocab: int, seed: int, k: int = 6,
+                 p: float = 0.3) -> DraftPolicy:
+    rng = random.Random(seed)
+
+    def policy(base: int, _c: Sequence[int]) -> list[int] | None:
+        tail = [t if rng.random() > p else (t + 1 + rng.randrange(vocab - 1)) % vocab
+                for t in truth[base : base + k]]
+        return tail or None
+
+    return policy
+
+
+def stale(truth: Sequence[int], vocab: int) -> DraftPolicy:
+    """Tails from an older base whose overlap disagrees with what was committed."""
+
+    def policy(base: int, committed: Sequence[int]) -> list[int] | None:
+        if base == 0:
+            return None
+        wrong = (committed[-1] + 1) % vocab
+        return [wrong, *truth[base : base + 3]]
+
+    return policy
+
+
+def target_greedy(target: TargetModel, question: str, frames: Sequence[bytes],
+                  max_new: int) -> list[int]:
+    """HF ``generate`` on the same model and inputs, non-text ids suppressed."""
+    ids = target.build_prompt_ids(question)
+    pix = target.preprocess_frames(frames)
+    with torch.inference_mode():
+        out = target.model.generate(
+            input_ids=torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            pixel_values_videos=pix,
+            max_new_tokens=max_new,
+            do_sample=False,
+            eos_token_id=target.eos_token_id,
+            pad_token_id=target.eos_token_id,
+            suppress_tokens=list(range(target.text_vocab_size, target.vocab_size)),
+        )
+    return [int(t) for t in out[0, len(ids) :]]
