@@ -62,7 +62,7 @@ def measure_cloud_cost(
         samples[f"step_k{k}_ms"] = times[1:]
     engine.release(state)
 
-    visual = g.visual_tokens
+    visual = g.num_frames * g.tokens_per_frame
     short_text, long_text = len(short_q) - visual, len(long_q) - visual
     p_short = statistics.median(samples["prefill_short_ms"])
     p_long = statistics.median(samples["prefill_long_ms"])

@@ -43,6 +43,7 @@ class _Counters:
     accepted: int = 0
     steps: int = 0
     stale: int = 0
+    rejections: int = 0
     hidden_drafted: int = 0
     stage_ms: dict[str, float] = field(default_factory=dict)
 
@@ -212,6 +213,8 @@ class DecodingSession:
         self.counters.drafted += step.verified
         self.counters.accepted += min(step.accepted, len(new))
         self.counters.steps += 1
+        if step.accepted < step.verified:
+            self.counters.rejections += 1
         if self.first_token_at is None and new:
             self.first_token_at = self._clock()
         self.text = self._decode(self.committed)

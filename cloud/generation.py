@@ -21,12 +21,13 @@ import torch
 
 from cloud.decoding import DecodingSession
 from cloud.runtime import VerifierRuntime
-from shared.codec import TensorAssembler, TensorHeaderInfo
+from shared.codec import TensorAssembler, TensorHeaderInfo, WireDtype
 from shared.errors import (
     DeadlineExceeded,
     EventSpecError,
     FailedPrecondition,
     InvalidInput,
+    ResourceExhausted,
 )
 from shared.types import (
     CancelRequest,
@@ -111,11 +112,18 @@ class _Inbox:
                 f"aligned features have shape {list(header.shape)}, but this verifier "
                 f"expects {list(geometry.feature_shape)} (GetServerInfo.geometry)"
             )
+        cap = self.rt.info.limits.max_tensor_bytes
+        if header.total_bytes > cap:
+            raise ResourceExhausted(
+                f"tensor {header.name!r}: {header.total_bytes} bytes exceed the limit of "
+                f"{cap} bytes (GetServerInfo.limits.max_tensor_bytes); send int8 or fp16"
+            )
         self._assembler = TensorAssembler(
             header,
-            max_bytes=self.rt.info.limits.max_tensor_bytes,
+            max_bytes=cap,
             expected_name=FEATURE_TENSOR_NAME,
             expected_shape=geometry.feature_shape,
+            expected_dtype=WireDtype[spec.dtype.upper()],
         )
 
     def _on_chunk(self, chunk: TensorChunkData) -> None:
@@ -151,7 +159,7 @@ def validate_open(open_req: OpenRequest, rt: VerifierRuntime) -> OpenRequest:
             )
         for i, frame in enumerate(open_req.frames):
             if len(frame) > info.limits.max_frame_bytes:
-                raise InvalidInput(
+                raise ResourceExhausted(
                     f"frame {i} is {len(frame)} bytes, over the cap of "
                     f"{info.limits.max_frame_bytes}"
                 )
@@ -237,7 +245,7 @@ async def run_generate(
         if inbox.error is not None:
             raise inbox.error
         stats = session.stats(counter.uplink, counter.downlink)
-        rt.observe(stats)
+        rt.observe(stats, session.counters.rejections)
         done = DoneEvent(
             finish_reason=session.finish_reason or FinishReason.MAX_TOKENS,
             token_ids=tuple(session.committed),

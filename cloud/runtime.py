@@ -64,11 +64,11 @@ class VerifierRuntime:
             )
         )
 
-    def observe(self, stats: RequestStats) -> None:
+    def observe(self, stats: RequestStats, rejections: int) -> None:
         """Fold a finished request's acceptance into the server-wide estimate."""
         self.requests_served += 1
         if stats.drafted:
-            self.acceptance.observe(stats.accepted, stats.drafted)
+            self.acceptance.observe(stats.accepted, stats.drafted, rejections=rejections)
 
     def replan(self, initial: TimingPlan, stats: RequestStats) -> TimingPlan:
         """The plan as it stands after this request's observed acceptance (for Done)."""

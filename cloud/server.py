@@ -17,6 +17,7 @@ from grpc_reflection.v1alpha import reflection
 
 from cloud.calibrate import load_or_calibrate
 from cloud.config import CloudSettings
+from cloud.engine.base import TargetEngine
 from cloud.engine.hf import HFEngine
 from cloud.runtime import VerifierRuntime, server_info_for
 from cloud.servicer import VerifierServicer
@@ -56,14 +57,22 @@ def load_target_for(settings: CloudSettings) -> TargetModel:
 
 
 def build_runtime(
-    settings: CloudSettings, target: TargetModel | None = None
+    settings: CloudSettings,
+    target: TargetModel | None = None,
+    *,
+    engine: TargetEngine | None = None,
+    cost: CloudCost | None = None,
 ) -> VerifierRuntime:
-    """Load (or take) the target, calibrate, and assemble the runtime. Blocking."""
+    """Load (or take) the target, calibrate, and assemble the runtime. Blocking.
+
+    ``engine`` and ``cost`` let tests inject a test double (e.g. a slowed engine that
+    stands in for a loaded cloud) together with the cost model that describes it.
+    """
     target = target if target is not None else load_target_for(settings)
-    engine = HFEngine(target)
-    if settings.calibrate:
+    engine = engine if engine is not None else HFEngine(target)
+    if cost is None and settings.calibrate:
         cost = load_or_calibrate(target, engine, settings.resolved_profile_path(target.model_id))
-    else:
+    elif cost is None:
         cost = FIXED_TEST_COST
     info = server_info_for(target, cost, settings)
     return VerifierRuntime(
@@ -82,6 +91,8 @@ class VerifierServer:
 
     settings: CloudSettings
     target: TargetModel | None = None
+    engine: TargetEngine | None = None
+    cost: CloudCost | None = None
     port: int = 0
     runtime: VerifierRuntime | None = None
     _server: aio.Server | None = None
@@ -114,12 +125,18 @@ class VerifierServer:
         log.info("verifier listening on %s:%d (NOT_SERVING while warming up)",
                  self.settings.host, self.port)
         if warm:
-            await self.warm_up()
+            try:
+                await self.warm_up()
+            except BaseException:
+                await self.stop(0)
+                raise
         return self.port
 
     async def warm_up(self) -> None:
         """Load the model and calibrate off the loop, then report SERVING."""
-        self.runtime = await asyncio.to_thread(build_runtime, self.settings, self.target)
+        self.runtime = await asyncio.to_thread(
+            build_runtime, self.settings, self.target, engine=self.engine, cost=self.cost
+        )
         self._servicer.attach(self.runtime)
         self._sweeper = asyncio.create_task(
             self.runtime.registry.run_sweeper(min(60.0, self.settings.session_ttl_s / 4))

@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+import grpc
+
 from shared.client import AskError, EdgeClient
 from shared.health import wait_for_serving
 from shared.types import (
@@ -106,7 +108,7 @@ async def stream_answer(
     if live:
         out.write(f"{CLEAR_LINE}")
     if final is None:
-        raise AskError(__import__("grpc").StatusCode.INTERNAL, "no final answer")
+        raise AskError(grpc.StatusCode.INTERNAL, "the edge ended the stream without a Final")
     return final
 
 
@@ -178,7 +180,11 @@ async def _demo(args: argparse.Namespace) -> int:
     py = sys.executable
     with tempfile.TemporaryDirectory(prefix="eventspec-demo-") as tmp:
         t = Path(tmp)
-        say = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr))
+
+        def say(line: str) -> None:
+            if not args.json:
+                print(line, file=sys.stderr)
+
         say("starting the cloud verifier (Video-LLaVA, tiny-random) ...")
         cloud = _start([py, "-m", "cloud.cli", "serve", "--model", args.cloud_model,
                         "--port", "0", "--port-file", str(t / "cloud.port"),

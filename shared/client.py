@@ -70,7 +70,10 @@ class EdgeClient:
 
     async def status(self) -> edge_pb2.EdgeStatus:
         try:
-            return await self._stub.GetStatus(edge_pb2.GetStatusRequest(), timeout=10)
+            status: edge_pb2.EdgeStatus = await self._stub.GetStatus(
+                edge_pb2.GetStatusRequest(), timeout=10
+            )
+            return status
         except aio.AioRpcError as exc:
             raise AskError(exc.code(), exc.details() or "") from None
 

@@ -54,7 +54,7 @@ def _wrap_streaming(
     return wrapper
 
 
-class ErrorMappingInterceptor(aio.ServerInterceptor):
+class ErrorMappingInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
     """Map ``EventSpecError`` to its gRPC status for every RPC kind."""
 
     async def intercept_service(

@@ -474,18 +474,38 @@ class AcceptanceEstimator:
         """Acceptance trials observed so far."""
         return self._ewma.count
 
-    def observe(self, accepted: int, verified: int) -> float:
-        """Fold in one step that verified ``verified`` drafts and accepted ``accepted``."""
+    def observe(self, accepted: int, verified: int, *, rejections: int | None = None) -> float:
+        """Fold in ``accepted`` of ``verified`` drafts; returns the new estimate.
+
+        Without ``rejections`` the call is one verify step (one failure iff
+        ``accepted < verified``). For totals over several steps, pass
+        ``rejections``: the number of steps that rejected a draft. Aggregates
+        passed as one step would count one failure per request and inflate a.
+        """
         _check_int("AcceptanceEstimator", "verified", verified, 0)
         _check_int("AcceptanceEstimator", "accepted", accepted, 0)
         if accepted > verified:
             raise InvalidInput(
                 f"AcceptanceEstimator: accepted={accepted} exceeds verified={verified}"
             )
-        for _ in range(accepted):
-            self._ewma.update(1.0)
-        if accepted < verified:
-            self._ewma.update(0.0)
+        if rejections is None:
+            rejections = 1 if accepted < verified else 0
+        _check_int("AcceptanceEstimator", "rejections", rejections, 0)
+        if rejections > verified - accepted:
+            raise InvalidInput(
+                f"AcceptanceEstimator: rejections={rejections} exceeds the "
+                f"{verified - accepted} rejected drafts"
+            )
+        if accepted < verified and rejections == 0:
+            raise InvalidInput(
+                "AcceptanceEstimator: rejections=0 but "
+                f"{verified - accepted} drafts were not accepted"
+            )
+        # Spread failures evenly among successes so the order does not bias the EWMA.
+        trials = accepted + rejections
+        for i in range(trials):
+            failed = (i + 1) * rejections // trials > i * rejections // trials
+            self._ewma.update(0.0 if failed else 1.0)
         return self.value
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -31,20 +32,30 @@ def make_frames(seed: int, n: int = 8, size: int = 40) -> tuple[bytes, ...]:
     )
 
 
-def settings(**limits: int) -> CloudSettings:
+def settings(*, input_timeout_s: float = 5.0, session_ttl_s: float = 600.0,
+             **limits: int) -> CloudSettings:
     return replace(
         CloudSettings(),
         port=0,
         calibrate=False,
         limits=replace(ServerLimits(), **limits),
-        input_timeout_s=5.0,
+        input_timeout_s=input_timeout_s,
+        session_ttl_s=session_ttl_s,
+        grace_s=0.5,
     )
 
 
 async def start_verifier(
-    target: TargetModel | None = None, **limits: int
+    target: TargetModel | None = None,
+    *,
+    input_timeout_s: float = 5.0,
+    session_ttl_s: float = 600.0,
+    **limits: int,
 ) -> VerifierServer:
-    server = VerifierServer(settings(**limits), target=target or build_tiny_random_target(seed=0))
+    server = VerifierServer(
+        settings(input_timeout_s=input_timeout_s, session_ttl_s=session_ttl_s, **limits),
+        target=target or build_tiny_random_target(seed=0),
+    )
     await server.start()
     return server
 
@@ -172,3 +183,103 @@ def target_greedy(target: TargetModel, question: str, frames: Sequence[bytes],
             suppress_tokens=list(range(target.text_vocab_size, target.vocab_size)),
         )
     return [int(t) for t in out[0, len(ids) :]]
+
+
+# -- aligned features, raw streams and error expectations -----------------------------------
+
+FEATURES = "video_features"
+
+
+def features_for(target: TargetModel, frames: Sequence[bytes]) -> torch.Tensor:
+    """The cloud's own pre-projector video features for ``frames`` -> [F, T, D] float32."""
+    feats = target.video_features_from_pixels(target.preprocess_frames(frames))
+    return feats.float().contiguous()
+
+
+def aligned_open_msg(question: str, *, dtype: str = "float32",
+                     shape: Sequence[int] | None = None, max_new_tokens: int = 16,
+                     speculative: bool = False, deadline_ms: int = 0,
+                     geometry: tuple[int, int, int] = (8, 17, 32)) -> verifier_pb2.EdgeMessage:
+    """Open declaring that aligned features (default: the tiny target's geometry) follow."""
+    from shared.timing import EdgeCost
+    from shared.types import AlignedSpec
+
+    req = OpenRequest(
+        request_id=f"aligned-{question[:8]}",
+        question=question,
+        generation=GenerationSettings(max_new_tokens=max_new_tokens),
+        aligned=AlignedSpec(dtype=dtype, shape=tuple(shape if shape is not None else geometry)),
+        edge_cost=EdgeCost(5.0, 1.0, 0.0, 0.0, 0.5) if speculative else None,
+        deadline_ms=deadline_ms,
+        speculative=speculative,
+    )
+    return verifier_pb2.EdgeMessage(open=convert.open_to_pb(req))
+
+
+def tensor_msgs(tensor: torch.Tensor, *, name: str = FEATURES, chunk_bytes: int = 4096,
+                scale: float | None = None) -> list[verifier_pb2.EdgeMessage]:
+    """Header then chunks of ``tensor``, as EdgeMessages, via the real codec."""
+    from shared.codec import encode_tensor
+    from shared.types import TensorChunkData
+
+    header, chunks = encode_tensor(name, tensor, chunk_bytes=chunk_bytes, scale=scale)
+    out = [convert.edge_message_to_pb(header)]
+    out += [convert.edge_message_to_pb(TensorChunkData(name, i, bytes(c)))
+            for i, c in enumerate(chunks)]
+    return out
+
+
+async def drain(call: aio.StreamStreamCall) -> list[verifier_pb2.CloudMessage]:
+    """Read a Generate stream to its end; raises AioRpcError if it ends with an error."""
+    msgs: list[verifier_pb2.CloudMessage] = []
+    while True:
+        msg = await call.read()
+        if msg is aio.EOF:
+            return msgs
+        msgs.append(msg)
+
+
+@dataclass
+class Failure:
+    code: grpc.StatusCode
+    details: str
+    received: list[verifier_pb2.CloudMessage]
+
+
+async def expect_failure(port: int, messages: Sequence[verifier_pb2.EdgeMessage], *,
+                         half_close: bool = False, timeout: float = 15.0,
+                         channel_options: Sequence[tuple[str, int]] = ()) -> Failure:
+    """Send ``messages`` on one Generate stream and return the status it ends with.
+
+    The stream is left open (no half-close) unless asked, so a server that waits for
+    more input instead of rejecting what it got shows up as DEADLINE_EXCEEDED at the
+    client's deadline, never a hang. Asserts that no Done arrived.
+    """
+    async with aio.insecure_channel(f"127.0.0.1:{port}", options=list(channel_options)) as ch:
+        call = verifier_pb2_grpc.VerifierStub(ch).Generate(timeout=timeout)
+        try:
+            for m in messages:
+                await call.write(m)
+            if half_close:
+                await call.done_writing()
+        except (grpc.RpcError, aio.UsageError, asyncio.InvalidStateError):
+            pass  # the server already ended the stream; its status is read below
+        received: list[verifier_pb2.CloudMessage] = []
+        try:
+            received = await drain(call)
+        except grpc.RpcError:
+            pass
+        code = await call.code()
+        details = await call.details() or ""
+        assert not any(m.HasField("done") for m in received), f"got Done: {received[-1]}"
+        assert code != grpc.StatusCode.OK, "stream ended OK, expected an error status"
+        return Failure(code, details, received)
+
+
+async def wait_for_sessions(server: VerifierServer, n: int = 0, timeout: float = 5.0) -> None:
+    """Poll ``server.live_sessions`` until it is ``n``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while server.live_sessions != n:
+        assert loop.time() < deadline, f"live sessions {server.live_sessions}, expected {n}"
+        await asyncio.sleep(0.02)

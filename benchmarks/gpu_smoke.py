@@ -1,0 +1,170 @@
+"""Full-size Video-LLaVA-7B smoke run on a GPU: random weights, bf16, the real server.
+
+Builds the 7B architecture from config (CLIP ViT-L/14-224 video tower, LLaMA-7B text
+model, vocab 32064) with random weights, then:
+
+1. times the engine directly: prefill of 8 frames + prompt, and verify steps with
+   k = 0, 8 and 32 drafts (1, 9 and 33 tokens per forward);
+2. starts the real ``VerifierServer`` in-process on port 0 with that target and sends
+   one request with 8 frames and 32 drafts written right after Open, so they arrive
+   during the prefill;
+3. prints one JSON object (and writes it to $OUT/gpu_smoke.json when OUT is set).
+
+Timing does not depend on weight values. The tokenizer is the tiny one (its special
+ids are placed at 512/513); only sizes matter for timing.
+
+    python benchmarks/gpu_smoke.py --device cuda --dtype bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from transformers import CLIPVisionConfig, LlamaConfig, VideoLlavaConfig
+from transformers import VideoLlavaForConditionalGeneration
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from cloud.config import CloudSettings  # noqa: E402
+from cloud.engine.hf import HFEngine  # noqa: E402
+from cloud.server import VerifierServer  # noqa: E402
+from cloud.target import TargetModel, tiny_target_tokenizer  # noqa: E402
+from shared.tiny_tokenizer import TINY_TEXT_VOCAB_SIZE  # noqa: E402
+from shared.types import ServerLimits  # noqa: E402
+from tests.integration import cloud_harness as h  # noqa: E402
+
+
+def full_size_config() -> VideoLlavaConfig:
+    vision = CLIPVisionConfig(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
+                              num_attention_heads=16, image_size=224, patch_size=14,
+                              projection_dim=768)
+    text = LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                       num_attention_heads=32, num_key_value_heads=32, vocab_size=32064,
+                       max_position_embeddings=4096, bos_token_id=1, eos_token_id=2,
+                       pad_token_id=TINY_TEXT_VOCAB_SIZE + 2)
+    return VideoLlavaConfig(vision_config=vision, text_config=text,
+                            image_token_index=TINY_TEXT_VOCAB_SIZE,
+                            video_token_index=TINY_TEXT_VOCAB_SIZE + 1,
+                            vision_feature_layer=-2, vision_feature_select_strategy="default",
+                            image_seq_length=256, video_seq_length=8 * 257)
+
+
+def build_target(device: str, dtype: torch.dtype) -> TargetModel:
+    torch.set_default_dtype(dtype)
+    with torch.device(device):
+        model = VideoLlavaForConditionalGeneration(full_size_config())
+    torch.set_default_dtype(torch.float32)
+    model.eval()
+    return TargetModel(model, tiny_target_tokenizer(), "video-llava-7b-shaped-random")
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def time_engine(target: TargetModel, repeats: int) -> dict[str, float]:
+    engine = HFEngine(target)
+    g = target.geometry
+    pix = torch.randn(1, g.num_frames, 3, g.image_size, g.image_size, device=target.device,
+                      dtype=target.dtype)
+    ids = target.build_prompt_ids("What is moving in the scene, and which way does it go?")
+    prefill = []
+    state = None
+    for _ in range(repeats + 1):
+        if state is not None:
+            engine.release(state)
+        sync()
+        t0 = time.perf_counter()
+        state, _ = engine.prefill(ids, pixel_values_videos=pix)
+        sync()
+        prefill.append((time.perf_counter() - t0) * 1e3)
+    assert state is not None
+    out = {"prompt_tokens": float(len(ids)), "prefill_ms": statistics.median(prefill[1:])}
+    base = engine.seq_len(state)
+    for k in (0, 8, 32):
+        times = []
+        for _ in range(repeats + 1):
+            sync()
+            t0 = time.perf_counter()
+            engine.step(state, [5] * (k + 1))
+            sync()
+            times.append((time.perf_counter() - t0) * 1e3)
+            engine.rollback(state, base)
+        out[f"step_k{k}_ms"] = statistics.median(times[1:])
+    engine.release(state)
+    return out
+
+
+async def one_request(target: TargetModel) -> dict[str, object]:
+    settings = replace(CloudSettings(), port=0, device=str(target.device), calibrate=True,
+                       profile_path=Path("/tmp/eventspec-gpu-profile.msgpack"),
+                       limits=replace(ServerLimits(), max_sessions=2))
+    server = VerifierServer(settings, target=target)
+    t0 = time.perf_counter()
+    await server.start()
+    warm_s = time.perf_counter() - t0
+    frames = h.make_frames(1, size=256)
+    try:
+        out = await h.run_generate(
+            server.port, h.open_msg("What is moving?", frames, max_new_tokens=48),
+            hidden=[100 + i for i in range(32)], timeout=300,
+        )
+    finally:
+        await server.stop(0)
+    s = out.done.stats
+    assert server.runtime is not None
+    cost = server.runtime.info.cloud_cost
+    return {
+        "warm_up_s": round(warm_s, 2),
+        "calibrated_cost": cost.__dict__,
+        "new_tokens": s.new_tokens,
+        "hidden_drafted": s.hidden_drafted,
+        "hidden_accepted": s.hidden_accepted,
+        "drafted": s.drafted,
+        "accepted": s.accepted,
+        "target_steps": s.target_steps,
+        "ttft_ms": round(s.ttft_ms, 2),
+        "total_ms": round(s.total_ms, 2),
+        "stage_ms": {k: round(v, 2) for k, v in s.stage_ms.items()},
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
+    t0 = time.perf_counter()
+    target = build_target(args.device, dtype)
+    result: dict[str, object] = {
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "build_s": round(time.perf_counter() - t0, 1),
+        "visual_tokens": target.geometry.num_frames * target.geometry.tokens_per_frame,
+    }
+    result["engine"] = {k: round(v, 2) for k, v in time_engine(target, args.repeats).items()}
+    result["request"] = asyncio.run(one_request(target))
+    if torch.cuda.is_available():
+        result["peak_gpu_mem_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "gpu_smoke.json").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

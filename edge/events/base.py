@@ -1,0 +1,134 @@
+"""The EventSource role and an in-memory implementation the file sources share.
+
+Every source (file, dataset, synthetic, live camera) answers the same four questions:
+what it is, how big the sensor is, which time span it covers, and which events/RGB
+frames fall in a half-open time range. Windows and rendering only use this protocol,
+so they never care where the events came from.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from edge.events.types import EVENT_DTYPE, sensor_size_of, sort_by_time, validate_events
+from shared.errors import InvalidInput
+
+log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class EventSource(Protocol):
+    """A time-indexed stream of events, optionally with RGB frames on the same clock.
+
+    All times are absolute microseconds; ranges are half-open ``[t0_us, t1_us)``.
+    ``time_range_us()`` is ``(first event t, last event t + 1)``, so
+    ``events_between(*time_range_us())`` returns every event.
+    """
+
+    @property
+    def sensor_size(self) -> tuple[int, int]:
+        """(width, height) in pixels."""
+        ...
+
+    @property
+    def has_rgb(self) -> bool:
+        """Whether ``rgb_frames_between`` can ever return frames."""
+        ...
+
+    def describe(self) -> str:
+        """One line for logs and GetStatus."""
+        ...
+
+    def time_range_us(self) -> tuple[int, int]:
+        """(start, end) of the events held, end exclusive."""
+        ...
+
+    def events_between(self, t0_us: int, t1_us: int) -> np.ndarray:
+        """Events with ``t0_us <= t < t1_us`` as an EVENT_DTYPE array sorted by t."""
+        ...
+
+    def rgb_frames_between(self, t0_us: int, t1_us: int) -> list[tuple[int, np.ndarray]]:
+        """(timestamp µs, HxWx3 uint8) frames in the range; [] if the source has no RGB."""
+        ...
+
+
+@runtime_checkable
+class RgbIndex(Protocol):
+    """Optional extension: list frame timestamps without decoding the frames.
+
+    ``sample_rgb_frames`` uses it when present so that picking 8 of 20 DSEC frames
+    decodes 8 PNGs, not 20.
+    """
+
+    def rgb_timestamps_between(self, t0_us: int, t1_us: int) -> np.ndarray:
+        """int64 timestamps (µs) of the frames in ``[t0_us, t1_us)``, ascending."""
+        ...
+
+
+def check_range(t0_us: int, t1_us: int) -> None:
+    """Reject inverted ranges; an empty range (t0 == t1) is allowed and yields nothing."""
+    if t1_us < t0_us:
+        raise InvalidInput(f"time range is inverted: [{t0_us}, {t1_us}) µs")
+
+
+class ArraySource:
+    """Events held in memory, sorted by t; windows are two binary searches.
+
+    Base of the file sources and the synthetic scene. The array is made read-only so a
+    window handed to a caller (a view, not a copy) cannot corrupt the source.
+    """
+
+    def __init__(
+        self,
+        events: np.ndarray,
+        sensor_size: tuple[int, int] | None = None,
+        *,
+        name: str = "array",
+    ) -> None:
+        if events.dtype != EVENT_DTYPE:
+            raise InvalidInput(f"events must have dtype {EVENT_DTYPE}, got {events.dtype}")
+        if events.size == 0:
+            raise InvalidInput(f"{name}: holds no events")
+        sorted_ev = sort_by_time(events)
+        if sorted_ev is not events:
+            log.info("%s: events were not time-ordered; sorted %d events", name, events.size)
+        size = sensor_size if sensor_size is not None else sensor_size_of(sorted_ev)
+        validate_events(sorted_ev, size)
+        self._events = np.ascontiguousarray(sorted_ev)
+        self._events.flags.writeable = False
+        self._sensor_size = (int(size[0]), int(size[1]))
+        self._name = name
+
+    @property
+    def sensor_size(self) -> tuple[int, int]:
+        return self._sensor_size
+
+    @property
+    def has_rgb(self) -> bool:
+        return False
+
+    @property
+    def num_events(self) -> int:
+        return int(self._events.size)
+
+    def describe(self) -> str:
+        t0, t1 = self.time_range_us()
+        w, h = self._sensor_size
+        return f"{self._name} ({self.num_events} events, {w}x{h}, {(t1 - t0) / 1e6:.3f} s)"
+
+    def time_range_us(self) -> tuple[int, int]:
+        t = self._events["t"]
+        return int(t[0]), int(t[-1]) + 1
+
+    def events_between(self, t0_us: int, t1_us: int) -> np.ndarray:
+        check_range(t0_us, t1_us)
+        t = self._events["t"]
+        lo, hi = np.searchsorted(t, [t0_us, t1_us], side="left")
+        return self._events[int(lo) : int(hi)]
+
+    def rgb_frames_between(self, t0_us: int, t1_us: int) -> list[tuple[int, np.ndarray]]:
+        check_range(t0_us, t1_us)
+        return []

@@ -1,0 +1,189 @@
+"""Event sources from files, plus ``open_source`` which turns a CLI spec into one.
+
+Specs: ``synthetic``, ``synthetic:SEED``, ``dsec:DIR``, ``npy:FILE``, ``npz:FILE``.
+
+EventGPT ships its samples as ``.npy`` files holding a *pickled* dict {x, y, t, p}.
+Unpickling runs code from the file, so those are only read behind an explicit
+``allow_pickle=True``; structured (non-pickled) ``.npy``/``.npz`` files never need it.
+"""
+
+from __future__ import annotations
+
+import logging
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from edge.events.base import ArraySource, EventSource, RgbIndex, check_range
+from edge.events.dsec import DsecSource
+from edge.events.synthetic import SceneSpec, ShapeSpec, SyntheticSource
+from edge.events.types import coerce_events
+from shared.errors import InvalidInput, NotFound
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "ArraySource",
+    "DsecSource",
+    "EventGptNpySource",
+    "EventSource",
+    "NpzSource",
+    "RgbIndex",
+    "SceneSpec",
+    "ShapeSpec",
+    "SyntheticSource",
+    "check_range",
+    "npy_needs_pickle",
+    "open_source",
+]
+
+_SPEC_HELP = "expected synthetic, synthetic:SEED, dsec:DIR, npy:FILE or npz:FILE"
+
+
+class NpzSource(ArraySource):
+    """Events from a ``.npz`` (arrays x, y, t, p, or one structured array) or a
+    structured ``.npy`` (fields x, y, t, p of any integer dtypes).
+
+    The sensor size is max coordinate + 1 unless given. Never unpickles.
+    """
+
+    def __init__(self, path: str | Path, *, sensor_size: tuple[int, int] | None = None) -> None:
+        path = _existing_file(path)
+        loaded = _np_load(path)
+        if isinstance(loaded, np.lib.npyio.NpzFile):
+            with loaded:
+                data: np.ndarray | dict[str, np.ndarray] = _columns_from_npz(loaded, path)
+        else:
+            data = loaded
+        events = coerce_events(data)
+        super().__init__(events, sensor_size, name=f"{path.suffix.lstrip('.')}:{path}")
+
+
+class EventGptNpySource(ArraySource):
+    """EventGPT's sample format: a ``.npy`` holding a pickled dict {x, y, t, p}.
+
+    Refused unless ``allow_pickle`` is True, because loading a pickle executes code
+    chosen by whoever wrote the file.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        allow_pickle: bool = False,
+        *,
+        sensor_size: tuple[int, int] | None = None,
+    ) -> None:
+        path = _existing_file(path)
+        if not allow_pickle:
+            raise InvalidInput(
+                f"{path} is an EventGPT .npy holding a pickled object; loading it runs code "
+                "from the file. Enable allow_pickle (--allow-pickle) only for files you trust."
+            )
+        try:
+            loaded = np.load(path, allow_pickle=True)
+        except (OSError, ValueError, EOFError) as exc:
+            raise InvalidInput(f"could not read {path} as .npy: {exc}") from exc
+        if isinstance(loaded, np.ndarray) and loaded.dtype == object and loaded.ndim == 0:
+            loaded = loaded.item()
+        if not isinstance(loaded, Mapping | np.ndarray):
+            raise InvalidInput(
+                f"{path} holds a {type(loaded).__name__}, expected a dict with x, y, t, p"
+            )
+        events = coerce_events(loaded)
+        super().__init__(events, sensor_size, name=f"npy:{path}")
+
+
+def npy_needs_pickle(path: str | Path) -> bool:
+    """Whether a ``.npy`` holds Python objects, read from its header alone (no unpickling)."""
+    path = _existing_file(path)
+    try:
+        with path.open("rb") as fh:
+            version = np.lib.format.read_magic(fh)
+            if version == (1, 0):
+                _, _, dtype = np.lib.format.read_array_header_1_0(fh)
+            else:
+                _, _, dtype = np.lib.format.read_array_header_2_0(fh)
+    except (OSError, ValueError) as exc:
+        raise InvalidInput(f"{path} is not a .npy file: {exc}") from exc
+    return bool(dtype.hasobject)
+
+
+def open_source(spec: str, *, allow_pickle: bool = False) -> EventSource:
+    """Build the EventSource named by a CLI spec (see the module docstring).
+
+    ``npy:`` picks the structured reader or, for a pickled file, the EventGPT reader,
+    which refuses unless ``allow_pickle``.
+    """
+    scheme, _, arg = spec.strip().partition(":")
+    scheme = scheme.lower()
+    if scheme == "synthetic":
+        if not arg:
+            return SyntheticSource()
+        try:
+            seed = int(arg)
+        except ValueError:
+            raise InvalidInput(f"synthetic seed must be an integer, got {arg!r}") from None
+        return SyntheticSource(seed)
+    if scheme not in ("dsec", "npy", "npz"):
+        raise InvalidInput(f"unknown event source {spec!r}: {_SPEC_HELP}")
+    if not arg:
+        raise InvalidInput(f"event source {spec!r} needs a path: {_SPEC_HELP}")
+    if scheme == "dsec":
+        return DsecSource(arg)
+    if scheme == "npz":
+        return NpzSource(arg)
+    if npy_needs_pickle(arg):
+        return EventGptNpySource(arg, allow_pickle)
+    return NpzSource(arg)
+
+
+def _existing_file(path: str | Path) -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise NotFound(f"event file {p} does not exist")
+    if not p.is_file():
+        raise InvalidInput(f"event file {p} is not a regular file")
+    return p
+
+
+def _np_load(path: Path) -> np.ndarray | np.lib.npyio.NpzFile:
+    """np.load without pickle, mapping every failure onto a clear InvalidInput."""
+    with path.open("rb") as fh:
+        magic = fh.read(6)
+    # np.load treats anything that is neither npy nor zip as a raw pickle; check first
+    # so garbage is reported as garbage, not as "pickled data".
+    if not (magic.startswith(b"PK\x03\x04") or magic == b"\x93NUMPY"):
+        raise InvalidInput(f"could not read {path}: not a .npy or .npz file")
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except ValueError as exc:
+        if "pickle" in str(exc):
+            raise InvalidInput(
+                f"{path} holds pickled Python objects (EventGPT format?); open it as "
+                "npy:FILE with allow_pickle enabled, and only if you trust the file"
+            ) from exc
+        raise InvalidInput(f"could not read {path} as .npy/.npz: {exc}") from exc
+    except (OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise InvalidInput(f"could not read {path} as .npy/.npz: {exc}") from exc
+    if not isinstance(loaded, np.ndarray | np.lib.npyio.NpzFile):
+        raise InvalidInput(f"{path} is not a .npy array or .npz archive")
+    return loaded
+
+
+def _columns_from_npz(loaded: np.lib.npyio.NpzFile, path: Path) -> dict[str, np.ndarray]:
+    """Read x/y/t/p arrays (or the fields of a single structured array) from an .npz."""
+    keys = list(loaded.files)
+    try:
+        if len(keys) == 1:
+            arr = loaded[keys[0]]
+            if arr.dtype.names is not None:
+                return {name: arr[name] for name in arr.dtype.names}
+        return {k: loaded[k] for k in keys}
+    except ValueError as exc:
+        raise InvalidInput(
+            f"{path} holds pickled arrays, which are never loaded from .npz"
+        ) from exc
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise InvalidInput(f"could not read {path}: {exc}") from exc

@@ -1,0 +1,130 @@
+"""Helpers to run client -> edge -> cloud in one process over real gRPC on loopback."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from cloud.engine.base import EngineState
+from cloud.engine.hf import HFEngine
+from cloud.server import VerifierServer
+from cloud.target import TargetModel, build_tiny_random_target
+from edge.align import FeatureAdapter, build_adapter_for
+from edge.config import EdgeSettings
+from edge.draft import DraftModel, build_tiny_random_draft
+from edge.events.base import EventSource
+from edge.server import EdgeServer
+from shared.timing import CloudCost
+from tests.integration import cloud_harness as ch
+
+
+class SlowEngine:
+    """A test double for a loaded cloud: the real engine, plus fixed delays.
+
+    The delays make timing deterministic enough for tests: a prefill slower than the
+    edge's prefill plus a few drafts guarantees hidden drafts, and a slow step makes
+    drafting pay (c = t_draft / t_step < 1), as on a loaded A100.
+    """
+
+    def __init__(self, target: TargetModel, prefill_delay_s: float, step_delay_s: float):
+        self.inner = HFEngine(target)
+        self.prefill_delay_s = prefill_delay_s
+        self.step_delay_s = step_delay_s
+        self.prefills = 0
+        self.steps = 0
+
+    def prefill(self, input_ids: Sequence[int], **visual: Any) -> tuple[EngineState, torch.Tensor]:
+        time.sleep(self.prefill_delay_s)
+        self.prefills += 1
+        return self.inner.prefill(input_ids, **visual)
+
+    def step(self, state: EngineState, tokens: Sequence[int]) -> torch.Tensor:
+        time.sleep(self.step_delay_s)
+        self.steps += 1
+        return self.inner.step(state, tokens)
+
+    def rollback(self, state: EngineState, keep_len: int) -> None:
+        self.inner.rollback(state, keep_len)
+
+    def release(self, state: EngineState) -> None:
+        self.inner.release(state)
+
+    def seq_len(self, state: EngineState) -> int:
+        return self.inner.seq_len(state)
+
+
+def slow_cost(prefill_delay_s: float, step_delay_s: float) -> CloudCost:
+    """The cost model that describes a SlowEngine (what calibration would measure)."""
+    return CloudCost(
+        prefill_base_ms=prefill_delay_s * 1e3,
+        prefill_ms_per_visual_token=0.01,
+        prefill_ms_per_text_token=0.01,
+        step_base_ms=step_delay_s * 1e3,
+        step_ms_per_token=0.05,
+        device="test-double",
+    )
+
+
+@dataclass
+class Stack:
+    cloud: VerifierServer
+    edge: EdgeServer
+    target: TargetModel
+    draft: DraftModel
+
+    @property
+    def edge_address(self) -> str:
+        return f"127.0.0.1:{self.edge.port}"
+
+    async def stop(self) -> None:
+        await self.edge.stop(0)
+        await self.cloud.stop(0)
+
+
+_TARGET: TargetModel | None = None
+_DRAFT: DraftModel | None = None
+
+
+def shared_models() -> tuple[TargetModel, DraftModel]:
+    """One tiny target and draft per test process (building them costs seconds)."""
+    global _TARGET, _DRAFT
+    if _TARGET is None:
+        _TARGET = build_tiny_random_target(seed=0)
+    if _DRAFT is None:
+        _DRAFT = build_tiny_random_draft(seed=0)
+    return _TARGET, _DRAFT
+
+
+def adapter_for(target: TargetModel, draft: DraftModel) -> FeatureAdapter:
+    """An untrained adapter from the draft's CLIP features to the target's video space."""
+    s = draft.image_size
+    clip = draft.clip_features(torch.zeros(5, 3, s, s))  # [5, T_s, D_s]
+    g = target.geometry
+    return build_adapter_for(tuple(clip.shape), (g.num_frames, g.tokens_per_frame, g.feature_dim))
+
+
+async def start_stack(
+    *,
+    source: EventSource | None = None,
+    slow: tuple[float, float] | None = None,
+    adapter: bool = False,
+    edge_settings: dict[str, Any] | None = None,
+) -> Stack:
+    """Cloud (optionally a slowed double) + edge on port 0, both SERVING."""
+    target, draft = shared_models()
+    engine = cost = None
+    if slow is not None:
+        engine = SlowEngine(target, *slow)
+        cost = slow_cost(*slow)
+    cloud = VerifierServer(ch.settings(max_sessions=4), target=target, engine=engine, cost=cost)
+    await cloud.start()
+    settings = replace(EdgeSettings(), cloud=f"127.0.0.1:{cloud.port}", port=0,
+                       **(edge_settings or {}))
+    edge = EdgeServer(settings, source=source, draft=draft,
+                      adapter=adapter_for(target, draft) if adapter else None)
+    await edge.start()
+    return Stack(cloud, edge, target, draft)

@@ -1,0 +1,195 @@
+"""Client -> edge -> cloud over real gRPC: the invariant end to end, hidden drafts,
+draft_only without a cloud, and a cloud dying mid-request."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from edge.config import EdgeSettings
+from edge.events.sources import NpzSource, open_source
+from edge.events.synthetic import SyntheticSource
+from edge.server import EdgeServer
+from shared.client import AskError, EdgeClient
+from shared.types import AskSpec, FeatureMode, FinalEvent, GenerationSettings, Mode
+from tests.integration import edge_harness as eh
+
+QUESTIONS = ["What is moving?", "Which way does it go?", "Describe the scene.",
+             "How many objects are there?"]
+
+
+async def ask(address: str, question: str, mode: Mode, *, seed: int = 0, max_new: int = 16,
+              feature_mode: FeatureMode = FeatureMode.AUTO, **window: int) -> FinalEvent:
+    async with EdgeClient(address, timeout_s=120) as client:
+        return await client.ask_final(AskSpec(
+            question, mode=mode, feature_mode=feature_mode,
+            generation=GenerationSettings(max_new_tokens=max_new, seed=seed), **window,
+        ))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+async def test_speculative_equals_target_only_on_a_loaded_cloud(seed: int) -> None:
+    """A slowed cloud makes drafting pay, so drafts really are verified."""
+    stack = await eh.start_stack(source=SyntheticSource(seed=seed), slow=(1.0, 0.15))
+    try:
+        for i, question in enumerate(QUESTIONS[seed::2]):
+            spec = await ask(stack.edge_address, question, Mode.SPECULATIVE, max_new=10 + i)
+            base = await ask(stack.edge_address, question, Mode.TARGET_ONLY, max_new=10 + i)
+            assert spec.token_ids == base.token_ids, (question, spec.plan)
+            assert spec.answer == base.answer
+            assert base.stats.drafted == 0
+            assert spec.plan is not None and spec.plan.speculate, spec.plan
+            assert spec.stats.drafted > 0
+            assert 0 <= spec.stats.accepted <= spec.stats.drafted
+    finally:
+        await stack.stop()
+
+
+async def test_hidden_drafts_arrive_during_a_slow_prefill() -> None:
+    stack = await eh.start_stack(slow=(1.5, 0.15))
+    try:
+        spec = await ask(stack.edge_address, "What is moving?", Mode.SPECULATIVE, max_new=8)
+        assert spec.stats.hidden_drafted > 0, spec.stats
+        assert spec.plan is not None and spec.plan.hidden_draft_budget > 0
+        base = await ask(stack.edge_address, "What is moving?", Mode.TARGET_ONLY, max_new=8)
+        assert spec.token_ids == base.token_ids
+    finally:
+        await stack.stop()
+
+
+@pytest.mark.parametrize("seed", [3, 4, 5])
+async def test_fast_cloud_speculative_equals_target_only(seed: int) -> None:
+    """Same stack with no injected delay: whatever the plan decides, the output is the cloud's."""
+    stack = await eh.start_stack(source=SyntheticSource(seed=seed))
+    try:
+        for question in QUESTIONS[seed % 2 :: 2]:
+            a = await ask(stack.edge_address, question, Mode.SPECULATIVE, max_new=20)
+            b = await ask(stack.edge_address, question, Mode.TARGET_ONLY, max_new=20)
+            assert a.token_ids == b.token_ids
+            assert a.window is not None and a.window.num_events > 0
+    finally:
+        await stack.stop()
+
+
+def _write_dsec(root: Path, seed: int) -> None:
+    import h5py
+    import hdf5plugin
+
+    from shared.imageproc import encode_png
+
+    rng = np.random.default_rng(seed)
+    n, span_us, w, h = 60_000, 1_200_000, 64, 48
+    t = np.sort(rng.integers(0, span_us, n)).astype(np.uint32)
+    ev = root / "events" / "left"
+    ev.mkdir(parents=True)
+    with h5py.File(ev / "events.h5", "w") as f:
+        blosc = hdf5plugin.Blosc(cname="zstd", clevel=3)
+        f.create_dataset("events/x", data=rng.integers(0, w, n).astype(np.uint16), **blosc)
+        f.create_dataset("events/y", data=rng.integers(0, h, n).astype(np.uint16), **blosc)
+        f.create_dataset("events/p", data=rng.integers(0, 2, n).astype(np.uint8), **blosc)
+        f.create_dataset("events/t", data=t, **blosc)
+        f.create_dataset("ms_to_idx", data=np.searchsorted(t, np.arange(span_us // 1000 + 2)
+                                                           * 1000).astype(np.uint64))
+        f.create_dataset("t_offset", data=np.int64(5_000_000))
+    img = root / "images" / "left" / "rectified"
+    img.mkdir(parents=True)
+    stamps = [5_000_000 + i * 50_000 for i in range(span_us // 50_000)]
+    for i in range(len(stamps)):
+        (img / f"{i:06d}.png").write_bytes(encode_png(rng.integers(0, 256, (h, w, 3),
+                                                                   dtype=np.uint8)))
+    (root / "images" / "timestamps.txt").write_text("\n".join(map(str, stamps)) + "\n")
+
+
+async def test_dsec_source_end_to_end(tmp_path: Path) -> None:
+    _write_dsec(tmp_path, seed=11)
+    stack = await eh.start_stack(source=open_source(f"dsec:{tmp_path}"), slow=(1.0, 0.15))
+    try:
+        for question in QUESTIONS[:2]:
+            a = await ask(stack.edge_address, question, Mode.SPECULATIVE, latest_ms=800)
+            b = await ask(stack.edge_address, question, Mode.TARGET_ONLY, latest_ms=800)
+            assert a.token_ids == b.token_ids
+            assert a.feature_mode == FeatureMode.FRAMES
+    finally:
+        await stack.stop()
+
+
+async def test_npz_event_only_source_uses_aligned_features(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    n = 20_000
+    path = tmp_path / "events.npz"
+    np.savez(path, x=rng.integers(0, 80, n), y=rng.integers(0, 60, n),
+             t=np.sort(rng.integers(0, 1_500_000, n)), p=rng.integers(0, 2, n))
+    stack = await eh.start_stack(source=NpzSource(path), adapter=True, slow=(1.0, 0.15))
+    try:
+        a = await ask(stack.edge_address, "What is moving?", Mode.SPECULATIVE)
+        b = await ask(stack.edge_address, "What is moving?", Mode.TARGET_ONLY)
+        assert a.feature_mode == FeatureMode.ALIGNED
+        assert a.token_ids == b.token_ids
+        assert a.stats.uplink_bytes > 8 * 17 * 32 * 2  # the fp16 features went up
+        with pytest.raises(AskError) as err:
+            await ask(stack.edge_address, "What?", Mode.SPECULATIVE,
+                      feature_mode=FeatureMode.FRAMES)
+        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "RGB" in err.value.details
+    finally:
+        await stack.stop()
+
+
+async def test_draft_only_works_without_a_cloud() -> None:
+    _, draft = eh.shared_models()
+    edge = EdgeServer(replace(EdgeSettings(), cloud=None, port=0), draft=draft)
+    await edge.start()
+    try:
+        address = f"127.0.0.1:{edge.port}"
+        final = await ask(address, "What is moving?", Mode.DRAFT_ONLY, max_new=10)
+        assert final.mode == Mode.DRAFT_ONLY
+        assert 0 < len(final.token_ids) <= 10
+        assert final.stats.target_steps == 0
+        with pytest.raises(AskError) as err:
+            await ask(address, "What is moving?", Mode.SPECULATIVE)
+        assert err.value.code == grpc.StatusCode.UNAVAILABLE
+        assert "draft_only" in err.value.details
+    finally:
+        await edge.stop(0)
+
+
+async def test_unreachable_cloud_is_unavailable_and_edge_keeps_serving() -> None:
+    _, draft = eh.shared_models()
+    edge = EdgeServer(replace(EdgeSettings(), cloud="127.0.0.1:1", port=0, rpc_timeout_s=1.0),
+                      draft=draft)
+    await edge.start()
+    try:
+        address = f"127.0.0.1:{edge.port}"
+        with pytest.raises(AskError) as err:
+            await ask(address, "What is moving?", Mode.TARGET_ONLY)
+        assert err.value.code == grpc.StatusCode.UNAVAILABLE
+        assert "127.0.0.1:1" in err.value.details
+        final = await ask(address, "What is moving?", Mode.DRAFT_ONLY, max_new=4)
+        assert final.token_ids
+    finally:
+        await edge.stop(0)
+
+
+async def test_cloud_dying_mid_request_gives_a_clear_error() -> None:
+    stack = await eh.start_stack(slow=(0.1, 0.2))
+    try:
+        import asyncio
+
+        async def kill_soon() -> None:
+            await asyncio.sleep(0.8)
+            await stack.cloud.stop(0)
+
+        killer = asyncio.create_task(kill_soon())
+        with pytest.raises(AskError) as err:
+            await ask(stack.edge_address, "What is moving?", Mode.SPECULATIVE, max_new=60)
+        await killer
+        assert err.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+        assert "cloud verifier" in err.value.details
+        final = await ask(stack.edge_address, "What is moving?", Mode.DRAFT_ONLY, max_new=4)
+        assert final.token_ids
+    finally:
+        await stack.edge.stop(0)

@@ -1,0 +1,227 @@
+"""Event sources: synthetic, DSEC-shaped HDF5, npz/npy, pickled EventGPT .npy, open_source."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edge.events.sources import (
+    DsecSource,
+    EventGptNpySource,
+    EventSource,
+    NpzSource,
+    SyntheticSource,
+    npy_needs_pickle,
+    open_source,
+)
+from edge.events.synthetic import SceneSpec, ShapeSpec
+from edge.events.types import EVENT_DTYPE, validate_events
+from shared.errors import InvalidInput, NotFound
+from shared.imageproc import encode_png
+
+T_OFFSET = 1_000_000_000
+
+
+def _random_events(n: int, span_us: int, seed: int, size: tuple[int, int]) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    ev = np.empty(n, dtype=EVENT_DTYPE)
+    ev["x"] = rng.integers(0, size[0], n)
+    ev["y"] = rng.integers(0, size[1], n)
+    ev["t"] = np.sort(rng.integers(0, span_us, n))
+    ev["p"] = rng.integers(0, 2, n)
+    return ev
+
+
+def _write_dsec(root: Path, rel: np.ndarray, *, with_index: bool = True) -> None:
+    import h5py
+    import hdf5plugin
+
+    ev_dir = root / "events" / "left"
+    ev_dir.mkdir(parents=True)
+    blosc = hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.SHUFFLE)
+    with h5py.File(ev_dir / "events.h5", "w") as f:
+        for name, dtype in (("x", "u2"), ("y", "u2"), ("p", "u1"), ("t", "u4")):
+            f.create_dataset(f"events/{name}", data=rel[name].astype(dtype), chunks=(256,), **blosc)
+        if with_index:
+            n_ms = int(rel["t"][-1]) // 1000 + 2
+            f.create_dataset(
+                "ms_to_idx", data=np.searchsorted(rel["t"], np.arange(n_ms) * 1000, "left")
+            )
+        f.create_dataset("t_offset", data=np.int64(T_OFFSET))
+
+
+def _write_frames(root: Path, stamps: list[int]) -> list[np.ndarray]:
+    img_dir = root / "images" / "left" / "rectified"
+    img_dir.mkdir(parents=True)
+    frames = []
+    for i, _ in enumerate(stamps):
+        frame = np.full((6, 8, 3), 20 * i, dtype=np.uint8)
+        (img_dir / f"{i:06d}.png").write_bytes(encode_png(frame))
+        frames.append(frame)
+    (root / "images" / "timestamps.txt").write_text("".join(f"{s}\n" for s in stamps))
+    return frames
+
+
+@pytest.fixture(scope="module")
+def dsec_events() -> np.ndarray:
+    return _random_events(5000, 200_000, seed=1, size=(640, 480))
+
+
+def test_synthetic_is_deterministic_and_has_rgb_and_events() -> None:
+    a, b, c = (
+        SyntheticSource(7, duration_ms=400),
+        SyntheticSource(7, duration_ms=400),
+        SyntheticSource(8, duration_ms=400),
+    )
+    assert isinstance(a, EventSource)
+    ea, eb = a.events_between(*a.time_range_us()), b.events_between(*b.time_range_us())
+    assert np.array_equal(ea, eb)
+    assert not np.array_equal(ea, c.events_between(*c.time_range_us()))
+    validate_events(ea, a.sensor_size)
+    assert a.time_range_us() == (0, 400_000)
+    assert set(np.unique(ea["p"]).tolist()) == {0, 1}
+    frames = a.rgb_frames_between(0, 400_000)
+    assert a.has_rgb and len(frames) == 12  # 30 fps
+    ts, img = frames[3]
+    assert ts == 100_000 and img.shape == (72, 96, 3) and img.dtype == np.uint8
+    assert np.array_equal(img, b.rgb_frames_between(ts, ts + 1)[0][1])
+    assert a.rgb_frames_between(0, 1_000) != [] and a.rgb_frames_between(1, 1_000) == []
+
+
+def test_synthetic_events_follow_the_moving_shape() -> None:
+    # A bright square moving right: ON events on its leading (right) edge, OFF trailing.
+    shape = ShapeSpec("square", (250, 250, 250), 6.0, (20.0, 24.0), (40.0, 0.0))
+    scene = SceneSpec(width=64, height=48, duration_ms=200, shapes=(shape,), noise_rate_hz=0.0)
+    src = SyntheticSource(scene=scene)
+    ev = src.events_between(100_000, 200_000)
+    assert ev.size > 100
+    cx = shape.centre_at(0.15, 64, 48)[0]
+    assert ev["x"][ev["p"] == 1].mean() > cx > ev["x"][ev["p"] == 0].mean()
+
+
+def test_dsec_reads_events_windows_and_frames(tmp_path: Path, dsec_events: np.ndarray) -> None:
+    _write_dsec(tmp_path, dsec_events)
+    stamps = [T_OFFSET + 10_000, T_OFFSET + 60_000, T_OFFSET + 110_000]
+    frames = _write_frames(tmp_path, stamps)
+    with DsecSource(tmp_path) as src:
+        assert src.sensor_size == (640, 480) and src.has_rgb
+        t0, t1 = src.time_range_us()
+        assert t0 == T_OFFSET + int(dsec_events["t"][0])
+        assert t1 == T_OFFSET + int(dsec_events["t"][-1]) + 1
+        assert np.array_equal(src.events_between(t0, t1)["x"], dsec_events["x"])
+        t_abs = dsec_events["t"] + T_OFFSET
+        for a, b in [(12_345, 62_345), (0, 1), (50_000, 50_000), (199_000, 400_000), (-5, 10)]:
+            got = src.events_between(T_OFFSET + a, T_OFFSET + b)
+            mask = (t_abs >= T_OFFSET + a) & (t_abs < T_OFFSET + b)
+            assert np.array_equal(got["t"], t_abs[mask]), (a, b)
+            assert np.array_equal(got["y"], dsec_events["y"][mask])
+            assert np.array_equal(got["p"], dsec_events["p"][mask])
+        got_frames = src.rgb_frames_between(T_OFFSET + 50_000, T_OFFSET + 120_000)
+        assert [ts for ts, _ in got_frames] == stamps[1:]
+        assert np.array_equal(got_frames[0][1], frames[1])
+        with pytest.raises(InvalidInput, match="inverted"):
+            src.events_between(T_OFFSET + 10, T_OFFSET)
+    opened = open_source(f"dsec:{tmp_path}")
+    assert isinstance(opened, DsecSource) and "5000 events" in opened.describe()
+
+
+def test_dsec_without_ms_to_idx_bisects(tmp_path: Path, dsec_events: np.ndarray) -> None:
+    _write_dsec(tmp_path, dsec_events, with_index=False)
+    src = DsecSource(tmp_path / "events" / "left" / "events.h5")
+    assert not src.has_rgb
+    got = src.events_between(T_OFFSET + 30_000, T_OFFSET + 31_000)
+    t = dsec_events["t"]
+    assert np.array_equal(got["t"] - T_OFFSET, t[(t >= 30_000) & (t < 31_000)])
+    src.close()
+
+
+def test_dsec_errors(tmp_path: Path, dsec_events: np.ndarray) -> None:
+    with pytest.raises(NotFound):
+        DsecSource(tmp_path / "missing")
+    (tmp_path / "events" / "left").mkdir(parents=True)
+    with pytest.raises(NotFound, match=r"events\.h5"):
+        DsecSource(tmp_path)
+    (tmp_path / "events" / "left" / "events.h5").write_bytes(b"not hdf5")
+    with pytest.raises(InvalidInput, match="HDF5"):
+        DsecSource(tmp_path)
+
+
+def test_npz_and_structured_npy_round_trip(tmp_path: Path) -> None:
+    ev = _random_events(300, 50_000, seed=2, size=(32, 24))
+    np.savez(tmp_path / "a.npz", x=ev["x"].astype(np.int32), y=ev["y"], t=ev["t"], p=ev["p"])
+    structured = np.zeros(300, dtype=[("t", "<u8"), ("x", "<i2"), ("y", "<i2"), ("p", "<i1")])
+    for name in ("x", "y", "t", "p"):
+        structured[name] = ev[name]
+    np.save(tmp_path / "b.npy", structured)
+    for spec in (f"npz:{tmp_path / 'a.npz'}", f"npy:{tmp_path / 'b.npy'}"):
+        src = open_source(spec)
+        assert isinstance(src, NpzSource)
+        assert np.array_equal(src.events_between(*src.time_range_us()), ev)
+        assert src.sensor_size == (int(ev["x"].max()) + 1, int(ev["y"].max()) + 1)
+    assert NpzSource(tmp_path / "a.npz", sensor_size=(640, 480)).sensor_size == (640, 480)
+
+
+def test_npz_sorts_unsorted_events(tmp_path: Path) -> None:
+    np.savez(tmp_path / "u.npz", x=[1, 2, 3], y=[0, 0, 0], t=[30, 10, 20], p=[1, 0, 1])
+    src = NpzSource(tmp_path / "u.npz")
+    assert src.events_between(0, 100)["x"].tolist() == [2, 3, 1]
+
+
+def test_eventgpt_pickled_npy_needs_opt_in(tmp_path: Path) -> None:
+    path = tmp_path / "sample.npy"
+    ev = _random_events(200, 40_000, seed=3, size=(64, 48))
+    np.save(path, np.array({k: ev[k] for k in ("x", "y", "t", "p")}, dtype=object))
+    with pytest.raises(InvalidInput, match="allow_pickle"):
+        open_source(f"npy:{path}")
+    with pytest.raises(InvalidInput, match="runs code"):
+        EventGptNpySource(path)
+    src = open_source(f"npy:{path}", allow_pickle=True)
+    assert isinstance(src, EventGptNpySource)
+    assert np.array_equal(src.events_between(*src.time_range_us()), ev)
+
+
+def test_npy_loader_never_unpickles_without_opt_in(tmp_path: Path) -> None:
+    class Boom:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (pytest.fail, ("unpickled without allow_pickle",))
+
+    path = tmp_path / "evil.npy"
+    arr = np.empty((), dtype=object)
+    arr[()] = Boom()
+    with path.open("wb") as fh:
+        np.lib.format.write_array(fh, arr, allow_pickle=True)
+    assert npy_needs_pickle(path)
+    with pytest.raises(InvalidInput):
+        open_source(f"npy:{path}")
+    with pytest.raises(InvalidInput):
+        NpzSource(path)
+
+
+@pytest.mark.parametrize(
+    ("spec", "error"),
+    [
+        ("webcam:0", InvalidInput),
+        ("synthetic:abc", InvalidInput),
+        ("npz:", InvalidInput),
+        ("npz:/definitely/not/here.npz", NotFound),
+        ("npy:/definitely/not/here.npy", NotFound),
+        ("dsec:/definitely/not/here", NotFound),
+    ],
+)
+def test_open_source_errors(spec: str, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        open_source(spec)
+
+
+def test_open_source_garbage_file(tmp_path: Path) -> None:
+    (tmp_path / "junk.npz").write_bytes(b"\x00garbage")
+    with pytest.raises(InvalidInput, match="could not read"):
+        open_source(f"npz:{tmp_path / 'junk.npz'}")
+
+
+def test_open_source_synthetic_seed() -> None:
+    src = open_source("synthetic:5")
+    assert isinstance(src, SyntheticSource) and src.scene.seed == 5
+    assert "synthetic:5" in src.describe()
