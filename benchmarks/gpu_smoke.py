@@ -29,18 +29,22 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from transformers import CLIPVisionConfig, LlamaConfig, VideoLlavaConfig
-from transformers import VideoLlavaForConditionalGeneration
+from transformers import (
+    CLIPVisionConfig,
+    LlamaConfig,
+    VideoLlavaConfig,
+    VideoLlavaForConditionalGeneration,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cloud.config import CloudSettings  # noqa: E402
-from cloud.engine.hf import HFEngine  # noqa: E402
-from cloud.server import VerifierServer  # noqa: E402
-from cloud.target import TargetModel, tiny_target_tokenizer  # noqa: E402
-from shared.tiny_tokenizer import TINY_TEXT_VOCAB_SIZE  # noqa: E402
-from shared.types import ServerLimits  # noqa: E402
-from tests.integration import cloud_harness as h  # noqa: E402
+from cloud.config import CloudSettings
+from cloud.engine.hf import HFEngine
+from cloud.server import VerifierServer
+from cloud.target import TargetModel, tiny_target_tokenizer
+from shared.tiny_tokenizer import TINY_TEXT_VOCAB_SIZE
+from shared.types import ServerLimits
+from tests.integration import cloud_harness as h
 
 
 def full_size_config() -> VideoLlavaConfig:

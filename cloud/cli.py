@@ -21,8 +21,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eventspec-cloud", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve eventspec.v1.Verifier over gRPC")
-    serve.add_argument("--model", default=env.model,
-                       help="a local Video-LLaVA-7B-hf directory, or tiny-random (default: %(default)s)")
+    serve.add_argument(
+        "--model", default=env.model,
+        help="a local Video-LLaVA-7B-hf directory, or tiny-random (default: %(default)s)",
+    )
     serve.add_argument("--host", default=env.host, help="bind address (default: %(default)s)")
     serve.add_argument("--port", type=int, default=env.port, help="port; 0 picks a free one")
     serve.add_argument("--device", default=env.device, help="cpu, cuda or cuda:N")

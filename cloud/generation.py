@@ -113,9 +113,10 @@ class _Inbox:
                 f"expects {list(geometry.feature_shape)} (GetServerInfo.geometry)"
             )
         cap = self.rt.info.limits.max_tensor_bytes
-        if header.total_bytes > cap:
+        size = math.prod(header.shape) * header.dtype.itemsize
+        if size > cap:
             raise ResourceExhausted(
-                f"tensor {header.name!r}: {header.total_bytes} bytes exceed the limit of "
+                f"tensor {header.name!r}: {size} bytes exceed the limit of "
                 f"{cap} bytes (GetServerInfo.limits.max_tensor_bytes); send int8 or fp16"
             )
         self._assembler = TensorAssembler(

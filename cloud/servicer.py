@@ -38,7 +38,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     ) -> verifier_pb2.ServerInfo:
         return convert.server_info_to_pb(self.rt.info)
 
-    async def Generate(  # type: ignore[override]
+    async def Generate(
         self, request_iterator: AsyncIterator[verifier_pb2.EdgeMessage], context: Any
     ) -> AsyncIterator[verifier_pb2.CloudMessage]:
         rt = self.rt

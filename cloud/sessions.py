@@ -42,7 +42,9 @@ class SessionHandle:
 class SessionRegistry:
     """Caps concurrent sessions and guarantees their KV is released."""
 
-    def __init__(self, max_sessions: int, ttl_s: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, max_sessions: int, ttl_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
         self.max_sessions = max_sessions

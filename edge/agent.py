@@ -266,7 +266,8 @@ class EdgeAgent:
                 with torch.inference_mode():
                     clip = self.draft.clip_features(pixels)  # [5, T_s, D_s]
                     out = adapter(clip.to(next(adapter.parameters()).dtype))  # [F, T, D]
-                return out.float().cpu()
+                result: torch.Tensor = out.float().cpu()
+                return result
 
             feats = await self.worker.run(features)
             if tuple(feats.shape) != info.geometry.feature_shape:
@@ -465,8 +466,8 @@ class EdgeAgent:
     def _decode(self, ids: Sequence[int], prefix: Sequence[int] = ()) -> str:
         """Text that ``ids`` add after ``prefix`` (decoding together keeps spacing right)."""
         tok = self.draft.tokenizer
-        whole = tok.decode(list(prefix) + list(ids), skip_special_tokens=True)
-        head = tok.decode(list(prefix), skip_special_tokens=True) if prefix else ""
+        whole = str(tok.decode(list(prefix) + list(ids), skip_special_tokens=True))
+        head = str(tok.decode(list(prefix), skip_special_tokens=True)) if prefix else ""
         return whole[len(head) :] if whole.startswith(head) else whole
 
     def _edge_stats(

@@ -67,10 +67,12 @@ class EdgeServer:
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        source = self.source or await asyncio.to_thread(
-            open_source, s.source, allow_pickle=s.allow_pickle
-        )
-        draft = self.draft or await asyncio.to_thread(load_draft_for, s)
+        source = self.source
+        if source is None:
+            source = await asyncio.to_thread(open_source, s.source, allow_pickle=s.allow_pickle)
+        draft = self.draft
+        if draft is None:
+            draft = await asyncio.to_thread(load_draft_for, s)
         adapter = self.adapter
         if adapter is None and s.adapter is not None:
             adapter = await asyncio.to_thread(load_adapter, s.adapter)

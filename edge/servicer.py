@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 from edge.agent import EdgeAgent
 from shared import convert
+from shared.errors import EventSpecError
 from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
 
 
@@ -18,7 +20,7 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
         self.draft_model_id = draft_model_id
         self.adapter_id = adapter_id
 
-    async def Ask(  # type: ignore[override]
+    async def Ask(
         self, request: edge_pb2.AskRequest, context: Any
     ) -> AsyncIterator[edge_pb2.AskResponse]:
         spec = convert.ask_spec_from_pb(request)
@@ -35,10 +37,8 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
         link = edge_pb2.LinkStatus()
         if agent.link is not None:
             if not agent.link.reachable:
-                try:
+                with contextlib.suppress(EventSpecError):  # reported via last_error below
                     await agent.link.server_info(agent.rpc_timeout_s)
-                except Exception:  # reported through last_error below
-                    pass
             link = edge_pb2.LinkStatus(
                 cloud_address=agent.link.address,
                 reachable=agent.link.reachable,

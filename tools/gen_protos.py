@@ -7,8 +7,8 @@ The generated modules import each other as ``eventspec.v1.*``; they are rewritte
 from __future__ import annotations
 
 import argparse
-import os
 import filecmp
+import os
 import re
 import shutil
 import sys
@@ -44,7 +44,8 @@ def generate(out: Path) -> None:
         text = path.read_text()
         text = re.sub(r"^from eventspec\.v1 import", "from shared.pb.eventspec.v1 import",
                       text, flags=re.M)
-        text = re.sub(r"^import eventspec\.v1\.", "import shared.pb.eventspec.v1.", text, flags=re.M)
+        text = re.sub(r"^import eventspec\.v1\.", "import shared.pb.eventspec.v1.",
+                      text, flags=re.M)
         path.write_text(text)
     for pkg in [out, *(p for p in out.rglob("*") if p.is_dir())]:
         (pkg / "__init__.py").touch()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -122,10 +123,8 @@ async def run_generate(
                 if policy is not None:
                     tail = policy(len(committed), committed)
                     if tail is not None:
-                        try:
+                        with contextlib.suppress(grpc.RpcError, aio.UsageError):
                             await call.write(drafts_msg(len(committed), tail))
-                        except (grpc.RpcError, aio.UsageError):
-                            pass
         await call.done_writing()
         assert list(event.token_ids) == committed
         return Outcome(committed, event, commits)
@@ -265,10 +264,8 @@ async def expect_failure(port: int, messages: Sequence[verifier_pb2.EdgeMessage]
         except (grpc.RpcError, aio.UsageError, asyncio.InvalidStateError):
             pass  # the server already ended the stream; its status is read below
         received: list[verifier_pb2.CloudMessage] = []
-        try:
+        with contextlib.suppress(grpc.RpcError):
             received = await drain(call)
-        except grpc.RpcError:
-            pass
         code = await call.code()
         details = await call.details() or ""
         assert not any(m.HasField("done") for m in received), f"got Done: {received[-1]}"

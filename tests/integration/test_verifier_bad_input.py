@@ -4,7 +4,7 @@ and a well-formed request running alongside on the same server is unaffected."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import grpc
 import pytest
@@ -93,12 +93,13 @@ async def _good(port: int, reference: list[int], *, first: verifier_pb2.EdgeMess
 
 
 async def _check(srv: VerifierServer, reference: list[int], msgs: Msgs, code: grpc.StatusCode,
-                 needle: str, *, half_close: bool = False) -> h.Failure:
+                 needle: str, *, half_close: bool = False,
+                 good: Awaitable[None] | None = None) -> h.Failure:
     """The bad stream fails with ``code`` / ``needle`` while a good one completes."""
     failure, _ = await asyncio.wait_for(
         asyncio.gather(
             h.expect_failure(srv.port, msgs, half_close=half_close, timeout=15),
-            _good(srv.port, reference),
+            good if good is not None else _good(srv.port, reference),
         ),
         timeout=40,
     )
@@ -271,10 +272,12 @@ async def test_message_over_max_message_bytes(small_server: VerifierServer,
     await _check(small_server, reference, [huge], EXHAUSTED, "larger than max")
 
 
-async def test_frame_over_max_frame_bytes(reference: list[int]) -> None:
+async def test_frame_over_max_frame_bytes(reference: list[int], features: torch.Tensor) -> None:
     srv = await h.start_verifier(max_frame_bytes=1000)
     try:
-        await _check(srv, reference, [_open()], EXHAUSTED, "over the cap of 1000")
+        # The good request sends aligned features (its frames would be over the cap too).
+        good = _good(srv.port, reference, first=_aligned(), extra=h.tensor_msgs(features))
+        await _check(srv, reference, [_open()], EXHAUSTED, "over the cap of 1000", good=good)
     finally:
         await srv.stop(0)
 
@@ -369,7 +372,7 @@ async def test_negative_deadline(server: VerifierServer, reference: list[int]) -
 async def test_non_finite_edge_profile(server: VerifierServer, reference: list[int]) -> None:
     await _check(server, reference,
                  [_with_open(lambda o: setattr(o.edge_profile, "rtt_ms", float("inf")))],
-                 INVALID, "edge_profile.rtt_ms must be finite")
+                 INVALID, "rtt_ms must be finite")
 
 
 # -- garbage on the wire -----------------------------------------------------------------------
