@@ -33,7 +33,7 @@ proto-check: $(STAMP)
 	$(PY) tools/gen_protos.py --check
 
 bench: $(STAMP)
-	$(PY) benchmarks/bench_verify.py
+	$(PY) benchmarks/bench_speculation.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

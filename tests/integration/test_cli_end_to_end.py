@@ -1,0 +1,93 @@
+"""The user's commands as processes: eventspec-cloud, eventspec-edge, eventspec ask / demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.integration.test_end_to_end import _write_dsec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with open(log, "wb") as f:
+        return subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, stdout=f,
+                                stderr=subprocess.STDOUT, env=env)
+
+
+def _port(proc: subprocess.Popen[bytes], port_file: Path, log: Path, timeout: float = 120) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"exited {proc.returncode}: {log.read_text()[-2000:]}")
+        if port_file.exists() and port_file.read_text():
+            return int(port_file.read_text())
+        time.sleep(0.1)
+    raise AssertionError(f"no port: {log.read_text()[-2000:]}")
+
+
+def _ask(edge: int, mode: str, question: str, *extra: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-m", "shared.cli", "ask", "--edge", f"127.0.0.1:{edge}",
+         "--mode", mode, "--json", "--max-new-tokens", "12", *extra, question],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_serve_and_ask_json_on_a_dsec_sequence(tmp_path: Path) -> None:
+    seq = tmp_path / "seq"
+    seq.mkdir()
+    _write_dsec(seq, seed=21)
+    cloud = _spawn(["cloud.cli", "serve", "--model", "tiny-random", "--port", "0",
+                    "--port-file", str(tmp_path / "c"), "--no-calibrate"], tmp_path / "c.log")
+    edge = None
+    try:
+        cport = _port(cloud, tmp_path / "c", tmp_path / "c.log")
+        edge = _spawn(["edge.cli", "serve", "--cloud", f"127.0.0.1:{cport}", "--source",
+                       f"dsec:{seq}", "--model", "tiny-random", "--port", "0",
+                       "--port-file", str(tmp_path / "e")], tmp_path / "e.log")
+        eport = _port(edge, tmp_path / "e", tmp_path / "e.log")
+        for q in ("What is moving?", "Is anything turning left?"):
+            a = _ask(eport, "speculative", q, "--clip-ms", "800")
+            b = _ask(eport, "target_only", q, "--clip-ms", "800")
+            assert a["token_ids"] == b["token_ids"]
+            assert a["mode"] == "speculative" and b["mode"] == "target_only"
+            for key in ("drafted", "accepted", "acceptance_rate", "mean_accepted_length",
+                        "hidden_drafted", "hidden_accepted", "target_steps", "ttft_ms",
+                        "total_ms", "uplink_bytes", "downlink_bytes"):
+                assert key in a["stats"]
+            assert b["stats"]["target_steps"] == len(b["token_ids"])
+        bad = subprocess.run(
+            [sys.executable, "-m", "shared.cli", "ask", "--edge", f"127.0.0.1:{eport}",
+             "--event-window-ms", "150", "What?"],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )
+        assert bad.returncode != 0 and "100" in bad.stderr
+    finally:
+        for proc in (edge, cloud):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in (edge, cloud):
+            if proc is not None:
+                assert proc.wait(timeout=30) == 0
+
+
+def test_demo_json_reports_identical_answers() -> None:
+    out = subprocess.run([sys.executable, "-m", "shared.cli", "demo", "--json"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["identical"] is True
+    assert result["token_ids"] == result["target_only"]["token_ids"]
+    assert result["answer"] == result["target_only"]["answer"]
+    assert result["speedup"] > 0
+    assert result["stats"]["target_steps"] > 0
