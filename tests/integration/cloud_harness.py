@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import grpc
@@ -245,6 +246,33 @@ class Failure:
     received: list[verifier_pb2.CloudMessage]
 
 
+def _expect_failure_sync(port: int, messages: Sequence[verifier_pb2.EdgeMessage],
+                         half_close: bool, timeout: float,
+                         channel_options: Sequence[tuple[str, int]]) -> Failure:
+    finished = threading.Event()
+
+    def requests() -> Iterator[verifier_pb2.EdgeMessage]:
+        yield from messages
+        if not half_close:
+            finished.wait(timeout + 5)  # keep the stream open until the server ends it
+
+    received: list[verifier_pb2.CloudMessage] = []
+    with grpc.insecure_channel(f"127.0.0.1:{port}", options=list(channel_options)) as ch:
+        stub = verifier_pb2_grpc.VerifierStub(ch)
+        try:
+            for msg in stub.Generate(requests(), timeout=timeout):
+                received.append(msg)
+        except grpc.RpcError as err:
+            code, details = err.code(), err.details() or ""  # type: ignore[attr-defined]
+        else:
+            code, details = grpc.StatusCode.OK, ""
+        finally:
+            finished.set()
+    assert not any(m.HasField("done") for m in received), f"got Done: {received[-1]}"
+    assert code != grpc.StatusCode.OK, "stream ended OK, expected an error status"
+    return Failure(code, details, received)
+
+
 async def expect_failure(port: int, messages: Sequence[verifier_pb2.EdgeMessage], *,
                          half_close: bool = False, timeout: float = 15.0,
                          channel_options: Sequence[tuple[str, int]] = ()) -> Failure:
@@ -253,24 +281,15 @@ async def expect_failure(port: int, messages: Sequence[verifier_pb2.EdgeMessage]
     The stream is left open (no half-close) unless asked, so a server that waits for
     more input instead of rejecting what it got shows up as DEADLINE_EXCEEDED at the
     client's deadline, never a hang. Asserts that no Done arrived.
+
+    This uses the synchronous stub in a thread: the asyncio client reports
+    ``INTERNAL: Internal error from Core`` instead of the server's status when a write
+    races with the server ending the stream (grpc/grpc#36066), which would hide the
+    status under test.
     """
-    async with aio.insecure_channel(f"127.0.0.1:{port}", options=list(channel_options)) as ch:
-        call = verifier_pb2_grpc.VerifierStub(ch).Generate(timeout=timeout)
-        try:
-            for m in messages:
-                await call.write(m)
-            if half_close:
-                await call.done_writing()
-        except (grpc.RpcError, aio.UsageError, asyncio.InvalidStateError):
-            pass  # the server already ended the stream; its status is read below
-        received: list[verifier_pb2.CloudMessage] = []
-        with contextlib.suppress(grpc.RpcError):
-            received = await drain(call)
-        code = await call.code()
-        details = await call.details() or ""
-        assert not any(m.HasField("done") for m in received), f"got Done: {received[-1]}"
-        assert code != grpc.StatusCode.OK, "stream ended OK, expected an error status"
-        return Failure(code, details, received)
+    return await asyncio.to_thread(
+        _expect_failure_sync, port, messages, half_close, timeout, channel_options
+    )
 
 
 async def wait_for_sessions(server: VerifierServer, n: int = 0, timeout: float = 5.0) -> None:

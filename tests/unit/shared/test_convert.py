@@ -1,0 +1,151 @@
+"""pb <-> domain round trips for every message the nodes exchange."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shared import convert
+from shared.codec import encode_tensor
+from shared.errors import InvalidInput
+from shared.pb.eventspec.v1 import edge_pb2, verifier_pb2
+from shared.timing import CloudCost, EdgeCost, TimingPlan
+from shared.types import (
+    AlignedSpec,
+    AskSpec,
+    CancelRequest,
+    CommitEvent,
+    CommittedEvent,
+    DoneEvent,
+    DraftTail,
+    FeatureMode,
+    FinalEvent,
+    FinishReason,
+    GenerationSettings,
+    Mode,
+    OpenRequest,
+    PreviewEvent,
+    RequestStats,
+    ServerInfo,
+    ServerLimits,
+    TensorChunkData,
+    VisualGeometry,
+    WindowInfo,
+)
+
+PLAN = TimingPlan(True, 27, 4, 2, False, 0.6, 568.0, 30.0, 1.4, "because")
+STATS = RequestStats(drafted=10, accepted=7, hidden_drafted=5, hidden_accepted=3,
+                     target_steps=4, ttft_ms=12.5, total_ms=99.0, uplink_bytes=1000,
+                     downlink_bytes=200, new_tokens=11, stale_drafts=1,
+                     stage_ms={"prefill": 50.0})
+EDGE_COST = EdgeCost(66.0, 18.5, 3.0, 1e6, 0.5)
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        OpenRequest("r1", "What?", GenerationSettings(32, 0.7, 0.9, 5, ("END",)),
+                    frames=(b"a", b"bc"), edge_cost=EDGE_COST, deadline_ms=500),
+        OpenRequest("r2", "Q", GenerationSettings(), aligned=AlignedSpec("float16", (8, 17, 32)),
+                    speculative=False),
+        DraftTail(3, (1, 2, 3), 4.5),
+        CancelRequest("bye"),
+        TensorChunkData("video_features", 2, b"\x00\x01"),
+        encode_tensor("video_features", torch.ones(2, 3))[0],
+    ],
+)
+def test_edge_messages_round_trip(msg: object) -> None:
+    pb = convert.edge_message_to_pb(msg)  # type: ignore[arg-type]
+    back = convert.edge_message_from_pb(verifier_pb2.EdgeMessage.FromString(pb.SerializeToString()))
+    assert back == msg
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        PLAN,
+        CommitEvent(4, (9, 10), 3, 1, "hello", 12.0),
+        DoneEvent(FinishReason.EOS, (1, 2, 2), "hi", STATS, PLAN),
+        DoneEvent(FinishReason.CANCELLED, (), "", RequestStats(), None),
+    ],
+)
+def test_cloud_messages_round_trip(msg: object) -> None:
+    pb = convert.cloud_message_to_pb(msg)  # type: ignore[arg-type]
+    back = convert.cloud_message_from_pb(
+        verifier_pb2.CloudMessage.FromString(pb.SerializeToString())
+    )
+    assert back == msg
+
+
+def test_server_info_round_trip() -> None:
+    info = ServerInfo("m", 576, 512, "ab" * 32, 2, VisualGeometry(8, 17, 32, 32),
+                      (FeatureMode.FRAMES, FeatureMode.ALIGNED),
+                      CloudCost(1.0, 0.1, 0.2, 3.0, 0.05, "cpu"), ServerLimits(), 40)
+    assert convert.server_info_from_pb(convert.server_info_to_pb(info)) == info
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        PreviewEvent(2, (5, 6), "ab"),
+        CommittedEvent(0, (5,), "a"),
+        FinalEvent("ans", (1, 2), Mode.SPECULATIVE, FeatureMode.FRAMES, FinishReason.MAX_TOKENS,
+                   STATS, PLAN, WindowInfo(0, 10, 5, 10, 99)),
+        FinalEvent("x", (), Mode.DRAFT_ONLY, None, FinishReason.EOS, RequestStats(), None, None),
+    ],
+)
+def test_ask_events_round_trip(event: object) -> None:
+    pb = convert.ask_event_to_pb(event)  # type: ignore[arg-type]
+    assert convert.ask_event_from_pb(edge_pb2.AskResponse.FromString(pb.SerializeToString())) \
+        == event
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        AskSpec("q"),
+        AskSpec("q", latest_ms=None, t0_us=5, t1_us=900, event_window_ms=30,
+                mode=Mode.TARGET_ONLY, feature_mode=FeatureMode.ALIGNED, jpeg_quality=70,
+                generation=GenerationSettings(10, 0.5, 0.8, 3, ("x",))),
+    ],
+)
+def test_ask_spec_round_trip(spec: AskSpec) -> None:
+    assert convert.ask_spec_from_pb(convert.ask_spec_to_pb(spec)) == spec
+
+
+def test_stats_derived_fields_are_sent() -> None:
+    pb = convert.stats_to_pb(STATS)
+    assert pb.acceptance_rate == pytest.approx(0.7)
+    assert pb.mean_accepted_length == pytest.approx(1 + 7 / 4)
+
+
+def test_malformed_messages_are_clear_errors() -> None:
+    with pytest.raises(InvalidInput, match="no content"):
+        convert.edge_message_from_pb(verifier_pb2.EdgeMessage())
+    with pytest.raises(InvalidInput, match="no visual input"):
+        convert.open_from_pb(verifier_pb2.Open(question="q"))
+    with pytest.raises(InvalidInput, match="deadline_ms"):
+        convert.open_from_pb(verifier_pb2.Open(question="q", deadline_ms=-1,
+                                               frames=verifier_pb2.FramesInput()))
+    bad = verifier_pb2.EdgeMessage()
+    bad.tensor_header.name = "x"
+    bad.tensor_header.dtype = 99  # type: ignore[assignment]
+    with pytest.raises(InvalidInput, match="dtype"):
+        convert.edge_message_from_pb(bad)
+    with pytest.raises(InvalidInput, match="finite"):
+        convert.edge_cost_from_pb(
+            convert.edge_cost_to_pb(EDGE_COST).__class__(draft_prefill_ms=float("nan"))
+        )
+    with pytest.raises(InvalidInput, match="latest_ms"):
+        convert.ask_spec_from_pb(edge_pb2.AskRequest(question="q",
+                                                     window=edge_pb2.Window(latest_ms=-5)))
+
+
+def test_generation_settings_validation() -> None:
+    assert GenerationSettings(0).validated(100).max_new_tokens == 64
+    with pytest.raises(InvalidInput, match="cap"):
+        GenerationSettings(200).validated(100)
+    with pytest.raises(InvalidInput, match="temperature"):
+        GenerationSettings(temperature=-1).validated(100)
+    with pytest.raises(InvalidInput, match="top_p"):
+        GenerationSettings(top_p=2).validated(100)
