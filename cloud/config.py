@@ -34,6 +34,8 @@ class CloudSettings:
     #: Skip calibration and use a fixed cost model (tests).
     calibrate: bool = True
     grace_s: float = 5.0
+    #: After Done, how long to wait for the edge to half-close the stream.
+    drain_timeout_s: float = 2.0
     seed: int = 0
 
     @staticmethod

@@ -75,6 +75,8 @@ class _Inbox:
     async def consume(self, messages: AsyncIterator[EdgeInbound]) -> None:
         try:
             async for msg in messages:
+                if self.session.finish_reason is not None and isinstance(msg, DraftTail):
+                    continue  # late drafts after the answer ended: nothing to verify
                 self._handle(msg)
                 self.wake.set()
         except EventSpecError as exc:
@@ -83,12 +85,20 @@ class _Inbox:
             self.wake.set()
             self.features_ready.set()
 
+    def expire(self, message: str) -> None:
+        """End the request with DEADLINE_EXCEEDED at its next check (the TTL sweep)."""
+        if self.error is None:
+            self.error = DeadlineExceeded(message)
+        self.wake.set()
+        self.features_ready.set()
+
     def _handle(self, msg: EdgeInbound) -> None:
         if isinstance(msg, DraftTail):
             self.session.offer_drafts(msg)
         elif isinstance(msg, CancelRequest):
             self.cancelled = True
             self.session.finish(FinishReason.CANCELLED)
+            self.features_ready.set()  # stop waiting for aligned features
         elif isinstance(msg, TensorHeaderInfo):
             self._on_header(msg)
         elif isinstance(msg, TensorChunkData):
@@ -216,8 +226,8 @@ async def run_generate(
             session.engine_state = None
             await rt.worker.run(lambda: rt.engine.release(state))
 
-    key = rt.registry.open(open_req.request_id, release)
     inbox = _Inbox(session, open_req, rt)
+    key = rt.registry.open(open_req.request_id, release, inbox.expire)
     reader = asyncio.create_task(inbox.consume(messages))
     try:
         prompt_ids = rt.target.build_prompt_ids(open_req.question)
@@ -226,11 +236,12 @@ async def run_generate(
         yield plan
 
         visual = await _visual_input(rt, open_req, inbox)
-        t0 = time.perf_counter()
-        await rt.worker.run(lambda: session.run_prefill(rt.engine, prompt_ids, **visual))
-        session.mark_prefill_done()
-        log.debug("request %s prefill %.1f ms, %d hidden drafts", open_req.request_id,
-                  (time.perf_counter() - t0) * 1e3, session.counters.hidden_drafted)
+        if visual is not None and session.finish_reason is None:  # else cancelled already
+            t0 = time.perf_counter()
+            await rt.worker.run(lambda: session.run_prefill(rt.engine, prompt_ids, **visual))
+            session.mark_prefill_done()
+            log.debug("request %s prefill %.1f ms, %d hidden drafts", open_req.request_id,
+                      (time.perf_counter() - t0) * 1e3, session.counters.hidden_drafted)
 
         while session.finish_reason is None:
             if inbox.error is not None:
@@ -262,6 +273,11 @@ async def run_generate(
             stats.hidden_accepted, stats.hidden_drafted, stats.ttft_ms, stats.total_ms,
         )
         yield done
+        # Keep the stream open until the edge half-closes (bounded), so a Drafts message
+        # it wrote while Done was in flight is drained here instead of failing its write
+        # and taking the Done with it.
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(reader), timeout=rt.settings.drain_timeout_s)
     finally:
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -271,8 +287,9 @@ async def run_generate(
 
 async def _visual_input(
     rt: VerifierRuntime, open_req: OpenRequest, inbox: _Inbox
-) -> dict[str, Any]:
-    """The prefill's visual kwargs: preprocessed frames, or the received features."""
+) -> dict[str, Any] | None:
+    """The prefill's visual kwargs (preprocessed frames or the received features), or
+    None when the request was cancelled before its features arrived."""
     if open_req.frames is not None:
         frames = open_req.frames
         pixels = await asyncio.to_thread(rt.target.preprocess_frames, frames)  # [1,F,3,S,S]
@@ -290,7 +307,7 @@ async def _visual_input(
         raise inbox.error
     if inbox.features is None:
         if inbox.cancelled:
-            raise FailedPrecondition("request cancelled before its features arrived")
+            return None  # Done(CANCELLED) without a prefill
         raise InvalidInput("the stream ended before the aligned features were complete")
     feats = inbox.features
     if not math.isfinite(float(feats.abs().max())):

@@ -27,6 +27,9 @@ class SessionHandle:
     created: float
     release: Callable[[], Awaitable[None]]
     task: asyncio.Task[object] | None = None
+    #: Ends the stream itself with a clear status (cancelling a gRPC handler's task
+    #: from outside leaves the client waiting for a status until its deadline).
+    expire: Callable[[str], None] | None = None
     released: bool = False
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -57,8 +60,17 @@ class SessionRegistry:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def open(self, request_id: str, release: Callable[[], Awaitable[None]]) -> int:
-        """Register a session or raise RESOURCE_EXHAUSTED at the cap. Returns its key."""
+    def open(
+        self,
+        request_id: str,
+        release: Callable[[], Awaitable[None]],
+        expire: Callable[[str], None] | None = None,
+    ) -> int:
+        """Register a session or raise RESOURCE_EXHAUSTED at the cap. Returns its key.
+
+        ``expire(message)``, if given, is how the sweep ends the session's stream;
+        without it the sweep cancels the registering task.
+        """
         if len(self._sessions) >= self.max_sessions:
             raise ResourceExhausted(
                 f"the verifier is at its cap of {self.max_sessions} concurrent sessions; "
@@ -67,7 +79,7 @@ class SessionRegistry:
         key = self._next_key
         self._next_key += 1
         self._sessions[key] = SessionHandle(
-            request_id, self._clock(), release, asyncio.current_task()
+            request_id, self._clock(), release, asyncio.current_task(), expire
         )
         return key
 
@@ -85,7 +97,9 @@ class SessionRegistry:
             handle = self._sessions[key]
             log.warning("session %s exceeded its TTL of %.0f s; releasing", handle.request_id,
                         self.ttl_s)
-            if handle.task is not None and not handle.task.done():
+            if handle.expire is not None:
+                handle.expire(f"session exceeded the verifier's TTL of {self.ttl_s:g} s")
+            elif handle.task is not None and not handle.task.done():
                 handle.task.cancel()
             await self.close(key)
             self.expired += 1

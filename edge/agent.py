@@ -30,7 +30,7 @@ from edge.events.render import event_pixel_values
 from edge.events.windows import events_for_window, sample_rgb_frames, select_window
 from shared.codec import encode_tensor
 from shared.errors import EventSpecError, FailedPrecondition, InvalidInput, Unavailable
-from shared.imageproc import encode_jpeg
+from shared.imageproc import downscale_short_side, encode_jpeg
 from shared.timing import AcceptanceEstimator, EdgeCost, PlanInputs, TimingPlan, plan
 from shared.types import (
     AlignedSpec,
@@ -255,9 +255,13 @@ class EdgeAgent:
             quality = spec.jpeg_quality or self.default_jpeg_quality
             n = info.geometry.num_frames if info is not None else 8
             rgb = await asyncio.to_thread(sample_rgb_frames, source, window, n)
-            prepared.frames = tuple(
-                await asyncio.to_thread(lambda: [encode_jpeg(f, quality) for f in rgb])
-            )
+            side = info.geometry.image_size if info is not None else 0
+
+            def encode() -> list[bytes]:
+                return [encode_jpeg(downscale_short_side(f, side) if side else f, quality)
+                        for f in rgb]
+
+            prepared.frames = tuple(await asyncio.to_thread(encode))
         if need_features:
             assert self.adapter is not None and info is not None
             adapter = self.adapter
@@ -393,7 +397,8 @@ class EdgeAgent:
                             len(drafter.committed),
                             tuple(drafter.tail),
                             (time.perf_counter() - started) * 1e3,
-                        )
+                        ),
+                        best_effort=True,
                     )
                     last_sent_len = seq_len
                 if seq_len - last_preview >= self.preview_every and drafter.tail:

@@ -8,6 +8,7 @@ failures into ``shared.errors`` with a message that names the cloud.
 from __future__ import annotations
 
 import contextlib
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -52,15 +53,19 @@ class CloudStream:
         self.uplink_bytes = 0
         self.downlink_bytes = 0
 
-    async def send(self, msg: EdgeInbound) -> None:
+    async def send(self, msg: EdgeInbound, *, best_effort: bool = False) -> None:
+        """Write one message. ``best_effort`` writes (drafts) that find the call already
+        finished are dropped: the reply stream reports how the call ended."""
         pb = convert.edge_message_to_pb(msg)
-        self.uplink_bytes += pb.ByteSize()
         try:
             await self._call.write(pb)
-        except (grpc.RpcError, aio.UsageError) as exc:
+        except (grpc.RpcError, aio.UsageError, asyncio.InvalidStateError) as exc:
+            if best_effort:
+                return
             if isinstance(exc, grpc.RpcError):
                 raise rpc_error(exc, self._address, "sending to Generate") from exc
             raise Unavailable(f"cloud verifier at {self._address}: stream closed") from exc
+        self.uplink_bytes += pb.ByteSize()
 
     async def done_writing(self) -> None:
         with contextlib.suppress(grpc.RpcError, aio.UsageError):

@@ -66,6 +66,24 @@ def _check_rgb(image: np.ndarray) -> None:
         )
 
 
+def downscale_short_side(image: np.ndarray, size: int) -> np.ndarray:
+    """Shrink so the short side is ``size`` (bicubic); smaller images pass unchanged.
+
+    The edge sends frames no larger than the cloud's tower needs: the cloud resizes to
+    that short side anyway, so this only saves uplink bytes.
+    """
+    _check_rgb(image)
+    h, w = image.shape[:2]
+    if min(h, w) <= size:
+        return image
+    scale = size / min(h, w)
+    new_w, new_h = max(size, round(w * scale)), max(size, round(h * scale))
+    pil = Image.fromarray(image, mode="RGB").resize(
+        (new_w, new_h), resample=Image.Resampling.BICUBIC
+    )
+    return np.asarray(pil, dtype=np.uint8)
+
+
 def resize_center_crop(image: np.ndarray, size: int) -> np.ndarray:
     """Resize the short side to ``size`` (bicubic) and center-crop to [size, size, 3]."""
     _check_rgb(image)
