@@ -88,7 +88,6 @@ class DecodingSession:
         self._hidden: list[int] = []
         self._generator = make_generator(settings.seed)
         self.counters = _Counters()
-        self.lookahead_cap = max_verify_tokens
 
     # -- drafts (event loop) -----------------------------------------------------------
 
@@ -138,7 +137,7 @@ class DecodingSession:
         drafts = list(self.tail.token_ids[overlap:])
         if not self.committed:
             return drafts[:1]
-        return drafts[: max(0, min(self.lookahead_cap, self.max_verify_tokens - 1))]
+        return drafts[: max(0, self.max_verify_tokens - 1)]
 
     def mark_prefill_done(self) -> None:
         """Record the hidden drafts: those that arrived while the prefill ran."""

@@ -232,7 +232,6 @@ async def run_generate(
     try:
         prompt_ids = rt.target.build_prompt_ids(open_req.question)
         plan = rt.plan_for(open_req, text_tokens=len(prompt_ids) - rt.info.geometry.visual_tokens)
-        session.lookahead_cap = max(1, plan.lookahead_tokens) if plan.speculate else 1
         yield plan
 
         visual = await _visual_input(rt, open_req, inbox)

@@ -82,6 +82,28 @@ class EdgeCostMeter:
             )
 
 
+#: Drafting budget when ``--speculation always`` overrides a plan that said no.
+FORCED_HIDDEN_DRAFTS = 16
+FORCED_LOOKAHEAD = 6
+
+
+def forced_plan(p: TimingPlan) -> TimingPlan:
+    """``p`` with drafting switched on (``--speculation always``, for measuring acceptance).
+
+    The cloud verifies whatever valid drafts arrive, so this changes speed, never output.
+    """
+    if p.speculate:
+        return p
+    return replace(
+        p,
+        speculate=True,
+        hidden_draft_budget=max(p.hidden_draft_budget, FORCED_HIDDEN_DRAFTS),
+        lookahead_tokens=max(p.lookahead_tokens, FORCED_LOOKAHEAD),
+        chunk_cadence_tokens=1,
+        reason=f"forced by --speculation always; the plan said: {p.reason}",
+    )
+
+
 @dataclass
 class _Prepared:
     """The visual inputs of one request."""
@@ -110,6 +132,7 @@ class EdgeAgent:
         request_timeout_s: float = 120.0,
         rpc_timeout_s: float = 5.0,
         preview_every: int = 4,
+        force_speculation: bool = False,
     ) -> None:
         self.source = source
         self.draft = draft
@@ -122,6 +145,7 @@ class EdgeAgent:
         self.request_timeout_s = request_timeout_s
         self.rpc_timeout_s = rpc_timeout_s
         self.preview_every = max(1, preview_every)
+        self.force_speculation = force_speculation
         self.requests_served = 0
         self._model_lock = asyncio.Lock()
 
@@ -315,6 +339,8 @@ class EdgeAgent:
             speculative=speculative,
         )
         local_plan = self._plan(info, edge_cost, settings.max_new_tokens, speculative)
+        if speculative and self.force_speculation:
+            local_plan = forced_plan(local_plan)
         stream = self.link.open_stream(self.request_timeout_s)
         replies: asyncio.Queue[Any] = asyncio.Queue()
 
@@ -361,7 +387,9 @@ class EdgeAgent:
                         self.link.mark_failure(msg)
                         raise msg
                     if isinstance(msg, TimingPlan):
-                        active_plan = msg
+                        # Both sides ran the same function on the same profiles; the
+                        # cloud's copy wins unless drafting is forced for measurement.
+                        active_plan = forced_plan(msg) if self.force_speculation else msg
                         continue
                     if isinstance(msg, DoneEvent):
                         done = msg

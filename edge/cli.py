@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--jpeg-quality", type=int, default=90)
     serve.add_argument("--request-timeout", type=float, default=120.0,
                        help="deadline of one request's stream to the cloud, seconds")
+    serve.add_argument("--speculation", choices=["auto", "always"], default="auto",
+                       help="auto: draft when the timing plan says it pays (default); "
+                            "always: draft regardless, e.g. to measure acceptance")
     serve.add_argument("--port-file", type=Path, default=None,
                        help="write the bound port here once SERVING (for --port 0)")
     serve.add_argument("--log-level", default="INFO")
@@ -61,6 +64,7 @@ def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
         dtype=args.dtype,
         default_jpeg_quality=args.jpeg_quality,
         request_timeout_s=args.request_timeout,
+        speculation=args.speculation,
     )
 
 

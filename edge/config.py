@@ -29,6 +29,9 @@ class EdgeSettings:
     acceptance_prior: float = 0.5
     #: Send a Preview to the client every N drafted tokens.
     preview_every: int = 4
+    #: "auto": draft when the shared timing plan says it pays; "always": draft anyway
+    #: (to measure acceptance, or when the cost model is known to be wrong).
+    speculation: str = "auto"
     grace_s: float = 5.0
     seed: int = 0
     max_message_bytes: int = 8 << 20

@@ -87,6 +87,7 @@ class EdgeServer:
             request_timeout_s=s.request_timeout_s,
             rpc_timeout_s=s.rpc_timeout_s,
             preview_every=s.preview_every,
+            force_speculation=s.speculation == "always",
         )
         servicer = EdgeAgentServicer(
             self.agent, draft_model_id=draft.model_id,

@@ -16,11 +16,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Literal
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
+from tokenizers import (
+    AddedToken,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+)
 from tokenizers.trainers import BpeTrainer
 
 Role = Literal["target", "draft"]
@@ -230,20 +238,44 @@ def _base_tokenizer() -> Tokenizer:
     return tok
 
 
-def build_tiny_tokenizer(role: Role) -> Tokenizer:
-    """Build the shared tiny tokenizer with ``role``'s special tokens appended.
+#: Printable ASCII plus the word marker: every such character is one piece, so only
+#: other characters fall back to byte pieces.
+DEFAULT_ALPHABET: tuple[str, ...] = (*(chr(c) for c in range(32, 127)), "▁")
 
-    Deterministic: the same corpus and trainer settings give the same vocabulary.
+
+def train_llama_layout_tokenizer(
+    corpus: Iterable[str],
+    text_vocab_size: int,
+    specials: Sequence[str],
+    *,
+    initial_alphabet: Sequence[str] = DEFAULT_ALPHABET,
+    split_words: bool = False,
+    name: str = "tokenizer",
+) -> Tokenizer:
+    """Train a byte-fallback BPE on ``corpus`` and lay it out like LLaMA's tokenizer.
+
+    Ids: ``<unk>`` 0, ``<s>`` 1, ``</s>`` 2, the 256 byte pieces 3..258, then the
+    learned pieces up to ``text_vocab_size``; ``specials`` (a model's own tokens)
+    follow the text vocabulary. Every model in the project shares this layout, so one
+    trainer keeps the tiny and the toy tokenizers from drifting apart.
+
+    ``split_words`` trains on whitespace-delimited words, so pieces never span two
+    words (as sentencepiece's do not); the tokenizer itself then needs no
+    pre-tokenizer, because no learned merge can cross a word boundary. Deterministic:
+    the same corpus and settings give the same vocabulary. Raises RuntimeError when the
+    corpus is too small to fill ``text_vocab_size``.
     """
     trained = _base_tokenizer()
+    if split_words:
+        trained.pre_tokenizer = pre_tokenizers.Split("▁", behavior="merged_with_next")
     trainer = BpeTrainer(
-        vocab_size=TINY_TEXT_VOCAB_SIZE - len(_BYTE_PIECES),
+        vocab_size=text_vocab_size - len(_BYTE_PIECES),
         special_tokens=_BASE_SPECIALS,
-        initial_alphabet=[chr(c) for c in range(32, 127)] + ["▁"],
+        initial_alphabet=list(initial_alphabet),
         show_progress=False,
         min_frequency=1,
     )
-    trained.train_from_iterator(_corpus(), trainer=trainer)
+    trained.train_from_iterator(corpus, trainer=trainer)
     state = json.loads(trained.to_str())["model"]
     # Insert the 256 byte-fallback pieces at ids 3..258, as LLaMA does, and shift the rest.
     vocab: dict[str, int] = {}
@@ -251,10 +283,9 @@ def build_tiny_tokenizer(role: Role) -> Tokenizer:
         vocab[piece] = idx if idx < len(_BASE_SPECIALS) else idx + len(_BYTE_PIECES)
     for i, piece in enumerate(_BYTE_PIECES):
         vocab[piece] = len(_BASE_SPECIALS) + i
-    if len(vocab) != TINY_TEXT_VOCAB_SIZE:
+    if len(vocab) != text_vocab_size:
         raise RuntimeError(
-            f"tiny tokenizer trained to {len(vocab)} ids, expected {TINY_TEXT_VOCAB_SIZE}; "
-            "extend the corpus"
+            f"{name} trained to {len(vocab)} ids, expected {text_vocab_size}; extend the corpus"
         )
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in state["merges"]]
     tok = _base_tokenizer()
@@ -262,7 +293,6 @@ def build_tiny_tokenizer(role: Role) -> Tokenizer:
         vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True
     )
     tok.add_special_tokens([AddedToken(s, special=True) for s in _BASE_SPECIALS])
-    specials = TARGET_SPECIALS if role == "target" else DRAFT_SPECIALS
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", BOS_ID)]
@@ -270,11 +300,26 @@ def build_tiny_tokenizer(role: Role) -> Tokenizer:
     return tok
 
 
-def save_tiny_tokenizer(directory: str | Path, role: Role) -> Path:
+def role_specials(role: Role) -> tuple[str, ...]:
+    """The special tokens a model of ``role`` appends after the shared text vocabulary."""
+    return TARGET_SPECIALS if role == "target" else DRAFT_SPECIALS
+
+
+def build_tiny_tokenizer(role: Role) -> Tokenizer:
+    """Build the shared tiny tokenizer with ``role``'s special tokens appended.
+
+    Deterministic: the same corpus and trainer settings give the same vocabulary.
+    """
+    return train_llama_layout_tokenizer(
+        _corpus(), TINY_TEXT_VOCAB_SIZE, role_specials(role), name="tiny tokenizer"
+    )
+
+
+def write_tokenizer_files(tok: Tokenizer, directory: str | Path, role: Role) -> Path:
     """Write ``tokenizer.json`` and ``tokenizer_config.json`` loadable by transformers."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    build_tiny_tokenizer(role).save(str(out / "tokenizer.json"))
+    tok.save(str(out / "tokenizer.json"))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": "<s>",
@@ -288,6 +333,11 @@ def save_tiny_tokenizer(directory: str | Path, role: Role) -> Path:
     }
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
     return out
+
+
+def save_tiny_tokenizer(directory: str | Path, role: Role) -> Path:
+    """Write ``tokenizer.json`` and ``tokenizer_config.json`` loadable by transformers."""
+    return write_tokenizer_files(build_tiny_tokenizer(role), directory, role)
 
 
 def text_vocab_fingerprint(pieces: Sequence[str]) -> str:
