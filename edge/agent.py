@@ -457,7 +457,7 @@ class EdgeAgent:
             feature_mode=prepared.feature_mode,
             finish_reason=done.finish_reason,
             stats=stats,
-            plan=done.final_plan or active_plan,
+            plan=active_plan,
             window=prepared.window,
         )
 

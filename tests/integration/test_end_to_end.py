@@ -196,13 +196,14 @@ async def test_cloud_dying_mid_request_gives_a_clear_error() -> None:
 
 
 async def test_speculation_always_drafts_on_a_fast_cloud_and_stays_lossless() -> None:
-    stack = await eh.start_stack(edge_settings={"speculation": "always"})
+    # A slow prefill but fast steps: the plan alone would not draft after prefill.
+    stack = await eh.start_stack(slow=(0.5, 0.0), edge_settings={"speculation": "always"})
     try:
         for question in QUESTIONS:
             a = await ask(stack.edge_address, question, Mode.SPECULATIVE, max_new=16)
             b = await ask(stack.edge_address, question, Mode.TARGET_ONLY, max_new=16)
             assert a.token_ids == b.token_ids
-            assert a.stats.drafted > 0
+            assert a.stats.drafted > 0 and a.stats.hidden_drafted > 0
             assert a.plan is not None and a.plan.speculate
     finally:
         await stack.stop()

@@ -1,0 +1,193 @@
+"""A DVS simulator for toy scenes: what an event camera would have reported.
+
+The model is the idealised event pixel used by simulators such as ESIM: each pixel
+keeps a reference log intensity and fires an event whenever the current log
+intensity has moved one contrast threshold C away from it (ON when brighter, OFF when
+darker); the reference then moves by C. Log intensity is sampled finely (1 kHz) and a
+crossing's time is interpolated linearly between the two samples around it, so
+timestamps are not quantised to the sampling grid, and one interval may hold several
+crossings. After an event the pixel is blind for a refractory period; crossings in it
+are lost (the reference still moves, so the pixel does not fire a late burst).
+
+Background activity (noise) is added at a rate high enough that every 50 ms window of
+a 64x64 sensor holds well over the edge's 100-event minimum, so even a still scene
+can be asked about. Its timestamps are jittered on a regular grid rather than
+Poisson, which makes that floor a guarantee instead of a likelihood.
+
+Deliberately in ``shared`` (not the edge): the trainer and the evaluator need the
+same events as the edge's source, and ``shared`` must not import ``edge``; hence
+:data:`TOY_EVENT_DTYPE` restates the edge's event dtype (a test checks they agree).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shared.toyworld.scenes import ToyScene, render_luminance
+
+#: Identical to ``edge.events.types.EVENT_DTYPE``: x, y pixels; t µs; p 1 = ON (brighter).
+TOY_EVENT_DTYPE = np.dtype([("x", "<u2"), ("y", "<u2"), ("t", "<i8"), ("p", "u1")])
+#: Added to luminance (normalised to 0..1) before the log, so black stays finite.
+LOG_EPS = 0.02
+#: Noise per pixel per second: 0.8 Hz x 4096 px gives ~164 events per 50 ms at 64x64.
+DEFAULT_NOISE_RATE_HZ_PER_PX = 0.8
+#: Samples rendered at once: bounds memory ([chunk, H, W] float) without slowing the loop.
+_CHUNK = 128
+_NOISE_SALT = 0x0E7E
+
+
+def simulate_events(
+    scene: ToyScene,
+    *,
+    threshold: float = 0.2,
+    refractory_us: int = 1000,
+    sample_hz: float = 1000.0,
+    noise_rate_hz_per_px: float = DEFAULT_NOISE_RATE_HZ_PER_PX,
+) -> np.ndarray:
+    """Events of the whole scene ``[0, duration_us)`` -> [N] TOY_EVENT_DTYPE sorted by t.
+
+    Deterministic for a given scene and settings (noise is seeded by ``scene.seed``).
+    Ties in t keep a fixed order (stable sort of signal events, then noise).
+    """
+    if threshold <= 0 or sample_hz <= 0 or refractory_us < 0 or noise_rate_hz_per_px < 0:
+        raise ValueError(
+            "threshold and sample_hz must be > 0, refractory_us and noise rate >= 0; got "
+            f"{threshold}, {sample_hz}, {refractory_us}, {noise_rate_hz_per_px}"
+        )
+    duration = scene.duration_us
+    n_steps = max(1, round(duration * sample_hz / 1e6))
+    times = np.arange(n_steps + 1, dtype=np.float64) * (duration / n_steps)  # [S+1] µs
+    signal = _signal_events(scene, times, threshold, float(refractory_us))
+    noise = _noise_events(scene, noise_rate_hz_per_px)
+    events = np.concatenate([signal, noise])
+    out: np.ndarray = events[np.argsort(events["t"], kind="stable")]
+    return out
+
+
+def events_in_window(events: np.ndarray, t0_us: int, t1_us: int) -> np.ndarray:
+    """The events with ``t0_us <= t < t1_us`` of a t-sorted array (a view, no copy)."""
+    lo, hi = np.searchsorted(events["t"], [t0_us, t1_us], side="left")
+    window: np.ndarray = events[int(lo) : int(hi)]
+    return window
+
+
+def _log_intensity(scene: ToyScene, t_us: np.ndarray) -> np.ndarray:
+    """log(luma / 255 + eps) at ``t_us`` -> [T, H*W] float64."""
+    luma = render_luminance(scene, t_us)  # [T, H, W]
+    return np.log(luma.reshape(len(t_us), -1).astype(np.float64) / 255.0 + LOG_EPS)
+
+
+def _signal_events(
+    scene: ToyScene, times: np.ndarray, threshold: float, refractory_us: float
+) -> np.ndarray:
+    """Threshold crossings of every pixel between consecutive samples -> TOY_EVENT_DTYPE.
+
+    The loop runs over time (each pixel's reference depends on its past) but only over
+    the pixels whose intensity changes within the current chunk of samples, which for
+    a toy scene is the band an object sweeps.
+    """
+    width = scene.width
+    n_pix = width * scene.height
+    ref = _log_intensity(scene, times[:1])[0]  # [P] reference level per pixel
+    prev = ref.copy()  # [P] log intensity at the previous sample
+    last_t = np.full(n_pix, -np.inf)  # [P] time of each pixel's last event
+    pix_out: list[np.ndarray] = []
+    t_out: list[np.ndarray] = []
+    on_out: list[np.ndarray] = []
+    for start in range(1, len(times), _CHUNK):
+        stop = min(start + _CHUNK, len(times))
+        logs = _log_intensity(scene, times[start:stop])  # [K, P]
+        changing = (logs.max(axis=0) != logs.min(axis=0)) | (logs[0] != prev)  # [P]
+        active = np.flatnonzero(changing)  # [A]
+        if active.size == 0:
+            continue
+        a_logs = logs[:, active]  # [K, A]
+        a_ref, a_prev, a_last = ref[active], prev[active], last_t[active]  # [A] each
+        for k in range(stop - start):
+            cur = a_logs[k]  # [A]
+            diff = cur - a_ref
+            counts = np.floor(np.abs(diff) / threshold).astype(np.int64)  # crossings [A]
+            fired = np.flatnonzero(counts)  # [F] local indices
+            if fired.size:
+                t_lo, t_hi = times[start + k - 1], times[start + k]
+                pix, ts, on = _crossings(
+                    fired,
+                    counts[fired],
+                    np.sign(diff[fired]),
+                    a_ref[fired],
+                    a_prev[fired],
+                    cur[fired],
+                    (t_lo, t_hi),
+                    threshold,
+                    refractory_us,
+                    a_last,
+                )
+                pix_out.append(active[pix])
+                t_out.append(ts)
+                on_out.append(on)
+                a_ref[fired] += np.sign(diff[fired]) * counts[fired] * threshold
+            a_prev = cur
+        ref[active], prev[active], last_t[active] = a_ref, a_prev, a_last
+    if not pix_out:
+        return np.zeros(0, dtype=TOY_EVENT_DTYPE)
+    pix_all = np.concatenate(pix_out)
+    ev = np.empty(pix_all.size, dtype=TOY_EVENT_DTYPE)
+    ev["x"] = pix_all % width
+    ev["y"] = pix_all // width
+    ev["t"] = np.clip(np.floor(np.concatenate(t_out)), 0, scene.duration_us - 1).astype(np.int64)
+    ev["p"] = np.concatenate(on_out)
+    return ev
+
+
+def _crossings(
+    fired: np.ndarray,
+    counts: np.ndarray,
+    sign: np.ndarray,
+    ref: np.ndarray,
+    p0: np.ndarray,
+    p1: np.ndarray,
+    span: tuple[float, float],
+    threshold: float,
+    refractory_us: float,
+    last_t: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The crossings of one sample interval that survive the refractory period.
+
+    ``fired`` [F] are local pixel indices, ``counts`` [F] their crossings this interval.
+    Crossing j (1-based) of a pixel is at level ``ref + sign * j * C``, reached at the
+    linearly interpolated time between ``p0`` and ``p1``. ``last_t`` (indexed by local
+    pixel) is updated in place. Returns (local pixel, time µs float, polarity u1).
+    """
+    n_max = int(counts.max())
+    j = np.arange(1, n_max + 1, dtype=np.float64)[None, :]  # [1, J]
+    levels = ref[:, None] + sign[:, None] * j * threshold  # [F, J]
+    step = np.where(p1 != p0, p1 - p0, 1.0)  # [F]
+    frac = np.clip((levels - p0[:, None]) / step[:, None], 0.0, 1.0)  # [F, J]
+    times = span[0] + frac * (span[1] - span[0])  # [F, J] non-decreasing along J
+    valid = j <= counts[:, None]  # [F, J]
+    keep = np.zeros_like(valid)
+    for col in range(n_max):  # each pixel's crossings in time order
+        ok = valid[:, col] & (times[:, col] - last_t[fired] >= refractory_us)  # [F]
+        keep[:, col] = ok
+        last_t[fired[ok]] = times[ok, col]
+    rows, cols = np.nonzero(keep)  # row-major: pixel by pixel, in time order
+    on = (sign[rows] > 0).astype(np.uint8)
+    return fired[rows], times[rows, cols], on
+
+
+def _noise_events(scene: ToyScene, rate_hz_per_px: float) -> np.ndarray:
+    """Background activity: uniform position and polarity, one event per time stratum.
+
+    ``n`` events split the scene into ``n`` equal strata with one uniformly placed
+    event each, so any window of length L holds at least ``floor(n L / duration) - 1``.
+    """
+    rng = np.random.default_rng([scene.seed, _NOISE_SALT])
+    duration = scene.duration_us
+    n = round(rate_hz_per_px * scene.width * scene.height * duration / 1e6)
+    ev = np.empty(n, dtype=TOY_EVENT_DTYPE)
+    stamps = (np.arange(n) + rng.random(n)) * (duration / max(n, 1))  # [n] µs, ascending
+    ev["t"] = np.clip(np.floor(stamps), 0, duration - 1).astype(np.int64)
+    ev["x"] = rng.integers(0, scene.width, n)
+    ev["y"] = rng.integers(0, scene.height, n)
+    ev["p"] = rng.integers(0, 2, n)
+    return ev
