@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc import aio
 
 from shared.errors import EventSpecError
@@ -23,6 +24,8 @@ log = logging.getLogger(__name__)
 async def _abort_for(exc: BaseException, context: aio.ServicerContext[Any, Any]) -> None:
     if isinstance(exc, EventSpecError):
         await context.abort(exc.code, exc.message)
+    if isinstance(exc, DecodeError):  # the peer sent bytes that are not the request type
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request message: {exc}")
     log.exception("unhandled error in RPC", exc_info=exc)
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
 

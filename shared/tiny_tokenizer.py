@@ -249,7 +249,7 @@ def train_llama_layout_tokenizer(
     specials: Sequence[str],
     *,
     initial_alphabet: Sequence[str] = DEFAULT_ALPHABET,
-    split_words: bool = False,
+    pre_tokenizer: pre_tokenizers.PreTokenizer | None = None,
     name: str = "tokenizer",
 ) -> Tokenizer:
     """Train a byte-fallback BPE on ``corpus`` and lay it out like LLaMA's tokenizer.
@@ -259,15 +259,15 @@ def train_llama_layout_tokenizer(
     follow the text vocabulary. Every model in the project shares this layout, so one
     trainer keeps the tiny and the toy tokenizers from drifting apart.
 
-    ``split_words`` trains on whitespace-delimited words, so pieces never span two
-    words (as sentencepiece's do not); the tokenizer itself then needs no
-    pre-tokenizer, because no learned merge can cross a word boundary. Deterministic:
-    the same corpus and settings give the same vocabulary. Raises RuntimeError when the
-    corpus is too small to fill ``text_vocab_size``.
+    Without a ``pre_tokenizer`` each input line is one "word", so pieces may span
+    words (the tiny tokenizer, frozen as it is). With one, training and encoding both
+    split the same way, e.g. into words and punctuation as sentencepiece's pieces fall.
+    Deterministic: the same corpus and settings give the same vocabulary. Raises
+    RuntimeError when the corpus is too small to fill ``text_vocab_size``.
     """
     trained = _base_tokenizer()
-    if split_words:
-        trained.pre_tokenizer = pre_tokenizers.Split("▁", behavior="merged_with_next")
+    if pre_tokenizer is not None:
+        trained.pre_tokenizer = pre_tokenizer
     trainer = BpeTrainer(
         vocab_size=text_vocab_size - len(_BYTE_PIECES),
         special_tokens=_BASE_SPECIALS,
@@ -289,6 +289,8 @@ def train_llama_layout_tokenizer(
         )
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in state["merges"]]
     tok = _base_tokenizer()
+    if pre_tokenizer is not None:
+        tok.pre_tokenizer = pre_tokenizer
     tok.model = models.BPE(
         vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True
     )

@@ -1,6 +1,8 @@
 """Event sources from files, plus ``open_source`` which turns a CLI spec into one.
 
-Specs: ``synthetic``, ``synthetic:SEED``, ``dsec:DIR``, ``npy:FILE``, ``npz:FILE``.
+Specs: ``synthetic``, ``synthetic:SEED``, ``toy`` (the toy world's demo scene),
+``toy:SEED``, ``toy:A-B`` (toy scenes A..B-1 back to back, one per second),
+``dsec:DIR``, ``npy:FILE``, ``npz:FILE``.
 
 EventGPT ships its samples as ``.npy`` files holding a *pickled* dict {x, y, t, p}.
 Unpickling runs code from the file, so those are only read behind an explicit
@@ -19,6 +21,7 @@ import numpy as np
 from edge.events.base import ArraySource, EventSource, RgbIndex, check_range
 from edge.events.dsec import DsecSource
 from edge.events.synthetic import SceneSpec, ShapeSpec, SyntheticSource
+from edge.events.toy import ToySource, parse_toy_spec
 from edge.events.types import coerce_events
 from shared.errors import InvalidInput, NotFound
 
@@ -34,12 +37,15 @@ __all__ = [
     "SceneSpec",
     "ShapeSpec",
     "SyntheticSource",
+    "ToySource",
     "check_range",
     "npy_needs_pickle",
     "open_source",
 ]
 
-_SPEC_HELP = "expected synthetic, synthetic:SEED, dsec:DIR, npy:FILE or npz:FILE"
+_SPEC_HELP = (
+    "expected synthetic, synthetic:SEED, toy, toy:SEED, toy:A-B, dsec:DIR, npy:FILE or npz:FILE"
+)
 
 
 class NpzSource(ArraySource):
@@ -126,6 +132,8 @@ def open_source(spec: str, *, allow_pickle: bool = False) -> EventSource:
         except ValueError:
             raise InvalidInput(f"synthetic seed must be an integer, got {arg!r}") from None
         return SyntheticSource(seed)
+    if scheme == "toy":
+        return parse_toy_spec(arg)
     if scheme not in ("dsec", "npy", "npz"):
         raise InvalidInput(f"unknown event source {spec!r}: {_SPEC_HELP}")
     if not arg:

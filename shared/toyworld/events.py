@@ -23,12 +23,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from shared.toyworld.scenes import ToyScene, render_luminance
+from shared.toyworld.scenes import (
+    ToyScene,
+    background_luminance,
+    coverage_at,
+    luminance,
+    reach_px,
+    render_luminance,
+)
 
 #: Identical to ``edge.events.types.EVENT_DTYPE``: x, y pixels; t µs; p 1 = ON (brighter).
 TOY_EVENT_DTYPE = np.dtype([("x", "<u2"), ("y", "<u2"), ("t", "<i8"), ("p", "u1")])
 #: Added to luminance (normalised to 0..1) before the log, so black stays finite.
-LOG_EPS = 0.02
+LOG_EPS = 0.01
 #: Noise per pixel per second: 0.8 Hz x 4096 px gives ~164 events per 50 ms at 64x64.
 DEFAULT_NOISE_RATE_HZ_PER_PX = 0.8
 #: Samples rendered at once: bounds memory ([chunk, H, W] float) without slowing the loop.
@@ -71,10 +78,45 @@ def events_in_window(events: np.ndarray, t0_us: int, t1_us: int) -> np.ndarray:
     return window
 
 
-def _log_intensity(scene: ToyScene, t_us: np.ndarray) -> np.ndarray:
-    """log(luma / 255 + eps) at ``t_us`` -> [T, H*W] float64."""
-    luma = render_luminance(scene, t_us)  # [T, H, W]
-    return np.log(luma.reshape(len(t_us), -1).astype(np.float64) / 255.0 + LOG_EPS)
+def _log(luma: np.ndarray) -> np.ndarray:
+    """log(luma / 255 + eps) in float64, so crossing times interpolate precisely."""
+    out: np.ndarray = np.log(luma.astype(np.float64) / 255.0 + LOG_EPS)
+    return out
+
+
+def _swept_pixels(scene: ToyScene, t0_us: float, t1_us: float) -> np.ndarray:
+    """Flat indices of the pixels a moving object may touch in ``[t0_us, t1_us]`` -> [A].
+
+    Motion is linear, so the box around both end positions (grown by the object's
+    reach) holds every pixel whose intensity can change; the rest are constant.
+    """
+    w, h = scene.width, scene.height
+    boxes = []
+    for obj in scene.objects:
+        if obj.velocity_px_s == (0.0, 0.0):
+            continue
+        cx, cy = obj.centre_at(np.asarray([t0_us, t1_us]))  # [2] each
+        r = reach_px(obj) + 0.5
+        x0, x1 = max(0, int(np.floor(cx.min() - r))), min(w - 1, int(np.ceil(cx.max() + r)))
+        y0, y1 = max(0, int(np.floor(cy.min() - r))), min(h - 1, int(np.ceil(cy.max() + r)))
+        if x0 <= x1 and y0 <= y1:
+            ys, xs = np.mgrid[y0 : y1 + 1, x0 : x1 + 1]
+            boxes.append((ys * w + xs).ravel())
+    if not boxes:
+        return np.zeros(0, dtype=np.int64)
+    return np.unique(np.concatenate(boxes))
+
+
+def _luminance_at(scene: ToyScene, t_us: np.ndarray, pix: np.ndarray) -> np.ndarray:
+    """Luma of flat pixels ``pix`` [A] at times ``t_us`` [K] -> [K, A] float32."""
+    bg = background_luminance(scene).reshape(-1)[pix]  # [A]
+    xs = (pix % scene.width).astype(np.float32)[None, :]  # [1, A]
+    ys = (pix // scene.width).astype(np.float32)[None, :]  # [1, A]
+    img = np.broadcast_to(bg, (len(t_us), pix.size)).copy()  # [K, A]
+    for obj in scene.objects:
+        alpha = coverage_at(obj, np.asarray(t_us)[:, None], xs, ys)  # [K, A]
+        img += alpha * (np.float32(luminance(obj.rgb)) - img)
+    return img
 
 
 def _signal_events(
@@ -83,49 +125,46 @@ def _signal_events(
     """Threshold crossings of every pixel between consecutive samples -> TOY_EVENT_DTYPE.
 
     The loop runs over time (each pixel's reference depends on its past) but only over
-    the pixels whose intensity changes within the current chunk of samples, which for
-    a toy scene is the band an object sweeps.
+    the pixels a moving object sweeps during the current chunk of samples; the others
+    hold a constant intensity and cannot fire.
     """
     width = scene.width
-    n_pix = width * scene.height
-    ref = _log_intensity(scene, times[:1])[0]  # [P] reference level per pixel
+    ref = _log(render_luminance(scene, times[:1])[0].reshape(-1))  # [P] reference levels
     prev = ref.copy()  # [P] log intensity at the previous sample
-    last_t = np.full(n_pix, -np.inf)  # [P] time of each pixel's last event
+    last_t = np.full(ref.size, -np.inf)  # [P] time of each pixel's last event
     pix_out: list[np.ndarray] = []
     t_out: list[np.ndarray] = []
     on_out: list[np.ndarray] = []
     for start in range(1, len(times), _CHUNK):
         stop = min(start + _CHUNK, len(times))
-        logs = _log_intensity(scene, times[start:stop])  # [K, P]
-        changing = (logs.max(axis=0) != logs.min(axis=0)) | (logs[0] != prev)  # [P]
-        active = np.flatnonzero(changing)  # [A]
+        active = _swept_pixels(scene, times[start - 1], times[stop - 1])  # [A]
         if active.size == 0:
             continue
-        a_logs = logs[:, active]  # [K, A]
+        logs = _log(_luminance_at(scene, times[start:stop], active))  # [K, A]
         a_ref, a_prev, a_last = ref[active], prev[active], last_t[active]  # [A] each
         for k in range(stop - start):
-            cur = a_logs[k]  # [A]
+            cur = logs[k]  # [A]
             diff = cur - a_ref
-            counts = np.floor(np.abs(diff) / threshold).astype(np.int64)  # crossings [A]
-            fired = np.flatnonzero(counts)  # [F] local indices
+            counts = (np.abs(diff) / threshold).astype(np.int64)  # crossings [A] (floor)
+            fired = np.flatnonzero(counts)  # [F] local pixel indices
             if fired.size:
-                t_lo, t_hi = times[start + k - 1], times[start + k]
-                pix, ts, on = _crossings(
+                n = counts[fired]
+                sign = np.sign(diff[fired])
+                local, ts = _crossings(
                     fired,
-                    counts[fired],
-                    np.sign(diff[fired]),
-                    a_ref[fired],
+                    n,
+                    a_ref[fired] + sign * threshold,  # first level crossed
+                    sign * threshold,
                     a_prev[fired],
                     cur[fired],
-                    (t_lo, t_hi),
-                    threshold,
+                    (times[start + k - 1], times[start + k]),
                     refractory_us,
                     a_last,
                 )
-                pix_out.append(active[pix])
+                pix_out.append(active[local])
                 t_out.append(ts)
-                on_out.append(on)
-                a_ref[fired] += np.sign(diff[fired]) * counts[fired] * threshold
+                on_out.append(diff[local] > 0)
+                a_ref[fired] += sign * n * threshold
             a_prev = cur
         ref[active], prev[active], last_t[active] = a_ref, a_prev, a_last
     if not pix_out:
@@ -142,37 +181,39 @@ def _signal_events(
 def _crossings(
     fired: np.ndarray,
     counts: np.ndarray,
-    sign: np.ndarray,
-    ref: np.ndarray,
+    first_level: np.ndarray,
+    step: np.ndarray,
     p0: np.ndarray,
     p1: np.ndarray,
     span: tuple[float, float],
-    threshold: float,
     refractory_us: float,
     last_t: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray]:
     """The crossings of one sample interval that survive the refractory period.
 
-    ``fired`` [F] are local pixel indices, ``counts`` [F] their crossings this interval.
-    Crossing j (1-based) of a pixel is at level ``ref + sign * j * C``, reached at the
-    linearly interpolated time between ``p0`` and ``p1``. ``last_t`` (indexed by local
-    pixel) is updated in place. Returns (local pixel, time µs float, polarity u1).
+    ``fired`` [F] are local pixel indices with ``counts`` [F] >= 1 crossings; crossing j
+    (0-based) is at level ``first_level + j * step``, reached at the time interpolated
+    linearly between ``p0`` (at ``span[0]``) and ``p1`` (at ``span[1]``). ``last_t``
+    (indexed by local pixel) is updated in place. Returns (local pixel, time µs) of the
+    events kept, pixel by pixel in time order.
     """
-    n_max = int(counts.max())
-    j = np.arange(1, n_max + 1, dtype=np.float64)[None, :]  # [1, J]
-    levels = ref[:, None] + sign[:, None] * j * threshold  # [F, J]
-    step = np.where(p1 != p0, p1 - p0, 1.0)  # [F]
-    frac = np.clip((levels - p0[:, None]) / step[:, None], 0.0, 1.0)  # [F, J]
-    times = span[0] + frac * (span[1] - span[0])  # [F, J] non-decreasing along J
-    valid = j <= counts[:, None]  # [F, J]
+    slope = np.where(p1 != p0, p1 - p0, 1.0) / (span[1] - span[0])  # [F] log per µs
+    if int(counts.max()) == 1:  # the usual case with soft edges: one crossing each
+        t = span[0] + np.clip((first_level - p0) / slope, 0.0, span[1] - span[0])  # [F]
+        ok = t - last_t[fired] >= refractory_us
+        last_t[fired[ok]] = t[ok]
+        return fired[ok], t[ok]
+    j = np.arange(int(counts.max()), dtype=np.float64)[None, :]  # [1, J]
+    levels = first_level[:, None] + j * step[:, None]  # [F, J]
+    times = span[0] + np.clip((levels - p0[:, None]) / slope[:, None], 0.0, span[1] - span[0])
+    valid = j < counts[:, None]  # [F, J]
     keep = np.zeros_like(valid)
-    for col in range(n_max):  # each pixel's crossings in time order
+    for col in range(valid.shape[1]):  # each pixel's crossings in time order
         ok = valid[:, col] & (times[:, col] - last_t[fired] >= refractory_us)  # [F]
         keep[:, col] = ok
         last_t[fired[ok]] = times[ok, col]
     rows, cols = np.nonzero(keep)  # row-major: pixel by pixel, in time order
-    on = (sign[rows] > 0).astype(np.uint8)
-    return fired[rows], times[rows, cols], on
+    return fired[rows], times[rows, cols]
 
 
 def _noise_events(scene: ToyScene, rate_hz_per_px: float) -> np.ndarray:

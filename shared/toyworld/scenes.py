@@ -23,6 +23,7 @@ the bundled demo scene is seed :data:`DEMO_SEED`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -57,16 +58,18 @@ BACKGROUND_TINTS: tuple[tuple[float, float, float], ...] = (
     (0.3, 0.9, 0.9),  # teal
     (1.0, 0.75, 0.4),  # brown
 )
-#: Background luminance before texture; with the texture it stays <= ~43.
-BACKGROUND_LUMA_RANGE = (12.0, 38.0)
+#: Background luminance before texture; with the texture it stays <= ~34.
+BACKGROUND_LUMA_RANGE = (8.0, 30.0)
 #: Relative amplitude of the static background texture (a faint sinusoidal grating).
 TEXTURE_AMP_MAX = 0.12
+#: Every scene's geometry: a 64x64 sensor and a 1 s clip.
+SCENE_WIDTH, SCENE_HEIGHT, SCENE_DURATION_US = 64, 64, 1_000_000
 SIZE_RANGE_PX = (7.0, 13.0)
 SPEED_RANGE_PX_S = (25.0, 45.0)
 P_STILL = 0.1
 P_TWO_OBJECTS = 0.3
-#: Pixels kept free between an object's extent (plus its anti-aliased rim) and the border.
-BORDER_MARGIN_PX = 1.0
+#: Pixels kept free between an object's reach (extent plus anti-aliased rim) and the border.
+BORDER_MARGIN_PX = 0.5
 N_CLIP_FRAMES = 8
 
 SPLITS: dict[str, range] = {
@@ -129,9 +132,9 @@ class ToyScene:
     motion: Motion
     background_rgb: RGB
     texture: Texture = Texture()
-    width: int = 64
-    height: int = 64
-    duration_us: int = 1_000_000
+    width: int = SCENE_WIDTH
+    height: int = SCENE_HEIGHT
+    duration_us: int = SCENE_DURATION_US
 
     @property
     def count(self) -> int:
@@ -149,7 +152,7 @@ def split_of(seed: int) -> str:
 def sample_scene(seed: int) -> ToyScene:
     """The scene of ``seed``: deterministic, see the module docstring for the design."""
     rng = np.random.default_rng(seed)
-    width, height, duration_us = 64, 64, 1_000_000
+    width, height, duration_us = SCENE_WIDTH, SCENE_HEIGHT, SCENE_DURATION_US
     motion: Motion = "still" if rng.random() < P_STILL else DIRECTIONS[int(rng.integers(4))]
     n_objects = 2 if rng.random() < P_TWO_OBJECTS else 1
     shape_idx = rng.choice(len(SHAPES), size=n_objects, replace=False)
@@ -216,7 +219,7 @@ def _place(
     for _ in range(1000):
         starts: list[tuple[float, float]] = []
         for i in range(n):
-            m = sizes[i] / 2 + 1.0 + BORDER_MARGIN_PX  # half extent + AA rim + margin
+            m = _reach(float(sizes[i])) + BORDER_MARGIN_PX
             dist = float(travel[i]) if motion != "still" else 0.0
             if motion in ("left", "up"):
                 along = rng.uniform(m + dist, along_extent - m)
@@ -231,7 +234,7 @@ def _place(
 
 
 def _apart(starts: list[tuple[float, float]], sizes: np.ndarray, motion: Motion) -> bool:
-    gap = (sizes[0] + sizes[1]) / 2 + 2.0  # extents plus both anti-aliased rims
+    gap = _reach(float(sizes[0])) + _reach(float(sizes[1]))  # regions never touch
     dx = abs(starts[0][0] - starts[1][0])
     dy = abs(starts[0][1] - starts[1][1])
     if motion in ("left", "right"):
@@ -265,12 +268,25 @@ def coverage(obj: ToyObject, t_us: np.ndarray, width: int, height: int) -> np.nd
     the ~25 ms the edge takes to cross it, as a real optical edge does, so several
     contrast crossings per edge spread out in time instead of firing at once.
     """
-    cx, cy = obj.centre_at(np.asarray(t_us, dtype=np.float64).reshape(-1))  # [T] each
-    dx = np.arange(width, dtype=np.float32)[None, None, :] - cx.astype(np.float32)[:, None, None]
-    dy = np.arange(height, dtype=np.float32)[None, :, None] - cy.astype(np.float32)[:, None, None]
+    xs = np.arange(width, dtype=np.float32)[None, None, :]  # [1, 1, W]
+    ys = np.arange(height, dtype=np.float32)[None, :, None]  # [1, H, 1]
+    times = np.asarray(t_us, dtype=np.float64).reshape(-1, 1, 1)  # [T, 1, 1]
+    return coverage_at(obj, times, xs, ys)
+
+
+def coverage_at(obj: ToyObject, t_us: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
+    """:func:`coverage` at pixel centres ``xs``, ``ys`` (float32) and times ``t_us``, all
+    broadcast together -> float32 in [0, 1] of the broadcast shape.
+
+    The event simulator calls it on just the pixels an object sweeps, which is most of
+    the saving when thousands of samples are rendered per scene.
+    """
+    cx, cy = obj.centre_at(t_us)
+    dx = xs - cx.astype(np.float32)
+    dy = ys - cy.astype(np.float32)
     half = np.float32(obj.size_px / 2)
     if obj.shape == "circle":
-        inside = half - np.sqrt(dx * dx + dy * dy)  # [T, H, W]
+        inside = half - np.sqrt(dx * dx + dy * dy)
     elif obj.shape == "square":
         inside = half - np.maximum(np.abs(dx), np.abs(dy))
     else:
@@ -284,6 +300,17 @@ def coverage(obj: ToyObject, t_us: np.ndarray, width: int, height: int) -> np.nd
     return alpha
 
 
+def reach_px(obj: ToyObject) -> float:
+    """Farthest distance from the centre, along x or y, at which ``obj`` touches a pixel."""
+    return _reach(obj.size_px)
+
+
+def _reach(size_px: float) -> float:
+    # The triangle's apex (circumradius size/√3) plus its anti-aliasing ramp bounds all
+    # three shapes along either axis.
+    return size_px / math.sqrt(3.0) + 1.0
+
+
 def render_rgb(scene: ToyScene, t_us: float) -> np.ndarray:
     """The RGB frame at ``t_us`` -> [H, W, 3] uint8."""
     img = background_image(scene)  # [H, W, 3]
@@ -295,6 +322,13 @@ def render_rgb(scene: ToyScene, t_us: float) -> np.ndarray:
     return out
 
 
+def background_luminance(scene: ToyScene) -> np.ndarray:
+    """Luma of :func:`background_image` -> [H, W] float32."""
+    weights = np.asarray([0.299, 0.587, 0.114], dtype=np.float32)
+    luma: np.ndarray = background_image(scene) @ weights
+    return luma
+
+
 def render_luminance(scene: ToyScene, t_us: np.ndarray) -> np.ndarray:
     """Luma at each of ``t_us`` -> [T, H, W] float32 in 0..255 (before any rounding).
 
@@ -302,8 +336,7 @@ def render_luminance(scene: ToyScene, t_us: np.ndarray) -> np.ndarray:
     frames describe the same scene.
     """
     times = np.asarray(t_us, dtype=np.float64).reshape(-1)  # [T]
-    weights = np.asarray([0.299, 0.587, 0.114], dtype=np.float32)
-    bg = background_image(scene) @ weights  # [H, W]
+    bg = background_luminance(scene)  # [H, W]
     img = np.broadcast_to(bg, (times.size, scene.height, scene.width)).copy()  # [T, H, W]
     for obj in scene.objects:
         alpha = coverage(obj, times, scene.width, scene.height)  # [T, H, W]
@@ -322,7 +355,7 @@ def rgb_frame_times_us(duration_us: int) -> np.ndarray:
 
 
 #: The frame stamps of a default (1 s) scene: 0, 142857, ..., 999999 µs. Read-only.
-RGB_FRAME_TIMES_US: np.ndarray = rgb_frame_times_us(1_000_000)
+RGB_FRAME_TIMES_US: np.ndarray = rgb_frame_times_us(SCENE_DURATION_US)
 RGB_FRAME_TIMES_US.flags.writeable = False
 
 

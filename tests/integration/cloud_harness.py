@@ -263,7 +263,7 @@ def _expect_failure_sync(port: int, messages: Sequence[verifier_pb2.EdgeMessage]
             for msg in stub.Generate(requests(), timeout=timeout):
                 received.append(msg)
         except grpc.RpcError as err:
-            code, details = err.code(), err.details() or ""  # type: ignore[attr-defined]
+            code, details = err.code(), err.details() or ""
         else:
             code, details = grpc.StatusCode.OK, ""
         finally:

@@ -4,7 +4,7 @@ and a well-formed request running alongside on the same server is unaffected."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import grpc
 import pytest
@@ -47,14 +47,14 @@ def features(target: TargetModel) -> torch.Tensor:
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def server() -> VerifierServer:
+async def server() -> AsyncIterator[VerifierServer]:
     srv = await h.start_verifier(max_sessions=8)
     yield srv
     await srv.stop(0)
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def small_server() -> VerifierServer:
+async def small_server() -> AsyncIterator[VerifierServer]:
     srv = await h.start_verifier(
         max_sessions=8, max_tensor_bytes=SMALL_TENSOR_CAP, max_message_bytes=SMALL_MESSAGE_CAP
     )
@@ -87,7 +87,7 @@ def _with_header(msgs: Msgs, mutate: Callable[[common_pb2.TensorHeader], None]) 
 
 
 async def _good(port: int, reference: list[int], *, first: verifier_pb2.EdgeMessage | None = None,
-                extra: Msgs = ()) -> None:
+                extra: Sequence[verifier_pb2.EdgeMessage] = ()) -> None:
     out = await h.run_generate(port, first or _open(speculative=False), extra=extra, timeout=30)
     assert out.tokens == reference, "a good request next to a bad one got different tokens"
 
@@ -380,7 +380,7 @@ async def test_non_finite_edge_profile(server: VerifierServer, reference: list[i
 
 async def test_garbage_bytes_are_an_error_not_a_hang(server: VerifierServer,
                                                      reference: list[int]) -> None:
-    async def garbage() -> grpc.StatusCode:
+    async def garbage() -> tuple[grpc.StatusCode, str]:
         async with aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
             call = ch.stream_stream("/eventspec.v1.Verifier/Generate")(timeout=10)
             try:
@@ -388,10 +388,11 @@ async def test_garbage_bytes_are_an_error_not_a_hang(server: VerifierServer,
                 await call.read()
             except (grpc.RpcError, aio.UsageError, asyncio.InvalidStateError):
                 pass
-            return await call.code()
+            return await call.code(), await call.details() or ""
 
-    code, _ = await asyncio.gather(garbage(), _good(server.port, reference))
-    assert code not in (grpc.StatusCode.OK, grpc.StatusCode.DEADLINE_EXCEEDED), code
+    (code, details), _ = await asyncio.gather(garbage(), _good(server.port, reference))
+    assert code == INVALID, (code, details)
+    assert "malformed request message" in details
     await h.wait_for_sessions(server, 0)
 
 

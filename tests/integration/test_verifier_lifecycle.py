@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -36,7 +37,7 @@ def target() -> TargetModel:
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def server() -> VerifierServer:
+async def server() -> AsyncIterator[VerifierServer]:
     srv = await h.start_verifier(max_sessions=4, input_timeout_s=INPUT_TIMEOUT_S)
     yield srv
     await srv.stop(0)
@@ -122,7 +123,7 @@ async def test_grpc_deadline_mid_stream(server: VerifierServer, where: str) -> N
     first = h.aligned_open_msg(Q) if where == "waiting_for_features" else _long_open()
     received: list[object] = []
     async with aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-        call = verifier_pb2_grpc.VerifierStub(ch).Generate(timeout=0.5)
+        call = verifier_pb2_grpc.VerifierStub(ch).Generate(timeout=0.4)
         await call.write(first)
         with pytest.raises(grpc.RpcError) as err:
             while True:
@@ -200,7 +201,8 @@ async def test_session_cap(target: TargetModel) -> None:
                 event = await _read_event(call)
                 if isinstance(event, DoneEvent):
                     break
-                committed.extend(event.token_ids)  # type: ignore[union-attr]
+                assert isinstance(event, CommitEvent)
+                committed.extend(event.token_ids)
             await call.done_writing()
         assert committed == reference
         await h.wait_for_sessions(srv, 0)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -125,7 +125,7 @@ def _sample_pairs(s: Setup, drafts: str, n: int = N_SAMPLES) -> Counter[Pair]:
         )
         if rank is not None:  # a hidden draft for token 1, verified against the prefill row
             assert session.offer_drafts(DraftTail(0, (_ranked(s.p1, rank),)))
-        session.run_prefill(s.engine, s.prompt_ids, pixel_values_videos=torch.empty(0))  # type: ignore[arg-type]
+        session.run_prefill(s.engine, s.prompt_ids, pixel_values_videos=torch.empty(0))
         session.mark_prefill_done()
         for _ in range(2):
             if session.finish_reason is not None:
@@ -223,7 +223,7 @@ def test_the_statistic_catches_a_wrong_rejection_sampler(
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def server() -> VerifierServer:
+async def server() -> AsyncIterator[VerifierServer]:
     srv = await h.start_verifier(max_sessions=4)
     yield srv
     await srv.stop(0)
