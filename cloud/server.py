@@ -53,6 +53,10 @@ def load_target_for(settings: CloudSettings) -> TargetModel:
     dtype = getattr(torch, DTYPES.get(settings.dtype, settings.dtype))
     if settings.model == "tiny-random":
         return build_tiny_random_target(seed=settings.seed, device=settings.device, dtype=dtype)
+    if settings.model == "toy":
+        from cloud.toy import load_toy_target
+
+        return load_toy_target(device=settings.device, dtype=dtype)
     return load_target(settings.model, device=settings.device, dtype=dtype)
 
 

@@ -40,6 +40,10 @@ def load_draft_for(settings: EdgeSettings) -> DraftModel:
         settings.dtype, settings.dtype))
     if settings.model == "tiny-random":
         return build_tiny_random_draft(seed=settings.seed, device=settings.device, dtype=dtype)
+    if settings.model == "toy":
+        from edge.toy import load_toy_draft
+
+        return load_toy_draft(device=settings.device, dtype=dtype)
     return load_draft(settings.model, device=settings.device, dtype=dtype)
 
 
@@ -74,7 +78,12 @@ class EdgeServer:
         if draft is None:
             draft = await asyncio.to_thread(load_draft_for, s)
         adapter = self.adapter
-        if adapter is None and s.adapter is not None:
+        toy_adapter = str(s.adapter) == "toy" or (s.adapter is None and s.model == "toy")
+        if adapter is None and toy_adapter:
+            from edge.toy import load_toy_adapter
+
+            adapter = await asyncio.to_thread(load_toy_adapter)
+        elif adapter is None and s.adapter is not None:
             adapter = await asyncio.to_thread(load_adapter, s.adapter)
         self._link = CloudLink(s.cloud, max_message_bytes=s.max_message_bytes) if s.cloud else None
         self.agent = EdgeAgent(

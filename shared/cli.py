@@ -24,6 +24,7 @@ from typing import Any, TextIO
 
 import grpc
 
+from shared import toy_cli
 from shared.client import AskError, EdgeClient
 from shared.health import wait_for_serving
 from shared.types import (
@@ -256,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--seed", type=int, default=0)
     ask.add_argument("--timeout", type=float, default=300.0, help="seconds")
     ask.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    toy_cli.add_parser(sub)
     demo = sub.add_parser("demo", help="run cloud + edge locally and ask one question")
     demo.add_argument("--question", default=DEMO_QUESTION)
     demo.add_argument("--source", default="synthetic")
@@ -274,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.suppress(KeyboardInterrupt):
         if args.command == "ask":
             return asyncio.run(_ask(args))
+        if args.command == "toy":
+            return toy_cli.run(args)
         return asyncio.run(_demo(args))
     return 130
 

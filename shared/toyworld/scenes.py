@@ -64,8 +64,8 @@ BACKGROUND_LUMA_RANGE = (8.0, 30.0)
 TEXTURE_AMP_MAX = 0.12
 #: Every scene's geometry: a 64x64 sensor and a 1 s clip.
 SCENE_WIDTH, SCENE_HEIGHT, SCENE_DURATION_US = 64, 64, 1_000_000
-SIZE_RANGE_PX = (7.0, 13.0)
-SPEED_RANGE_PX_S = (25.0, 45.0)
+SIZE_RANGE_PX = (12.0, 18.0)
+SPEED_RANGE_PX_S = (18.0, 30.0)
 P_STILL = 0.1
 P_TWO_OBJECTS = 0.3
 #: Pixels kept free between an object's reach (extent plus anti-aliased rim) and the border.

@@ -35,6 +35,8 @@ from shared.toyworld.qa import (
 from shared.toyworld.scenes import (
     EVAL_SEED_MIN,
     RGB_FRAME_TIMES_US,
+    SIZE_RANGE_PX,
+    SPEED_RANGE_PX_S,
     SPLITS,
     ToyScene,
     background_luminance,
@@ -93,9 +95,11 @@ def test_scene_distribution_covers_every_value() -> None:
     objects = [o for sc in scenes for o in sc.objects]
     assert {o.shape for o in objects} == {"circle", "square", "triangle"}
     assert {o.colour for o in objects} == {"red", "green", "blue", "yellow"}
-    assert min(o.size_px for o in objects) < 8 and max(o.size_px for o in objects) > 12
+    lo, hi = SIZE_RANGE_PX
+    assert min(o.size_px for o in objects) < lo + 1 and max(o.size_px for o in objects) > hi - 1
     speeds = [abs(sum(o.velocity_px_s)) for o in objects if o.velocity_px_s != (0.0, 0.0)]
-    assert min(speeds) < 27 and max(speeds) > 43
+    slow, fast = SPEED_RANGE_PX_S
+    assert min(speeds) < slow + 2 and max(speeds) > fast - 2
     assert len({sc.background_rgb for sc in scenes}) > 100
     for sc in scenes:
         assert all(

@@ -1,0 +1,404 @@
+"""The toy world's target: a small Video-LLaVA trained on synthetic scenes.
+
+The embedded default target is ``VideoLlavaForConditionalGeneration`` at toy size,
+trained on RGB clips of ``shared.toyworld`` scenes to answer templated questions
+(direction, shape, colour, count, moving). It sees colour and motion; the edge's
+EventGPT, trained on the same questions from events, sees motion and edges but no
+colour, so drafts agree where events carry the information and get corrected where
+they don't.
+
+    python -m cloud.toy train --out cloud/models/toy-video-llava --scenes 12000 --steps 3000
+    python -m cloud.toy export-features --model DIR --seeds 0-4000 --out feats.safetensors
+
+Frames go through the same path as in the running system: the 8 clip frames, JPEG at
+the edge's default quality, decoded and CLIP-normalised at the tower's size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import random
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import (
+    CLIPVisionConfig,
+    LlamaConfig,
+    PreTrainedTokenizerFast,
+    VideoLlavaConfig,
+    VideoLlavaForConditionalGeneration,
+)
+
+from cloud.target import TargetModel, load_target, save_target
+from shared.imageproc import CLIP_MEAN, CLIP_STD, decode_image, encode_jpeg
+from shared.toyworld.corpus import TOY_TEXT_VOCAB_SIZE, build_toy_tokenizer
+from shared.toyworld.labels import HEADS, IGNORE, attribute_labels
+from shared.toyworld.qa import QA, all_questions, parse_answer
+from shared.toyworld.scenes import clip_frames, sample_scene
+
+log = logging.getLogger("eventspec.toy.cloud")
+
+TOY_TARGET_DIR = Path(__file__).resolve().parent / "models" / "toy-video-llava"
+TOY_MODEL_ID = "toy-video-llava"
+IMAGE_SIZE, PATCH = 64, 16
+NUM_FRAMES = 8
+JPEG_QUALITY = 90  # the edge's default
+
+
+def toy_target_config(text_vocab_size: int = TOY_TEXT_VOCAB_SIZE) -> VideoLlavaConfig:
+    """Video-LLaVA's shape rules at toy size: 8 frames of 64 px, 16 px patches (17 tokens
+    per frame with CLS, 136 video tokens), a 3-layer CLIP and a 3-layer LLaMA."""
+    vision = CLIPVisionConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+                              num_attention_heads=4, image_size=IMAGE_SIZE, patch_size=PATCH,
+                              projection_dim=128)
+    vocab = (text_vocab_size + 3 + 63) // 64 * 64
+    text = LlamaConfig(hidden_size=192, intermediate_size=512, num_hidden_layers=3,
+                       num_attention_heads=6, num_key_value_heads=6, vocab_size=vocab,
+                       max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
+                       pad_token_id=text_vocab_size + 2, tie_word_embeddings=False)
+    per_frame = (IMAGE_SIZE // PATCH) ** 2 + 1
+    return VideoLlavaConfig(vision_config=vision, text_config=text,
+                            image_token_index=text_vocab_size,
+                            video_token_index=text_vocab_size + 1,
+                            vision_feature_layer=-2, vision_feature_select_strategy="default",
+                            image_seq_length=per_frame - 1,
+                            video_seq_length=NUM_FRAMES * per_frame)
+
+
+def toy_target_tokenizer() -> PreTrainedTokenizerFast:
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=build_toy_tokenizer("target"), bos_token="<s>", eos_token="</s>",
+        unk_token="<unk>", pad_token="<pad>", clean_up_tokenization_spaces=False,
+    )
+
+
+def build_untrained_toy_target(seed: int, device: str = "cpu") -> TargetModel:
+    """The toy architecture with seeded random weights (the start of training)."""
+    torch.manual_seed(seed)
+    model = VideoLlavaForConditionalGeneration(toy_target_config())
+    model.generation_config.bos_token_id = 1
+    model.generation_config.eos_token_id = 2
+    model.generation_config.pad_token_id = TOY_TEXT_VOCAB_SIZE + 2
+    model.to(device)  # type: ignore[arg-type]
+    return TargetModel(model, toy_target_tokenizer(), TOY_MODEL_ID)
+
+
+def load_toy_target(device: str = "cpu", dtype: torch.dtype | None = None) -> TargetModel:
+    """The committed toy target (``--model toy``)."""
+    target = load_target(TOY_TARGET_DIR, device=device, dtype=dtype)
+    target.model_id = TOY_MODEL_ID
+    return target
+
+
+# -- data -----------------------------------------------------------------------------------
+
+
+def scene_frames(seed: int) -> np.ndarray:
+    """The 8 clip frames as the cloud receives them: JPEG round trip. [8, H, W, 3] uint8."""
+    scene = sample_scene(seed)
+    return np.stack([decode_image(encode_jpeg(f, JPEG_QUALITY)) for f in clip_frames(scene)])
+
+
+def frames_for(seeds: Sequence[int], workers: int) -> np.ndarray:
+    """Frames of many scenes, in parallel. [N, 8, H, W, 3] uint8."""
+    if workers <= 1:
+        return np.stack([scene_frames(s) for s in seeds])
+    with ProcessPoolExecutor(workers) as pool:
+        return np.stack(list(pool.map(scene_frames, seeds, chunksize=64)))
+
+
+def normalise(frames_u8: torch.Tensor) -> torch.Tensor:
+    """[B, F, H, W, 3] uint8 -> CLIP-normalised [B, F, 3, H, W] float32 (no resize at 64)."""
+    x = frames_u8.permute(0, 1, 4, 2, 3).float().div_(255.0)
+    mean = torch.tensor(CLIP_MEAN, device=x.device).view(1, 1, 3, 1, 1)
+    std = torch.tensor(CLIP_STD, device=x.device).view(1, 1, 3, 1, 1)
+    return (x - mean) / std
+
+
+def examples_for(seeds: Sequence[int]) -> list[tuple[int, QA]]:
+    """(scene index, question) for every applicable question type of every scene."""
+    return [(i, qa) for i, s in enumerate(seeds) for qa in all_questions(sample_scene(s))]
+
+
+def encode_examples(
+    target: TargetModel, items: Sequence[tuple[int, QA]]
+) -> list[tuple[int, list[int], list[int]]]:
+    """(scene index, prompt + answer + EOS ids, labels: -100 on the prompt)."""
+    tok = target.tokenizer
+    cache: dict[str, list[int]] = {}
+    out = []
+    for i, qa in items:
+        if qa.question not in cache:
+            cache[qa.question] = target.build_prompt_ids(qa.question)
+        prompt = cache[qa.question]
+        answer = tok(qa.answer, add_special_tokens=False).input_ids + [target.eos_token_id]
+        out.append((i, prompt + answer, [-100] * len(prompt) + answer))
+    return out
+
+
+def batch_tensors(
+    rows: Sequence[tuple[int, list[int], list[int]]], pad: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    """Right-padded ids, attention mask, labels (answer + EOS only), scene indices."""
+    width = max(len(r) for _, r, _ in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    lab = torch.full((len(rows), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (_, r, lb) in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+        lab[i, : len(lb)] = torch.tensor(lb)
+        mask[i, : len(r)] = 1
+    return ids.to(device), mask.to(device), lab.to(device), [i for i, _, _ in rows]
+
+
+# -- training -------------------------------------------------------------------------------
+
+
+class AuxHeads(torch.nn.Module):
+    """Linear attribute classifiers on per-frame [CLS, mean] tower features (training only)."""
+
+    def __init__(self, frames: int, dim: int, heads: Sequence[str]) -> None:
+        super().__init__()
+        self.heads = torch.nn.ModuleDict(
+            {h: torch.nn.Linear(frames * 2 * dim, len(HEADS[h])) for h in heads}
+        )
+
+    def forward(self, feats: torch.Tensor, labels: dict[str, torch.Tensor]) -> torch.Tensor:
+        """feats [B, F, T, D] -> summed cross-entropy over the heads."""
+        pooled = torch.cat([feats[:, :, 0], feats[:, :, 1:].mean(2)], dim=-1).flatten(1)
+        loss = feats.new_zeros(())
+        for name, head in self.heads.items():
+            loss = loss + torch.nn.functional.cross_entropy(
+                head(pooled.float()), labels[name], ignore_index=IGNORE
+            )
+        return loss
+
+
+def forward_with_features(
+    target: TargetModel, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor,
+    pix: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """LM loss with the video tower run once; also returns its selected-layer features.
+
+    Same computation as the model's own pixel path (the selected layer, the projector,
+    scattered into the ``<video>`` positions), but the features stay available for the
+    auxiliary heads. Returns (lm loss, features [B, F, T, D]).
+    """
+    model = target.model
+    b, f = pix.shape[:2]
+    tower = model.model.video_tower(pix.flatten(0, 1), output_hidden_states=True)
+    feats = tower.hidden_states[model.config.vision_feature_layer]  # [B*F, T, D]
+    proj = model.model.multi_modal_projector(feats)  # [B*F, T, H]
+    embeds = model.get_input_embeddings()(ids)  # [B, L, H]
+    where = (ids == target.video_token_id).unsqueeze(-1).expand_as(embeds)
+    embeds = embeds.masked_scatter(where, proj.reshape(-1, proj.shape[-1]).to(embeds.dtype))
+    out = model(inputs_embeds=embeds, attention_mask=mask, labels=labels)
+    return out.loss, feats.view(b, f, *feats.shape[1:])
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def train(args: argparse.Namespace) -> dict[str, object]:
+    """Train the toy target; returns the metrics written to the model card."""
+    seed_everything(args.seed)
+    device = torch.device(args.device)
+    t_start = time.perf_counter()
+    train_seeds = list(range(args.first_seed, args.first_seed + args.scenes))
+    log.info("rendering %d training scenes ...", len(train_seeds))
+    frames = torch.from_numpy(frames_for(train_seeds, args.workers)).to(device)
+    examples = examples_for(train_seeds)
+    log.info("%d examples from %d scenes (%.1f s)", len(examples), len(train_seeds),
+             time.perf_counter() - t_start)
+    target = build_untrained_toy_target(args.seed, args.device)
+    model = target.model
+    encoded = encode_examples(target, examples)
+    pad = int(model.config.text_config.pad_token_id)
+    scene_labels = [attribute_labels(sample_scene(s)) for s in train_seeds]
+    label_t = {h: torch.tensor([lab[h] for lab in scene_labels], device=device) for h in HEADS}
+    aux = AuxHeads(NUM_FRAMES, model.config.vision_config.hidden_size, list(HEADS)).to(device)
+    model.train()
+    params = list(model.parameters()) + list(aux.parameters())
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    rng = random.Random(args.seed)
+    amp = device.type == "cuda"
+    losses: list[float] = []
+    aux_losses: list[float] = []
+    t_train = time.perf_counter()
+    for step in range(args.steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
+        ids, mask, labels, scene_idx = batch_tensors(rng.sample(encoded, args.batch), pad, device)
+        pix = normalise(frames[scene_idx])
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+            lm_loss, feats = forward_with_features(target, ids, mask, labels, pix)
+            aux_loss = aux(feats, {h: t[scene_idx] for h, t in label_t.items()})
+            loss = lm_loss + args.aux_weight * aux_loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        losses.append(lm_loss.item())
+        aux_losses.append(aux_loss.item())
+        if step % args.log_every == 0 or step == args.steps - 1:
+            log.info("target step %d/%d loss %.4f aux %.3f lr %.2e (%.0f s)", step + 1,
+                     args.steps, float(np.mean(losses[-args.log_every:])),
+                     float(np.mean(aux_losses[-args.log_every:])), opt.param_groups[0]["lr"],
+                     time.perf_counter() - t_train)
+    model.eval()
+    train_s = time.perf_counter() - t_train
+    val = evaluate(target, range(args.val_seed, args.val_seed + args.val_scenes), device,
+                   args.workers)
+    log.info("target validation accuracy: %s", json.dumps(val))
+    metrics: dict[str, object] = {
+        "train_scenes": len(train_seeds), "train_examples": len(examples), "steps": args.steps,
+        "batch": args.batch, "final_loss": float(np.mean(losses[-50:])),
+        "train_seconds": round(train_s, 1), "device": _device_name(device),
+        "validation": val,
+    }
+    model.half()
+    save_target(target, args.out)
+    write_card(Path(args.out), metrics)
+    return metrics
+
+
+@torch.no_grad()
+def greedy_answers(target: TargetModel, frames_u8: torch.Tensor, questions: Sequence[str],
+                   max_new: int = 12) -> list[str]:
+    """Batched greedy answers (left-padded ``generate``) for [B, 8, H, W, 3] frames."""
+    model, tok = target.model, target.tokenizer
+    device = next(model.parameters()).device
+    prompts = [target.build_prompt_ids(q) for q in questions]
+    width = max(len(p) for p in prompts)
+    pad = int(model.config.text_config.pad_token_id)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    pix = normalise(frames_u8.to(device)).to(next(model.parameters()).dtype)
+    out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                         pixel_values_videos=pix, max_new_tokens=max_new, do_sample=False,
+                         eos_token_id=target.eos_token_id, pad_token_id=pad,
+                         suppress_tokens=list(range(target.text_vocab_size,
+                                                    target.vocab_size)))
+    return [tok.decode(row[width:], skip_special_tokens=True) for row in out.tolist()]
+
+
+def evaluate(target: TargetModel, seeds: Sequence[int], device: torch.device,
+             workers: int) -> dict[str, float]:
+    """Accuracy by question type on the frames path (structured answers, not strings)."""
+    frames = torch.from_numpy(frames_for(list(seeds), workers))
+    items = examples_for(list(seeds))
+    right: dict[str, list[bool]] = {}
+    for start in range(0, len(items), 64):
+        chunk = items[start : start + 64]
+        answers = greedy_answers(target, frames[[i for i, _ in chunk]],
+                                 [qa.question for _, qa in chunk])
+        for (_, qa), text in zip(chunk, answers, strict=True):
+            right.setdefault(qa.qtype, []).append(parse_answer(qa.qtype, text) == qa.value)
+    return {k: round(sum(v) / len(v), 4) for k, v in sorted(right.items())}
+
+
+@torch.no_grad()
+def export_features(model_dir: Path, seeds: Sequence[int], out: Path, device: str,
+                    workers: int) -> None:
+    """Pre-projector video features [N, 8, T, D] of scenes, for training the edge's adapter."""
+    from safetensors.torch import save_file
+
+    target = load_target(model_dir, device=device, dtype=torch.float32)
+    frames = torch.from_numpy(frames_for(list(seeds), workers))
+    feats = []
+    for start in range(0, len(seeds), 128):
+        pix = normalise(frames[start : start + 128].to(device))  # [b, 8, 3, H, W]
+        for one in pix:
+            feats.append(target.video_features_from_pixels(one.unsqueeze(0)).half().cpu())
+    save_file({"features": torch.stack(feats), "seeds": torch.tensor(list(seeds))}, str(out))
+    log.info("wrote %d scenes' features %s to %s", len(seeds), tuple(feats[0].shape), out)
+
+
+def write_card(out: Path, metrics: dict[str, object]) -> None:
+    card = f"""# toy-video-llava
+
+The embedded default target of eventspec: `VideoLlavaForConditionalGeneration` at toy size
+(3-layer CLIP at 64 px with 16 px patches, 8 frames x 17 tokens; 3-layer LLaMA, hidden 192),
+trained from scratch on RGB clips of `shared.toyworld` scenes to answer templated questions
+about direction, shape, colour, count and motion. Weights are stored in float16.
+
+Trained by `python -m cloud.toy train` (see `eventspec toy train`).
+
+```json
+{json.dumps(metrics, indent=2)}
+```
+"""
+    (out / "README.md").write_text(card)
+    (out / "training.json").write_text(json.dumps(metrics, indent=2))
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return "cpu"
+
+
+def parse_seed_range(text: str) -> range:
+    a, _, b = text.partition("-")
+    return range(int(a), int(b)) if b else range(int(a), int(a) + 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cloud.toy", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    tr = sub.add_parser("train", help="train the toy target")
+    tr.add_argument("--out", type=Path, default=TOY_TARGET_DIR)
+    tr.add_argument("--scenes", type=int, default=12000)
+    tr.add_argument("--first-seed", type=int, default=0)
+    tr.add_argument("--steps", type=int, default=3000)
+    tr.add_argument("--batch", type=int, default=64)
+    tr.add_argument("--lr", type=float, default=1e-3)
+    tr.add_argument("--warmup", type=int, default=200)
+    tr.add_argument("--aux-weight", type=float, default=0.5)
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--val-seed", type=int, default=1_000_000)
+    tr.add_argument("--val-scenes", type=int, default=256)
+    tr.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    tr.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    tr.add_argument("--log-every", type=int, default=100)
+    ex = sub.add_parser("export-features", help="pre-projector features for adapter training")
+    ex.add_argument("--model", type=Path, default=TOY_TARGET_DIR)
+    ex.add_argument("--seeds", type=parse_seed_range, required=True)
+    ex.add_argument("--out", type=Path, required=True)
+    ex.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ex.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    if args.command == "train":
+        print(json.dumps(train(args)))
+    else:
+        export_features(args.model, args.seeds, args.out, args.device, args.workers)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
