@@ -23,7 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve eventspec.v1.Verifier over gRPC")
     serve.add_argument(
         "--model", default=env.model,
-        help="a local Video-LLaVA-7B-hf directory, or tiny-random (default: %(default)s)",
+        help="a local Video-LLaVA-7B-hf directory, toy (the embedded toy-world model) or "
+             "tiny-random (default: %(default)s)",
     )
     serve.add_argument("--host", default=env.host, help="bind address (default: %(default)s)")
     serve.add_argument("--port", type=int, default=env.port, help="port; 0 picks a free one")
@@ -38,6 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="calibration profile file (default: ~/.cache/eventspec/...)")
     serve.add_argument("--no-calibrate", action="store_true",
                        help="skip warm-up calibration and use a fixed cost model")
+    serve.add_argument("--emulate-prefill-ms", type=float, default=0.0,
+                       help="pace each prefill to at least this long, to rehearse a slower "
+                            "cloud (e.g. 200); output is unchanged")
+    serve.add_argument("--emulate-step-ms", type=float, default=0.0,
+                       help="pace each decode/verify step to at least this long (e.g. 30, "
+                            "an A100-class 7B step)")
     serve.add_argument("--port-file", type=Path, default=None,
                        help="write the bound port here once SERVING (for --port 0)")
     serve.add_argument("--log-level", default="INFO")
@@ -58,6 +65,8 @@ def settings_from_args(args: argparse.Namespace) -> CloudSettings:
                        max_new_tokens=args.max_new_tokens),
         profile_path=args.profile,
         calibrate=not args.no_calibrate,
+        emulate_prefill_ms=args.emulate_prefill_ms,
+        emulate_step_ms=args.emulate_step_ms,
     )
 
 

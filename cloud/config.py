@@ -17,7 +17,7 @@ def _env(name: str, default: str) -> str:
 class CloudSettings:
     """Everything the verifier needs to start; see ``eventspec-cloud serve --help``."""
 
-    model: str = "tiny-random"
+    model: str = "toy"
     host: str = "127.0.0.1"
     port: int = 50061
     device: str = "cpu"
@@ -33,6 +33,10 @@ class CloudSettings:
     profile_path: Path | None = None
     #: Skip calibration and use a fixed cost model (tests).
     calibrate: bool = True
+    #: Pace each prefill / step to at least this long (0 = off), to rehearse a slower
+    #: cloud; see cloud/engine/paced.py.
+    emulate_prefill_ms: float = 0.0
+    emulate_step_ms: float = 0.0
     grace_s: float = 5.0
     #: After Done, how long to wait for the edge to half-close the stream.
     drain_timeout_s: float = 2.0
@@ -42,7 +46,7 @@ class CloudSettings:
     def from_env() -> CloudSettings:
         """Defaults overridden by EVENTSPEC_CLOUD_* environment variables."""
         return CloudSettings(
-            model=_env("MODEL", "tiny-random"),
+            model=_env("MODEL", "toy"),
             host=_env("HOST", "127.0.0.1"),
             port=int(_env("PORT", "50061")),
             device=_env("DEVICE", "cpu"),
@@ -54,4 +58,7 @@ class CloudSettings:
             return self.profile_path
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model_id)
         base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-        return base / "eventspec" / f"cloud-{safe}-{self.device}-{self.dtype}.msgpack"
+        paced = ""
+        if self.emulate_prefill_ms or self.emulate_step_ms:
+            paced = f"-paced{self.emulate_prefill_ms:g}-{self.emulate_step_ms:g}"
+        return base / "eventspec" / f"cloud-{safe}-{self.device}-{self.dtype}{paced}.msgpack"

@@ -19,6 +19,7 @@ from cloud.calibrate import load_or_calibrate
 from cloud.config import CloudSettings
 from cloud.engine.base import TargetEngine
 from cloud.engine.hf import HFEngine
+from cloud.engine.paced import PacedEngine
 from cloud.runtime import VerifierRuntime, server_info_for
 from cloud.servicer import VerifierServicer
 from cloud.sessions import SessionRegistry
@@ -73,7 +74,11 @@ def build_runtime(
     stands in for a loaded cloud) together with the cost model that describes it.
     """
     target = target if target is not None else load_target_for(settings)
-    engine = engine if engine is not None else HFEngine(target)
+    if engine is None:
+        engine = HFEngine(target)
+        if settings.emulate_prefill_ms or settings.emulate_step_ms:
+            engine = PacedEngine(engine, prefill_ms=settings.emulate_prefill_ms,
+                                 step_ms=settings.emulate_step_ms)
     if cost is None and settings.calibrate:
         cost = load_or_calibrate(target, engine, settings.resolved_profile_path(target.model_id))
     elif cost is None:

@@ -140,7 +140,7 @@ def encode_examples(
         if qa.question not in cache:
             cache[qa.question] = target.build_prompt_ids(qa.question)
         prompt = cache[qa.question]
-        answer = tok(qa.answer, add_special_tokens=False).input_ids + [target.eos_token_id]
+        answer = [*tok(qa.answer, add_special_tokens=False).input_ids, target.eos_token_id]
         out.append((i, prompt + answer, [-100] * len(prompt) + answer))
     return out
 

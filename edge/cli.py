@@ -23,14 +23,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--cloud", default=env.cloud,
                        help="HOST:PORT of the cloud verifier (omit for draft_only)")
     serve.add_argument("--source", default=env.source,
-                       help="synthetic[:SEED] | dsec:DIR | npy:FILE | npz:FILE")
+                       help="toy[:SEED|:A-B] | synthetic[:SEED] | dsec:DIR | npy:FILE | npz:FILE "
+                            "(default: %(default)s)")
     serve.add_argument("--allow-pickle", action="store_true",
                        help="allow EventGPT's pickled .npy files (loading a pickle runs code "
                             "from the file: only for files you trust)")
     serve.add_argument("--model", default=env.model,
-                       help="a local EventGPT-7b directory, or tiny-random")
+                       help="a local EventGPT-7b directory, toy (the embedded toy-world "
+                            "model, with its adapter) or tiny-random (default: %(default)s)")
     serve.add_argument("--adapter", type=Path, default=None,
-                       help="feature adapter directory (enables the aligned feature mode)")
+                       help="feature adapter directory, or toy (enables the aligned "
+                            "feature mode)")
     serve.add_argument("--host", default=env.host)
     serve.add_argument("--port", type=int, default=env.port, help="port; 0 picks a free one")
     serve.add_argument("--device", default=env.device, help="cpu, cuda or cuda:N")

@@ -12,9 +12,9 @@ class EdgeSettings:
     """Everything the edge agent needs; see ``eventspec-edge serve --help``."""
 
     cloud: str | None = None
-    source: str = "synthetic"
+    source: str = "toy"
     allow_pickle: bool = False
-    model: str = "tiny-random"
+    model: str = "toy"
     adapter: Path | None = None
     host: str = "127.0.0.1"
     port: int = 50062
@@ -42,8 +42,8 @@ class EdgeSettings:
         env = os.environ.get
         return EdgeSettings(
             cloud=env("EVENTSPEC_EDGE_CLOUD"),
-            source=env("EVENTSPEC_EDGE_SOURCE", "synthetic"),
-            model=env("EVENTSPEC_EDGE_MODEL", "tiny-random"),
+            source=env("EVENTSPEC_EDGE_SOURCE", "toy"),
+            model=env("EVENTSPEC_EDGE_MODEL", "toy"),
             host=env("EVENTSPEC_EDGE_HOST", "127.0.0.1"),
             port=int(env("EVENTSPEC_EDGE_PORT", "50062")),
             device=env("EVENTSPEC_EDGE_DEVICE", "cpu"),

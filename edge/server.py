@@ -78,7 +78,9 @@ class EdgeServer:
         if draft is None:
             draft = await asyncio.to_thread(load_draft_for, s)
         adapter = self.adapter
-        toy_adapter = str(s.adapter) == "toy" or (s.adapter is None and s.model == "toy")
+        toy_adapter = str(s.adapter) == "toy" or (
+            s.adapter is None and s.model == "toy" and self.draft is None
+        )
         if adapter is None and toy_adapter:
             from edge.toy import load_toy_adapter
 

@@ -36,9 +36,9 @@ from transformers import CLIPVisionConfig, PreTrainedTokenizerFast
 from edge.align import FeatureAdapter, build_adapter_for, load_adapter, save_adapter
 from edge.draft import (
     EVENT_TOKEN_INDEX,
+    DraftModel,
     EventGPTConfig,
     EventGPTForCausalLM,
-    DraftModel,
     load_draft,
     save_draft,
 )
@@ -161,7 +161,9 @@ class AuxHeads(torch.nn.Module):
         return loss
 
 
-def _split_prompts(draft: DraftModel, questions: Sequence[str]) -> tuple[list[int], list[list[int]]]:
+def _split_prompts(
+    draft: DraftModel, questions: Sequence[str]
+) -> tuple[list[int], list[list[int]]]:
     """The shared prompt prefix before the event placeholder, and each question's suffix."""
     cache: dict[str, list[int]] = {}
     prefix: list[int] | None = None
@@ -241,7 +243,7 @@ def train_draft(args: argparse.Namespace) -> dict[str, object]:
     prefix, suffixes = _split_prompts(draft, [qa.question for _, qa in examples])
     encoded = []
     for (i, qa), suffix in zip(examples, suffixes, strict=True):
-        answer = tokenizer(qa.answer, add_special_tokens=False).input_ids + [draft.eos_token_id]
+        answer = [*tokenizer(qa.answer, add_special_tokens=False).input_ids, draft.eos_token_id]
         encoded.append((i, suffix, answer))
     scene_labels = [attribute_labels(sample_scene(s)) for s in seeds]
     label_t = {h: torch.tensor([lab[h] for lab in scene_labels], device=device)

@@ -37,7 +37,7 @@ from shared.types import (
     PreviewEvent,
 )
 
-DEMO_QUESTION = "What is moving in the scene?"
+DEMO_QUESTION = "Which way is the object moving?"
 MUTED, RESET, CLEAR_LINE = "\x1b[2m", "\x1b[0m", "\r\x1b[2K"
 _MODES = {"speculative": Mode.SPECULATIVE, "target_only": Mode.TARGET_ONLY,
           "draft_only": Mode.DRAFT_ONLY}
@@ -186,10 +186,13 @@ async def _demo(args: argparse.Namespace) -> int:
             if not args.json:
                 print(line, file=sys.stderr)
 
-        say("starting the cloud verifier (Video-LLaVA, tiny-random) ...")
+        say(f"starting the cloud verifier (Video-LLaVA, {args.cloud_model}; paced to "
+            f"{args.cloud_prefill_ms:g} ms prefill / {args.cloud_step_ms:g} ms per step) ...")
         cloud = _start([py, "-m", "cloud.cli", "serve", "--model", args.cloud_model,
                         "--port", "0", "--port-file", str(t / "cloud.port"),
-                        "--profile", str(t / "cloud-profile.msgpack")], t / "cloud.log")
+                        "--profile", str(t / "cloud-profile.msgpack"),
+                        "--emulate-prefill-ms", str(args.cloud_prefill_ms),
+                        "--emulate-step-ms", str(args.cloud_step_ms)], t / "cloud.log")
         edge: subprocess.Popen[bytes] | None = None
         try:
             cport = await _wait_port(cloud, t / "cloud.port", t / "cloud.log", args.timeout)
@@ -217,6 +220,7 @@ async def _demo(args: argparse.Namespace) -> int:
                 _stop(edge)
             _stop(cloud)
     identical = spec_final.token_ids == base_final.token_ids
+    truth = _scene_truth(args.source, args.question)
     speedup = (base_final.stats.total_ms / spec_final.stats.total_ms
                if spec_final.stats.total_ms else 0.0)
     if args.json:
@@ -229,15 +233,54 @@ async def _demo(args: argparse.Namespace) -> int:
         }
         out["identical"] = identical
         out["speedup"] = round(speedup, 4)
+        if truth is not None:
+            out["truth"], out["correct"] = truth[1], _parse(truth[0], spec_final.answer) == truth[1]
         print(json.dumps(out))
     else:
         print(f"question:     {args.question}")
+        if truth is not None:
+            print(f"scene:        {truth[2]}")
         print(f"speculative:  {spec_final.answer!r}")
         print(f"target-only:  {base_final.answer!r}")
+        if truth is not None:
+            ok = _parse(truth[0], spec_final.answer) == truth[1]
+            print(f"correct:      {'yes' if ok else 'no'} (ground truth: {truth[1]})")
         print(f"identical token ids: {identical}   speedup (target-only / speculative total "
               f"time): {speedup:.2f}x")
         print(stats_table(spec_final))
+        if spec_final.plan is not None:
+            print(f"  plan: {spec_final.plan.reason}")
     return 0 if identical else 3
+
+
+def _scene_truth(source: str, question: str) -> tuple[str, str, str] | None:
+    """(question type, true value, description) when the demo plays a toy-world scene."""
+    from shared.toyworld.qa import all_questions
+    from shared.toyworld.scenes import DEMO_SEED, sample_scene
+
+    if source != "toy" and not (source.startswith("toy:") and source[4:].isdigit()):
+        return None
+    scene = sample_scene(DEMO_SEED if source == "toy" else int(source[4:]))
+    objects = " and a ".join(f"{o.colour} {o.shape}" for o in scene.objects)
+    motion = "still" if scene.motion == "still" else f"moving {scene.motion}"
+    description = f"a {objects}, {motion} (toy-world seed {scene.seed})"
+    for qa in all_questions(scene):
+        if qa.question.rstrip("?").lower() in question.lower() or _same_type(qa.qtype, question):
+            return qa.qtype, qa.value, description
+    return None
+
+
+def _same_type(qtype: str, question: str) -> bool:
+    q = question.lower()
+    keys = {"direction": ("which way", "direction", "where"), "colour": ("colour", "color"),
+            "shape": ("shape",), "count": ("how many", "count"), "moving": ("anything mov",)}
+    return any(k in q for k in keys.get(qtype, ()))
+
+
+def _parse(qtype: str, answer: str) -> str | None:
+    from shared.toyworld.qa import parse_answer
+
+    return parse_answer(qtype, answer)  # type: ignore[arg-type]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -260,9 +303,13 @@ def build_parser() -> argparse.ArgumentParser:
     toy_cli.add_parser(sub)
     demo = sub.add_parser("demo", help="run cloud + edge locally and ask one question")
     demo.add_argument("--question", default=DEMO_QUESTION)
-    demo.add_argument("--source", default="synthetic")
-    demo.add_argument("--cloud-model", default="tiny-random")
-    demo.add_argument("--edge-model", default="tiny-random")
+    demo.add_argument("--source", default="toy", help="edge source (default: the toy scene)")
+    demo.add_argument("--cloud-model", default="toy")
+    demo.add_argument("--edge-model", default="toy")
+    demo.add_argument("--cloud-prefill-ms", type=float, default=200.0,
+                      help="pace the cloud's prefill like an A100-class 7B (0: unpaced)")
+    demo.add_argument("--cloud-step-ms", type=float, default=30.0,
+                      help="pace the cloud's steps like an A100-class 7B (0: unpaced)")
     demo.add_argument("--max-new-tokens", type=int, default=32)
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--timeout", type=float, default=180.0, help="seconds")

@@ -102,9 +102,10 @@ async def _ask_all(address: str, seeds: range, max_new: int,
                 gen = GenerationSettings(max_new_tokens=max_new)
 
                 async def ask(mode: Mode, fm: FeatureMode, q: str = qa.question,
-                              g: GenerationSettings = gen) -> FinalEvent:
+                              g: GenerationSettings = gen, w: dict[str, Any] = window
+                              ) -> FinalEvent:
                     return await client.ask_final(
-                        AskSpec(q, mode=mode, feature_mode=fm, generation=g, **window)
+                        AskSpec(q, mode=mode, feature_mode=fm, generation=g, **w)
                     )
 
                 spec = await ask(Mode.SPECULATIVE, FeatureMode.FRAMES)
@@ -166,14 +167,16 @@ async def _evaluate(args: argparse.Namespace) -> dict[str, Any]:
         adapter = json.loads(_run([sys.executable, "-m", "edge.toy", "adapter-metrics",
                                    "--features", str(feats)]))
         cloud = _spawn(["cloud.cli", "serve", "--model", "toy", "--port", "0",
-                        "--port-file", str(t / "c"), "--profile", str(t / "p")], t / "c.log")
+                        "--port-file", str(t / "c"), "--profile", str(t / "p"),
+                        "--emulate-prefill-ms", str(args.cloud_prefill_ms),
+                        "--emulate-step-ms", str(args.cloud_step_ms)], t / "c.log")
         edge = None
         try:
             cport = await _port(cloud, t / "c", t / "c.log")
             await wait_for_serving(f"127.0.0.1:{cport}", timeout_s=300)
             edge = _spawn(["edge.cli", "serve", "--cloud", f"127.0.0.1:{cport}", "--source",
                            f"toy:{seeds.start}-{seeds.stop}", "--model", "toy",
-                           "--speculation", "always", "--port", "0",
+                           "--speculation", args.speculation, "--port", "0",
                            "--port-file", str(t / "e")], t / "e.log")
             eport = await _port(edge, t / "e", t / "e.log")
             await wait_for_serving(f"127.0.0.1:{eport}", timeout_s=300)
@@ -184,6 +187,7 @@ async def _evaluate(args: argparse.Namespace) -> dict[str, Any]:
             _stop(cloud)
     result.update({f"adapter_{k}": v for k, v in adapter.items()})
     result["seeds"] = f"{seeds.start}-{seeds.stop}"
+    result["cloud_emulation_ms"] = {"prefill": args.cloud_prefill_ms, "step": args.cloud_step_ms}
     return result
 
 
@@ -223,6 +227,11 @@ def add_parser(sub: Any) -> None:
     ev.add_argument("--seed", type=int, default=EVAL_SEED_MIN + 1000,
                     help="first scene seed; use seeds >= 2,000,000 (never trained or tested on)")
     ev.add_argument("--max-new-tokens", type=int, default=12)
+    ev.add_argument("--cloud-prefill-ms", type=float, default=200.0,
+                    help="pace the cloud's prefill like an A100-class 7B (0: as fast as it is)")
+    ev.add_argument("--cloud-step-ms", type=float, default=30.0,
+                    help="pace the cloud's steps like an A100-class 7B (0: as fast as it is)")
+    ev.add_argument("--speculation", choices=["auto", "always"], default="auto")
     ev.add_argument("--json", action="store_true")
 
 

@@ -111,11 +111,12 @@ async def start_stack(
     *,
     source: EventSource | None = None,
     slow: tuple[float, float] | None = None,
-    adapter: bool = False,
+    adapter: bool | FeatureAdapter = False,
     edge_settings: dict[str, Any] | None = None,
+    models: tuple[TargetModel, DraftModel] | None = None,
 ) -> Stack:
     """Cloud (optionally a slowed double) + edge on port 0, both SERVING."""
-    target, draft = shared_models()
+    target, draft = models or shared_models()
     engine = cost = None
     if slow is not None:
         engine = SlowEngine(target, *slow)
@@ -124,7 +125,10 @@ async def start_stack(
     await cloud.start()
     settings = replace(EdgeSettings(), cloud=f"127.0.0.1:{cloud.port}", port=0,
                        **(edge_settings or {}))
-    edge = EdgeServer(settings, source=source, draft=draft,
-                      adapter=adapter_for(target, draft) if adapter else None)
+    if isinstance(adapter, FeatureAdapter):
+        chosen: FeatureAdapter | None = adapter
+    else:
+        chosen = adapter_for(target, draft) if adapter else None
+    edge = EdgeServer(settings, source=source, draft=draft, adapter=chosen)
     await edge.start()
     return Stack(cloud, edge, target, draft)
