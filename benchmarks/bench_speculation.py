@@ -1,14 +1,13 @@
-"""Speculative vs target-only on the same stack, CPU, tiny-random models.
+"""Speculative vs target-only on the same stack: the toy pair, CPU, real gRPC.
 
-Runs client -> edge -> cloud in one process over real gRPC. The cloud is the real
-engine slowed by a fixed delay per step (a stand-in for a loaded server), for several
-delays. For each, it asks the same questions in ``speculative`` and ``target_only``
-mode and prints medians of total time and TTFT, their ratio, the acceptance and the
-plan's decision. With the two unrelated random tiny models acceptance is near zero, so
-this measures what the design promises in that case: the plan learns a low acceptance,
-stops drafting, and speculation costs (almost) nothing over target-only.
+Client -> edge -> cloud in one process. The cloud is the committed toy Video-LLaVA,
+paced (``PacedEngine``) to a given prefill / step time to rehearse clouds of different
+speed; the edge is the committed toy EventGPT on this CPU. For each pace, every question
+of every scene is asked speculatively and target-only; the script prints medians of
+total time and TTFT, the median per-request speedup, the acceptance and how many plans
+chose to draft. Outputs must be identical, or the script exits 1.
 
-    python benchmarks/bench_speculation.py [--requests 6] [--max-new-tokens 16]
+    python benchmarks/bench_speculation.py [--scenes 8] [--paces 0:0 200:10 200:30]
 """
 
 from __future__ import annotations
@@ -22,79 +21,97 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from shared.client import EdgeClient  # noqa: E402
-from shared.types import AskSpec, GenerationSettings, Mode  # noqa: E402
-from tests.integration import edge_harness as eh  # noqa: E402
+from cloud.engine.hf import HFEngine
+from cloud.engine.paced import PacedEngine
+from cloud.server import VerifierServer
+from cloud.toy import load_toy_target
+from edge.config import EdgeSettings
+from edge.events.toy import ToySource
+from edge.server import EdgeServer
+from edge.toy import load_toy_adapter, load_toy_draft
+from shared.client import EdgeClient
+from shared.toyworld.qa import all_questions
+from shared.toyworld.scenes import EVAL_SEED_MIN, sample_scene
+from shared.types import AskSpec, FeatureMode, GenerationSettings, Mode
+from tests.integration import cloud_harness as ch
 
-QUESTIONS = ["What is moving?", "Which way does it go?", "Describe the scene.",
-             "How many objects are there?"]
+SEED0 = EVAL_SEED_MIN + 5000
 
 
-async def run_case(step_delay_s: float, prefill_delay_s: float, requests: int,
-                   max_new: int) -> dict[str, object]:
-    stack = await eh.start_stack(slow=(prefill_delay_s, step_delay_s))
-    rows: dict[str, list] = {"spec_total": [], "base_total": [], "spec_ttft": [],
-                             "base_ttft": [], "acc": [], "drafted": [], "speculate": [],
-                             "identical": []}
+async def run_pace(prefill_ms: float, step_ms: float, scenes: int) -> dict[str, object]:
+    target, draft = load_toy_target(), load_toy_draft()
+    engine = PacedEngine(HFEngine(target), prefill_ms=prefill_ms, step_ms=step_ms)
+    settings = ch.settings(max_sessions=4)
+    from dataclasses import replace
+
+    cloud = VerifierServer(replace(settings, calibrate=True,
+                                   profile_path=Path(f"/tmp/bench-{prefill_ms}-{step_ms}.mp")),
+                           target=target, engine=engine)
+    await cloud.start()
+    seeds = range(SEED0, SEED0 + scenes)
+    edge = EdgeServer(replace(EdgeSettings(), cloud=f"127.0.0.1:{cloud.port}", port=0),
+                      source=ToySource(list(seeds)), draft=draft, adapter=load_toy_adapter())
+    await edge.start()
+    spec_t, base_t, spec_ttft, base_ttft, ratios = [], [], [], [], []
+    drafted = accepted = plans = same = asked = 0
     try:
-        async with EdgeClient(stack.edge_address) as client:
-            gen = GenerationSettings(max_new_tokens=max_new)
-            for i in range(requests):
-                q = QUESTIONS[i % len(QUESTIONS)]
-                s = await client.ask_final(AskSpec(q, mode=Mode.SPECULATIVE, generation=gen))
-                b = await client.ask_final(AskSpec(q, mode=Mode.TARGET_ONLY, generation=gen))
-                rows["spec_total"].append(s.stats.total_ms)
-                rows["base_total"].append(b.stats.total_ms)
-                rows["spec_ttft"].append(s.stats.ttft_ms)
-                rows["base_ttft"].append(b.stats.ttft_ms)
-                rows["acc"].append(s.stats.acceptance_rate)
-                rows["drafted"].append(s.stats.drafted)
-                rows["speculate"].append(bool(s.plan and s.plan.speculate))
-                rows["identical"].append(s.token_ids == b.token_ids)
+        async with EdgeClient(f"127.0.0.1:{edge.port}") as client:
+            for i, seed in enumerate(seeds):
+                window = {"latest_ms": None, "t0_us": i * 1_000_000,
+                          "t1_us": (i + 1) * 1_000_000}
+                for qa in all_questions(sample_scene(seed)):
+                    gen = GenerationSettings(max_new_tokens=12)
+                    s = await client.ask_final(AskSpec(qa.question, mode=Mode.SPECULATIVE,
+                                                       feature_mode=FeatureMode.FRAMES,
+                                                       generation=gen, **window))
+                    b = await client.ask_final(AskSpec(qa.question, mode=Mode.TARGET_ONLY,
+                                                       feature_mode=FeatureMode.FRAMES,
+                                                       generation=gen, **window))
+                    asked += 1
+                    same += s.token_ids == b.token_ids
+                    spec_t.append(s.stats.total_ms)
+                    base_t.append(b.stats.total_ms)
+                    spec_ttft.append(s.stats.ttft_ms)
+                    base_ttft.append(b.stats.ttft_ms)
+                    ratios.append(b.stats.total_ms / s.stats.total_ms)
+                    drafted += s.stats.drafted
+                    accepted += s.stats.accepted
+                    plans += bool(s.plan and s.plan.speculate)
     finally:
-        await stack.stop()
-    spec, base = statistics.median(rows["spec_total"]), statistics.median(rows["base_total"])
+        await edge.stop(0)
+        await cloud.stop(0)
     return {
-        "step_delay_ms": step_delay_s * 1e3,
-        "prefill_delay_ms": prefill_delay_s * 1e3,
-        "spec_total_ms_median": round(spec, 1),
-        "target_only_total_ms_median": round(base, 1),
-        "speedup_median": round(base / spec, 3),
-        "spec_ttft_ms_median": round(statistics.median(rows["spec_ttft"]), 1),
-        "target_only_ttft_ms_median": round(statistics.median(rows["base_ttft"]), 1),
-        "drafted_per_request": rows["drafted"],
-        "acceptance_rate_mean": round(statistics.mean(rows["acc"]), 3),
-        "plans_speculating": sum(rows["speculate"]),
-        "all_identical": all(rows["identical"]),
+        "cloud_prefill_ms": prefill_ms, "cloud_step_ms": step_ms, "requests": asked,
+        "spec_total_ms_median": round(statistics.median(spec_t), 1),
+        "target_only_total_ms_median": round(statistics.median(base_t), 1),
+        "speedup_median": round(statistics.median(ratios), 3),
+        "spec_ttft_ms_median": round(statistics.median(spec_ttft), 1),
+        "target_only_ttft_ms_median": round(statistics.median(base_ttft), 1),
+        "acceptance_rate": round(accepted / drafted, 3) if drafted else 0.0,
+        "plans_drafting": plans, "identical": same == asked,
     }
-
-
-async def main_async(args: argparse.Namespace) -> list[dict[str, object]]:
-    out = []
-    for delay_ms in args.step_delays_ms:
-        res = await run_case(delay_ms / 1e3, args.prefill_delay_ms / 1e3, args.requests,
-                             args.max_new_tokens)
-        print(json.dumps(res), flush=True)
-        out.append(res)
-    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, default=6)
-    parser.add_argument("--max-new-tokens", type=int, default=16)
-    parser.add_argument("--prefill-delay-ms", type=float, default=300.0)
-    parser.add_argument("--step-delays-ms", type=float, nargs="+", default=[0.0, 30.0, 100.0])
+    parser.add_argument("--scenes", type=int, default=8)
+    parser.add_argument("--paces", nargs="+", default=["0:0", "200:10", "200:30"],
+                        help="PREFILL_MS:STEP_MS pairs for the cloud")
     args = parser.parse_args()
-    results = asyncio.run(main_async(args))
-    print(f"{'step delay':>10} {'spec ms':>9} {'base ms':>9} {'speedup':>8} "
-          f"{'accept':>7} {'spec plans':>10} identical")
+    results = []
+    for pace in args.paces:
+        p, s = (float(x) for x in pace.split(":"))
+        res = asyncio.run(run_pace(p, s, args.scenes))
+        print(json.dumps(res), flush=True)
+        results.append(res)
+    print(f"{'prefill/step ms':>16} {'spec ms':>8} {'base ms':>8} {'speedup':>8} "
+          f"{'accept':>7} {'drafting':>9} identical")
     for r in results:
-        print(f"{r['step_delay_ms']:>10.0f} {r['spec_total_ms_median']:>9.1f} "
-              f"{r['target_only_total_ms_median']:>9.1f} {r['speedup_median']:>8.3f} "
-              f"{r['acceptance_rate_mean']:>7.3f} {r['plans_speculating']:>10} "
-              f"{r['all_identical']}")
-    return 0 if all(r["all_identical"] for r in results) else 1
+        print(f"{r['cloud_prefill_ms']:>8.0f}/{r['cloud_step_ms']:<7.0f} "
+              f"{r['spec_total_ms_median']:>8.1f} {r['target_only_total_ms_median']:>8.1f} "
+              f"{r['speedup_median']:>8.3f} {r['acceptance_rate']:>7.3f} "
+              f"{r['plans_drafting']:>4}/{r['requests']:<4} {r['identical']}")
+    return 0 if all(r["identical"] for r in results) else 1
 
 
 if __name__ == "__main__":

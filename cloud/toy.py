@@ -27,6 +27,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -232,7 +233,7 @@ def train(args: argparse.Namespace) -> dict[str, object]:
     log.info("%d examples from %d scenes (%.1f s)", len(examples), len(train_seeds),
              time.perf_counter() - t_start)
     target = build_untrained_toy_target(args.seed, args.device)
-    model = target.model
+    model: Any = target.model  # transformers' decorators hide these methods from mypy
     encoded = encode_examples(target, examples)
     pad = int(model.config.text_config.pad_token_id)
     scene_labels = [attribute_labels(sample_scene(s)) for s in train_seeds]
@@ -287,7 +288,8 @@ def train(args: argparse.Namespace) -> dict[str, object]:
 def greedy_answers(target: TargetModel, frames_u8: torch.Tensor, questions: Sequence[str],
                    max_new: int = 12) -> list[str]:
     """Batched greedy answers (left-padded ``generate``) for [B, 8, H, W, 3] frames."""
-    model, tok = target.model, target.tokenizer
+    model: Any = target.model
+    tok = target.tokenizer
     device = next(model.parameters()).device
     prompts = [target.build_prompt_ids(q) for q in questions]
     width = max(len(p) for p in prompts)
@@ -303,7 +305,7 @@ def greedy_answers(target: TargetModel, frames_u8: torch.Tensor, questions: Sequ
                          eos_token_id=target.eos_token_id, pad_token_id=pad,
                          suppress_tokens=list(range(target.text_vocab_size,
                                                     target.vocab_size)))
-    return [tok.decode(row[width:], skip_special_tokens=True) for row in out.tolist()]
+    return [str(tok.decode(row[width:], skip_special_tokens=True)) for row in out.tolist()]
 
 
 def evaluate(target: TargetModel, seeds: Sequence[int], device: torch.device,

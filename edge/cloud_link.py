@@ -7,8 +7,8 @@ failures into ``shared.errors`` with a message that names the cloud.
 
 from __future__ import annotations
 
-import contextlib
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator

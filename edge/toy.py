@@ -28,6 +28,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -304,7 +305,7 @@ def train_draft(args: argparse.Namespace) -> dict[str, object]:
 def greedy_answers(draft: DraftModel, frames_u8: torch.Tensor, questions: Sequence[str],
                    max_new: int = 12) -> list[str]:
     """Batched greedy answers from event frames [B, 5, H, W, 3] (left-padded embeds)."""
-    model = draft.model
+    model: Any = draft.model  # transformers' decorators hide generate's type from mypy
     device = draft.device
     pix = normalise(frames_u8.to(device)).to(draft.dtype)
     clip = model.clip_features(pix.flatten(0, 1)).view(len(questions), 5, -1,
@@ -321,7 +322,7 @@ def greedy_answers(draft: DraftModel, frames_u8: torch.Tensor, questions: Sequen
                          pad_token_id=draft.eos_token_id,
                          suppress_tokens=list(range(draft.text_vocab_size,
                                                     model.config.vocab_size)))
-    return [draft.tokenizer.decode(row, skip_special_tokens=True) for row in out.tolist()]
+    return [str(draft.tokenizer.decode(row, skip_special_tokens=True)) for row in out.tolist()]
 
 
 def evaluate_draft(draft: DraftModel, seeds: Sequence[int], workers: int) -> dict[str, float]:
@@ -363,8 +364,10 @@ def train_adapter(args: argparse.Namespace) -> dict[str, object]:
     draft = load_draft(args.draft, device=args.device, dtype=torch.float32)
     target_feats, seeds = _load_features(args.features)  # [N, 8, T_t, D_t]
     src = draft_clip_features(draft, seeds, args.workers)  # [N, 5, T_s, D_s]
-    adapter = build_adapter_for(tuple(src.shape[1:]), tuple(target_feats.shape[1:]),
-                                seed=args.seed, hidden=args.hidden).to(device)
+    s_f, s_t, s_d = (int(d) for d in src.shape[1:])
+    t_f, t_t, t_d = (int(d) for d in target_feats.shape[1:])
+    adapter = build_adapter_for((s_f, s_t, s_d), (t_f, t_t, t_d), seed=args.seed,
+                                hidden=args.hidden).to(device)
     src, tgt = src.to(device), target_feats.to(device)
     scale = tgt.pow(2).mean().sqrt()
     n_val = min(max(64, len(seeds) // 20), len(seeds) // 2)
