@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 from cloud.config import CloudSettings
+from shared.serving import LOG_FORMAT, run_node
 from shared.types import ServerLimits
 
 log = logging.getLogger("eventspec.cloud")
@@ -70,33 +69,14 @@ def settings_from_args(args: argparse.Namespace) -> CloudSettings:
     )
 
 
-async def serve(settings: CloudSettings, port_file: Path | None) -> None:
-    from cloud.server import VerifierServer
-
-    server = VerifierServer(settings)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await server.start()
-    if port_file is not None:
-        port_file.write_text(str(server.port))
-    await stop.wait()
-    log.info("shutting down (grace %.0f s)", settings.grace_s)
-    await server.stop()
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     settings = settings_from_args(args)
-    try:
-        asyncio.run(serve(settings, args.port_file))
-    except Exception as exc:  # a clear one-line error for operators
-        log.error("eventspec-cloud failed: %s", exc)
-        return 1
-    return 0
+    from cloud.server import VerifierServer
+
+    return run_node(VerifierServer(settings), args.port_file, log, settings.grace_s,
+                    "eventspec-cloud")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import random
 import sys
@@ -40,11 +39,19 @@ from transformers import (
 )
 
 from cloud.target import TargetModel, load_target, save_target
-from shared.imageproc import CLIP_MEAN, CLIP_STD, decode_image, encode_jpeg
+from shared.imageproc import decode_image, encode_jpeg
 from shared.toyworld.corpus import TOY_TEXT_VOCAB_SIZE, build_toy_tokenizer
-from shared.toyworld.labels import HEADS, IGNORE, attribute_labels
-from shared.toyworld.qa import QA, all_questions, parse_answer
+from shared.toyworld.labels import HEADS, attribute_labels
+from shared.toyworld.qa import QA, parse_answer
 from shared.toyworld.scenes import clip_frames, sample_scene
+from shared.toyworld.training import (
+    AuxHeads,
+    device_name,
+    examples_for,
+    lr_at,
+    normalise,
+    seed_everything,
+)
 
 log = logging.getLogger("eventspec.toy.cloud")
 
@@ -117,17 +124,7 @@ def frames_for(seeds: Sequence[int], workers: int) -> np.ndarray:
         return np.stack(list(pool.map(scene_frames, seeds, chunksize=64)))
 
 
-def normalise(frames_u8: torch.Tensor) -> torch.Tensor:
-    """[B, F, H, W, 3] uint8 -> CLIP-normalised [B, F, 3, H, W] float32 (no resize at 64)."""
-    x = frames_u8.permute(0, 1, 4, 2, 3).float().div_(255.0)
-    mean = torch.tensor(CLIP_MEAN, device=x.device).view(1, 1, 3, 1, 1)
-    std = torch.tensor(CLIP_STD, device=x.device).view(1, 1, 3, 1, 1)
-    return (x - mean) / std
 
-
-def examples_for(seeds: Sequence[int]) -> list[tuple[int, QA]]:
-    """(scene index, question) for every applicable question type of every scene."""
-    return [(i, qa) for i, s in enumerate(seeds) for qa in all_questions(sample_scene(s))]
 
 
 def encode_examples(
@@ -164,25 +161,6 @@ def batch_tensors(
 # -- training -------------------------------------------------------------------------------
 
 
-class AuxHeads(torch.nn.Module):
-    """Linear attribute classifiers on per-frame [CLS, mean] tower features (training only)."""
-
-    def __init__(self, frames: int, dim: int, heads: Sequence[str]) -> None:
-        super().__init__()
-        self.heads = torch.nn.ModuleDict(
-            {h: torch.nn.Linear(frames * 2 * dim, len(HEADS[h])) for h in heads}
-        )
-
-    def forward(self, feats: torch.Tensor, labels: dict[str, torch.Tensor]) -> torch.Tensor:
-        """feats [B, F, T, D] -> summed cross-entropy over the heads."""
-        pooled = torch.cat([feats[:, :, 0], feats[:, :, 1:].mean(2)], dim=-1).flatten(1)
-        loss = feats.new_zeros(())
-        for name, head in self.heads.items():
-            loss = loss + torch.nn.functional.cross_entropy(
-                head(pooled.float()), labels[name], ignore_index=IGNORE
-            )
-        return loss
-
 
 def forward_with_features(
     target: TargetModel, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor,
@@ -205,20 +183,6 @@ def forward_with_features(
     out = model(inputs_embeds=embeds, attention_mask=mask, labels=labels)
     return out.loss, feats.view(b, f, *feats.shape[1:])
 
-
-def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def train(args: argparse.Namespace) -> dict[str, object]:
@@ -275,7 +239,7 @@ def train(args: argparse.Namespace) -> dict[str, object]:
     metrics: dict[str, object] = {
         "train_scenes": len(train_seeds), "train_examples": len(examples), "steps": args.steps,
         "batch": args.batch, "final_loss": float(np.mean(losses[-50:])),
-        "train_seconds": round(train_s, 1), "device": _device_name(device),
+        "train_seconds": round(train_s, 1), "device": device_name(device),
         "validation": val,
     }
     model.half()
@@ -357,11 +321,6 @@ Trained by `python -m cloud.toy train` (see `eventspec toy train`).
     (out / "README.md").write_text(card)
     (out / "training.json").write_text(json.dumps(metrics, indent=2))
 
-
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return "cpu"
 
 
 def parse_seed_range(text: str) -> range:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 from edge.config import EdgeSettings
+from shared.serving import LOG_FORMAT, run_node
 
 log = logging.getLogger("eventspec.edge")
 
@@ -71,32 +70,14 @@ def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
     )
 
 
-async def serve(settings: EdgeSettings, port_file: Path | None) -> None:
-    from edge.server import EdgeServer
-
-    server = EdgeServer(settings)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await server.start()
-    if port_file is not None:
-        port_file.write_text(str(server.port))
-    await stop.wait()
-    log.info("shutting down (grace %.0f s)", settings.grace_s)
-    await server.stop()
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        asyncio.run(serve(settings_from_args(args), args.port_file))
-    except Exception as exc:
-        log.error("eventspec-edge failed: %s", exc)
-        return 1
-    return 0
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
+    settings = settings_from_args(args)
+    from edge.server import EdgeServer
+
+    return run_node(EdgeServer(settings), args.port_file, log, settings.grace_s,
+                    "eventspec-edge")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import random
 import sys
@@ -44,12 +43,19 @@ from edge.draft import (
     save_draft,
 )
 from edge.events.render import events_to_frames
-from shared.imageproc import CLIP_MEAN, CLIP_STD
 from shared.toyworld.corpus import TOY_TEXT_VOCAB_SIZE, build_toy_tokenizer
 from shared.toyworld.events import events_in_window, simulate_events
-from shared.toyworld.labels import HEADS, IGNORE, attribute_labels
-from shared.toyworld.qa import QA, all_questions, parse_answer
+from shared.toyworld.labels import attribute_labels
+from shared.toyworld.qa import parse_answer
 from shared.toyworld.scenes import sample_scene
+from shared.toyworld.training import (
+    AuxHeads,
+    device_name,
+    examples_for,
+    lr_at,
+    normalise,
+    seed_everything,
+)
 
 log = logging.getLogger("eventspec.toy.edge")
 
@@ -114,16 +120,7 @@ def event_frames_for(seeds: Sequence[int], workers: int) -> np.ndarray:
         return np.stack(list(pool.map(scene_event_frames, seeds, chunksize=32)))
 
 
-def normalise(frames_u8: torch.Tensor) -> torch.Tensor:
-    """[B, F, H, W, 3] uint8 -> CLIP-normalised [B, F, 3, H, W] (no resize at 64 px)."""
-    x = frames_u8.permute(0, 1, 4, 2, 3).float().div_(255.0)
-    mean = torch.tensor(CLIP_MEAN, device=x.device).view(1, 1, 3, 1, 1)
-    std = torch.tensor(CLIP_STD, device=x.device).view(1, 1, 3, 1, 1)
-    return (x - mean) / std
 
-
-def examples_for(seeds: Sequence[int]) -> list[tuple[int, QA]]:
-    return [(i, qa) for i, s in enumerate(seeds) for qa in all_questions(sample_scene(s))]
 
 
 def _embeds(model: EventGPTForCausalLM, clip: torch.Tensor,
@@ -141,25 +138,6 @@ def _embeds(model: EventGPTForCausalLM, clip: torch.Tensor,
 #: Events carry motion, edges and count, not colour: no colour head for the draft.
 DRAFT_HEADS = ("direction", "shape", "count")
 
-
-class AuxHeads(torch.nn.Module):
-    """Linear attribute classifiers on per-frame [CLS, mean] CLIP features (training only)."""
-
-    def __init__(self, frames: int, dim: int, heads: Sequence[str]) -> None:
-        super().__init__()
-        self.heads = torch.nn.ModuleDict(
-            {h: torch.nn.Linear(frames * 2 * dim, len(HEADS[h])) for h in heads}
-        )
-
-    def forward(self, feats: torch.Tensor, labels: dict[str, torch.Tensor]) -> torch.Tensor:
-        """feats [B, F, T, D] -> summed cross-entropy over the heads."""
-        pooled = torch.cat([feats[:, :, 0], feats[:, :, 1:].mean(2)], dim=-1).flatten(1)
-        loss = feats.new_zeros(())
-        for name, head in self.heads.items():
-            loss = loss + torch.nn.functional.cross_entropy(
-                head(pooled.float()), labels[name], ignore_index=IGNORE
-            )
-        return loss
 
 
 def _split_prompts(
@@ -213,20 +191,6 @@ def _batch_embeds(
                         tail_labels], dim=1)
     return x, mask, labels
 
-
-def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def train_draft(args: argparse.Namespace) -> dict[str, object]:
@@ -292,7 +256,7 @@ def train_draft(args: argparse.Namespace) -> dict[str, object]:
     metrics: dict[str, object] = {
         "train_scenes": len(seeds), "train_examples": len(examples), "steps": args.steps,
         "batch": args.batch, "final_loss": float(np.mean(losses[-50:])),
-        "train_seconds": round(train_s, 1), "device": _device_name(device),
+        "train_seconds": round(train_s, 1), "device": device_name(device),
         "validation": val,
     }
     model.half()
@@ -393,7 +357,7 @@ def train_adapter(args: argparse.Namespace) -> dict[str, object]:
     log.info("adapter on %d held-out training-range scenes: %s", n_val, json.dumps(held))
     metrics: dict[str, object] = {"scenes": len(seeds), "steps": args.steps,
                                   "train_seconds": round(time.perf_counter() - t0, 1),
-                                  "held_out": held, "device": _device_name(device)}
+                                  "held_out": held, "device": device_name(device)}
     save_adapter(adapter.cpu(), args.out)
     write_card(Path(args.out), "toy-adapter", ADAPTER_CARD, metrics)
     return metrics
@@ -438,9 +402,6 @@ def write_card(out: Path, name: str, text: str, metrics: dict[str, object]) -> N
     )
     (out / "training.json").write_text(json.dumps(metrics, indent=2))
 
-
-def _device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def main(argv: list[str] | None = None) -> int:

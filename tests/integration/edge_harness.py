@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from cloud.engine.base import EngineState
 from cloud.engine.hf import HFEngine
+from cloud.engine.paced import PacedEngine
 from cloud.server import VerifierServer
 from cloud.target import TargetModel, build_tiny_random_target
 from edge.align import FeatureAdapter, build_adapter_for
@@ -22,43 +20,8 @@ from shared.timing import CloudCost
 from tests.integration import cloud_harness as ch
 
 
-class SlowEngine:
-    """A test double for a loaded cloud: the real engine, plus fixed delays.
-
-    The delays make timing deterministic enough for tests: a prefill slower than the
-    edge's prefill plus a few drafts guarantees hidden drafts, and a slow step makes
-    drafting pay (c = t_draft / t_step < 1), as on a loaded A100.
-    """
-
-    def __init__(self, target: TargetModel, prefill_delay_s: float, step_delay_s: float):
-        self.inner = HFEngine(target)
-        self.prefill_delay_s = prefill_delay_s
-        self.step_delay_s = step_delay_s
-        self.prefills = 0
-        self.steps = 0
-
-    def prefill(self, input_ids: Sequence[int], **visual: Any) -> tuple[EngineState, torch.Tensor]:
-        time.sleep(self.prefill_delay_s)
-        self.prefills += 1
-        return self.inner.prefill(input_ids, **visual)
-
-    def step(self, state: EngineState, tokens: Sequence[int]) -> torch.Tensor:
-        time.sleep(self.step_delay_s)
-        self.steps += 1
-        return self.inner.step(state, tokens)
-
-    def rollback(self, state: EngineState, keep_len: int) -> None:
-        self.inner.rollback(state, keep_len)
-
-    def release(self, state: EngineState) -> None:
-        self.inner.release(state)
-
-    def seq_len(self, state: EngineState) -> int:
-        return self.inner.seq_len(state)
-
-
 def slow_cost(prefill_delay_s: float, step_delay_s: float) -> CloudCost:
-    """The cost model that describes a SlowEngine (what calibration would measure)."""
+    """The cost model that describes the paced engine (what calibration would measure)."""
     return CloudCost(
         prefill_base_ms=prefill_delay_s * 1e3,
         prefill_ms_per_visual_token=0.01,
@@ -119,7 +82,9 @@ async def start_stack(
     target, draft = models or shared_models()
     engine = cost = None
     if slow is not None:
-        engine = SlowEngine(target, *slow)
+        # A test double for a loaded cloud: the real engine paced to fixed times. A prefill
+        # slower than the edge's guarantees hidden drafts; a slow step makes drafting pay.
+        engine = PacedEngine(HFEngine(target), prefill_ms=slow[0] * 1e3, step_ms=slow[1] * 1e3)
         cost = slow_cost(*slow)
     cloud = VerifierServer(ch.settings(max_sessions=4), target=target, engine=engine, cost=cost)
     await cloud.start()

@@ -1,0 +1,84 @@
+"""Pieces both toy trainers share (``cloud.toy`` and ``edge.toy``): batching of frames,
+the auxiliary attribute heads, the learning-rate schedule and seeding.
+
+Kept in ``shared`` so the two nodes' trainers, which never import each other, use one
+definition of each.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from shared.imageproc import CLIP_MEAN, CLIP_STD
+from shared.toyworld.labels import HEADS, IGNORE
+from shared.toyworld.qa import QA, all_questions
+from shared.toyworld.scenes import sample_scene
+
+
+def examples_for(seeds: Sequence[int]) -> list[tuple[int, QA]]:
+    """(index into ``seeds``, question) for every applicable question of every scene."""
+    return [(i, qa) for i, s in enumerate(seeds) for qa in all_questions(sample_scene(s))]
+
+
+def normalise(frames_u8: torch.Tensor) -> torch.Tensor:
+    """[B, F, H, W, 3] uint8 -> CLIP-normalised [B, F, 3, H, W] float32.
+
+    The same arithmetic as ``shared.imageproc.clip_preprocess`` when the frames are
+    already at the tower's size (64 px in the toy world), done on the training device.
+    """
+    x = frames_u8.permute(0, 1, 4, 2, 3).float().div_(255.0)
+    mean = torch.tensor(CLIP_MEAN, device=x.device).view(1, 1, 3, 1, 1)
+    std = torch.tensor(CLIP_STD, device=x.device).view(1, 1, 3, 1, 1)
+    return (x - mean) / std
+
+
+class AuxHeads(torch.nn.Module):
+    """Linear attribute classifiers on per-frame [CLS, mean] vision features.
+
+    Used only while training: they give the vision tower a direct signal about what
+    the answers depend on (see ``shared.toyworld.labels``). Not saved with the model.
+    """
+
+    def __init__(self, frames: int, dim: int, heads: Sequence[str]) -> None:
+        super().__init__()
+        self.heads = torch.nn.ModuleDict(
+            {h: torch.nn.Linear(frames * 2 * dim, len(HEADS[h])) for h in heads}
+        )
+
+    def forward(self, feats: torch.Tensor, labels: dict[str, torch.Tensor]) -> torch.Tensor:
+        """feats [B, F, T, D] -> summed cross-entropy over the heads."""
+        pooled = torch.cat([feats[:, :, 0], feats[:, :, 1:].mean(2)], dim=-1).flatten(1)
+        loss = feats.new_zeros(())
+        for name, head in self.heads.items():
+            loss = loss + torch.nn.functional.cross_entropy(
+                head(pooled.float()), labels[name], ignore_index=IGNORE
+            )
+        return loss
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+    """Linear warm-up, then cosine decay to 10% of ``peak``."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def seed_everything(seed: int) -> None:
+    """Seed every generator and ask for deterministic kernels (training is repeatable)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def device_name(device: torch.device) -> str:
+    """For model cards: the GPU's name, or "cpu"."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
