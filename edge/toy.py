@@ -50,10 +50,12 @@ from shared.toyworld.qa import parse_answer
 from shared.toyworld.scenes import sample_scene
 from shared.toyworld.training import (
     AuxHeads,
+    TrainProgress,
     device_name,
     examples_for,
     lr_at,
     normalise,
+    optimise,
     seed_everything,
 )
 
@@ -220,12 +222,8 @@ def train_draft(args: argparse.Namespace) -> dict[str, object]:
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
     rng = random.Random(args.seed)
     amp = device.type == "cuda"
-    losses: list[float] = []
-    aux_losses: list[float] = []
-    t_train = time.perf_counter()
+    progress = TrainProgress("draft", args.steps, args.log_every, log)
     for step in range(args.steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
         batch = rng.sample(encoded, args.batch)
         idx = [i for i, _, _ in batch]
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
@@ -237,25 +235,17 @@ def train_draft(args: argparse.Namespace) -> dict[str, object]:
             lm_loss = model(inputs_embeds=x, attention_mask=mask, labels=labels).loss
             aux_loss = aux(clip, {h: t[idx] for h, t in label_t.items()})
             loss = lm_loss + args.aux_weight * aux_loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        losses.append(lm_loss.item())
-        aux_losses.append(aux_loss.item())
-        if step % args.log_every == 0 or step == args.steps - 1:
-            log.info("draft step %d/%d loss %.4f aux %.3f lr %.2e (%.0f s)", step + 1,
-                     args.steps, float(np.mean(losses[-args.log_every:])),
-                     float(np.mean(aux_losses[-args.log_every:])), opt.param_groups[0]["lr"],
-                     time.perf_counter() - t_train)
+        lr = lr_at(step, args.steps, args.lr, args.warmup)
+        optimise(opt, loss, params, lr)
+        progress.record(step, lm_loss.item(), aux_loss.item(), lr)
     model.eval()
-    train_s = time.perf_counter() - t_train
+    train_s = progress.seconds
     val = evaluate_draft(draft, range(args.val_seed, args.val_seed + args.val_scenes),
                          args.workers)
     log.info("draft validation accuracy: %s", json.dumps(val))
     metrics: dict[str, object] = {
         "train_scenes": len(seeds), "train_examples": len(examples), "steps": args.steps,
-        "batch": args.batch, "final_loss": float(np.mean(losses[-50:])),
+        "batch": args.batch, "final_loss": progress.final_loss,
         "train_seconds": round(train_s, 1), "device": device_name(device),
         "validation": val,
     }

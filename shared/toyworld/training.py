@@ -7,9 +7,11 @@ definition of each.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import random
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -82,3 +84,42 @@ def seed_everything(seed: int) -> None:
 def device_name(device: torch.device) -> str:
     """For model cards: the GPU's name, or "cpu"."""
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def optimise(
+    opt: torch.optim.Optimizer, loss: torch.Tensor, params: Sequence[torch.nn.Parameter],
+    lr: float,
+) -> None:
+    """One AdamW step at learning rate ``lr`` with gradients clipped to norm 1."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+    loss.backward()  # type: ignore[no-untyped-call]
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+
+
+class TrainProgress:
+    """Loss bookkeeping and the periodic progress line of a training run."""
+
+    def __init__(self, name: str, total: int, every: int, log: logging.Logger) -> None:
+        self.name, self.total, self.every, self.log = name, total, every, log
+        self.losses: list[float] = []
+        self.aux_losses: list[float] = []
+        self.started = time.perf_counter()
+
+    def record(self, step: int, loss: float, aux: float, lr: float) -> None:
+        self.losses.append(loss)
+        self.aux_losses.append(aux)
+        if step % self.every == 0 or step == self.total - 1:
+            self.log.info("%s step %d/%d loss %.4f aux %.3f lr %.2e (%.0f s)", self.name,
+                          step + 1, self.total, float(np.mean(self.losses[-self.every:])),
+                          float(np.mean(self.aux_losses[-self.every:])), lr, self.seconds)
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started
+
+    @property
+    def final_loss(self) -> float:
+        return float(np.mean(self.losses[-50:]))
