@@ -291,7 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--edge", default="127.0.0.1:50062", help="HOST:PORT of the edge agent")
     ask.add_argument("--mode", choices=sorted(_MODES), default="speculative")
     ask.add_argument("--feature-mode", choices=sorted(_FEATURES), default="auto")
-    ask.add_argument("--clip-ms", type=int, default=1000, help="the latest N ms form the clip")
+    ask.add_argument("--clip-ms", type=int, default=None,
+                     help="the latest N ms form the clip (default: 1000, or the whole "
+                          "recording if it is shorter)")
     ask.add_argument("--event-window-ms", type=int, default=50,
                      help="event window at the clip's end, ms (< 100)")
     ask.add_argument("--max-new-tokens", type=int, default=64)

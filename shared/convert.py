@@ -412,7 +412,7 @@ def ask_spec_to_pb(s: AskSpec) -> edge_pb2.AskRequest:
 def ask_spec_from_pb(m: edge_pb2.AskRequest) -> AskSpec:
     """Convert an AskRequest, filling defaults for unset fields."""
     clip = m.window.WhichOneof("clip")
-    latest_ms: int | None = 1000
+    latest_ms: int | None = None
     t0 = t1 = None
     if clip == "latest_ms":
         latest_ms = m.window.latest_ms

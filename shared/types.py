@@ -226,7 +226,7 @@ class AskSpec:
     """One question to the edge: what, which moment, who answers, how."""
 
     question: str
-    latest_ms: int | None = 1000
+    latest_ms: int | None = None  # None: the edge's default clip (the latest 1000 ms)
     t0_us: int | None = None
     t1_us: int | None = None
     event_window_ms: int = 50

@@ -74,7 +74,10 @@ def select_window(
             raise InvalidInput(f"latest_ms must be positive, got {clip_ms}")
         t1_us = s1
         t0_us = s1 - clip_ms * 1000
-        if t0_us < s0:
+        if latest_ms is None and t0_us < s0:
+            # No clip asked for: a recording shorter than the default clip is used whole.
+            t0_us = s0
+        elif t0_us < s0:
             raise InvalidInput(
                 f"the source holds {(s1 - s0) / 1000:.1f} ms, less than the requested "
                 f"latest {clip_ms} ms"

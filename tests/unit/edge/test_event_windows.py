@@ -111,3 +111,13 @@ def test_events_for_window(synth: SyntheticSource) -> None:
     empty = ArraySource(np.zeros(1, dtype=EVENT_DTYPE), (4, 4))
     with pytest.raises(InvalidInput, match="no events"):
         events_for_window(empty, ClipWindow(10, 200_000, 150_000, 200_000))
+
+
+def test_default_clip_uses_a_short_recording_whole() -> None:
+    short = SyntheticSource(seed=1, duration_ms=600)
+    w = select_window(short)
+    s0, s1 = short.time_range_us()
+    assert (w.t0_us, w.t1_us) == (s0, s1)
+    assert w.event_t1_us == s1 and w.event_ms == 50
+    with pytest.raises(InvalidInput, match="less than"):
+        select_window(short, latest_ms=1000)
