@@ -231,7 +231,9 @@ async def run_generate(
     reader = asyncio.create_task(inbox.consume(messages))
     try:
         prompt_ids = rt.target.build_prompt_ids(open_req.question)
-        plan = rt.plan_for(open_req, text_tokens=len(prompt_ids) - rt.info.geometry.visual_tokens)
+        plan, plan_inputs = rt.plan_for(
+            open_req, text_tokens=len(prompt_ids) - rt.info.geometry.visual_tokens
+        )
         yield plan
 
         visual = await _visual_input(rt, open_req, inbox)
@@ -262,7 +264,7 @@ async def run_generate(
             token_ids=tuple(session.committed),
             text=session.text,
             stats=stats,
-            final_plan=rt.replan(plan, stats),
+            final_plan=rt.replan(plan, plan_inputs, stats, session.counters.rejections),
         )
         log.info(
             "request %s: %d tokens, %s, drafted %d accepted %d (rate %.2f, tau %.2f), "

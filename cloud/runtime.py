@@ -14,7 +14,14 @@ from cloud.config import CloudSettings
 from cloud.engine.base import TargetEngine
 from cloud.sessions import SessionRegistry
 from cloud.target import TargetModel
-from shared.timing import AcceptanceEstimator, CloudCost, PlanInputs, TimingPlan, plan
+from shared.timing import (
+    AcceptanceEstimator,
+    CloudCost,
+    PlanInputs,
+    TimingPlan,
+    plan,
+    replan,
+)
 from shared.types import FeatureMode, OpenRequest, RequestStats, ServerInfo, VisualGeometry
 from shared.worker import ModelWorker
 
@@ -34,8 +41,11 @@ class VerifierRuntime:
     acceptance: AcceptanceEstimator = field(default_factory=lambda: AcceptanceEstimator(prior=0.5))
     requests_served: int = 0
 
-    def plan_for(self, open_req: OpenRequest, *, text_tokens: int) -> TimingPlan:
-        """The request's plan: the same function the edge runs on the same profiles."""
+    def plan_for(
+        self, open_req: OpenRequest, *, text_tokens: int
+    ) -> tuple[TimingPlan, PlanInputs | None]:
+        """The request's plan, from the same function the edge runs on the same profiles,
+        and the inputs it came from (None for target-only requests)."""
         edge = open_req.edge_cost
         if not open_req.speculative or edge is None:
             return TimingPlan(
@@ -51,18 +61,17 @@ class VerifierRuntime:
                 predicted_step_ms=self.info.cloud_cost.step_ms(1),
                 predicted_speedup=1.0,
                 reason="target-only request: no drafts expected",
-            )
-        return plan(
-            PlanInputs(
-                cloud=self.info.cloud_cost,
-                edge=edge,
-                visual_tokens=self.info.geometry.visual_tokens,
-                text_tokens=text_tokens,
-                alpha=edge.acceptance_prior,
-                max_new_tokens=open_req.generation.max_new_tokens,
-                max_lookahead=self.settings.max_verify_tokens - 1,
-            )
+            ), None
+        inputs = PlanInputs(
+            cloud=self.info.cloud_cost,
+            edge=edge,
+            visual_tokens=self.info.geometry.visual_tokens,
+            text_tokens=text_tokens,
+            alpha=edge.acceptance_prior,
+            max_new_tokens=open_req.generation.max_new_tokens,
+            max_lookahead=self.settings.max_verify_tokens - 1,
         )
+        return plan(inputs), inputs
 
     def observe(self, stats: RequestStats, rejections: int) -> None:
         """Fold a finished request's acceptance into the server-wide estimate."""
@@ -70,9 +79,17 @@ class VerifierRuntime:
         if stats.drafted:
             self.acceptance.observe(stats.accepted, stats.drafted, rejections=rejections)
 
-    def replan(self, initial: TimingPlan, stats: RequestStats) -> TimingPlan:
-        """The plan as it stands after this request's observed acceptance (for Done)."""
-        return initial
+    def replan(
+        self, initial: TimingPlan, inputs: PlanInputs | None, stats: RequestStats,
+        rejections: int,
+    ) -> TimingPlan:
+        """The plan re-run with this request's observed acceptance, reported in Done next
+        to what happened (the edge's next request starts from its own updated prior)."""
+        if inputs is None or not stats.drafted:
+            return initial
+        observed = AcceptanceEstimator(prior=inputs.alpha)
+        observed.observe(stats.accepted, stats.drafted, rejections=rejections)
+        return replan(inputs, observed.value, None)
 
 
 def server_info_for(

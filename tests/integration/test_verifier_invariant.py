@@ -86,6 +86,12 @@ async def test_all_draft_patterns_equal_target_only_and_generate(
         assert stats.target_steps < len(truth)
     if pattern == "all_wrong":
         assert stats.accepted == 0
+        # Done reports the plan re-run with the acceptance this request observed.
+        assert spec.done.final_plan is not None
+        assert spec.done.final_plan.acceptance_estimate < 0.5
+    if pattern == "perfect" and stats.drafted:
+        assert spec.done.final_plan is not None
+        assert spec.done.final_plan.acceptance_estimate > 0.5
     if pattern == "hidden_perfect":
         assert stats.hidden_drafted > 0 and stats.hidden_accepted > 0
 
