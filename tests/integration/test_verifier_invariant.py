@@ -86,6 +86,7 @@ async def test_all_draft_patterns_equal_target_only_and_generate(
         assert stats.target_steps < len(truth)
     if pattern == "all_wrong":
         assert stats.accepted == 0
+    if pattern == "all_wrong" and stats.drafted:
         # Done reports the plan re-run with the acceptance this request observed.
         assert spec.done.final_plan is not None
         assert spec.done.final_plan.acceptance_estimate < 0.5
