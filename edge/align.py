@@ -16,7 +16,11 @@ learned:
 - frames are interpolated linearly in time, first and last frames aligned;
 - channels go through a linear map plus a residual MLP whose last layer starts at
   zero, so an untrained adapter is exactly the linear map (the identity when the
-  dimensions match) and training starts from "copy the features".
+  dimensions match) and training starts from "copy the features";
+- optionally (``mixer_layers``), a few self-attention layers over all output tokens,
+  with learned frame/position embeddings and a zero-initialised residual output. The
+  structured path puts the event window's content into every output frame; the mixer
+  can move it, e.g. place an object where it was earlier in the clip given its motion.
 """
 
 from __future__ import annotations
@@ -51,9 +55,13 @@ class AdapterConfig:
     dst_tokens: int
     dst_dim: int
     hidden: int
+    #: Self-attention layers over all output tokens after the resampling (0: none).
+    mixer_layers: int = 0
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
+            if name == "mixer_layers" and isinstance(value, int) and value >= 0:
+                continue
             if not isinstance(value, int) or value <= 0:
                 raise InvalidInput(f"adapter {name} must be a positive int, got {value!r}")
         for side, tokens in (("src", self.src_tokens), ("dst", self.dst_tokens)):
@@ -85,6 +93,18 @@ class FeatureAdapter(nn.Module):
         self.mlp = nn.Sequential(
             nn.Linear(d_t, config.hidden), nn.GELU(), nn.Linear(config.hidden, d_t)
         )
+        self.mixer: nn.Module | None = None
+        if config.mixer_layers:
+            heads = 4 if d_t % 4 == 0 else 1
+            self.pos = nn.Parameter(torch.zeros(config.dst_frames * config.dst_tokens, d_t))
+            layer = nn.TransformerEncoderLayer(
+                d_t, heads, dim_feedforward=2 * d_t, dropout=0.0, batch_first=True,
+                norm_first=True,
+            )
+            self.mixer = nn.TransformerEncoder(
+                layer, config.mixer_layers, enable_nested_tensor=False
+            )
+            self.mixer_out = nn.Linear(d_t, d_t)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -102,6 +122,10 @@ class FeatureAdapter(nn.Module):
         nn.init.zeros_(first.bias)
         nn.init.zeros_(last.weight)
         nn.init.zeros_(last.bias)
+        if self.mixer is not None:
+            nn.init.normal_(self.pos, std=0.02)
+            nn.init.zeros_(self.mixer_out.weight)
+            nn.init.zeros_(self.mixer_out.bias)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         cfg = self.config
@@ -140,14 +164,19 @@ class FeatureAdapter(nn.Module):
             [self.cls_proj(tokens[:, :, :1]), self.patch_proj(tokens[:, :, 1:])], dim=2
         )  # [B, F_t, T_t, D_t]
         out: torch.Tensor = y + self.mlp(self.norm(y))
+        if self.mixer is not None:
+            z = out.flatten(1, 2) + self.pos  # [B, F_t * T_t, D_t]
+            out = out + self.mixer_out(self.mixer(z)).view_as(out)
         return out if batched else out.squeeze(0)
 
 
 def build_adapter_for(
-    src: Geometry, dst: Geometry, seed: int = 0, hidden: int | None = None
+    src: Geometry, dst: Geometry, seed: int = 0, hidden: int | None = None,
+    mixer_layers: int = 0,
 ) -> FeatureAdapter:
     """An untrained adapter between two (frames, tokens, dim) geometries, seeded."""
-    config = AdapterConfig(*src, *dst, hidden=hidden or max(dst[2], 16))
+    config = AdapterConfig(*src, *dst, hidden=hidden or max(dst[2], 16),
+                           mixer_layers=mixer_layers)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return FeatureAdapter(config)

@@ -221,7 +221,7 @@ def add_parser(sub: Any) -> None:
     tr.add_argument("--device", default="", help="cuda or cpu (default: cuda if available)")
     tr.add_argument("--scenes", type=int, default=12000)
     tr.add_argument("--steps", type=int, default=3000)
-    tr.add_argument("--adapter-scenes", type=int, default=4000)
+    tr.add_argument("--adapter-scenes", type=int, default=8000)
     ev = tsub.add_parser("eval", help="accuracy, acceptance and adapter metrics")
     ev.add_argument("--scenes", type=int, default=50)
     ev.add_argument("--seed", type=int, default=EVAL_SEED_MIN + 1000,

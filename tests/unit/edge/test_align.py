@@ -90,3 +90,22 @@ def test_check_geometry() -> None:
         check_geometry(adapter, (8, 257, 1024))
     with pytest.raises(InvalidInput, match="draft model produces"):
         check_geometry(adapter, DST, (5, 577, 1024))
+
+
+def test_mixer_adapter_starts_as_the_plain_adapter_and_round_trips(tmp_path) -> None:
+    import torch
+
+    from edge.align import build_adapter_for, load_adapter, save_adapter
+
+    plain = build_adapter_for((5, 17, 32), (8, 5, 48), seed=3)
+    mixed = build_adapter_for((5, 17, 32), (8, 5, 48), seed=3, mixer_layers=2)
+    x = torch.randn(2, 5, 17, 32)
+    # The mixer's output projection starts at zero: same function before training.
+    mixed.load_state_dict(plain.state_dict(), strict=False)
+    assert torch.allclose(mixed(x), plain(x), atol=1e-6)
+    with torch.no_grad():
+        mixed.mixer_out.weight.normal_()
+    assert not torch.allclose(mixed(x), plain(x), atol=1e-3)
+    back = load_adapter(save_adapter(mixed, tmp_path / "a"))
+    assert back.config.mixer_layers == 2
+    assert torch.allclose(back(x), mixed(x), atol=1e-6)
