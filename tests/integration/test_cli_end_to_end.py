@@ -91,6 +91,6 @@ def test_demo_json_reports_identical_answers() -> None:
     assert result["answer"] == result["target_only"]["answer"]
     assert result["speedup"] > 0
     assert result["stats"]["target_steps"] > 0
-    # The embedded toy pair answers its demo scene correctly, with drafts verified.
+    # The embedded toy pair answers its demo scene correctly. (Whether it drafts is the
+    # plan's call from measured costs, which a loaded CI machine can change.)
     assert result["correct"] is True, result
-    assert result["stats"]["drafted"] > 0

@@ -79,9 +79,11 @@ async def test_speculation_is_lossless_with_real_acceptance(
     target: TargetModel, draft: DraftModel
 ) -> None:
     seeds = list(TEST_SEEDS)[:10]
-    # A cloud paced like an A100-class 7B target, so drafting pays and the plan drafts.
+    # A cloud paced like an A100-class 7B target. Drafting is forced so the measurement
+    # does not depend on this machine's load (the plan would draft here too when idle).
     stack = await eh.start_stack(source=ToySource(seeds), slow=(0.2, 0.03),
-                                 models=(target, draft))
+                                 models=(target, draft),
+                                 edge_settings={"speculation": "always"})
     drafted = accepted = 0
     try:
         async with EdgeClient(stack.edge_address, timeout_s=120) as client:
