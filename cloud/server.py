@@ -11,10 +11,6 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-from grpc import aio
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
-
 from cloud.calibrate import load_or_calibrate
 from cloud.config import CloudSettings
 from cloud.engine.base import TargetEngine
@@ -24,8 +20,7 @@ from cloud.runtime import VerifierRuntime, server_info_for
 from cloud.servicer import VerifierServicer
 from cloud.sessions import SessionRegistry
 from cloud.target import TargetModel, build_tiny_random_target, load_target
-from shared.grpc_options import server_options
-from shared.interceptors import ErrorMappingInterceptor
+from shared.grpc_host import GrpcHost
 from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from shared.timing import CloudCost
 from shared.worker import ModelWorker
@@ -104,33 +99,18 @@ class VerifierServer:
     cost: CloudCost | None = None
     port: int = 0
     runtime: VerifierRuntime | None = None
-    _server: aio.Server | None = None
-    _health: health.aio.HealthServicer | None = None
+    _host: GrpcHost | None = None
     _servicer: VerifierServicer = field(default_factory=VerifierServicer)
     _sweeper: asyncio.Task[None] | None = None
 
     async def start(self, *, warm: bool = True) -> int:
         """Bind, report NOT_SERVING, warm up, report SERVING. Returns the bound port."""
         limits = self.settings.limits
-        server = aio.server(
-            interceptors=[ErrorMappingInterceptor()],
-            options=server_options(limits.max_message_bytes),
-            maximum_concurrent_rpcs=limits.max_sessions * 4 + 16,
-        )
-        self._health = health.aio.HealthServicer()
-        verifier_pb2_grpc.add_VerifierServicer_to_server(self._servicer, server)
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME),
-            server,
-        )
-        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.port = server.add_insecure_port(f"{self.settings.host}:{self.settings.port}")
-        if self.port == 0:
-            raise OSError(f"could not bind {self.settings.host}:{self.settings.port}")
-        await server.start()
-        self._server = server
+        host = GrpcHost(SERVICE_NAME, max_message_bytes=limits.max_message_bytes,
+                        max_rpcs=limits.max_sessions * 4 + 16)
+        verifier_pb2_grpc.add_VerifierServicer_to_server(self._servicer, host.server)
+        self.port = await host.start(self.settings.host, self.settings.port)
+        self._host = host
         log.info("verifier listening on %s:%d (NOT_SERVING while warming up)",
                  self.settings.host, self.port)
         if warm:
@@ -143,6 +123,7 @@ class VerifierServer:
 
     async def warm_up(self) -> None:
         """Load the model and calibrate off the loop, then report SERVING."""
+        assert self._host is not None
         self.runtime = await asyncio.to_thread(
             build_runtime, self.settings, self.target, engine=self.engine, cost=self.cost
         )
@@ -150,36 +131,28 @@ class VerifierServer:
         self._sweeper = asyncio.create_task(
             self.runtime.registry.run_sweeper(min(60.0, self.settings.session_ttl_s / 4))
         )
-        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        await self._host.set_serving(True)
         info = self.runtime.info
         log.info("verifier SERVING %s (vocab %d, %d visual tokens, step %.1f ms + %.2f ms/token)",
                  info.model_id, info.vocab_size, info.geometry.visual_tokens,
                  info.cloud_cost.step_base_ms, info.cloud_cost.step_ms_per_token)
 
-    async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
-        assert self._health is not None
-        await self._health.set("", status)
-        await self._health.set(SERVICE_NAME, status)
-
     async def stop(self, grace_s: float | None = None) -> None:
         """NOT_SERVING, then stop with a grace period for in-flight requests."""
-        if self._server is None:
+        if self._host is None:
             return
-        if self._health is not None:
-            await self._health.enter_graceful_shutdown()
-        await self._server.stop(self.settings.grace_s if grace_s is None else grace_s)
+        await self._host.stop(self.settings.grace_s if grace_s is None else grace_s)
         if self._sweeper is not None:
             self._sweeper.cancel()
         if self.runtime is not None:
             await self.runtime.registry.close_all()
             self.runtime.worker.shutdown()
-        self._server = None
+        self._host = None
 
     async def wait(self) -> None:
-        if self._server is not None:
-            await self._server.wait_for_termination()
+        if self._host is not None:
+            await self._host.wait()
 
     @property
     def live_sessions(self) -> int:
         return len(self.runtime.registry) if self.runtime is not None else 0
-

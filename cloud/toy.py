@@ -42,11 +42,12 @@ from cloud.target import TargetModel, load_target, save_target
 from shared.imageproc import decode_image, encode_jpeg
 from shared.toyworld.corpus import TOY_TEXT_VOCAB_SIZE, build_toy_tokenizer
 from shared.toyworld.labels import HEADS, attribute_labels
-from shared.toyworld.qa import QA, parse_answer
+from shared.toyworld.qa import QA
 from shared.toyworld.scenes import clip_frames, sample_scene
 from shared.toyworld.training import (
     AuxHeads,
     TrainProgress,
+    accuracy_by_type,
     device_name,
     examples_for,
     lr_at,
@@ -266,15 +267,8 @@ def evaluate(target: TargetModel, seeds: Sequence[int], device: torch.device,
              workers: int) -> dict[str, float]:
     """Accuracy by question type on the frames path (structured answers, not strings)."""
     frames = torch.from_numpy(frames_for(list(seeds), workers))
-    items = examples_for(list(seeds))
-    right: dict[str, list[bool]] = {}
-    for start in range(0, len(items), 64):
-        chunk = items[start : start + 64]
-        answers = greedy_answers(target, frames[[i for i, _ in chunk]],
-                                 [qa.question for _, qa in chunk])
-        for (_, qa), text in zip(chunk, answers, strict=True):
-            right.setdefault(qa.qtype, []).append(parse_answer(qa.qtype, text) == qa.value)
-    return {k: round(sum(v) / len(v), 4) for k, v in sorted(right.items())}
+    return accuracy_by_type(examples_for(list(seeds)), frames,
+                            lambda f, qs: greedy_answers(target, f, qs))
 
 
 @torch.no_grad()

@@ -10,10 +10,6 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from grpc import aio
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
-
 from edge.agent import EdgeAgent
 from edge.align import FeatureAdapter, load_adapter
 from edge.cloud_link import CloudLink
@@ -23,8 +19,7 @@ from edge.events.base import EventSource
 from edge.events.sources import open_source
 from edge.servicer import EdgeAgentServicer
 from shared.errors import EventSpecError
-from shared.grpc_options import server_options
-from shared.interceptors import ErrorMappingInterceptor
+from shared.grpc_host import GrpcHost
 from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -57,20 +52,13 @@ class EdgeServer:
     adapter: FeatureAdapter | None = None
     port: int = 0
     agent: EdgeAgent | None = None
-    _server: aio.Server | None = None
-    _health: health.aio.HealthServicer | None = None
+    _host: GrpcHost | None = None
     _link: CloudLink | None = None
 
     async def start(self) -> int:
         s = self.settings
-        server = aio.server(
-            interceptors=[ErrorMappingInterceptor()],
-            options=server_options(s.max_message_bytes),
-            maximum_concurrent_rpcs=64,
-        )
-        self._health = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        host = GrpcHost(SERVICE_NAME, max_message_bytes=s.max_message_bytes, max_rpcs=64)
+        await host.set_serving(False)
         source = self.source
         if source is None:
             source = await asyncio.to_thread(open_source, s.source, allow_pickle=s.allow_pickle)
@@ -104,17 +92,9 @@ class EdgeServer:
             self.agent, draft_model_id=draft.model_id,
             adapter_id=str(s.adapter) if s.adapter else ("in-memory" if adapter else ""),
         )
-        edge_pb2_grpc.add_EdgeAgentServicer_to_server(servicer, server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME),
-            server,
-        )
-        self.port = server.add_insecure_port(f"{s.host}:{s.port}")
-        if self.port == 0:
-            raise OSError(f"could not bind {s.host}:{s.port}")
-        await server.start()
-        self._server = server
+        edge_pb2_grpc.add_EdgeAgentServicer_to_server(servicer, host.server)
+        self.port = await host.start(s.host, s.port)
+        self._host = host
         await self.agent.warm_up()
         if self._link is not None:
             try:
@@ -122,24 +102,17 @@ class EdgeServer:
                 log.info("cloud %s reachable: %s", s.cloud, info.model_id)
             except EventSpecError as exc:
                 log.warning("cloud not reachable yet (%s); will retry per request", exc)
-        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        await host.set_serving(True)
         log.info("edge agent SERVING on %s:%d, source %s, draft %s", s.host, self.port,
                  source.describe(), draft.model_id)
         return self.port
 
-    async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
-        assert self._health is not None
-        await self._health.set("", status)
-        await self._health.set(SERVICE_NAME, status)
-
     async def stop(self, grace_s: float | None = None) -> None:
-        if self._server is None:
+        if self._host is None:
             return
-        if self._health is not None:
-            await self._health.enter_graceful_shutdown()
-        await self._server.stop(self.settings.grace_s if grace_s is None else grace_s)
+        await self._host.stop(self.settings.grace_s if grace_s is None else grace_s)
         if self._link is not None:
             await self._link.close()
         if self.agent is not None:
             self.agent.worker.shutdown()
-        self._server = None
+        self._host = None

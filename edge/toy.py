@@ -46,11 +46,11 @@ from edge.events.render import events_to_frames
 from shared.toyworld.corpus import TOY_TEXT_VOCAB_SIZE, build_toy_tokenizer
 from shared.toyworld.events import events_in_window, simulate_events
 from shared.toyworld.labels import attribute_labels
-from shared.toyworld.qa import parse_answer
 from shared.toyworld.scenes import sample_scene
 from shared.toyworld.training import (
     AuxHeads,
     TrainProgress,
+    accuracy_by_type,
     device_name,
     examples_for,
     lr_at,
@@ -282,15 +282,8 @@ def greedy_answers(draft: DraftModel, frames_u8: torch.Tensor, questions: Sequen
 def evaluate_draft(draft: DraftModel, seeds: Sequence[int], workers: int) -> dict[str, float]:
     """Accuracy by question type from events alone (structured answers)."""
     frames = torch.from_numpy(event_frames_for(list(seeds), workers))
-    items = examples_for(list(seeds))
-    right: dict[str, list[bool]] = {}
-    for start in range(0, len(items), 64):
-        chunk = items[start : start + 64]
-        answers = greedy_answers(draft, frames[[i for i, _ in chunk]],
-                                 [qa.question for _, qa in chunk])
-        for (_, qa), text in zip(chunk, answers, strict=True):
-            right.setdefault(qa.qtype, []).append(parse_answer(qa.qtype, text) == qa.value)
-    return {k: round(sum(v) / len(v), 4) for k, v in sorted(right.items())}
+    return accuracy_by_type(examples_for(list(seeds)), frames,
+                            lambda f, qs: greedy_answers(draft, f, qs))
 
 
 @torch.no_grad()

@@ -12,14 +12,14 @@ import math
 import os
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
 from shared.imageproc import CLIP_MEAN, CLIP_STD
 from shared.toyworld.labels import HEADS, IGNORE
-from shared.toyworld.qa import QA, all_questions
+from shared.toyworld.qa import QA, all_questions, parse_answer
 from shared.toyworld.scenes import sample_scene
 
 
@@ -123,3 +123,23 @@ class TrainProgress:
     @property
     def final_loss(self) -> float:
         return float(np.mean(self.losses[-50:]))
+
+
+def accuracy_by_type(
+    items: Sequence[tuple[int, QA]],
+    frames: torch.Tensor,
+    answer: Callable[[torch.Tensor, list[str]], list[str]],
+    batch: int = 64,
+) -> dict[str, float]:
+    """Accuracy by question type, scored on structured answers.
+
+    ``items`` pair an index into ``frames`` with a question; ``answer`` maps a batch of
+    frames and questions to answer texts (either model's batched greedy decoder).
+    """
+    right: dict[str, list[bool]] = {}
+    for start in range(0, len(items), batch):
+        chunk = items[start : start + batch]
+        texts = answer(frames[[i for i, _ in chunk]], [qa.question for _, qa in chunk])
+        for (_, qa), text in zip(chunk, texts, strict=True):
+            right.setdefault(qa.qtype, []).append(parse_answer(qa.qtype, text) == qa.value)
+    return {k: round(sum(v) / len(v), 4) for k, v in sorted(right.items())}

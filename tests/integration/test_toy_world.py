@@ -17,6 +17,7 @@ from edge.events.toy import ToySource
 from shared.client import EdgeClient
 from shared.toyworld.qa import all_questions, parse_answer
 from shared.toyworld.scenes import SPLITS, sample_scene
+from shared.toyworld.training import accuracy_by_type, examples_for
 from shared.types import AskSpec, FeatureMode, GenerationSettings, Mode
 from tests.integration import edge_harness as eh
 
@@ -43,31 +44,14 @@ def test_committed_models_load(target: TargetModel, draft: DraftModel) -> None:
     assert adapter.config.dst == (g.num_frames, g.tokens_per_frame, g.feature_dim)
 
 
-def _accuracy(answers: list[tuple[str, str, str]]) -> dict[str, float]:
-    right: dict[str, list[bool]] = defaultdict(list)
-    for qtype, truth, text in answers:
-        right[qtype].append(parse_answer(qtype, text) == truth)  # type: ignore[arg-type]
-    return {k: sum(v) / len(v) for k, v in right.items()}
-
-
 def test_target_and_draft_accuracy_on_fresh_scenes(target: TargetModel,
                                                    draft: DraftModel) -> None:
     seeds = list(TEST_SEEDS)
-    items = cloud_toy.examples_for(seeds)
+    items = examples_for(seeds)
     rgb = torch.from_numpy(cloud_toy.frames_for(seeds, workers=1))
     ev = torch.from_numpy(edge_toy.event_frames_for(seeds, workers=1))
-    t_answers, d_answers = [], []
-    for start in range(0, len(items), 64):
-        chunk = items[start : start + 64]
-        qs = [qa.question for _, qa in chunk]
-        idx = [i for i, _ in chunk]
-        for (_, qa), text in zip(chunk, cloud_toy.greedy_answers(target, rgb[idx], qs),
-                                 strict=True):
-            t_answers.append((qa.qtype, qa.value, text))
-        for (_, qa), text in zip(chunk, edge_toy.greedy_answers(draft, ev[idx], qs),
-                                 strict=True):
-            d_answers.append((qa.qtype, qa.value, text))
-    t_acc, d_acc = _accuracy(t_answers), _accuracy(d_answers)
+    t_acc = accuracy_by_type(items, rgb, lambda f, qs: cloud_toy.greedy_answers(target, f, qs))
+    d_acc = accuracy_by_type(items, ev, lambda f, qs: edge_toy.greedy_answers(draft, f, qs))
     for kind in ("direction", "shape", "colour"):
         assert t_acc[kind] >= 0.9, (kind, t_acc)
     for kind in ("direction", "shape"):
