@@ -22,6 +22,7 @@ import torch
 from cloud.decoding import DecodingSession
 from cloud.runtime import VerifierRuntime
 from shared.codec import TensorAssembler, TensorHeaderInfo, WireDtype
+from shared.convert import CloudOutbound, EdgeInbound
 from shared.errors import (
     DeadlineExceeded,
     EventSpecError,
@@ -30,6 +31,7 @@ from shared.errors import (
     ResourceExhausted,
 )
 from shared.types import (
+    VIDEO_FEATURES_TENSOR,
     CancelRequest,
     DoneEvent,
     DraftTail,
@@ -40,9 +42,6 @@ from shared.types import (
 
 log = logging.getLogger(__name__)
 
-from shared.convert import CloudOutbound, EdgeInbound  # noqa: E402
-
-FEATURE_TENSOR_NAME = "video_features"
 MAX_QUESTION_CHARS = 4096
 
 
@@ -132,7 +131,7 @@ class _Inbox:
         self._assembler = TensorAssembler(
             header,
             max_bytes=cap,
-            expected_name=FEATURE_TENSOR_NAME,
+            expected_name=VIDEO_FEATURES_TENSOR,
             expected_shape=geometry.feature_shape,
             expected_dtype=WireDtype[spec.dtype.upper()],
         )

@@ -14,8 +14,8 @@ from cloud.config import CloudSettings
 from cloud.engine.base import TargetEngine
 from cloud.sessions import SessionRegistry
 from cloud.target import TargetModel
+from shared.estimators import AcceptanceEstimator
 from shared.timing import (
-    AcceptanceEstimator,
     CloudCost,
     PlanInputs,
     TimingPlan,

@@ -16,22 +16,23 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
-
-import torch
 
 from edge.align import FeatureAdapter
 from edge.cloud_link import CloudLink, CloudStream
 from edge.draft import DraftModel
 from edge.drafter import Drafter
 from edge.events.base import EventSource
-from edge.events.render import event_pixel_values
-from edge.events.windows import events_for_window, sample_rgb_frames, select_window
-from shared.codec import encode_tensor
+from edge.visual_input import (
+    PreparedVisual,
+    choose_feature_mode,
+    prepare_visual,
+    send_features,
+)
 from shared.errors import EventSpecError, FailedPrecondition, InvalidInput, Unavailable
-from shared.imageproc import downscale_short_side, encode_jpeg
-from shared.timing import AcceptanceEstimator, EdgeCost, PlanInputs, TimingPlan, plan
+from shared.estimators import AcceptanceEstimator, Ewma
+from shared.timing import EdgeCost, PlanInputs, TimingPlan, plan
 from shared.types import (
     AlignedSpec,
     AskEvent,
@@ -48,38 +49,32 @@ from shared.types import (
     PreviewEvent,
     RequestStats,
     ServerInfo,
-    TensorChunkData,
-    WindowInfo,
 )
 from shared.worker import ModelWorker
 
 log = logging.getLogger(__name__)
 
-FEATURE_TENSOR_NAME = "video_features"
 
-
-@dataclass
 class EdgeCostMeter:
-    """The edge's measured draft costs (EWMA over requests)."""
+    """The edge's measured draft costs, smoothed over requests (the first one seeds them)."""
 
-    draft_prefill_ms: float = 0.0
-    draft_ms_per_token: float = 0.0
-    smoothing: float = 0.3
+    def __init__(self, smoothing: float = 0.3) -> None:
+        self._prefill = Ewma(smoothing, None)
+        self._per_token = Ewma(smoothing, None)
+
+    @property
+    def draft_prefill_ms(self) -> float:
+        return self._prefill.value
+
+    @property
+    def draft_ms_per_token(self) -> float:
+        return self._per_token.value
 
     def update(self, prefill_ms: float, ms_per_token: float) -> None:
-        a = self.smoothing
         if prefill_ms > 0:
-            self.draft_prefill_ms = (
-                prefill_ms
-                if self.draft_prefill_ms == 0
-                else (1 - a) * self.draft_prefill_ms + a * prefill_ms
-            )
+            self._prefill.update(prefill_ms)
         if ms_per_token > 0:
-            self.draft_ms_per_token = (
-                ms_per_token
-                if self.draft_ms_per_token == 0
-                else (1 - a) * self.draft_ms_per_token + a * ms_per_token
-            )
+            self._per_token.update(ms_per_token)
 
 
 #: Drafting budget when ``--speculation always`` overrides a plan that said no.
@@ -102,18 +97,6 @@ def forced_plan(p: TimingPlan) -> TimingPlan:
         chunk_cadence_tokens=1,
         reason=f"forced by --speculation always; the plan said: {p.reason}",
     )
-
-
-@dataclass
-class _Prepared:
-    """The visual inputs of one request."""
-
-    window: WindowInfo
-    event_pixels: torch.Tensor  # [5, 3, S, S]
-    feature_mode: FeatureMode
-    frames: tuple[bytes, ...] | None = None
-    features: torch.Tensor | None = None  # [F, T, D], aligned mode
-    render_ms: float = 0.0
 
 
 class EdgeAgent:
@@ -210,7 +193,7 @@ class EdgeAgent:
                 f"differs from the draft model's ({self.draft.vocab_fingerprint[:12]}); "
                 "drafts would be meaningless"
             )
-        feature_mode = self._choose_feature_mode(spec.feature_mode)
+        feature_mode = choose_feature_mode(spec.feature_mode, self.source, self.adapter)
         prepared = await self._prepare(
             spec,
             need_frames=feature_mode == FeatureMode.FRAMES,
@@ -220,28 +203,6 @@ class EdgeAgent:
         async for event in self._with_cloud(spec, info, prepared):
             yield event
 
-    def _choose_feature_mode(self, requested: FeatureMode) -> FeatureMode:
-        if requested == FeatureMode.FRAMES:
-            if not self.source.has_rgb:
-                raise InvalidInput(
-                    f"feature mode frames needs RGB frames, and {self.source.describe()} has "
-                    "none; use aligned or auto"
-                )
-            return FeatureMode.FRAMES
-        if requested == FeatureMode.ALIGNED:
-            if self.adapter is None:
-                raise FailedPrecondition(
-                    "feature mode aligned needs a feature adapter; start the edge with --adapter"
-                )
-            return FeatureMode.ALIGNED
-        if self.source.has_rgb:
-            return FeatureMode.FRAMES
-        if self.adapter is not None:
-            return FeatureMode.ALIGNED
-        raise FailedPrecondition(
-            f"{self.source.describe()} has no RGB frames and no feature adapter is loaded"
-        )
-
     async def _server_info(self) -> ServerInfo:
         assert self.link is not None
         try:
@@ -250,74 +211,17 @@ class EdgeAgent:
             raise Unavailable(exc.message) from exc
 
     async def _prepare(
-        self,
-        spec: AskSpec,
-        *,
-        need_frames: bool,
-        need_features: bool,
+        self, spec: AskSpec, *, need_frames: bool, need_features: bool,
         info: ServerInfo | None = None,
-    ) -> _Prepared:
-        """Select the window, render event frames, and build the cloud's visual input."""
-        t0 = time.perf_counter()
-        source = self.source
-        window = select_window(
-            source,
-            latest_ms=spec.latest_ms if spec.t0_us is None else None,
-            t0_us=spec.t0_us,
-            t1_us=spec.t1_us,
-            event_window_ms=spec.event_window_ms or 50,
+    ) -> PreparedVisual:
+        return await prepare_visual(
+            spec, source=self.source, draft=self.draft, adapter=self.adapter,
+            worker=self.worker, info=info, jpeg_quality=self.default_jpeg_quality,
+            need_frames=need_frames, need_features=need_features,
         )
-        events = await asyncio.to_thread(events_for_window, source, window)
-        pixels = await asyncio.to_thread(
-            event_pixel_values, events, source.sensor_size, self.draft.image_size
-        )  # [5, 3, S, S]
-        info_w = WindowInfo(
-            window.t0_us, window.t1_us, window.event_t0_us, window.event_t1_us, int(events.size)
-        )
-        prepared = _Prepared(info_w, pixels, FeatureMode.FRAMES)
-        if need_frames:
-            quality = spec.jpeg_quality or self.default_jpeg_quality
-            n = info.geometry.num_frames if info is not None else 8
-            rgb = await asyncio.to_thread(sample_rgb_frames, source, window, n)
-            side = info.geometry.image_size if info is not None else 0
-
-            def encode() -> list[bytes]:
-                return [encode_jpeg(downscale_short_side(f, side) if side else f, quality)
-                        for f in rgb]
-
-            prepared.frames = tuple(await asyncio.to_thread(encode))
-        if need_features:
-            assert self.adapter is not None and info is not None
-            adapter = self.adapter
-
-            def features() -> torch.Tensor:
-                with torch.inference_mode():
-                    clip = self.draft.clip_features(pixels)  # [5, T_s, D_s]
-                    out = adapter(clip.to(next(adapter.parameters()).dtype))  # [F, T, D]
-                result: torch.Tensor = out.float().cpu()
-                return result
-
-            feats = await self.worker.run(features)
-            if tuple(feats.shape) != info.geometry.feature_shape:
-                raise FailedPrecondition(
-                    f"the adapter produces {list(feats.shape)}, but the cloud expects "
-                    f"{list(info.geometry.feature_shape)}; retrain or reload the adapter"
-                )
-            prepared.feature_mode = FeatureMode.ALIGNED
-            prepared.features = feats
-        prepared.render_ms = (time.perf_counter() - t0) * 1e3
-        return prepared
-
-    async def _send_visual(self, stream: CloudStream, prepared: _Prepared) -> None:
-        if prepared.features is None:
-            return
-        header, chunks = encode_tensor(FEATURE_TENSOR_NAME, prepared.features.half())
-        await stream.send(header)
-        for i, chunk in enumerate(chunks):
-            await stream.send(TensorChunkData(FEATURE_TENSOR_NAME, i, bytes(chunk)))
 
     async def _with_cloud(
-        self, spec: AskSpec, info: ServerInfo, prepared: _Prepared
+        self, spec: AskSpec, info: ServerInfo, prepared: PreparedVisual
     ) -> AsyncIterator[AskEvent]:
         assert self.link is not None
         started = time.perf_counter()
@@ -366,13 +270,15 @@ class EdgeAgent:
         try:
             t_up = time.perf_counter()
             await stream.send(open_req)
-            await self._send_visual(stream, prepared)
+            await send_features(stream, prepared)
             stage["edge_upload"] = (time.perf_counter() - t_up) * 1e3
             active_plan = local_plan
             prefill_task: asyncio.Task[float] | None = None
             if drafter is not None and local_plan.speculate:
                 prefill_task = asyncio.create_task(
-                    self.worker.run(lambda: drafter.prefill(spec.question, prepared.event_pixels))
+                    self.worker.run(lambda: drafter.prefill(
+                        spec.question, prepared.event_pixels, prepared.clip_features
+                    ))
                 )
             last_sent_len = 0
             last_preview = 0

@@ -20,9 +20,9 @@ from grpc import aio
 from shared import convert
 from shared.convert import CloudOutbound, EdgeInbound
 from shared.errors import DeadlineExceeded, EventSpecError, InvalidInput, Unavailable
+from shared.estimators import RttEstimator
 from shared.grpc_options import channel_options
 from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
-from shared.timing import RttEstimator
 from shared.types import ServerInfo
 
 log = logging.getLogger(__name__)

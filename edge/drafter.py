@@ -27,7 +27,10 @@ class DraftBackend(Protocol):
     text_vocab_size: int
     eos_token_id: int
 
-    def prefill(self, question: str, pixel_values: torch.Tensor) -> tuple[Any, torch.Tensor]: ...
+    def prefill(
+        self, question: str, pixel_values: torch.Tensor | None, *,
+        clip_features: torch.Tensor | None = None,
+    ) -> tuple[Any, torch.Tensor]: ...
 
     def step(self, state: Any, tokens: Sequence[int]) -> torch.Tensor: ...
 
@@ -66,10 +69,18 @@ class Drafter:
     def sequence(self) -> list[int]:
         return self.committed + self.tail
 
-    def prefill(self, question: str, pixel_values: torch.Tensor) -> float:
-        """Run the draft model's prefill (events + prompt). Returns ms."""
+    def prefill(
+        self, question: str, pixel_values: torch.Tensor,
+        clip_features: torch.Tensor | None = None,
+    ) -> float:
+        """Run the draft model's prefill (events + prompt). Returns ms.
+
+        ``clip_features`` [5, T, D], when the aligned path already ran CLIP on these
+        pixels, spares running it again."""
         t0 = time.perf_counter()
-        self._state, logits = self.backend.prefill(question, pixel_values)
+        self._state, logits = self.backend.prefill(
+            question, pixel_values, clip_features=clip_features
+        )
         self._prompt_len = self.backend.seq_len(self._state)
         self._next_logits = logits
         self.prefill_ms = (time.perf_counter() - t0) * 1e3

@@ -14,7 +14,8 @@ from edge.agent import EdgeAgent
 from edge.align import FeatureAdapter, load_adapter
 from edge.cloud_link import CloudLink
 from edge.config import EdgeSettings
-from edge.draft import DraftModel, build_tiny_random_draft, load_draft
+from edge.draft import DraftModel, build_tiny_random_draft
+from edge.draft_checkpoint import load_draft
 from edge.events.base import EventSource
 from edge.events.sources import open_source
 from edge.servicer import EdgeAgentServicer

@@ -39,9 +39,8 @@ from edge.draft import (
     DraftModel,
     EventGPTConfig,
     EventGPTForCausalLM,
-    load_draft,
-    save_draft,
 )
+from edge.draft_checkpoint import load_draft, save_draft
 from edge.events.render import events_to_frames
 from shared.toyworld.corpus import TOY_TEXT_VOCAB_SIZE, build_toy_tokenizer
 from shared.toyworld.events import events_in_window, simulate_events

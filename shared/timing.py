@@ -52,6 +52,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from shared.checks import check_finite_nonneg, check_int, check_positive, check_probability
 from shared.errors import InvalidInput
 
 PayloadMode = Literal["frames", "aligned"]
@@ -60,34 +61,6 @@ _FLOOR_EPS = 1e-9
 """Absorbs float noise so that a ratio that is an exact integer (54 / 2) floors to it."""
 _LOOKAHEAD_TOLERANCE = 1e-3
 """The lookahead is the smallest whose rate is within this fraction of the best."""
-
-
-def _check_finite_nonneg(owner: str, field: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidInput(f"{owner}.{field} must be a number, got {value!r}")
-    if not math.isfinite(value):
-        raise InvalidInput(f"{owner}.{field} must be finite, got {value!r}")
-    if value < 0:
-        raise InvalidInput(f"{owner}.{field} must be >= 0, got {value!r}")
-
-
-def _check_positive(owner: str, field: str, value: float) -> None:
-    _check_finite_nonneg(owner, field, value)
-    if value <= 0:
-        raise InvalidInput(f"{owner}.{field} must be > 0, got {value!r}")
-
-
-def _check_int(owner: str, field: str, value: int, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput(f"{owner}.{field} must be an int, got {value!r}")
-    if value < minimum:
-        raise InvalidInput(f"{owner}.{field} must be >= {minimum}, got {value}")
-
-
-def _check_probability(owner: str, field: str, value: float) -> None:
-    _check_finite_nonneg(owner, field, value)
-    if value > 1:
-        raise InvalidInput(f"{owner}.{field} must be in [0, 1], got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -109,7 +82,7 @@ class CloudCost:
             "step_base_ms",
             "step_ms_per_token",
         ):
-            _check_finite_nonneg("CloudCost", name, getattr(self, name))
+            check_finite_nonneg("CloudCost", name, getattr(self, name))
         if self.step_base_ms + self.step_ms_per_token <= 0:
             raise InvalidInput(
                 "CloudCost.step_base_ms + CloudCost.step_ms_per_token must be > 0 "
@@ -140,11 +113,11 @@ class EdgeCost:
     acceptance_prior: float
 
     def __post_init__(self) -> None:
-        _check_positive("EdgeCost", "draft_prefill_ms", self.draft_prefill_ms)
-        _check_positive("EdgeCost", "draft_ms_per_token", self.draft_ms_per_token)
-        _check_finite_nonneg("EdgeCost", "rtt_ms", self.rtt_ms)
-        _check_finite_nonneg("EdgeCost", "uplink_bytes_per_s", self.uplink_bytes_per_s)
-        _check_probability("EdgeCost", "acceptance_prior", self.acceptance_prior)
+        check_positive("EdgeCost", "draft_prefill_ms", self.draft_prefill_ms)
+        check_positive("EdgeCost", "draft_ms_per_token", self.draft_ms_per_token)
+        check_finite_nonneg("EdgeCost", "rtt_ms", self.rtt_ms)
+        check_finite_nonneg("EdgeCost", "uplink_bytes_per_s", self.uplink_bytes_per_s)
+        check_probability("EdgeCost", "acceptance_prior", self.acceptance_prior)
 
 
 @dataclass(frozen=True)
@@ -171,21 +144,21 @@ class PlanInputs:
     max_message_overhead_fraction: float = 0.05
 
     def __post_init__(self) -> None:
-        _check_int("PlanInputs", "visual_tokens", self.visual_tokens, 0)
-        _check_int("PlanInputs", "text_tokens", self.text_tokens, 0)
-        _check_probability("PlanInputs", "alpha", self.alpha)
-        _check_int("PlanInputs", "aligned_payload_bytes", self.aligned_payload_bytes, 0)
-        _check_int("PlanInputs", "frames_payload_bytes", self.frames_payload_bytes, 0)
+        check_int("PlanInputs", "visual_tokens", self.visual_tokens, 0)
+        check_int("PlanInputs", "text_tokens", self.text_tokens, 0)
+        check_probability("PlanInputs", "alpha", self.alpha)
+        check_int("PlanInputs", "aligned_payload_bytes", self.aligned_payload_bytes, 0)
+        check_int("PlanInputs", "frames_payload_bytes", self.frames_payload_bytes, 0)
         if self.payload_mode not in ("frames", "aligned"):
             raise InvalidInput(
                 f"PlanInputs.payload_mode must be 'frames' or 'aligned', got {self.payload_mode!r}"
             )
-        _check_int("PlanInputs", "max_new_tokens", self.max_new_tokens, 1)
-        _check_int("PlanInputs", "max_lookahead", self.max_lookahead, 0)
-        _check_int("PlanInputs", "max_hidden_drafts", self.max_hidden_drafts, 0)
-        _check_finite_nonneg("PlanInputs", "min_speedup_margin", self.min_speedup_margin)
-        _check_finite_nonneg("PlanInputs", "per_message_overhead_ms", self.per_message_overhead_ms)
-        _check_positive(
+        check_int("PlanInputs", "max_new_tokens", self.max_new_tokens, 1)
+        check_int("PlanInputs", "max_lookahead", self.max_lookahead, 0)
+        check_int("PlanInputs", "max_hidden_drafts", self.max_hidden_drafts, 0)
+        check_finite_nonneg("PlanInputs", "min_speedup_margin", self.min_speedup_margin)
+        check_finite_nonneg("PlanInputs", "per_message_overhead_ms", self.per_message_overhead_ms)
+        check_positive(
             "PlanInputs", "max_message_overhead_fraction", self.max_message_overhead_fraction
         )
         if self.cloud.prefill_ms(self.visual_tokens, self.text_tokens) <= 0:
@@ -414,146 +387,3 @@ def replan(
     if observed_rtt_ms is not None:
         inp = dataclasses.replace(inp, edge=dataclasses.replace(inp.edge, rtt_ms=observed_rtt_ms))
     return plan(inp)
-
-
-class Ewma:
-    """Exponentially weighted moving average: ``v <- (1 - w) * v + w * x``."""
-
-    def __init__(self, alpha_smoothing: float, initial: float) -> None:
-        """``alpha_smoothing`` in (0, 1] is the weight of each new observation."""
-        _check_finite_nonneg("Ewma", "alpha_smoothing", alpha_smoothing)
-        if not 0.0 < alpha_smoothing <= 1.0:
-            raise InvalidInput(f"Ewma.alpha_smoothing must be in (0, 1], got {alpha_smoothing!r}")
-        if not math.isfinite(initial):
-            raise InvalidInput(f"Ewma.initial must be finite, got {initial!r}")
-        self._w = float(alpha_smoothing)
-        self._value = float(initial)
-        self._count = 0
-
-    @property
-    def value(self) -> float:
-        """The current average (the initial value until the first update)."""
-        return self._value
-
-    @property
-    def count(self) -> int:
-        """Observations folded in so far."""
-        return self._count
-
-    def update(self, x: float) -> float:
-        """Fold in one finite observation and return the new average."""
-        if not math.isfinite(x):
-            raise InvalidInput(f"Ewma.update needs a finite observation, got {x!r}")
-        self._value = (1.0 - self._w) * self._value + self._w * x
-        self._count += 1
-        return self._value
-
-
-class AcceptanceEstimator:
-    """Per-token acceptance rate a: a prior, then an EWMA of observed verify steps.
-
-    Why per token, not accepted/drafted per step: a step that verifies g drafts
-    is a run of Bernoulli(a) trials stopped at the first rejection, so it
-    observes ``accepted`` successes and, if ``accepted < g``, one failure. The
-    trailing unverified drafts carry no information; counting them as failures
-    (accepted/drafted) would bias a low.
-    """
-
-    def __init__(self, prior: float, smoothing: float = 0.05) -> None:
-        """``smoothing`` is the weight of each observed trial."""
-        _check_probability("AcceptanceEstimator", "prior", prior)
-        self._ewma = Ewma(smoothing, prior)
-
-    @property
-    def value(self) -> float:
-        """Current estimate in [0, 1]."""
-        return min(1.0, max(0.0, self._ewma.value))
-
-    @property
-    def trials(self) -> int:
-        """Acceptance trials observed so far."""
-        return self._ewma.count
-
-    def observe(self, accepted: int, verified: int, *, rejections: int | None = None) -> float:
-        """Fold in ``accepted`` of ``verified`` drafts; returns the new estimate.
-
-        Without ``rejections`` the call is one verify step (one failure iff
-        ``accepted < verified``). For totals over several steps, pass
-        ``rejections``: the number of steps that rejected a draft. Aggregates
-        passed as one step would count one failure per request and inflate a.
-        """
-        _check_int("AcceptanceEstimator", "verified", verified, 0)
-        _check_int("AcceptanceEstimator", "accepted", accepted, 0)
-        if accepted > verified:
-            raise InvalidInput(
-                f"AcceptanceEstimator: accepted={accepted} exceeds verified={verified}"
-            )
-        if rejections is None:
-            rejections = 1 if accepted < verified else 0
-        _check_int("AcceptanceEstimator", "rejections", rejections, 0)
-        if rejections > verified - accepted:
-            raise InvalidInput(
-                f"AcceptanceEstimator: rejections={rejections} exceeds the "
-                f"{verified - accepted} rejected drafts"
-            )
-        if accepted < verified and rejections == 0:
-            raise InvalidInput(
-                "AcceptanceEstimator: rejections=0 but "
-                f"{verified - accepted} drafts were not accepted"
-            )
-        # Spread failures evenly among successes so the order does not bias the EWMA.
-        trials = accepted + rejections
-        for i in range(trials):
-            failed = (i + 1) * rejections // trials > i * rejections // trials
-            self._ewma.update(0.0 if failed else 1.0)
-        return self.value
-
-
-class RttEstimator:
-    """Smoothed RTT like TCP's SRTT/RTTVAR (RFC 6298: gains 1/8 and 1/4)."""
-
-    def __init__(
-        self,
-        initial_ms: float | None = None,
-        smoothing: float = 0.125,
-        var_smoothing: float = 0.25,
-    ) -> None:
-        """Without ``initial_ms`` the first sample seeds the estimate, as in RFC 6298."""
-        for name, w in (("smoothing", smoothing), ("var_smoothing", var_smoothing)):
-            _check_finite_nonneg("RttEstimator", name, w)
-            if not 0.0 < w <= 1.0:
-                raise InvalidInput(f"RttEstimator.{name} must be in (0, 1], got {w!r}")
-        if initial_ms is not None:
-            _check_finite_nonneg("RttEstimator", "initial_ms", initial_ms)
-        self._g = float(smoothing)
-        self._h = float(var_smoothing)
-        self._srtt: float | None = None if initial_ms is None else float(initial_ms)
-        self._rttvar = 0.0 if initial_ms is None else float(initial_ms) / 2.0
-        self._samples = 0
-
-    @property
-    def value(self) -> float:
-        """Smoothed RTT in ms (0 before any estimate)."""
-        return 0.0 if self._srtt is None else self._srtt
-
-    @property
-    def rttvar(self) -> float:
-        """Smoothed mean deviation in ms."""
-        return self._rttvar
-
-    @property
-    def samples(self) -> int:
-        """Samples folded in so far."""
-        return self._samples
-
-    def update(self, sample_ms: float) -> float:
-        """Fold in one RTT sample (ms, finite, >= 0) and return the smoothed RTT."""
-        _check_finite_nonneg("RttEstimator", "sample_ms", sample_ms)
-        self._samples += 1
-        if self._srtt is None:
-            self._srtt = float(sample_ms)
-            self._rttvar = sample_ms / 2.0
-            return self._srtt
-        self._rttvar = (1.0 - self._h) * self._rttvar + self._h * abs(self._srtt - sample_ms)
-        self._srtt = (1.0 - self._g) * self._srtt + self._g * sample_ms
-        return self._srtt

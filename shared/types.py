@@ -14,6 +14,8 @@ from shared.errors import InvalidInput
 from shared.timing import CloudCost, EdgeCost, TimingPlan
 
 PROTOCOL = "eventspec.v1"
+#: Name of the aligned-features tensor that follows an Open with ``aligned`` set.
+VIDEO_FEATURES_TENSOR = "video_features"
 
 
 class FeatureMode(enum.IntEnum):

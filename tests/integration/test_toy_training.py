@@ -11,7 +11,7 @@ import torch
 
 from cloud.target import load_target
 from edge.align import load_adapter
-from edge.draft import load_draft
+from edge.draft_checkpoint import load_draft
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--scenes", "12", "--steps", "2", "--batch", "4", "--val-scenes", "2",

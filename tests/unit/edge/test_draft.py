@@ -15,10 +15,8 @@ from edge.draft import (
     DraftModel,
     EventGPTConfig,
     build_tiny_random_draft,
-    load_draft,
-    save_clip,
-    save_draft,
 )
+from edge.draft_checkpoint import load_draft, save_clip, save_draft
 from shared.errors import InvalidInput, NotFound
 from shared.tiny_tokenizer import BOS_ID
 

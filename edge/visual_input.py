@@ -1,0 +1,147 @@
+"""The visual inputs of one request: the window, EventGPT's frames, and what the cloud gets.
+
+The draft always needs the event window rendered as EventGPT's 5 polarity frames. The
+cloud gets either 8 RGB frames of the clip (JPEG, no larger than its tower needs) or,
+on event-only edges, the adapter's features in its pre-projector video space, computed
+from the same CLIP pass the draft's prefill then reuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import torch
+
+from edge.align import FeatureAdapter
+from edge.cloud_link import CloudStream
+from edge.draft import DraftModel
+from edge.events.base import EventSource
+from edge.events.render import event_pixel_values
+from edge.events.windows import events_for_window, sample_rgb_frames, select_window
+from shared.codec import encode_tensor
+from shared.errors import FailedPrecondition, InvalidInput
+from shared.imageproc import downscale_short_side, encode_jpeg
+from shared.types import (
+    VIDEO_FEATURES_TENSOR,
+    AskSpec,
+    FeatureMode,
+    ServerInfo,
+    TensorChunkData,
+    WindowInfo,
+)
+from shared.worker import ModelWorker
+
+
+@dataclass
+class PreparedVisual:
+    """The visual inputs of one request."""
+
+    window: WindowInfo
+    event_pixels: torch.Tensor  # [5, 3, S, S]
+    feature_mode: FeatureMode
+    frames: tuple[bytes, ...] | None = None
+    features: torch.Tensor | None = None  # [F, T, D], aligned mode
+    clip_features: torch.Tensor | None = None  # [5, T_s, D_s], when computed for features
+    render_ms: float = 0.0
+
+
+def choose_feature_mode(
+    requested: FeatureMode, source: EventSource, adapter: FeatureAdapter | None
+) -> FeatureMode:
+    """Frames when asked (and the source has RGB), aligned when asked (and an adapter is
+    loaded); ``auto`` prefers frames and falls back to aligned."""
+    if requested == FeatureMode.FRAMES:
+        if not source.has_rgb:
+            raise InvalidInput(
+                f"feature mode frames needs RGB frames, and {source.describe()} has "
+                "none; use aligned or auto"
+            )
+        return FeatureMode.FRAMES
+    if requested == FeatureMode.ALIGNED:
+        if adapter is None:
+            raise FailedPrecondition(
+                "feature mode aligned needs a feature adapter; start the edge with --adapter"
+            )
+        return FeatureMode.ALIGNED
+    if source.has_rgb:
+        return FeatureMode.FRAMES
+    if adapter is not None:
+        return FeatureMode.ALIGNED
+    raise FailedPrecondition(
+        f"{source.describe()} has no RGB frames and no feature adapter is loaded"
+    )
+
+
+async def prepare_visual(
+    spec: AskSpec,
+    *,
+    source: EventSource,
+    draft: DraftModel,
+    adapter: FeatureAdapter | None,
+    worker: ModelWorker,
+    info: ServerInfo | None,
+    jpeg_quality: int,
+    need_frames: bool,
+    need_features: bool,
+) -> PreparedVisual:
+    """Select the window, render event frames, and build the cloud's visual input."""
+    t0 = time.perf_counter()
+    window = select_window(
+        source,
+        latest_ms=spec.latest_ms if spec.t0_us is None else None,
+        t0_us=spec.t0_us,
+        t1_us=spec.t1_us,
+        event_window_ms=spec.event_window_ms or 50,
+    )
+    events = await asyncio.to_thread(events_for_window, source, window)
+    pixels = await asyncio.to_thread(
+        event_pixel_values, events, source.sensor_size, draft.image_size
+    )  # [5, 3, S, S]
+    info_w = WindowInfo(
+        window.t0_us, window.t1_us, window.event_t0_us, window.event_t1_us, int(events.size)
+    )
+    prepared = PreparedVisual(info_w, pixels, FeatureMode.FRAMES)
+    if need_frames:
+        quality = spec.jpeg_quality or jpeg_quality
+        n = info.geometry.num_frames if info is not None else 8
+        rgb = await asyncio.to_thread(sample_rgb_frames, source, window, n)
+        side = info.geometry.image_size if info is not None else 0
+
+        def encode() -> list[bytes]:
+            return [encode_jpeg(downscale_short_side(f, side) if side else f, quality)
+                    for f in rgb]
+
+        prepared.frames = tuple(await asyncio.to_thread(encode))
+    if need_features:
+        assert adapter is not None and info is not None
+        chosen = adapter
+
+        def features() -> tuple[torch.Tensor, torch.Tensor]:
+            with torch.inference_mode():
+                clip = draft.clip_features(pixels)  # [5, T_s, D_s]
+                out = chosen(clip.to(next(chosen.parameters()).dtype))  # [F, T, D]
+            return clip, out.float().cpu()
+
+        clip, feats = await worker.run(features)
+        if tuple(feats.shape) != info.geometry.feature_shape:
+            raise FailedPrecondition(
+                f"the adapter produces {list(feats.shape)}, but the cloud expects "
+                f"{list(info.geometry.feature_shape)}; retrain or reload the adapter"
+            )
+        prepared.feature_mode = FeatureMode.ALIGNED
+        prepared.features = feats
+        prepared.clip_features = clip
+    prepared.render_ms = (time.perf_counter() - t0) * 1e3
+    return prepared
+
+
+async def send_features(stream: CloudStream, prepared: PreparedVisual) -> None:
+    """Stream the aligned features (fp16) as a chunked tensor; nothing in frames mode."""
+    if prepared.features is None:
+        return
+    header, chunks = encode_tensor(VIDEO_FEATURES_TENSOR, prepared.features.half())
+    await stream.send(header)
+    for i, chunk in enumerate(chunks):
+        await stream.send(TensorChunkData(VIDEO_FEATURES_TENSOR, i, bytes(chunk)))
