@@ -20,9 +20,9 @@ from cloud.runtime import VerifierRuntime, server_info_for
 from cloud.servicer import VerifierServicer
 from cloud.sessions import SessionRegistry
 from cloud.target import TargetModel, build_tiny_random_target, load_target
-from shared.grpc_host import GrpcHost
 from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from shared.timing import CloudCost
+from shared.wire.host import GrpcHost
 from shared.worker import ModelWorker
 
 log = logging.getLogger(__name__)

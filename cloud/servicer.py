@@ -1,7 +1,7 @@
 """The Verifier gRPC servicer: thin. Parses, delegates to ``cloud.generation``, converts.
 
 Errors are raised as ``shared.errors`` exceptions and mapped to statuses by
-``shared.interceptors.ErrorMappingInterceptor``.
+``shared.wire.interceptors.ErrorMappingInterceptor``.
 """
 
 from __future__ import annotations

@@ -21,9 +21,10 @@ from shared import convert
 from shared.convert import CloudOutbound, EdgeInbound
 from shared.errors import DeadlineExceeded, EventSpecError, InvalidInput, Unavailable
 from shared.estimators import RttEstimator
-from shared.grpc_options import channel_options
 from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from shared.types import ServerInfo
+from shared.wire.options import channel_options
+from shared.wire.status import from_grpc
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +40,7 @@ def rpc_error(exc: grpc.RpcError, address: str, what: str) -> EventSpecError:
         return InvalidInput(message)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, None):
         return Unavailable(message)
-    err = EventSpecError(message)
-    err.code = code
-    return err
+    return EventSpecError(message, from_grpc(code))
 
 
 class CloudStream:

@@ -20,8 +20,8 @@ from edge.events.base import EventSource
 from edge.events.sources import open_source
 from edge.servicer import EdgeAgentServicer
 from shared.errors import EventSpecError
-from shared.grpc_host import GrpcHost
 from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
+from shared.wire.host import GrpcHost
 
 log = logging.getLogger(__name__)
 

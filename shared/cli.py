@@ -26,7 +26,6 @@ import grpc
 
 from shared import toy_cli
 from shared.client import AskError, EdgeClient
-from shared.health import wait_for_serving
 from shared.types import (
     AskSpec,
     CommittedEvent,
@@ -36,6 +35,7 @@ from shared.types import (
     Mode,
     PreviewEvent,
 )
+from shared.wire.health import wait_for_serving
 
 DEMO_QUESTION = "Which way is the object moving?"
 MUTED, RESET, CLEAR_LINE = "\x1b[2m", "\x1b[0m", "\r\x1b[2K"

@@ -15,9 +15,9 @@ import grpc
 from grpc import aio
 
 from shared import convert
-from shared.grpc_options import channel_options
 from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
 from shared.types import AskEvent, AskSpec, FinalEvent
+from shared.wire.options import channel_options
 
 
 class AskError(Exception):

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from shared.client import EdgeClient
-from shared.health import wait_for_serving
 from shared.toyworld.qa import all_questions, parse_answer
 from shared.toyworld.scenes import EVAL_SEED_MIN, sample_scene
 from shared.types import AskSpec, FeatureMode, FinalEvent, GenerationSettings, Mode
+from shared.wire.health import wait_for_serving
 
 SCENE_US = 1_000_000
 

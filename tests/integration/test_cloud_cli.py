@@ -15,8 +15,8 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from shared.health import wait_for_serving
 from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
+from shared.wire.health import wait_for_serving
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60.0

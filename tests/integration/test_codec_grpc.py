@@ -19,6 +19,7 @@ import torch
 from shared.codec import TensorAssembler, TensorHeaderInfo, WireDtype, encode_tensor
 from shared.errors import CodecError
 from shared.pb.eventspec.v1 import common_pb2, verifier_pb2
+from shared.wire.status import to_grpc
 
 MiB = 1 << 20
 MAX_MESSAGE = 4 * MiB + 64 * 1024  # 4 MiB plus framing slack
@@ -84,7 +85,7 @@ class _Sink:
                 raise CodecError("the stream ended without a tensor header")
             tensor = assembler.finish()
         except CodecError as exc:
-            await context.abort(exc.code, exc.message)
+            await context.abort(to_grpc(exc.code), exc.message)
         self.received.append(tensor)
         return header_pb
 

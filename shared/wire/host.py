@@ -11,8 +11,8 @@ from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from shared.grpc_options import server_options
-from shared.interceptors import ErrorMappingInterceptor
+from shared.wire.interceptors import ErrorMappingInterceptor
+from shared.wire.options import server_options
 
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 

@@ -17,13 +17,14 @@ from google.protobuf.message import DecodeError
 from grpc import aio
 
 from shared.errors import EventSpecError
+from shared.wire.status import to_grpc
 
 log = logging.getLogger(__name__)
 
 
 async def _abort_for(exc: BaseException, context: aio.ServicerContext[Any, Any]) -> None:
     if isinstance(exc, EventSpecError):
-        await context.abort(exc.code, exc.message)
+        await context.abort(to_grpc(exc.code), exc.message)
     if isinstance(exc, DecodeError):  # the peer sent bytes that are not the request type
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request message: {exc}")
     log.exception("unhandled error in RPC", exc_info=exc)
