@@ -141,7 +141,7 @@ class _Inbox:
             raise InvalidInput(f"tensor chunk {chunk.index} of {chunk.name!r} before its header")
         self._assembler.add_chunk(chunk.index, chunk.data, name=chunk.name)
         if self._assembler.done:
-            feats = self._assembler.finish_dequantized(torch.float32)  # [F, T, D]
+            feats = torch.from_numpy(self._assembler.finish_float32())  # [F, T, D] float32
             if not bool(torch.isfinite(feats).all()):
                 bad = int((~torch.isfinite(feats)).sum())
                 raise InvalidInput(f"aligned features contain {bad} NaN or inf values")

@@ -141,7 +141,9 @@ async def send_features(stream: CloudStream, prepared: PreparedVisual) -> None:
     """Stream the aligned features (fp16) as a chunked tensor; nothing in frames mode."""
     if prepared.features is None:
         return
-    header, chunks = encode_tensor(VIDEO_FEATURES_TENSOR, prepared.features.half())
+    header, chunks = encode_tensor(
+        VIDEO_FEATURES_TENSOR, prepared.features.detach().cpu().half().numpy()
+    )  # [F, T, D] fp16
     await stream.send(header)
     for i, chunk in enumerate(chunks):
         await stream.send(TensorChunkData(VIDEO_FEATURES_TENSOR, i, bytes(chunk)))

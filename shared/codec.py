@@ -27,10 +27,9 @@ import math
 import sys
 import zlib
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
-import torch
 
 from shared.errors import CodecError
 
@@ -63,42 +62,35 @@ class WireDtype(enum.Enum):
             ) from None
 
     @classmethod
-    def from_torch(cls, dtype: torch.dtype) -> WireDtype:
-        """The wire type of a torch dtype; others must be converted by the caller."""
-        for wire, (torch_dtype, _) in _DTYPE_TABLE.items():
-            if torch_dtype == dtype:
+    def from_numpy(cls, dtype: np.dtype[Any]) -> WireDtype:
+        """The wire type of a numpy dtype (bf16 has none: pass ``BFLOAT16`` explicitly)."""
+        for wire, np_dtype in _NUMPY_DTYPE.items():
+            if wire is not WireDtype.BFLOAT16 and np.dtype(np_dtype) == dtype:
                 return wire
-        names = ", ".join(str(t) for t, _ in _DTYPE_TABLE.values())
-        raise CodecError(f"tensor dtype {dtype} cannot be sent (supported: {names})")
+        names = ", ".join(np.dtype(t).name for w, t in _NUMPY_DTYPE.items()
+                          if w is not WireDtype.BFLOAT16)
+        raise CodecError(f"array dtype {dtype} cannot be sent (supported: {names})")
 
     @property
-    def torch_dtype(self) -> torch.dtype:
-        """The torch dtype a received tensor has."""
-        return _DTYPE_TABLE[self][0]
+    def numpy_dtype(self) -> np.dtype[Any]:
+        """The numpy dtype a received array has (bf16 arrives as its uint16 bit pattern)."""
+        return np.dtype(_NUMPY_DTYPE[self])
 
     @property
     def itemsize(self) -> int:
         """Bytes per element on the wire."""
-        return _DTYPE_TABLE[self][1]
+        return self.numpy_dtype.itemsize
 
 
-# wire dtype -> (torch dtype, bytes per element)
-_DTYPE_TABLE: Final[dict[WireDtype, tuple[torch.dtype, int]]] = {
-    WireDtype.FLOAT32: (torch.float32, 4),
-    WireDtype.FLOAT16: (torch.float16, 2),
-    WireDtype.BFLOAT16: (torch.bfloat16, 2),
-    WireDtype.INT8: (torch.int8, 1),
-    WireDtype.UINT8: (torch.uint8, 1),
-    WireDtype.INT64: (torch.int64, 8),
-}
-
-# Same-width integer views: numpy has no bf16/f16-safe path for raw bytes, so
-# every tensor is viewed as an integer tensor of equal element size first.
-_INT_VIEW: Final[dict[int, torch.dtype]] = {
-    1: torch.uint8,
-    2: torch.int16,
-    4: torch.int32,
-    8: torch.int64,
+# wire dtype -> numpy dtype of the array the codec hands out. numpy has no bfloat16, so
+# bf16 travels and arrives as the raw uint16 pattern (REFERENCE.md, "Tensors on the wire").
+_NUMPY_DTYPE: Final[dict[WireDtype, type[np.generic]]] = {
+    WireDtype.FLOAT32: np.float32,
+    WireDtype.FLOAT16: np.float16,
+    WireDtype.BFLOAT16: np.uint16,
+    WireDtype.INT8: np.int8,
+    WireDtype.UINT8: np.uint8,
+    WireDtype.INT64: np.int64,
 }
 
 
@@ -125,23 +117,30 @@ def _valid_scale(scale: float) -> bool:
 
 def encode_tensor(
     name: str,
-    tensor: torch.Tensor,
+    array: np.ndarray[Any, Any],
     *,
+    dtype: WireDtype | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     scale: float | None = None,
 ) -> tuple[TensorHeaderInfo, list[memoryview]]:
-    """Split ``tensor`` into a header and zero-copy chunks of its little-endian bytes.
+    """Split ``array`` into a header and zero-copy chunks of its little-endian bytes.
 
-    The chunks are slices of one contiguous CPU buffer that they keep alive, so
-    sending costs no copy here (the transport still copies into its messages).
-    bf16 travels as the raw uint16 pattern. An int8 tensor needs ``scale``
-    (value = q * scale, see :func:`quantize_int8`); other dtypes must not have one.
+    The chunks are slices of one contiguous buffer that they keep alive, so sending
+    costs no copy here (the transport still copies into its messages). ``dtype``
+    defaults to the array's own; bf16 is sent as a uint16 array with
+    ``dtype=WireDtype.BFLOAT16``. An int8 array needs ``scale`` (value = q * scale, see
+    :func:`quantize_int8`); other dtypes must not have one.
     """
     if not name:
         raise CodecError("tensor name must be non-empty")
     if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes <= 0:
         raise CodecError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
-    wire = WireDtype.from_torch(tensor.dtype)
+    wire = dtype if dtype is not None else WireDtype.from_numpy(array.dtype)
+    if array.dtype != wire.numpy_dtype:
+        raise CodecError(
+            f"tensor {name!r}: {wire.name} is sent from a {wire.numpy_dtype} array, "
+            f"got {array.dtype}"
+        )
     if wire is WireDtype.INT8:
         if scale is None or not _valid_scale(scale):
             raise CodecError(f"tensor {name!r}: int8 needs a positive finite scale, got {scale!r}")
@@ -149,19 +148,16 @@ def encode_tensor(
         raise CodecError(
             f"tensor {name!r}: scale {scale!r} given for {wire.name}; only INT8 has a scale"
         )
-
-    flat = tensor.detach().to("cpu").contiguous().reshape(-1)  # [numel]
-    as_int = flat.view(_INT_VIEW[wire.itemsize])  # [numel], same bytes
-    array = as_int.numpy()  # shares memory with the tensor
+    flat = np.ascontiguousarray(array).reshape(-1)  # [numel]
     if not _NATIVE_LITTLE_ENDIAN:
-        array = array.byteswap()
-    payload = array.data.cast("B")  # [total_bytes] uint8 view
+        flat = flat.byteswap()
+    payload = memoryview(flat).cast("B")  # [total_bytes] uint8 view
     total = payload.nbytes
     chunks = [payload[off : off + chunk_bytes] for off in range(0, total, chunk_bytes)]
     header = TensorHeaderInfo(
         name=name,
         dtype=wire,
-        shape=tuple(int(s) for s in tensor.shape),
+        shape=tuple(int(s) for s in array.shape),
         total_bytes=total,
         crc32=zlib.crc32(payload),
         num_chunks=len(chunks),
@@ -170,35 +166,43 @@ def encode_tensor(
     return header, chunks
 
 
-def quantize_int8(tensor: torch.Tensor) -> tuple[torch.Tensor, float]:
+def quantize_int8(array: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], float]:
     """Symmetric per-tensor int8: ``q = round(x / scale)`` in [-127, 127].
 
     Why: zlib/blosc shrink activations only to 0.7-0.87 of their size, while int8
     halves fp16 (REFERENCE.md). The scale is rounded to float32 first, so it
     survives the proto's ``float scale`` field unchanged and both ends
     dequantise identically. An all-zero tensor gets scale 1.0 (any positive works).
+    The round trip's error is at most ``scale / 2`` per element.
     """
-    if not tensor.is_floating_point():
-        raise CodecError(f"quantize_int8 needs a floating tensor, got {tensor.dtype}")
-    x = tensor.detach().to(torch.float32)  # [...] same shape
-    if x.numel() > 0 and not bool(torch.isfinite(x).all()):
+    if not np.issubdtype(array.dtype, np.floating):
+        raise CodecError(f"quantize_int8 needs a floating array, got {array.dtype}")
+    x = array.astype(np.float32, copy=False)  # [...] same shape
+    if x.size > 0 and not bool(np.isfinite(x).all()):
         raise CodecError("quantize_int8: tensor contains NaN or infinity")
-    amax = float(x.abs().max()) if x.numel() > 0 else 0.0
-    scale32 = torch.tensor(amax / _INT8_QMAX, dtype=torch.float32)
-    scale = float(scale32)
+    amax = float(np.abs(x).max()) if x.size > 0 else 0.0
+    scale = float(np.float32(amax / _INT8_QMAX))
     if scale == 0.0:
-        scale = 1.0 if amax == 0.0 else float(torch.finfo(torch.float32).tiny)
-    q = torch.round(x / scale).clamp_(-_INT8_QMAX, _INT8_QMAX).to(torch.int8)  # [...]
+        scale = 1.0 if amax == 0.0 else float(np.finfo(np.float32).tiny)
+    q = np.clip(np.rint(x / np.float32(scale)), -_INT8_QMAX, _INT8_QMAX).astype(np.int8)
     return q, scale
 
 
-def dequantize(q: torch.Tensor, scale: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """``q * scale`` computed in float32, then cast to ``dtype``."""
-    if q.dtype != torch.int8:
-        raise CodecError(f"dequantize needs an int8 tensor, got {q.dtype}")
+def dequantize(q: np.ndarray[Any, Any], scale: float) -> np.ndarray[Any, Any]:
+    """``q * scale`` in float32 (same shape)."""
+    if q.dtype != np.int8:
+        raise CodecError(f"dequantize needs an int8 array, got {q.dtype}")
     if not _valid_scale(scale):
         raise CodecError(f"dequantize needs a positive finite scale, got {scale!r}")
-    return (q.to(torch.float32) * scale).to(dtype)  # [...] same shape
+    out: np.ndarray[Any, Any] = q.astype(np.float32) * np.float32(scale)
+    return out
+
+
+def bf16_bits_to_float32(bits: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """Widen bf16 bit patterns (uint16) to float32 exactly: bf16 is float32's top half."""
+    if bits.dtype != np.uint16:
+        raise CodecError(f"bf16 bit patterns must be uint16, got {bits.dtype}")
+    return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
 class TensorAssembler:
@@ -326,10 +330,11 @@ class TensorAssembler:
         self._received = end
         self._next_index = index + 1
 
-    def finish(self) -> torch.Tensor:
-        """Verify completeness and CRC-32; return the tensor (int8 stays quantised).
+    def finish(self) -> np.ndarray[Any, Any]:
+        """Verify completeness and CRC-32; return the array (int8 stays quantised, bf16
+        arrives as uint16 bit patterns).
 
-        The tensor is a view of the assembler's buffer (no copy); the assembler
+        The array is a view of the assembler's buffer (no copy); the assembler
         cannot be reused afterwards.
         """
         self._check_usable()
@@ -346,23 +351,20 @@ class TensorAssembler:
                 f"payload crc32 {crc:#010x}"
             )
         self._finished = True
-        if h.total_bytes == 0:
-            return torch.empty(h.shape, dtype=h.dtype.torch_dtype)
-        int_dtype = _INT_VIEW[h.dtype.itemsize]
-        raw = torch.frombuffer(self._buffer, dtype=int_dtype)  # [numel], aliases buffer
+        arr = np.frombuffer(self._buffer, dtype=h.dtype.numpy_dtype)  # [numel], aliases buffer
         if not _NATIVE_LITTLE_ENDIAN:
-            raw = torch.from_numpy(raw.numpy().byteswap())
-        return raw.view(h.dtype.torch_dtype).view(h.shape)  # [*shape]
+            arr = arr.byteswap()
+        return arr.reshape(h.shape)  # [*shape]
 
-    def finish_dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Like :meth:`finish`, but int8 is dequantised with ``header.scale`` to ``dtype``.
-
-        Non-int8 tensors are cast to ``dtype`` (a no-op when it already matches).
-        """
-        tensor = self.finish()
+    def finish_float32(self) -> np.ndarray[Any, Any]:
+        """Like :meth:`finish`, as float32: int8 dequantised with ``header.scale``, bf16
+        widened exactly, other types cast."""
+        arr = self.finish()
         if self.header.dtype is WireDtype.INT8:
-            return dequantize(tensor, self.header.scale, dtype)
-        return tensor.to(dtype)
+            return dequantize(arr, self.header.scale)
+        if self.header.dtype is WireDtype.BFLOAT16:
+            return bf16_bits_to_float32(arr)
+        return arr.astype(np.float32)
 
 
 def _validate_header(h: TensorHeaderInfo, *, max_bytes: int) -> None:

@@ -216,13 +216,22 @@ def aligned_open_msg(question: str, *, dtype: str = "float32",
     return verifier_pb2.EdgeMessage(open=convert.open_to_pb(req))
 
 
-def tensor_msgs(tensor: torch.Tensor, *, name: str = FEATURES, chunk_bytes: int = 4096,
+def tensor_msgs(tensor: torch.Tensor | np.ndarray, *, name: str = FEATURES,
+                chunk_bytes: int = 4096,
                 scale: float | None = None) -> list[verifier_pb2.EdgeMessage]:
     """Header then chunks of ``tensor``, as EdgeMessages, via the real codec."""
-    from shared.codec import encode_tensor
+    from shared.codec import WireDtype, encode_tensor
     from shared.types import TensorChunkData
 
-    header, chunks = encode_tensor(name, tensor, chunk_bytes=chunk_bytes, scale=scale)
+    dtype = None
+    if isinstance(tensor, torch.Tensor):
+        if tensor.dtype == torch.bfloat16:
+            dtype = WireDtype.BFLOAT16
+            tensor = tensor.view(torch.int16).numpy().view(np.uint16)
+        else:
+            tensor = tensor.numpy()
+    header, chunks = encode_tensor(name, tensor, dtype=dtype, chunk_bytes=chunk_bytes,
+                                   scale=scale)
     out = [convert.edge_message_to_pb(header)]
     out += [convert.edge_message_to_pb(TensorChunkData(name, i, bytes(c)))
             for i, c in enumerate(chunks)]

@@ -217,7 +217,7 @@ async def test_dtype_differs_from_open(server: VerifierServer, reference: list[i
                                        features: torch.Tensor) -> None:
     from shared.codec import quantize_int8
 
-    q, scale = quantize_int8(features)
+    q, scale = quantize_int8(features.numpy())
     await _check(server, reference, [_aligned(dtype="float32"), *h.tensor_msgs(q, scale=scale)],
                  INVALID, "expected dtype FLOAT32")
 
@@ -257,7 +257,7 @@ async def test_tensor_over_max_tensor_bytes(small_server: VerifierServer, refere
                      f"limit of {SMALL_TENSOR_CAP} bytes")
     assert "video_features" in f.details
     # The same features as int8 fit under the cap and complete.
-    q, scale = quantize_int8(features)
+    q, scale = quantize_int8(features.numpy())
     out = await h.run_generate(small_server.port, _aligned(dtype="int8"),
                                extra=h.tensor_msgs(q, scale=scale), timeout=30)
     assert out.done.stats.new_tokens == len(out.tokens) > 0

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-import torch
 
 from shared import convert
 from shared.codec import encode_tensor
@@ -51,7 +51,7 @@ EDGE_COST = EdgeCost(66.0, 18.5, 3.0, 1e6, 0.5)
         DraftTail(3, (1, 2, 3), 4.5),
         CancelRequest("bye"),
         TensorChunkData("video_features", 2, b"\x00\x01"),
-        encode_tensor("video_features", torch.ones(2, 3))[0],
+        encode_tensor("video_features", np.ones((2, 3), dtype=np.float32))[0],
     ],
 )
 def test_edge_messages_round_trip(msg: object) -> None:
