@@ -8,9 +8,9 @@ STAMP := $(VENV)/.eventspec-installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# CPU PyTorch, explicitly: an unpinned torch can pull a multi-GB CUDA build.
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	# CPU PyTorch, explicitly: it refuses (clearly) a build that would pull CUDA.
+	$(PY) tools/install_cpu_torch.py
+	$(PY) -m pip install -q -e '.[edge,cloud,dev]'
 	touch $@
 
 demo: $(STAMP)
@@ -25,6 +25,7 @@ test-all: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy shared edge cloud
+	$(VENV)/bin/lint-imports
 
 proto: $(STAMP)
 	$(PY) tools/gen_protos.py
