@@ -230,9 +230,7 @@ async def run_generate(
     reader = asyncio.create_task(inbox.consume(messages))
     try:
         prompt_ids = rt.target.build_prompt_ids(open_req.question)
-        plan, plan_inputs = rt.plan_for(
-            open_req, text_tokens=len(prompt_ids) - rt.info.geometry.visual_tokens
-        )
+        plan, plan_inputs = rt.plan_for(open_req)
         yield plan
 
         visual = await _visual_input(rt, open_req, inbox)

@@ -8,20 +8,15 @@ through the one shared timing model.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from cloud.config import CloudSettings
 from cloud.engine.base import TargetEngine
 from cloud.sessions import SessionRegistry
 from cloud.target import TargetModel
 from shared.estimators import AcceptanceEstimator
-from shared.timing import (
-    CloudCost,
-    PlanInputs,
-    TimingPlan,
-    plan,
-    replan,
-)
+from shared.planning import facts_from_open, request_plan
+from shared.timing import CloudCost, PlanInputs, TimingPlan, replan
 from shared.types import FeatureMode, OpenRequest, RequestStats, ServerInfo, VisualGeometry
 from shared.worker import ModelWorker
 
@@ -41,37 +36,10 @@ class VerifierRuntime:
     acceptance: AcceptanceEstimator = field(default_factory=lambda: AcceptanceEstimator(prior=0.5))
     requests_served: int = 0
 
-    def plan_for(
-        self, open_req: OpenRequest, *, text_tokens: int
-    ) -> tuple[TimingPlan, PlanInputs | None]:
-        """The request's plan, from the same function the edge runs on the same profiles,
+    def plan_for(self, open_req: OpenRequest) -> tuple[TimingPlan, PlanInputs | None]:
+        """The request's plan from the one function the edge also runs on the same facts,
         and the inputs it came from (None for target-only requests)."""
-        edge = open_req.edge_cost
-        if not open_req.speculative or edge is None:
-            return TimingPlan(
-                speculate=False,
-                hidden_draft_budget=0,
-                lookahead_tokens=0,
-                chunk_cadence_tokens=1,
-                aligned_fits_uplink=False,
-                acceptance_estimate=0.0,
-                predicted_prefill_ms=self.info.cloud_cost.prefill_ms(
-                    self.info.geometry.visual_tokens, text_tokens
-                ),
-                predicted_step_ms=self.info.cloud_cost.step_ms(1),
-                predicted_speedup=1.0,
-                reason="target-only request: no drafts expected",
-            ), None
-        inputs = PlanInputs(
-            cloud=self.info.cloud_cost,
-            edge=edge,
-            visual_tokens=self.info.geometry.visual_tokens,
-            text_tokens=text_tokens,
-            alpha=edge.acceptance_prior,
-            max_new_tokens=open_req.generation.max_new_tokens,
-            max_lookahead=self.settings.max_verify_tokens - 1,
-        )
-        return plan(inputs), inputs
+        return request_plan(self.info, open_req.edge_cost, facts_from_open(open_req))
 
     def observe(self, stats: RequestStats, rejections: int) -> None:
         """Fold a finished request's acceptance into the server-wide estimate."""
@@ -108,6 +76,6 @@ def server_info_for(
         geometry=geometry,
         feature_modes=(FeatureMode.FRAMES, FeatureMode.ALIGNED),
         cloud_cost=cost,
-        limits=settings.limits,
+        limits=replace(settings.limits, max_verify_tokens=settings.max_verify_tokens),
         prompt_overhead_tokens=len(prompt) - geometry.visual_tokens,
     )

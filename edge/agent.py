@@ -20,19 +20,22 @@ from dataclasses import replace
 from typing import Any
 
 from edge.align import FeatureAdapter
-from edge.cloud_link import CloudLink, CloudStream
 from edge.draft import DraftModel
 from edge.drafter import Drafter
 from edge.events.base import EventSource
+from edge.link import VerifierLink, VerifierStream
+from edge.session import Action, EdgeSession, SendDrafts, ShowPreview
 from edge.visual_input import (
     PreparedVisual,
     choose_feature_mode,
     prepare_visual,
     send_features,
 )
+from shared.codec import WireDtype
 from shared.errors import EventSpecError, FailedPrecondition, InvalidInput, Unavailable
-from shared.estimators import AcceptanceEstimator, Ewma
-from shared.timing import EdgeCost, PlanInputs, TimingPlan, plan
+from shared.estimators import AcceptanceEstimator, Ewma, ThroughputEstimator
+from shared.planning import RequestFacts, facts_from_open, plan_inputs, request_plan
+from shared.timing import EdgeCost, TimingPlan, plan
 from shared.types import (
     AlignedSpec,
     AskEvent,
@@ -40,10 +43,10 @@ from shared.types import (
     CommitEvent,
     CommittedEvent,
     DoneEvent,
-    DraftTail,
     FeatureMode,
     FinalEvent,
     FinishReason,
+    GenerationSettings,
     Mode,
     OpenRequest,
     PreviewEvent,
@@ -77,28 +80,6 @@ class EdgeCostMeter:
             self._per_token.update(ms_per_token)
 
 
-#: Drafting budget when ``--speculation always`` overrides a plan that said no.
-FORCED_HIDDEN_DRAFTS = 16
-FORCED_LOOKAHEAD = 6
-
-
-def forced_plan(p: TimingPlan) -> TimingPlan:
-    """``p`` with drafting switched on (``--speculation always``, for measuring acceptance).
-
-    The cloud verifies whatever valid drafts arrive, so this changes speed, never output.
-    """
-    if p.speculate:
-        return p
-    return replace(
-        p,
-        speculate=True,
-        hidden_draft_budget=max(p.hidden_draft_budget, FORCED_HIDDEN_DRAFTS),
-        lookahead_tokens=max(p.lookahead_tokens, FORCED_LOOKAHEAD),
-        chunk_cadence_tokens=1,
-        reason=f"forced by --speculation always; the plan said: {p.reason}",
-    )
-
-
 class EdgeAgent:
     """Answers questions about the source's events; one instance per edge process."""
 
@@ -107,7 +88,7 @@ class EdgeAgent:
         *,
         source: EventSource,
         draft: DraftModel,
-        link: CloudLink | None,
+        link: VerifierLink | None,
         adapter: FeatureAdapter | None = None,
         worker: ModelWorker | None = None,
         acceptance_prior: float = 0.5,
@@ -124,13 +105,13 @@ class EdgeAgent:
         self.worker = worker or ModelWorker("edge-model")
         self.acceptance = AcceptanceEstimator(prior=acceptance_prior)
         self.costs = EdgeCostMeter()
+        self.uplink = ThroughputEstimator()
         self.default_jpeg_quality = default_jpeg_quality
         self.request_timeout_s = request_timeout_s
         self.rpc_timeout_s = rpc_timeout_s
         self.preview_every = max(1, preview_every)
         self.force_speculation = force_speculation
         self.requests_served = 0
-        self._model_lock = asyncio.Lock()
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -142,16 +123,17 @@ class EdgeAgent:
         except EventSpecError as exc:
             log.warning("warm-up skipped: %s", exc)
             return
-        drafter = Drafter(self.draft, max_new_tokens=8)
+        drafter = Drafter(self.draft)
 
         def run() -> None:
             # Twice: the first round pays one-off costs (allocations, lazy init).
             nonlocal drafter
             for _ in range(2):
-                drafter = Drafter(self.draft, max_new_tokens=8)
+                drafter = Drafter(self.draft)
                 drafter.prefill(spec.question, prepared.event_pixels)
-                while drafter.can_draft() and len(drafter.tail) < 8:
-                    drafter.draft_one()
+                seq: list[int] = []
+                while len(seq) < 8 and (not seq or seq[-1] != self.draft.eos_token_id):
+                    seq.append(drafter.draft_next(seq))
 
         await self.worker.run(run)
         self.costs.update(drafter.prefill_ms, drafter.ms_per_token)
@@ -167,7 +149,7 @@ class EdgeAgent:
             draft_prefill_ms=max(self.costs.draft_prefill_ms, 0.01),
             draft_ms_per_token=max(self.costs.draft_ms_per_token, 0.01),
             rtt_ms=max(rtt, 0.0),
-            uplink_bytes_per_s=0.0,
+            uplink_bytes_per_s=self.uplink.bytes_per_s,
             acceptance_prior=self.acceptance.value,
         )
 
@@ -223,18 +205,25 @@ class EdgeAgent:
     async def _with_cloud(
         self, spec: AskSpec, info: ServerInfo, prepared: PreparedVisual
     ) -> AsyncIterator[AskEvent]:
+        """Run one request against the cloud, driving an ``EdgeSession``.
+
+        Three things can happen at any time: a cloud reply arrives, the draft prefill
+        ends, a draft token is ready. The session decides what each means; this loop
+        only waits for them and carries out the session's actions.
+        """
         assert self.link is not None
         started = time.perf_counter()
         speculative = spec.mode == Mode.SPECULATIVE
         settings = spec.generation.validated(info.limits.max_new_tokens)
         edge_cost = self.edge_cost()
+        feature_dtype = self._feature_dtype(info, edge_cost, spec, settings, prepared)
         open_req = OpenRequest(
             request_id=uuid.uuid4().hex[:12],
             question=spec.question,
             generation=settings,
             frames=prepared.frames,
             aligned=(
-                AlignedSpec("float16", tuple(prepared.features.shape))
+                AlignedSpec(feature_dtype.label, tuple(prepared.features.shape))
                 if prepared.features is not None
                 else None
             ),
@@ -242,116 +231,82 @@ class EdgeAgent:
             deadline_ms=int(self.request_timeout_s * 1000),
             speculative=speculative,
         )
-        local_plan = self._plan(info, edge_cost, settings.max_new_tokens, speculative)
-        if speculative and self.force_speculation:
-            local_plan = forced_plan(local_plan)
+        local_plan, _ = request_plan(info, open_req.edge_cost, facts_from_open(open_req))
+        session = EdgeSession(
+            plan=local_plan,
+            max_new_tokens=settings.max_new_tokens,
+            eos_token_id=self.draft.eos_token_id,
+            speculative=speculative,
+            force_speculation=self.force_speculation,
+            preview_every=self.preview_every,
+        )
+        drafter = Drafter(self.draft)
         stream = self.link.open_stream(self.request_timeout_s)
-        replies: asyncio.Queue[Any] = asyncio.Queue()
-
-        async def receive() -> None:
-            try:
-                async for msg in stream.replies():
-                    await replies.put(msg)
-                await replies.put(
-                    Unavailable(
-                        f"cloud verifier at {self.link.address if self.link else '?'} closed the "
-                        "stream without Done"
-                    )
-                )
-            except EventSpecError as exc:
-                await replies.put(exc)
-
-        receiver = asyncio.create_task(receive())
-        drafter = Drafter(self.draft, settings.max_new_tokens) if speculative else None
-        committed: list[int] = []
-        text = ""
-        first_commit_at: float | None = None
         stage: dict[str, float] = {"edge_render": prepared.render_ms}
+        first_commit_at: float | None = None
+        tasks: dict[str, asyncio.Future[Any]] = {}
+        draft_context: tuple[int, ...] = ()
         try:
             t_up = time.perf_counter()
             await stream.send(open_req)
-            await send_features(stream, prepared)
-            stage["edge_upload"] = (time.perf_counter() - t_up) * 1e3
-            active_plan = local_plan
-            prefill_task: asyncio.Task[float] | None = None
-            if drafter is not None and local_plan.speculate:
-                prefill_task = asyncio.create_task(
-                    self.worker.run(lambda: drafter.prefill(
+            sent = await send_features(stream, prepared, feature_dtype)
+            up_s = time.perf_counter() - t_up
+            stage["edge_upload"] = up_s * 1e3
+            self.uplink.observe(sent + sum(len(f) for f in prepared.frames or ()), up_s)
+            if session.wants_prefill:
+                tasks["prefill"] = asyncio.ensure_future(self.worker.run(
+                    lambda: drafter.prefill(
                         spec.question, prepared.event_pixels, prepared.clip_features
+                    )
+                ))
+            replies = aiter(stream.replies())
+            tasks["reply"] = asyncio.ensure_future(anext(replies))
+            while session.done is None:
+                if "draft" not in tasks and session.wants_draft():
+                    draft_context = session.draft_context()
+                    tasks["draft"] = asyncio.ensure_future(self.worker.run(
+                        lambda ctx=draft_context: drafter.draft_next(ctx)  # type: ignore[misc]
                     ))
-                )
-            last_sent_len = 0
-            last_preview = 0
-            done: DoneEvent | None = None
-            while done is None:
-                # 1. Fold in everything the cloud has said.
-                while not replies.empty() or (
-                    not self._can_draft(drafter, prefill_task, active_plan, committed)
-                ):
-                    msg = await replies.get()
-                    if isinstance(msg, EventSpecError):
-                        self.link.mark_failure(msg)
-                        raise msg
+                await asyncio.wait(tasks.values(), return_when=asyncio.FIRST_COMPLETED)
+                if "prefill" in tasks and tasks["prefill"].done():
+                    tasks.pop("prefill").result()
+                    session.on_prefill_done()
+                if "draft" in tasks and tasks["draft"].done():
+                    token = tasks.pop("draft").result()
+                    for action in session.on_draft(draft_context, token):
+                        event = await self._carry_out(action, session, stream, started)
+                        if event is not None:
+                            yield event
+                if tasks["reply"].done():
+                    msg = self._reply(tasks.pop("reply"))
                     if isinstance(msg, TimingPlan):
-                        # Both sides ran the same function on the same profiles; the
-                        # cloud's copy wins unless drafting is forced for measurement.
-                        active_plan = forced_plan(msg) if self.force_speculation else msg
-                        continue
-                    if isinstance(msg, DoneEvent):
-                        done = msg
+                        session.on_plan(msg)
+                    elif isinstance(msg, DoneEvent):
+                        session.on_done(msg)
                         break
-                    assert isinstance(msg, CommitEvent)
-                    if first_commit_at is None:
-                        first_commit_at = time.perf_counter()
-                    if drafter is not None and prefill_task is not None:
-                        await prefill_task  # the drafter's cache must exist to fold commits in
-                        await self.worker.run(
-                            lambda m=msg: drafter.on_commit(m.start, m.token_ids)  # type: ignore[misc]
-                        )
-                        if not drafter.tail:
-                            last_sent_len = len(drafter.committed)
-                    if msg.drafts_verified:
-                        self.acceptance.observe(msg.drafts_accepted, msg.drafts_verified)
-                    committed.extend(msg.token_ids)
-                    text = msg.text
-                    yield CommittedEvent(msg.start, msg.token_ids, msg.text)
-                if done is not None:
-                    break
-                # 2. Draft one token and send the tail at the plan's cadence.
-                assert drafter is not None and prefill_task is not None
-                await prefill_task
-                await self.worker.run(drafter.draft_one)
-                seq_len = len(drafter.committed) + len(drafter.tail)
-                if drafter.tail and (
-                    seq_len - last_sent_len >= max(1, active_plan.chunk_cadence_tokens)
-                    or not drafter.can_draft()
-                ):
-                    await stream.send(
-                        DraftTail(
-                            len(drafter.committed),
-                            tuple(drafter.tail),
-                            (time.perf_counter() - started) * 1e3,
-                        ),
-                        best_effort=True,
-                    )
-                    last_sent_len = seq_len
-                if seq_len - last_preview >= self.preview_every and drafter.tail:
-                    last_preview = seq_len
-                    yield PreviewEvent(
-                        len(drafter.committed),
-                        tuple(drafter.tail),
-                        text + self._decode(drafter.tail, prefix=committed),
-                    )
+                    else:
+                        first_commit_at = first_commit_at or time.perf_counter()
+                        if msg.drafts_verified:
+                            self.acceptance.observe(msg.drafts_accepted, msg.drafts_verified)
+                        for action in session.on_commit(msg):
+                            event = await self._carry_out(action, session, stream, started)
+                            if event is not None:
+                                yield event
+                    tasks["reply"] = asyncio.ensure_future(anext(replies))
             await stream.done_writing()
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
                 stream.cancel()
             raise
         finally:
-            receiver.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await receiver
-        if drafter is not None and drafter.drafted_total:
+            for task in tasks.values():
+                task.cancel()
+            for task in tasks.values():
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        done = session.done
+        assert done is not None
+        if drafter.drafted_total:
             self.costs.update(drafter.prefill_ms, drafter.ms_per_token)
             stage["draft_prefill"] = drafter.prefill_ms
         stats = self._edge_stats(done.stats, started, first_commit_at, stream, stage)
@@ -363,44 +318,51 @@ class EdgeAgent:
             feature_mode=prepared.feature_mode,
             finish_reason=done.finish_reason,
             stats=stats,
-            plan=active_plan,
+            plan=session.plan,
             window=prepared.window,
         )
 
-    def _can_draft(
-        self,
-        drafter: Drafter | None,
-        prefill_task: asyncio.Task[float] | None,
-        active_plan: TimingPlan,
-        committed: Sequence[int],
-    ) -> bool:
-        """Whether drafting one more token now is within the plan."""
-        if drafter is None or prefill_task is None or not active_plan.speculate:
-            return False
-        if not prefill_task.done():
-            return True  # awaiting the prefill is the next useful thing
-        if not drafter.can_draft():
-            return False
-        limit = active_plan.hidden_draft_budget if not committed else active_plan.lookahead_tokens
-        return len(drafter.tail) < max(limit, 0)
+    def _reply(self, task: asyncio.Future[Any]) -> TimingPlan | CommitEvent | DoneEvent:
+        """The cloud's next message, or the error that ended the stream."""
+        assert self.link is not None
+        try:
+            msg = task.result()
+        except StopAsyncIteration:
+            err: EventSpecError = Unavailable("the cloud verifier closed the stream without Done")
+            self.link.mark_failure(err)
+            raise err from None
+        except EventSpecError as exc:
+            self.link.mark_failure(exc)
+            raise
+        if not isinstance(msg, (TimingPlan, CommitEvent, DoneEvent)):
+            raise FailedPrecondition(f"unexpected message from the cloud: {type(msg).__name__}")
+        return msg
 
-    def _plan(
-        self, info: ServerInfo, edge_cost: EdgeCost, max_new_tokens: int, speculative: bool
-    ) -> TimingPlan:
-        """The same plan the cloud computes from the same profiles."""
-        if not speculative:
-            return TimingPlan(False, 0, 0, 1, False, 0.0, 0.0, 0.0, 1.0, "target-only request")
-        return plan(
-            PlanInputs(
-                cloud=info.cloud_cost,
-                edge=edge_cost,
-                visual_tokens=info.geometry.visual_tokens,
-                text_tokens=info.prompt_overhead_tokens,
-                alpha=edge_cost.acceptance_prior,
-                max_new_tokens=max_new_tokens,
-                max_lookahead=32,
-            )
-        )
+    async def _carry_out(
+        self, action: Action, session: EdgeSession, stream: VerifierStream, started: float
+    ) -> AskEvent | None:
+        """Do what the session asked: send a tail, or produce a client event."""
+        if isinstance(action, SendDrafts):
+            tail = replace(action.tail, sent_at_ms=(time.perf_counter() - started) * 1e3)
+            await stream.send(tail, best_effort=True)
+            return None
+        if isinstance(action, ShowPreview):
+            text = session.text + self._decode(action.token_ids, prefix=session.committed)
+            return PreviewEvent(action.base, action.token_ids, text)
+        return CommittedEvent(action.start, action.token_ids, action.text)
+
+    def _feature_dtype(
+        self, info: ServerInfo, edge_cost: EdgeCost, spec: AskSpec,
+        settings: GenerationSettings, prepared: PreparedVisual,
+    ) -> WireDtype:
+        """fp16, or int8 when the shared plan says fp16 features do not fit the uplink
+        (and the uplink has been measured: unknown is not slow)."""
+        if prepared.features is None or edge_cost.uplink_bytes_per_s <= 0:
+            return WireDtype.FLOAT16
+        fp16 = RequestFacts(spec.question, settings.max_new_tokens, True, "aligned",
+                            prepared.features.numel() * WireDtype.FLOAT16.itemsize)
+        fits = plan(plan_inputs(info, edge_cost, fp16)).aligned_fits_uplink
+        return WireDtype.FLOAT16 if fits else WireDtype.INT8
 
     def _decode(self, ids: Sequence[int], prefix: Sequence[int] = ()) -> str:
         """Text that ``ids`` add after ``prefix`` (decoding together keeps spacing right)."""
@@ -414,7 +376,7 @@ class EdgeAgent:
         cloud: RequestStats,
         started: float,
         first_commit_at: float | None,
-        stream: CloudStream,
+        stream: VerifierStream,
         stage: dict[str, float],
     ) -> RequestStats:
         now = time.perf_counter()
@@ -434,18 +396,20 @@ class EdgeAgent:
         started = time.perf_counter()
         settings = spec.generation.validated(4096)
         prepared = await self._prepare(spec, need_frames=False, need_features=False)
-        drafter = Drafter(self.draft, settings.max_new_tokens)
+        drafter = Drafter(self.draft)
         await self.worker.run(lambda: drafter.prefill(spec.question, prepared.event_pixels))
         first_at: float | None = None
         text = ""
-        while drafter.can_draft():
-            token = await self.worker.run(drafter.draft_one)
-            start = len(drafter.committed)
-            await self.worker.run(lambda t=token, s=start: drafter.on_commit(s, [t]))  # type: ignore[misc]
+        answer: list[int] = []
+        while len(answer) < settings.max_new_tokens and (
+            not answer or answer[-1] != self.draft.eos_token_id
+        ):
+            token = await self.worker.run(lambda seq=tuple(answer): drafter.draft_next(seq))  # type: ignore[misc]
+            answer.append(token)
             first_at = first_at or time.perf_counter()
-            text = self._decode(drafter.committed)
-            yield CommittedEvent(start, (token,), text)
-        ids = tuple(drafter.committed)
+            text = self._decode(answer)
+            yield CommittedEvent(len(answer) - 1, (token,), text)
+        ids = tuple(answer)
         reason = (
             FinishReason.EOS
             if ids and ids[-1] == self.draft.eos_token_id

@@ -1,10 +1,11 @@
-"""Greedy drafting on the edge, with rollback when the cloud's commits diverge.
+"""The draft model's KV cache for one request, kept in sync with a token sequence.
 
-The drafter mirrors the cloud's committed sequence C and keeps its own speculative
-tail beyond it. Its KV cache always holds ``prompt + (C + tail)[:-1]``: the newest token
-is not yet fed, and its successor is computed only when the next draft is wanted, so a
-Commit that disagrees costs one cache crop plus feeding the committed tokens, never a
-re-prefill (DESIGN, "Commits").
+``edge.session`` decides what to draft after (the committed answer C plus the edge's
+tail); this class computes the greedy token after any such context. Its cache holds
+``prompt + fed`` and the logits after it. Asked for a new context, it crops the cache to
+the longest prefix the two share and feeds the rest in one forward, so a Commit that
+cuts the tail costs one crop plus feeding the committed tokens, never a re-prefill
+(DESIGN, "Commits"), and the cache can never hold a token twice.
 
 All methods do model work and must run on the edge's single model thread.
 """
@@ -13,12 +14,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-
-from shared.errors import InvalidInput
 
 
 class DraftBackend(Protocol):
@@ -41,33 +39,20 @@ class DraftBackend(Protocol):
     def greedy_next(self, logits_row: torch.Tensor) -> int: ...
 
 
-@dataclass
-class CommitOutcome:
-    """How a Commit related to the drafter's tail."""
-
-    kept: int  # tail tokens confirmed by the commit
-    rolled_back: bool  # the tail diverged and the cache was cropped
-
-
 class Drafter:
-    """Prefill, then greedy drafting that can start the moment prefill ends."""
+    """Prefill, then greedy drafting after whatever context the session names."""
 
-    def __init__(self, backend: DraftBackend, max_new_tokens: int) -> None:
+    def __init__(self, backend: DraftBackend) -> None:
         self.backend = backend
-        self.max_new_tokens = max_new_tokens
-        self.committed: list[int] = []
-        self.tail: list[int] = []
         self._state: Any = None
         self._prompt_len = 0
-        self._next_logits: torch.Tensor | None = None  # [V], successor of committed+tail
+        self._fed: list[int] = []  # tokens after the prompt whose KV the cache holds
+        self._prefill_logits: torch.Tensor | None = None  # [V], after the prompt
+        self.last_logits: torch.Tensor | None = None  # [V], after ``self._fed``
         self.prefill_ms = 0.0
         self.draft_ms_total = 0.0
         self.drafted_total = 0
         self.rollbacks = 0
-
-    @property
-    def sequence(self) -> list[int]:
-        return self.committed + self.tail
 
     def prefill(
         self, question: str, pixel_values: torch.Tensor,
@@ -82,67 +67,47 @@ class Drafter:
             question, pixel_values, clip_features=clip_features
         )
         self._prompt_len = self.backend.seq_len(self._state)
-        self._next_logits = logits
+        self._prefill_logits = logits
+        self.last_logits = logits
+        self._fed = []
         self.prefill_ms = (time.perf_counter() - t0) * 1e3
         return self.prefill_ms
 
-    def can_draft(self) -> bool:
-        """False once the tail ends in EOS or reaches max_new_tokens."""
-        seq = self.sequence
-        if len(seq) >= self.max_new_tokens:
-            return False
-        return not (seq and seq[-1] == self.backend.eos_token_id)
-
-    def draft_one(self) -> int:
-        """Extend the tail by one greedy token (one forward unless logits are cached)."""
-        if self._state is None:
+    def draft_next(self, context: Sequence[int]) -> int:
+        """The greedy token after ``prompt + context`` (at most one forward)."""
+        if self._state is None or self._prefill_logits is None:
             raise RuntimeError("draft before prefill")
         t0 = time.perf_counter()
-        if self._next_logits is None:
-            seq = self.sequence
-            logits = self.backend.step(self._state, [seq[-1]])  # [1, V]
-            self._next_logits = logits[-1]
-        token = self.backend.greedy_next(self._next_logits)
-        self._next_logits = None
-        self.tail.append(token)
+        ctx = [int(t) for t in context]
+        if ctx != self._fed or self.last_logits is None:
+            self.last_logits = self._sync(ctx)
+        token = self.backend.greedy_next(self.last_logits)
         self.draft_ms_total += (time.perf_counter() - t0) * 1e3
         self.drafted_total += 1
         return token
+
+    def _sync(self, ctx: list[int]) -> torch.Tensor:
+        """Make the cache hold ``prompt + ctx``; return the logits after it [V]."""
+        shared = 0
+        while shared < min(len(ctx), len(self._fed)) and ctx[shared] == self._fed[shared]:
+            shared += 1
+        # The newest context token must be fed to get its successor's logits.
+        keep = min(shared, max(len(ctx) - 1, 0))
+        if keep < len(self._fed):
+            self.backend.rollback(self._state, self._prompt_len + keep)
+            self.rollbacks += 1
+        self._fed = ctx[:keep]
+        if not ctx:
+            assert self._prefill_logits is not None
+            return self._prefill_logits
+        rows = self.backend.step(self._state, ctx[keep:])  # [len(ctx) - keep, V]
+        self._fed = ctx
+        return rows[-1]
 
     @property
     def ms_per_token(self) -> float:
         return self.draft_ms_total / self.drafted_total if self.drafted_total else 0.0
 
-    def on_commit(self, start: int, tokens: Sequence[int]) -> CommitOutcome:
-        """Fold a cloud Commit into C; keep the tail if it agrees, else roll back.
-
-        The cache is cropped to the longest prefix of ``prompt + C'`` it already holds;
-        the committed tokens it lacks are fed lazily by the next ``draft_one``.
-        """
-        if start != len(self.committed):
-            raise InvalidInput(
-                f"Commit starts at {start}, but the edge has {len(self.committed)} committed tokens"
-            )
-        tokens = list(tokens)
-        agree = 0
-        while agree < min(len(tokens), len(self.tail)) and tokens[agree] == self.tail[agree]:
-            agree += 1
-        self.committed.extend(tokens)
-        if agree == len(tokens):
-            self.tail = self.tail[agree:]
-            return CommitOutcome(kept=agree, rolled_back=False)
-        # Divergence at tokens[agree] (or the tail ran out): crop to what still matches.
-        self.tail = []
-        if self._state is None:
-            return CommitOutcome(kept=agree, rolled_back=False)
-        cached = self.backend.seq_len(self._state)
-        keep = min(cached, self._prompt_len + len(self.committed) - len(tokens) + agree)
-        rolled = keep < cached
-        if rolled:
-            self.backend.rollback(self._state, keep)
-            self.rollbacks += 1
-        missing = self.committed[keep - self._prompt_len : -1]
-        self._next_logits = None
-        if missing:
-            self.backend.step(self._state, missing)
-        return CommitOutcome(kept=agree, rolled_back=rolled)
+    def cached_len(self) -> int:
+        """Positions the draft cache holds (prompt + fed tokens)."""
+        return int(self.backend.seq_len(self._state)) if self._state is not None else 0

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import torch
 
 from edge.align import FeatureAdapter
-from edge.cloud_link import CloudStream
 from edge.draft import DraftModel
 from edge.events.base import EventSource
 from edge.events.render import event_pixel_values
 from edge.events.windows import events_for_window, sample_rgb_frames, select_window
-from shared.codec import encode_tensor
+from edge.link import VerifierStream
+from shared.codec import WireDtype, encode_tensor, quantize_int8
 from shared.errors import FailedPrecondition, InvalidInput
 from shared.imageproc import downscale_short_side, encode_jpeg
 from shared.types import (
@@ -137,13 +137,22 @@ async def prepare_visual(
     return prepared
 
 
-async def send_features(stream: CloudStream, prepared: PreparedVisual) -> None:
-    """Stream the aligned features (fp16) as a chunked tensor; nothing in frames mode."""
+async def send_features(
+    stream: VerifierStream, prepared: PreparedVisual, dtype: WireDtype
+) -> int:
+    """Stream the aligned features as a chunked tensor (fp16, or int8 with a scale when
+    the plan says fp16 does not fit the uplink). Returns the payload bytes sent."""
     if prepared.features is None:
-        return
-    header, chunks = encode_tensor(
-        VIDEO_FEATURES_TENSOR, prepared.features.detach().cpu().half().numpy()
-    )  # [F, T, D] fp16
+        return 0
+    feats = prepared.features.detach().cpu().float().numpy()  # [F, T, D] float32
+    if dtype is WireDtype.INT8:
+        q, scale = quantize_int8(feats)
+        header, chunks = encode_tensor(VIDEO_FEATURES_TENSOR, q, scale=scale)
+    elif dtype is WireDtype.FLOAT16:
+        header, chunks = encode_tensor(VIDEO_FEATURES_TENSOR, feats.astype("float16"))
+    else:
+        raise InvalidInput(f"aligned features are sent as float16 or int8, not {dtype.label}")
     await stream.send(header)
     for i, chunk in enumerate(chunks):
         await stream.send(TensorChunkData(VIDEO_FEATURES_TENSOR, i, bytes(chunk)))
+    return header.total_bytes

@@ -62,6 +62,20 @@ class WireDtype(enum.Enum):
             ) from None
 
     @classmethod
+    def from_name(cls, name: str) -> WireDtype:
+        """``"float16"`` -> FLOAT16 (the lower-case member name), or a clear error."""
+        try:
+            return cls[name.upper()]
+        except KeyError:
+            known = sorted(d.label for d in cls)
+            raise CodecError(f"unknown dtype {name!r}; expected one of {known}") from None
+
+    @property
+    def label(self) -> str:
+        """The dtype's name as ``AlignedSpec`` and the CLIs spell it (``"float16"``)."""
+        return self.name.lower()
+
+    @classmethod
     def from_numpy(cls, dtype: np.dtype[Any]) -> WireDtype:
         """The wire type of a numpy dtype (bf16 has none: pass ``BFLOAT16`` explicitly)."""
         for wire, np_dtype in _NUMPY_DTYPE.items():
@@ -151,7 +165,7 @@ def encode_tensor(
     flat = np.ascontiguousarray(array).reshape(-1)  # [numel]
     if not _NATIVE_LITTLE_ENDIAN:
         flat = flat.byteswap()
-    payload = memoryview(flat).cast("B")  # [total_bytes] uint8 view
+    payload = memoryview(flat.view(np.uint8).data)  # [total_bytes] uint8 view, no copy
     total = payload.nbytes
     chunks = [payload[off : off + chunk_bytes] for off in range(0, total, chunk_bytes)]
     header = TensorHeaderInfo(

@@ -36,30 +36,6 @@ from shared.types import (
 
 T = TypeVar("T")
 
-_DTYPE_NAMES = {
-    WireDtype.FLOAT32: "float32",
-    WireDtype.FLOAT16: "float16",
-    WireDtype.BFLOAT16: "bfloat16",
-    WireDtype.INT8: "int8",
-    WireDtype.UINT8: "uint8",
-    WireDtype.INT64: "int64",
-}
-_DTYPES_BY_NAME = {v: k for k, v in _DTYPE_NAMES.items()}
-
-
-def dtype_name(dtype: WireDtype) -> str:
-    """Wire dtype -> its name ("float16", ...)."""
-    return _DTYPE_NAMES[dtype]
-
-
-def dtype_from_name(name: str) -> WireDtype:
-    """Name -> wire dtype, or InvalidInput listing the known names."""
-    try:
-        return _DTYPES_BY_NAME[name]
-    except KeyError:
-        raise InvalidInput(
-            f"unknown dtype {name!r}; expected one of {sorted(_DTYPES_BY_NAME)}"
-        ) from None
 
 
 def _copy_fields(src: Any, cls: type[T]) -> T:
@@ -248,7 +224,7 @@ def open_to_pb(o: OpenRequest) -> verifier_pb2.Open:
     if o.frames is not None:
         msg.frames.frames.extend(o.frames)
     if o.aligned is not None:
-        msg.aligned.dtype = dtype_from_name(o.aligned.dtype).value  # type: ignore[assignment]
+        msg.aligned.dtype = WireDtype.from_name(o.aligned.dtype).value  # type: ignore[assignment]
         msg.aligned.shape.extend(o.aligned.shape)
     if o.edge_cost is not None:
         msg.edge_profile.CopyFrom(edge_cost_to_pb(o.edge_cost))
@@ -267,7 +243,7 @@ def open_from_pb(m: verifier_pb2.Open) -> OpenRequest:
             wire = WireDtype(m.aligned.dtype)
         except ValueError:
             raise InvalidInput(f"Open.aligned has unknown dtype {m.aligned.dtype}") from None
-        aligned = AlignedSpec(dtype=dtype_name(wire), shape=tuple(m.aligned.shape))
+        aligned = AlignedSpec(dtype=wire.label, shape=tuple(m.aligned.shape))
     if m.deadline_ms < 0:
         raise InvalidInput(f"deadline_ms must be >= 0, got {m.deadline_ms}")
     return OpenRequest(

@@ -158,3 +158,27 @@ class RttEstimator:
         self._rttvar = (1.0 - self._h) * self._rttvar + self._h * abs(self._srtt - sample_ms)
         self._srtt = (1.0 - self._g) * self._srtt + self._g * sample_ms
         return self._srtt
+
+
+class ThroughputEstimator:
+    """Smoothed bytes per second of transfers the node timed itself (its uplink).
+
+    0 means unknown (nothing measured yet), which the timing model reads as such.
+    Transfers shorter than ``min_bytes`` are ignored: their time is mostly latency.
+    """
+
+    def __init__(self, smoothing: float = 0.3, min_bytes: int = 64 << 10) -> None:
+        check_int("ThroughputEstimator", "min_bytes", min_bytes, 0)
+        self._ewma = Ewma(smoothing, None)
+        self._min_bytes = min_bytes
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self._ewma.value
+
+    def observe(self, nbytes: int, seconds: float) -> None:
+        """Fold in one transfer of ``nbytes`` that took ``seconds``."""
+        check_int("ThroughputEstimator", "nbytes", nbytes, 0)
+        check_finite_nonneg("ThroughputEstimator", "seconds", seconds)
+        if nbytes >= self._min_bytes and seconds > 0:
+            self._ewma.update(nbytes / seconds)

@@ -106,6 +106,7 @@ class ServerLimits:
     max_new_tokens: int = 512
     max_draft_tokens: int = 128
     max_frame_bytes: int = 4 << 20
+    max_verify_tokens: int = 33
 
 
 @dataclass(frozen=True)

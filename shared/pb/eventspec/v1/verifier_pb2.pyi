@@ -82,6 +82,7 @@ class Limits(_message.Message):
     MAX_NEW_TOKENS_FIELD_NUMBER: _builtins.int
     MAX_DRAFT_TOKENS_FIELD_NUMBER: _builtins.int
     MAX_FRAME_BYTES_FIELD_NUMBER: _builtins.int
+    MAX_VERIFY_TOKENS_FIELD_NUMBER: _builtins.int
     max_sessions: _builtins.int
     """Concurrent Generate streams."""
     max_message_bytes: _builtins.int
@@ -94,6 +95,10 @@ class Limits(_message.Message):
     """Largest draft tail accepted in one Drafts message."""
     max_frame_bytes: _builtins.int
     """Largest encoded frame accepted, bytes."""
+    max_verify_tokens: _builtins.int
+    """Most tokens one verify step feeds per session (last committed + drafts); the
+    shared plan's lookahead is at most this minus one.
+    """
     def __init__(
         self,
         *,
@@ -103,10 +108,11 @@ class Limits(_message.Message):
         max_new_tokens: _builtins.int = ...,
         max_draft_tokens: _builtins.int = ...,
         max_frame_bytes: _builtins.int = ...,
+        max_verify_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_draft_tokens", b"max_draft_tokens", "max_frame_bytes", b"max_frame_bytes", "max_message_bytes", b"max_message_bytes", "max_new_tokens", b"max_new_tokens", "max_sessions", b"max_sessions", "max_tensor_bytes", b"max_tensor_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_draft_tokens", b"max_draft_tokens", "max_frame_bytes", b"max_frame_bytes", "max_message_bytes", b"max_message_bytes", "max_new_tokens", b"max_new_tokens", "max_sessions", b"max_sessions", "max_tensor_bytes", b"max_tensor_bytes", "max_verify_tokens", b"max_verify_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

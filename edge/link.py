@@ -1,0 +1,50 @@
+"""The edge's view of the cloud verifier, as Protocols: what the agent needs of a link.
+
+``edge.cloud_link`` implements them over gRPC; tests implement them in memory, so the
+agent and its session run without a network.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from shared.convert import CloudOutbound, EdgeInbound
+from shared.errors import EventSpecError
+from shared.estimators import RttEstimator
+from shared.types import ServerInfo
+
+
+class VerifierStream(Protocol):
+    """One Generate call: send the edge's messages, iterate the cloud's replies."""
+
+    uplink_bytes: int
+    downlink_bytes: int
+
+    async def send(self, msg: EdgeInbound, *, best_effort: bool = False) -> None:
+        """Write one message; a ``best_effort`` write to a finished call is dropped."""
+        ...
+
+    async def done_writing(self) -> None: ...
+
+    def replies(self) -> AsyncIterator[CloudOutbound]: ...
+
+    def cancel(self) -> None: ...
+
+
+class VerifierLink(Protocol):
+    """A reused connection to one verifier (or a set of replicas behind one name)."""
+
+    address: str
+    rtt: RttEstimator
+    reachable: bool
+    last_error: str
+    info: ServerInfo | None
+
+    async def server_info(self, timeout_s: float = 5.0) -> ServerInfo: ...
+
+    def open_stream(self, timeout_s: float) -> VerifierStream: ...
+
+    def mark_failure(self, err: EventSpecError) -> None: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,206 @@
+"""One speculative request on the edge, as a pure state machine: events in, actions out.
+
+The cloud owns the committed answer C; the edge mirrors it and keeps a speculative tail
+of greedy drafts beyond it (DESIGN, "Speculation invariants"). This module decides:
+
+- when to draft: after the draft prefill, up to the plan's hidden-draft budget before
+  the first commit and its lookahead after, never past EOS or the token cap;
+- what ``Drafts`` to send: the whole tail with the committed length it extends
+  (``base``), at the plan's cadence; a self-validating tail needs no epochs;
+- how to fold a ``Commit``: a tail that agrees is kept (its confirmed head moves into
+  C), one that diverges is dropped; the drafter re-syncs its KV cache from
+  :meth:`EdgeSession.draft_context` on its next call, so a draft computed for a context
+  that has since changed is discarded here (:meth:`on_draft`);
+- previews and statistics.
+
+No asyncio, gRPC or model calls: ``edge.agent`` executes the actions, and tests drive
+this class directly against a fake cloud.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from shared.errors import FailedPrecondition
+from shared.timing import TimingPlan
+from shared.types import CommitEvent, DoneEvent, DraftTail
+
+#: Drafting budget when ``--speculation always`` overrides a plan that said no.
+FORCED_HIDDEN_DRAFTS = 16
+FORCED_LOOKAHEAD = 6
+
+
+def forced_plan(p: TimingPlan) -> TimingPlan:
+    """``p`` with drafting switched on (``--speculation always``, for measuring acceptance).
+
+    The cloud verifies whatever valid drafts arrive, so this changes speed, never output.
+    """
+    if p.speculate:
+        return p
+    return replace(
+        p,
+        speculate=True,
+        hidden_draft_budget=max(p.hidden_draft_budget, FORCED_HIDDEN_DRAFTS),
+        lookahead_tokens=max(p.lookahead_tokens, FORCED_LOOKAHEAD),
+        chunk_cadence_tokens=1,
+        reason=f"forced by --speculation always; the plan said: {p.reason}",
+    )
+
+
+@dataclass(frozen=True)
+class SendDrafts:
+    """Write this tail to the cloud (best effort: a finished call just drops it)."""
+
+    tail: DraftTail
+
+
+@dataclass(frozen=True)
+class ShowPreview:
+    """Show the client the drafts beyond C (marked as unverified)."""
+
+    base: int
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ShowCommitted:
+    """Stream committed tokens to the client."""
+
+    start: int
+    token_ids: tuple[int, ...]
+    text: str
+
+
+Action = SendDrafts | ShowPreview | ShowCommitted
+
+
+@dataclass
+class EdgeCounters:
+    """What the edge did for one request (the cloud reports what it verified)."""
+
+    drafted: int = 0
+    discarded: int = 0  # drafts computed for a context a commit had changed
+    tails_sent: int = 0
+    commits: int = 0
+    rollbacks: int = 0  # commits that cut a non-empty tail
+
+
+class EdgeSession:
+    """The edge's view of one request: C as committed by the cloud, and its own tail."""
+
+    def __init__(
+        self,
+        *,
+        plan: TimingPlan,
+        max_new_tokens: int,
+        eos_token_id: int,
+        speculative: bool,
+        force_speculation: bool = False,
+        preview_every: int = 4,
+    ) -> None:
+        self.max_new_tokens = max_new_tokens
+        self.eos_token_id = eos_token_id
+        self.speculative = speculative
+        self.force_speculation = force_speculation
+        self.preview_every = max(1, preview_every)
+        self.plan = self._adopt(plan)
+        self.committed: list[int] = []
+        self.tail: list[int] = []
+        self.text = ""
+        self.prefilled = False
+        self.done: DoneEvent | None = None
+        self.counters = EdgeCounters()
+        self._sent_len = 0  # len(C) + len(tail) when the last tail was sent
+        self._preview_len = 0
+
+    # -- queries -----------------------------------------------------------------------
+
+    @property
+    def wants_prefill(self) -> bool:
+        """Whether the draft model should prefill at all for this request."""
+        return self.speculative and self.plan.speculate
+
+    def wants_draft(self) -> bool:
+        """Whether drafting one more token now is within the plan."""
+        if not (self.wants_prefill and self.prefilled) or self.done is not None:
+            return False
+        seq_len = len(self.committed) + len(self.tail)
+        if seq_len >= self.max_new_tokens:
+            return False
+        last = self.tail[-1] if self.tail else (self.committed[-1] if self.committed else None)
+        if last == self.eos_token_id:
+            return False
+        limit = self.plan.hidden_draft_budget if not self.committed else self.plan.lookahead_tokens
+        return len(self.tail) < max(limit, 0)
+
+    def draft_context(self) -> tuple[int, ...]:
+        """The sequence the next draft extends: C followed by the tail."""
+        return (*self.committed, *self.tail)
+
+    # -- events ------------------------------------------------------------------------
+
+    def on_plan(self, plan: TimingPlan) -> None:
+        """The cloud's Plan: the same function on the same facts; its copy wins."""
+        self.plan = self._adopt(plan)
+
+    def on_prefill_done(self) -> None:
+        self.prefilled = True
+
+    def on_draft(self, context: Sequence[int], token: int) -> list[Action]:
+        """A draft token computed after ``context``; stale if a commit changed it."""
+        if self.done is not None or tuple(context) != self.draft_context():
+            self.counters.discarded += 1
+            return []
+        self.tail.append(int(token))
+        self.counters.drafted += 1
+        actions: list[Action] = []
+        seq_len = len(self.committed) + len(self.tail)
+        cadence = max(1, self.plan.chunk_cadence_tokens)
+        if seq_len - self._sent_len >= cadence or not self.wants_draft():
+            actions.append(self._send_tail())
+        if seq_len - self._preview_len >= self.preview_every:
+            self._preview_len = seq_len
+            actions.append(ShowPreview(len(self.committed), tuple(self.tail)))
+        return actions
+
+    def on_commit(self, commit: CommitEvent) -> list[Action]:
+        """Fold a Commit into C: keep the tail's confirmed part, or drop a diverged tail."""
+        if commit.start != len(self.committed):
+            raise FailedPrecondition(
+                f"Commit.start {commit.start} does not follow the {len(self.committed)} "
+                "tokens committed so far"
+            )
+        tokens = list(commit.token_ids)
+        agree = 0
+        while agree < min(len(tokens), len(self.tail)) and tokens[agree] == self.tail[agree]:
+            agree += 1
+        self.committed.extend(tokens)
+        self.counters.commits += 1
+        if agree == len(tokens):
+            self.tail = self.tail[agree:]
+        else:
+            if self.tail:
+                self.counters.rollbacks += 1
+            self.tail = []
+        # Anything sent beyond a diverged point is moot; the next tail is re-based on C.
+        self._sent_len = min(self._sent_len, len(self.committed) + len(self.tail))
+        self._preview_len = min(self._preview_len, len(self.committed) + len(self.tail))
+        self.text = commit.text
+        return [ShowCommitted(commit.start, tuple(tokens), commit.text)]
+
+    def on_done(self, done: DoneEvent) -> None:
+        self.done = done
+        self.tail = []
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _adopt(self, plan: TimingPlan) -> TimingPlan:
+        if self.speculative and self.force_speculation:
+            return forced_plan(plan)
+        return plan
+
+    def _send_tail(self) -> SendDrafts:
+        self._sent_len = len(self.committed) + len(self.tail)
+        self.counters.tails_sent += 1
+        return SendDrafts(DraftTail(len(self.committed), tuple(self.tail), 0.0))
