@@ -42,8 +42,6 @@ from shared.types import (
 
 log = logging.getLogger(__name__)
 
-MAX_QUESTION_CHARS = 4096
-
 
 @dataclass
 class ByteCounter:
@@ -154,9 +152,11 @@ def validate_open(open_req: OpenRequest, rt: VerifierRuntime) -> OpenRequest:
     """Check what needs the server's geometry and limits; return with settings filled."""
     if not open_req.question.strip():
         raise InvalidInput("question is empty")
-    if len(open_req.question) > MAX_QUESTION_CHARS:
+    cap = rt.info.limits.max_question_chars
+    if len(open_req.question) > cap:
         raise InvalidInput(
-            f"question of {len(open_req.question)} characters exceeds {MAX_QUESTION_CHARS}"
+            f"Open.question: {len(open_req.question)} characters exceed the cap of {cap} "
+            "(GetServerInfo.limits.max_question_chars)"
         )
     info = rt.info
     settings = open_req.generation.validated(info.limits.max_new_tokens)

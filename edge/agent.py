@@ -52,6 +52,7 @@ from shared.types import (
     PreviewEvent,
     RequestStats,
     ServerInfo,
+    ServerLimits,
 )
 from shared.worker import ModelWorker
 
@@ -78,6 +79,19 @@ class EdgeCostMeter:
             self._prefill.update(prefill_ms)
         if ms_per_token > 0:
             self._per_token.update(ms_per_token)
+
+
+def check_ask(spec: AskSpec, limits: ServerLimits) -> None:
+    """Refuse what the cloud would refuse, before any model work on the edge (a huge
+    question would otherwise keep the single model worker busy for everyone)."""
+    if not spec.question.strip():
+        raise InvalidInput("AskRequest.question is empty")
+    if len(spec.question) > limits.max_question_chars:
+        raise InvalidInput(
+            f"AskRequest.question: {len(spec.question)} characters exceed the cap of "
+            f"{limits.max_question_chars}"
+        )
+    spec.generation.validated(limits.max_new_tokens)
 
 
 class EdgeAgent:
@@ -156,24 +170,48 @@ class EdgeAgent:
     # -- one request ----------------------------------------------------------------------
 
     async def ask(self, spec: AskSpec) -> AsyncIterator[AskEvent]:
-        """Answer ``spec``; yields previews, committed text and one FinalEvent."""
-        if not spec.question.strip():
-            raise InvalidInput("question is empty")
+        """Answer ``spec``; yields previews, committed text and one FinalEvent.
+
+        Logs one line per request (id, mode, outcome or error code, tokens, ms), never
+        the question text at INFO.
+        """
+        started = time.perf_counter()
+        request_id = uuid.uuid4().hex[:12]
+        outcome, tokens = "CANCELLED", 0
+        try:
+            async for event in self._answer(spec, request_id):
+                if isinstance(event, FinalEvent):
+                    outcome, tokens = event.finish_reason.name, len(event.token_ids)
+                yield event
+        except EventSpecError as exc:
+            outcome = exc.code.name
+            raise
+        except Exception as exc:
+            outcome = f"INTERNAL ({type(exc).__name__})"
+            raise
+        finally:
+            log.info("ask %s: mode %s, %s, %d tokens, %.1f ms", request_id,
+                     spec.mode.name.lower(), outcome, tokens,
+                     (time.perf_counter() - started) * 1e3)
+
+    async def _answer(self, spec: AskSpec, request_id: str) -> AsyncIterator[AskEvent]:
         if spec.mode == Mode.DRAFT_ONLY:
+            check_ask(spec, ServerLimits())
             async for event in self._draft_only(spec):
                 yield event
             return
         if self.link is None:
             raise Unavailable(
-                f"mode {spec.mode.name.lower()} needs a cloud verifier, and this edge was "
-                "started without --cloud; use mode draft_only"
+                f"mode {spec.mode.name.lower()} needs a cloud verifier, and this edge runs "
+                "without one; use mode draft_only"
             )
         info = await self._server_info()
-        if info.vocab_fingerprint != self.draft.vocab_fingerprint:
+        check_ask(spec, info.limits)  # before any model work
+        if spec.mode == Mode.SPECULATIVE and info.vocab_fingerprint != self.draft.vocab_fingerprint:
             raise FailedPrecondition(
                 f"the cloud's text vocabulary (fingerprint {info.vocab_fingerprint[:12]}) "
-                f"differs from the draft model's ({self.draft.vocab_fingerprint[:12]}); "
-                "drafts would be meaningless"
+                f"differs from the draft model's ({self.draft.vocab_fingerprint[:12]}), so "
+                "drafts cannot be verified; use mode target_only"
             )
         feature_mode = choose_feature_mode(spec.feature_mode, self.source, self.adapter)
         prepared = await self._prepare(
@@ -182,7 +220,7 @@ class EdgeAgent:
             need_features=feature_mode == FeatureMode.ALIGNED,
             info=info,
         )
-        async for event in self._with_cloud(spec, info, prepared):
+        async for event in self._with_cloud(spec, info, prepared, request_id):
             yield event
 
     async def _server_info(self) -> ServerInfo:
@@ -203,7 +241,7 @@ class EdgeAgent:
         )
 
     async def _with_cloud(
-        self, spec: AskSpec, info: ServerInfo, prepared: PreparedVisual
+        self, spec: AskSpec, info: ServerInfo, prepared: PreparedVisual, request_id: str
     ) -> AsyncIterator[AskEvent]:
         """Run one request against the cloud, driving an ``EdgeSession``.
 
@@ -218,7 +256,7 @@ class EdgeAgent:
         edge_cost = self.edge_cost()
         feature_dtype = self._feature_dtype(info, edge_cost, spec, settings, prepared)
         open_req = OpenRequest(
-            request_id=uuid.uuid4().hex[:12],
+            request_id=request_id,
             question=spec.question,
             generation=settings,
             frames=prepared.frames,

@@ -107,6 +107,7 @@ class ServerLimits:
     max_draft_tokens: int = 128
     max_frame_bytes: int = 4 << 20
     max_verify_tokens: int = 33
+    max_question_chars: int = 4096
 
 
 @dataclass(frozen=True)
