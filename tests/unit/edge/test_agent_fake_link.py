@@ -118,7 +118,7 @@ async def test_oversized_question_is_refused_before_model_work(draft: DraftModel
 async def test_draft_only_has_the_default_cap(draft: DraftModel) -> None:
     agent, _ = agent_for(draft, info_for(draft))
     cap = ServerLimits().max_question_chars
-    with pytest.raises(InvalidInput, match="AskRequest.question"):
+    with pytest.raises(InvalidInput, match=r"AskRequest\.question"):
         await collect(agent, AskSpec(question="y" * (cap + 1), mode=Mode.DRAFT_ONLY))
     assert agent.worker.jobs == 0
 
