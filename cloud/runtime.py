@@ -17,7 +17,7 @@ from cloud.target import TargetModel
 from shared.estimators import AcceptanceEstimator
 from shared.planning import facts_from_open, request_plan
 from shared.timing import CloudCost, PlanInputs, TimingPlan, replan
-from shared.types import FeatureMode, OpenRequest, RequestStats, ServerInfo, VisualGeometry
+from shared.types import FeatureMode, OpenRequest, RequestStats, ServerInfo
 from shared.worker import ModelWorker
 
 log = logging.getLogger(__name__)
@@ -64,9 +64,8 @@ def server_info_for(
     target: TargetModel, cost: CloudCost, settings: CloudSettings
 ) -> ServerInfo:
     """Describe the loaded target for GetServerInfo."""
-    g = target.geometry
+    geometry = target.geometry
     prompt = target.build_prompt_ids("")
-    geometry = VisualGeometry(g.num_frames, g.tokens_per_frame, g.feature_dim, g.image_size)
     return ServerInfo(
         model_id=target.model_id,
         vocab_size=target.vocab_size,

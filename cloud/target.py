@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,7 @@ from shared.tiny_tokenizer import (
     build_tiny_tokenizer,
     text_vocab_fingerprint,
 )
+from shared.types import VisualGeometry
 
 logger = logging.getLogger(__name__)
 
@@ -52,27 +52,6 @@ TINY_MODEL_ID = "tiny-random-video-llava"
 
 _WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
-
-
-@dataclass(frozen=True)
-class VisualGeometry:
-    """Shape of the target's video input, advertised to the edge in ``GetServerInfo``.
-
-    ``feature_dim`` is the hidden size of the video tower's *selected* layer
-    (``vision_feature_layer``, -2), before the multi-modal projector: the "aligned"
-    feature space the edge may send instead of frames (4x smaller than the
-    projector's output at 7B). Real Video-LLaVA-7B: 8 frames x 257 tokens x 1024, 224 px.
-    """
-
-    num_frames: int
-    tokens_per_frame: int
-    feature_dim: int
-    image_size: int
-
-    @property
-    def num_video_tokens(self) -> int:
-        """How many ``<video>`` placeholders one clip occupies in the prompt."""
-        return self.num_frames * self.tokens_per_frame
 
 
 def geometry_from_config(config: VideoLlavaConfig) -> VisualGeometry:
@@ -174,7 +153,7 @@ class TargetModel:
         if ids.count(self.bos_token_id) != 1:
             raise InvalidInput("question must not contain the BOS token")
         at = ids.index(self.video_token_id)
-        expanded = ids[:at] + [self.video_token_id] * self.geometry.num_video_tokens + ids[at + 1 :]
+        expanded = ids[:at] + [self.video_token_id] * self.geometry.visual_tokens + ids[at + 1 :]
         if len(expanded) >= self.max_positions:
             raise InvalidInput(
                 f"prompt of {len(expanded)} tokens exceeds "

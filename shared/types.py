@@ -80,7 +80,13 @@ class GenerationSettings:
 
 @dataclass(frozen=True)
 class VisualGeometry:
-    """Aligned-feature injection geometry: [num_frames, tokens_per_frame, feature_dim]."""
+    """Shape of the target's video input, advertised to the edge in ``GetServerInfo``.
+
+    ``feature_dim`` is the hidden size of the video tower's *selected* layer
+    (``vision_feature_layer``, -2), before the multi-modal projector: the "aligned"
+    feature space the edge may send instead of frames (4x smaller than the projector's
+    output at 7B). Real Video-LLaVA-7B: 8 frames x 257 tokens x 1024, 224 px.
+    """
 
     num_frames: int
     tokens_per_frame: int
@@ -89,6 +95,7 @@ class VisualGeometry:
 
     @property
     def visual_tokens(self) -> int:
+        """How many ``<video>`` placeholders one clip occupies in the prompt."""
         return self.num_frames * self.tokens_per_frame
 
     @property

@@ -143,10 +143,10 @@ class HFEngine:
         if len(ids) >= t.max_positions:
             raise InvalidInput(f"prompt of {len(ids)} tokens exceeds {t.max_positions} positions")
         n_video = sum(1 for i in ids if i == t.video_token_id)
-        if n_video != t.geometry.num_video_tokens:
+        if n_video != t.geometry.visual_tokens:
             raise InvalidInput(
                 f"the prompt has {n_video} <video> placeholders, "
-                f"the target needs {t.geometry.num_video_tokens}"
+                f"the target needs {t.geometry.visual_tokens}"
             )
         bad = [i for i in ids if not (0 <= i < t.text_vocab_size or i == t.video_token_id)]
         if bad:
