@@ -37,3 +37,15 @@ def check_probability(owner: str, field: str, value: float) -> None:
     check_finite_nonneg(owner, field, value)
     if value > 1:
         raise InvalidInput(f"{owner}.{field} must be in [0, 1], got {value!r}")
+
+
+def check_range(owner: str, field: str, value: float, low: float, high: float) -> None:
+    """A finite number in [low, high]: the physically sensible span of a measured cost or
+    rate. Extreme but finite values (5e-324 ms per token) would otherwise overflow the
+    arithmetic that uses them."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidInput(f"{owner}.{field} must be a number, got {value!r}")
+    if not math.isfinite(value) or not low <= value <= high:
+        raise InvalidInput(
+            f"{owner}.{field} must be a finite number in [{low:g}, {high:g}], got {value!r}"
+        )

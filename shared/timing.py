@@ -52,10 +52,23 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from shared.checks import check_finite_nonneg, check_int, check_positive, check_probability
+from shared.checks import (
+    check_finite_nonneg,
+    check_int,
+    check_positive,
+    check_probability,
+    check_range,
+)
 from shared.errors import InvalidInput
 
 PayloadMode = Literal["frames", "aligned"]
+
+#: The span of a measured time the model accepts (1 us to 1 h): beyond it a profile is
+#: broken, and finite extremes (5e-324) would overflow the arithmetic.
+MIN_MS = 1e-3
+MAX_MS = 3.6e6
+#: Up to 1 Tbit/s of uplink.
+MAX_BYTES_PER_S = 1.25e11
 
 _FLOOR_EPS = 1e-9
 """Absorbs float noise so that a ratio that is an exact integer (54 / 2) floors to it."""
@@ -113,10 +126,10 @@ class EdgeCost:
     acceptance_prior: float
 
     def __post_init__(self) -> None:
-        check_positive("EdgeCost", "draft_prefill_ms", self.draft_prefill_ms)
-        check_positive("EdgeCost", "draft_ms_per_token", self.draft_ms_per_token)
-        check_finite_nonneg("EdgeCost", "rtt_ms", self.rtt_ms)
-        check_finite_nonneg("EdgeCost", "uplink_bytes_per_s", self.uplink_bytes_per_s)
+        check_range("EdgeCost", "draft_prefill_ms", self.draft_prefill_ms, MIN_MS, MAX_MS)
+        check_range("EdgeCost", "draft_ms_per_token", self.draft_ms_per_token, MIN_MS, MAX_MS)
+        check_range("EdgeCost", "rtt_ms", self.rtt_ms, 0.0, MAX_MS)
+        check_range("EdgeCost", "uplink_bytes_per_s", self.uplink_bytes_per_s, 0.0, MAX_BYTES_PER_S)
         check_probability("EdgeCost", "acceptance_prior", self.acceptance_prior)
 
 

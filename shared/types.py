@@ -44,6 +44,12 @@ class FinishReason(enum.IntEnum):
     CANCELLED = 5
 
 
+#: Sampling temperatures outside this span turn logits / T into inf or 0 and the
+#: sampler's probabilities into NaN; 0 means greedy.
+MIN_TEMPERATURE = 1e-3
+MAX_TEMPERATURE = 1e3
+
+
 @dataclass(frozen=True)
 class GenerationSettings:
     """Decoding settings. temperature 0 is greedy (token-identical to target-only)."""
@@ -63,8 +69,13 @@ class GenerationSettings:
                 f"max_new_tokens {self.max_new_tokens} exceeds this server's cap of "
                 f"{max_new_tokens_cap}"
             )
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise InvalidInput(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not math.isfinite(self.temperature) or not (
+            self.temperature == 0 or MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE
+        ):
+            raise InvalidInput(
+                f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, "
+                f"{MAX_TEMPERATURE:g}], got {self.temperature}"
+            )
         if not math.isfinite(self.top_p) or not 0 <= self.top_p <= 1:
             raise InvalidInput(f"top_p must be in (0, 1], got {self.top_p}")
         if any(not s for s in self.stop):

@@ -1,0 +1,47 @@
+"""Finite but extreme numbers are refused with the field named, never an overflow or a
+NaN downstream (issue: an edge profile with draft_ms_per_token=5e-324 crashed the
+timing model; temperature 1e-300 or 1e300 gave NaN in the sampler)."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared import convert
+from shared.errors import InvalidInput
+from shared.pb.eventspec.v1 import common_pb2
+from shared.timing import EdgeCost
+from shared.types import GenerationSettings
+
+
+def edge(**kw: float) -> EdgeCost:
+    base = dict(draft_prefill_ms=30.0, draft_ms_per_token=20.0, rtt_ms=5.0,
+                uplink_bytes_per_s=1e6, acceptance_prior=0.5)
+    base.update(kw)
+    return EdgeCost(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("draft_ms_per_token", 5e-324), ("draft_prefill_ms", 1e300), ("rtt_ms", 1e308),
+    ("uplink_bytes_per_s", 1e300), ("draft_ms_per_token", float("nan")),
+])
+def test_edge_profile_extremes_name_the_field(field: str, value: float) -> None:
+    with pytest.raises(InvalidInput, match=f"EdgeCost.{field} must be a finite number in"):
+        edge(**{field: value})
+
+
+def test_edge_profile_extremes_from_the_wire() -> None:
+    pb = common_pb2.EdgeProfile(draft_prefill_ms=30, draft_ms_per_token=5e-324, rtt_ms=1,
+                                uplink_bytes_per_s=0, acceptance_prior=0.5)
+    with pytest.raises(InvalidInput, match="draft_ms_per_token"):
+        convert.edge_cost_from_pb(pb)
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 1e300, -1.0, float("inf")])
+def test_extreme_temperatures_are_refused(temperature: float) -> None:
+    with pytest.raises(InvalidInput, match="temperature must be 0 .greedy. or in"):
+        GenerationSettings(temperature=temperature).validated(512)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1e-3, 0.7, 1e3])
+def test_sane_temperatures_pass(temperature: float) -> None:
+    assert GenerationSettings(temperature=temperature).validated(512).temperature == temperature
