@@ -38,7 +38,7 @@ def test_edge_profile_extremes_from_the_wire() -> None:
 
 @pytest.mark.parametrize("temperature", [1e-300, 1e300, -1.0, float("inf")])
 def test_extreme_temperatures_are_refused(temperature: float) -> None:
-    with pytest.raises(InvalidInput, match="temperature must be 0 .greedy. or in"):
+    with pytest.raises(InvalidInput, match=r"temperature must be 0 \(greedy\) or in"):
         GenerationSettings(temperature=temperature).validated(512)
 
 
