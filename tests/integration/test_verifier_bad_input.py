@@ -372,7 +372,7 @@ async def test_negative_deadline(server: VerifierServer, reference: list[int]) -
 async def test_non_finite_edge_profile(server: VerifierServer, reference: list[int]) -> None:
     await _check(server, reference,
                  [_with_open(lambda o: setattr(o.edge_profile, "rtt_ms", float("inf")))],
-                 INVALID, "rtt_ms must be finite")
+                 INVALID, "rtt_ms must be a finite number")
 
 
 # -- garbage on the wire -----------------------------------------------------------------------
