@@ -9,18 +9,11 @@ import time
 import numpy as np
 import pytest
 
-from shared.tiny_tokenizer import BOS_ID, EOS_ID, UNK_ID, build_tiny_tokenizer
-from shared.toyworld.corpus import (
-    DRAFT_PROMPT,
-    SYSTEM_PROMPT,
-    TARGET_PROMPT,
-    TOY_TEXT_VOCAB_SIZE,
-    build_toy_tokenizer,
-    corpus_lines,
-    save_toy_tokenizer,
-)
-from shared.toyworld.events import TOY_EVENT_DTYPE, events_in_window, simulate_events
-from shared.toyworld.qa import (
+from cloud.target import PROMPT_TEMPLATE as TARGET_PROMPT
+from edge.draft import PROMPT_TEMPLATE as DRAFT_PROMPT
+from edge.draft import SYSTEM_PROMPT
+from shared.demoworld.events import TOY_EVENT_DTYPE, events_in_window, simulate_events
+from shared.demoworld.qa import (
     QTYPES,
     QUESTION_TEMPLATES,
     VALUES,
@@ -32,7 +25,7 @@ from shared.toyworld.qa import (
     qa_pairs,
     truth,
 )
-from shared.toyworld.scenes import (
+from shared.demoworld.scenes import (
     EVAL_SEED_MIN,
     RGB_FRAME_TIMES_US,
     SIZE_RANGE_PX,
@@ -47,6 +40,14 @@ from shared.toyworld.scenes import (
     rgb_frame_times_us,
     sample_scene,
     split_of,
+)
+from shared.demoworld.tiny_tokenizer import build_tiny_tokenizer
+from shared.demoworld.tokenizer import BOS_ID, EOS_ID, UNK_ID
+from shared.demoworld.toy_tokenizer import (
+    TOY_TEXT_VOCAB_SIZE,
+    build_toy_tokenizer,
+    corpus_lines,
+    save_toy_tokenizer,
 )
 
 #: Digests of the tiny tokenizer before the trainer was factored out of it: the
@@ -374,7 +375,8 @@ def test_toy_tokenizer_splits_prompts_around_placeholders() -> None:
     ids = target.encode(prompt).ids
     assert ids[0] == BOS_ID and ids.count(video) == 1
     assert target.decode(ids, skip_special_tokens=False).endswith("ASSISTANT:")
-    ev = draft.encode(DRAFT_PROMPT.format(event="", question="Is anything moving?")).tokens
+    prompt = DRAFT_PROMPT.replace("<event>", "").format(question="Is anything moving?")
+    ev = draft.encode(prompt).tokens
     assert "▁<ev_start>" in ev or "<ev_start>" in ev
 
 

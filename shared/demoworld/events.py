@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shared.toyworld.scenes import (
+from shared.demoworld.scenes import (
     ToyScene,
     background_luminance,
     coverage_at,

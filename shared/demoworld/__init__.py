@@ -7,7 +7,7 @@ share. It lives in ``shared`` because the edge plays scenes back as an event sou
 the cloud's and the trainer's code renders the same scenes, and all must agree.
 """
 
-from shared.toyworld.scenes import (
+from shared.demoworld.scenes import (
     DEMO_SEED,
     EVAL_SEED_MIN,
     RGB_FRAME_TIMES_US,
