@@ -1,4 +1,4 @@
-"""``python -m cloud.cli serve`` as a real process: port file, health, reflection, SIGTERM."""
+"""``eventspec-cloud serve`` as a real process: port file, health, reflection, SIGTERM."""
 
 from __future__ import annotations
 

@@ -105,3 +105,15 @@ def test_train_refuses_an_occupied_out_and_out_with_install(tmp_path: Path) -> N
     assert run.returncode == 2 and "already holds a model" in run.stderr
     run = _toy("train", "--install", "--out", str(tmp_path), timeout=60)
     assert run.returncode == 2 and "not allowed with argument" in run.stderr
+
+
+@pytest.mark.slow
+def test_eval_judges_the_shipped_models_through_the_nodes() -> None:
+    """``toy eval`` starts both nodes through their entry points and asks over gRPC."""
+    run = _toy("eval", "--scenes", "1", "--json", "--cloud-prefill-ms", "0",
+               "--cloud-step-ms", "0", timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout)
+    assert result["scenes"] == 1 and result["questions"] >= 3
+    assert result["target_accuracy"] >= 0.6
+    assert 0.0 < result["adapter_cos_mean"] <= 1.0

@@ -1,4 +1,4 @@
-"""The toy world: scenes, the DVS simulator, templated Q/A and the shared tokenizer."""
+"""The demo world: scenes, the DVS simulator, templated Q/A and the tokenizers."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import time
 import numpy as np
 import pytest
 
+from cloud.model_dirs import TOY_TARGET_DIR
 from cloud.target import PROMPT_TEMPLATE as TARGET_PROMPT
 from edge.draft import PROMPT_TEMPLATE as DRAFT_PROMPT
 from edge.draft import SYSTEM_PROMPT
+from edge.model_dirs import TOY_DRAFT_DIR
 from shared.demoworld.events import TOY_EVENT_DTYPE, events_in_window, simulate_events
 from shared.demoworld.qa import (
     QTYPES,
@@ -396,3 +398,20 @@ def test_save_toy_tokenizer(tmp_path: object) -> None:
     loaded = Tokenizer.from_file(str(out / "tokenizer.json"))
     assert loaded.to_str() == build_toy_tokenizer("draft").to_str()
     assert (out / "tokenizer_config.json").exists()
+
+
+@pytest.mark.parametrize(("role", "model_dir"), [("target", TOY_TARGET_DIR),
+                                                 ("draft", TOY_DRAFT_DIR)])
+def test_toy_tokenizer_is_the_shipped_models_tokenizer(role: str, model_dir: object) -> None:
+    """The corpus reads the product's prompt templates: they must still train the very
+    vocabulary the shipped toy pair was trained with."""
+    import json
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+
+    shipped = Tokenizer.from_file(str(Path(str(model_dir)) / "tokenizer.json"))
+    built = build_toy_tokenizer(role)  # type: ignore[arg-type]
+    assert shipped.get_vocab(with_added_tokens=True) == built.get_vocab(with_added_tokens=True)
+    merges = [json.loads(t.to_str())["model"]["merges"] for t in (shipped, built)]
+    assert merges[0] == merges[1]
