@@ -35,8 +35,7 @@ _ADAPTER = AdapterTraining()
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eventspec toy", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="toy_command", required=True)
-    d = argparse.ArgumentDefaultsHelpFormatter
-    tr = sub.add_parser("train", formatter_class=d,
+    tr = sub.add_parser("train",
                         help="train target, draft and adapter (GPU: minutes; CPU: hours)")
     where = tr.add_mutually_exclusive_group()
     where.add_argument("--out", type=Path, default=None,
@@ -45,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--install", action="store_true",
                        help="replace the shipped models in cloud/models and edge/models")
     tr.add_argument("--stages", default=",".join(STAGES),
-                    help="which of target,draft,adapter to train, in that order")
+                    help="which of target,draft,adapter to train, in that order (default: all)")
     tr.add_argument("--target-model", type=Path, default=None,
                     help="the target the adapter pairs when the target stage does not run "
                          "(default: the shipped toy target)")
@@ -54,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default: the shipped toy draft)")
     tr.add_argument("--device", default="", help="cuda or cpu (default: cuda if available)")
     tr.add_argument("--scenes", type=int, default=_MODEL.scenes,
-                    help="training scenes of the target and the draft")
+                    help="training scenes of the target and the draft (default: %(default)s)")
     tr.add_argument("--steps", type=int, default=None,
                     help="steps of every stage (default: each stage's own, below)")
     tr.add_argument("--target-steps", type=int, default=None,
@@ -64,31 +63,40 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--adapter-steps", type=int, default=None,
                     help=f"adapter steps (default: --steps, else {_ADAPTER.steps})")
     tr.add_argument("--batch", type=int, default=_MODEL.batch,
-                    help="batch of the target and the draft")
-    tr.add_argument("--adapter-batch", type=int, default=_ADAPTER.batch)
+                    help="batch of the target and the draft (default: %(default)s)")
+    tr.add_argument("--adapter-batch", type=int, default=_ADAPTER.batch,
+                    help="batch of the adapter (default: %(default)s)")
     tr.add_argument("--adapter-scenes", type=int, default=_ADAPTER.scenes,
-                    help="paired scenes (seeds 0..N-1) the adapter trains on")
+                    help="paired scenes (seeds 0..N-1) the adapter trains on "
+                         "(default: %(default)s)")
     tr.add_argument("--val-scenes", type=int, default=_MODEL.val_scenes,
-                    help="validation scenes scored after training")
-    tr.add_argument("--seed", type=int, default=0)
+                    help="validation scenes scored after training (default: %(default)s)")
+    tr.add_argument("--seed", type=int, default=0,
+                    help="initialisation and sampling seed (default: %(default)s)")
     tr.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1),
-                    help="processes rendering scenes")
+                    help="processes rendering scenes (default: %(default)s)")
     tr.add_argument("--log-every", type=int, default=_MODEL.log_every,
-                    help="steps between progress lines")
-    ev = sub.add_parser("eval", formatter_class=d,
+                    help="steps between progress lines (default: %(default)s)")
+    ev = sub.add_parser("eval",
                         help="accuracy, acceptance and adapter metrics")
     ev.add_argument("--models", type=Path, default=None,
                     help="a toy train --out directory (default: the shipped models)")
-    ev.add_argument("--scenes", type=int, default=50)
+    ev.add_argument("--scenes", type=int, default=50,
+                    help="scenes to ask about (default: %(default)s)")
     ev.add_argument("--seed", type=int, default=DEFAULT_EVAL_SEED,
-                    help="first scene seed; use seeds >= 2,000,000 (never trained or tested on)")
-    ev.add_argument("--max-new-tokens", type=int, default=12)
+                    help="first scene seed; use seeds >= 2,000,000 (never trained or tested on; "
+                         "default: %(default)s)")
+    ev.add_argument("--max-new-tokens", type=int, default=12,
+                    help="answer token cap (default: %(default)s)")
     ev.add_argument("--cloud-prefill-ms", type=float, default=200.0,
-                    help="pace the cloud's prefill like an A100-class 7B (0: as fast as it is)")
+                    help="pace the cloud's prefill like an A100-class 7B (0: as fast as it is; "
+                         "default: %(default)s)")
     ev.add_argument("--cloud-step-ms", type=float, default=30.0,
-                    help="pace the cloud's steps like an A100-class 7B (0: as fast as it is)")
-    ev.add_argument("--speculation", choices=["auto", "always"], default="auto")
-    ev.add_argument("--json", action="store_true")
+                    help="pace the cloud's steps like an A100-class 7B (0: as fast as it is; "
+                         "default: %(default)s)")
+    ev.add_argument("--speculation", choices=["auto", "always"], default="auto",
+                    help="the edge's --speculation (default: %(default)s)")
+    ev.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
 
