@@ -33,6 +33,7 @@ from edge.events.render import events_to_frames
 from shared.demoworld.events import events_in_window, simulate_events
 from shared.demoworld.labels import attribute_labels
 from shared.demoworld.scenes import sample_scene
+from shared.demoworld.tokenizer import BOS_ID, EOS_ID
 from shared.demoworld.toy_tokenizer import TOY_TEXT_VOCAB_SIZE, toy_fast_tokenizer
 from shared.demoworld.train.common import (
     AuxHeads,
@@ -65,7 +66,7 @@ def toy_draft_config(text_vocab_size: int = TOY_TEXT_VOCAB_SIZE) -> EventGPTConf
         vocab_size=(text_vocab_size + 1 + 63) // 64 * 64, hidden_size=192,
         intermediate_size=512, num_hidden_layers=3, num_attention_heads=6,
         num_key_value_heads=6, max_position_embeddings=512, tie_word_embeddings=False,
-        bos_token_id=1, eos_token_id=2, mm_visual_tower=None, event_feature_adaptor=True,
+        bos_token_id=BOS_ID, eos_token_id=EOS_ID, mm_visual_tower=None, event_feature_adaptor=True,
         vision_config=vision.to_dict(), image_size=IMAGE_SIZE,
     )
 

@@ -35,6 +35,7 @@ from cloud.target import TargetModel, save_target
 from shared.demoworld.labels import HEADS, attribute_labels
 from shared.demoworld.qa import QA
 from shared.demoworld.scenes import clip_frames, sample_scene
+from shared.demoworld.tokenizer import BOS_ID, EOS_ID
 from shared.demoworld.toy_tokenizer import TOY_TEXT_VOCAB_SIZE, toy_fast_tokenizer
 from shared.demoworld.train.common import (
     AuxHeads,
@@ -68,7 +69,7 @@ def toy_target_config(text_vocab_size: int = TOY_TEXT_VOCAB_SIZE) -> VideoLlavaC
     vocab = (text_vocab_size + 3 + 63) // 64 * 64
     text = LlamaConfig(hidden_size=192, intermediate_size=512, num_hidden_layers=3,
                        num_attention_heads=6, num_key_value_heads=6, vocab_size=vocab,
-                       max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
+                       max_position_embeddings=512, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
                        pad_token_id=text_vocab_size + 2, tie_word_embeddings=False)
     per_frame = (IMAGE_SIZE // PATCH) ** 2 + 1
     return VideoLlavaConfig(vision_config=vision, text_config=text,
@@ -83,8 +84,8 @@ def build_untrained_toy_target(seed: int, device: str = "cpu") -> TargetModel:
     """The toy architecture with seeded random weights (the start of training)."""
     torch.manual_seed(seed)
     model = VideoLlavaForConditionalGeneration(toy_target_config())
-    model.generation_config.bos_token_id = 1
-    model.generation_config.eos_token_id = 2
+    model.generation_config.bos_token_id = BOS_ID
+    model.generation_config.eos_token_id = EOS_ID
     model.generation_config.pad_token_id = TOY_TEXT_VOCAB_SIZE + 2
     model.to(device)  # type: ignore[arg-type]
     return TargetModel(model, toy_fast_tokenizer("target"), TOY_MODEL_ID)
@@ -199,8 +200,8 @@ def train_target(args: ModelTraining, out: Path) -> dict[str, object]:
         progress.record(step, lm_loss.item(), aux_loss.item(), lr)
     model.eval()
     train_s = progress.seconds
-    val = evaluate(target, range(args.val_seed, args.val_seed + args.val_scenes), device,
-                   args.workers)
+    val = evaluate_target(target, range(args.val_seed, args.val_seed + args.val_scenes),
+                          args.workers)
     log.info("target validation accuracy: %s", json.dumps(val))
     metrics: dict[str, object] = {
         "train_scenes": len(train_seeds), "train_examples": len(examples), "steps": args.steps,
@@ -238,8 +239,8 @@ def greedy_answers(target: TargetModel, frames_u8: torch.Tensor, questions: Sequ
     return [str(tok.decode(row[width:], skip_special_tokens=True)) for row in out.tolist()]
 
 
-def evaluate(target: TargetModel, seeds: Sequence[int], device: torch.device,
-             workers: int) -> dict[str, float]:
+def evaluate_target(target: TargetModel, seeds: Sequence[int],
+                    workers: int) -> dict[str, float]:
     """Accuracy by question type on the frames path (structured answers, not strings)."""
     frames = torch.from_numpy(frames_for(list(seeds), workers))
     return accuracy_by_type(examples_for(list(seeds)), frames,
