@@ -140,6 +140,9 @@ def _train(args: argparse.Namespace) -> int:
                       draft=replace(run.draft, device=device),
                       adapter=replace(run.adapter, device=device))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    if args.install:
+        replaced = ", ".join(str(run.outputs[stage]) for stage in run.stages)
+        print(f"eventspec toy train: --install replaces the shipped {replaced}", file=sys.stderr)
     print(json.dumps(train(run), indent=2))
     return 0
 
