@@ -23,15 +23,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cloud.engine.hf import HFEngine
 from cloud.engine.paced import PacedEngine
+from cloud.model_dirs import TOY_TARGET_DIR
 from cloud.server import VerifierServer
-from cloud.toy import load_toy_target
+from cloud.target import load_target
+from edge.align import load_adapter
 from edge.config import EdgeSettings
+from edge.draft_checkpoint import load_draft
 from edge.events.toy import ToySource
+from edge.model_dirs import TOY_ADAPTER_DIR, TOY_DRAFT_DIR
 from edge.server import EdgeServer
-from edge.toy import load_toy_adapter, load_toy_draft
 from shared.client import EdgeClient
-from shared.toyworld.qa import all_questions
-from shared.toyworld.scenes import EVAL_SEED_MIN, sample_scene
+from shared.demoworld.qa import all_questions
+from shared.demoworld.scenes import EVAL_SEED_MIN, sample_scene
 from shared.types import AskSpec, FeatureMode, GenerationSettings, Mode
 from tests.integration import cloud_harness as ch
 
@@ -39,7 +42,7 @@ SEED0 = EVAL_SEED_MIN + 5000
 
 
 async def run_pace(prefill_ms: float, step_ms: float, scenes: int) -> dict[str, object]:
-    target, draft = load_toy_target(), load_toy_draft()
+    target, draft = load_target(TOY_TARGET_DIR), load_draft(TOY_DRAFT_DIR)
     engine = PacedEngine(HFEngine(target), prefill_ms=prefill_ms, step_ms=step_ms)
     settings = ch.settings(max_sessions=4)
     from dataclasses import replace
@@ -50,7 +53,8 @@ async def run_pace(prefill_ms: float, step_ms: float, scenes: int) -> dict[str, 
     await cloud.start()
     seeds = range(SEED0, SEED0 + scenes)
     edge = EdgeServer(replace(EdgeSettings(), cloud=f"127.0.0.1:{cloud.port}", port=0),
-                      source=ToySource(list(seeds)), draft=draft, adapter=load_toy_adapter())
+                      source=ToySource(list(seeds)), draft=draft,
+                      adapter=load_adapter(TOY_ADAPTER_DIR))
     await edge.start()
     spec_t, base_t, spec_ttft, base_ttft, ratios = [], [], [], [], []
     drafted = accepted = plans = same = asked = 0

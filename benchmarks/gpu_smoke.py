@@ -41,8 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cloud.config import CloudSettings
 from cloud.engine.hf import HFEngine
 from cloud.server import VerifierServer
-from cloud.target import TargetModel, tiny_target_tokenizer
-from shared.tiny_tokenizer import TINY_TEXT_VOCAB_SIZE
+from cloud.target import TargetModel
+from shared.demoworld.tiny_tokenizer import TINY_TEXT_VOCAB_SIZE, tiny_fast_tokenizer
 from shared.types import ServerLimits
 from tests.integration import cloud_harness as h
 
@@ -68,7 +68,7 @@ def build_target(device: str, dtype: torch.dtype) -> TargetModel:
         model = VideoLlavaForConditionalGeneration(full_size_config())
     torch.set_default_dtype(torch.float32)
     model.eval()
-    return TargetModel(model, tiny_target_tokenizer(), "video-llava-7b-shaped-random")
+    return TargetModel(model, tiny_fast_tokenizer("target"), "video-llava-7b-shaped-random")
 
 
 def sync() -> None:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 from cloud.config import CloudSettings
-from shared.serving import LOG_FORMAT, run_node
+from cloud.model_dirs import TINY_RANDOM
+from shared.serving import LOG_FORMAT, MODEL_DTYPES, run_node
 from shared.types import ServerLimits
 
 log = logging.getLogger("eventspec.cloud")
@@ -29,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=env.port, help="port; 0 picks a free one")
     serve.add_argument("--device", default=env.device, help="cpu, cuda or cuda:N")
     serve.add_argument("--dtype", default=env.dtype,
-                       choices=["float32", "fp32", "float16", "fp16", "bfloat16", "bf16"])
+                       choices=list(MODEL_DTYPES))
     serve.add_argument("--max-sessions", type=int, default=ServerLimits().max_sessions,
                        help="concurrent Generate streams; more get RESOURCE_EXHAUSTED")
     serve.add_argument("--max-new-tokens", type=int, default=ServerLimits().max_new_tokens,
@@ -75,8 +78,24 @@ def main(argv: list[str] | None = None) -> int:
     settings = settings_from_args(args)
     from cloud.server import VerifierServer
 
-    return run_node(VerifierServer(settings), args.port_file, log, settings.grace_s,
-                    "eventspec-cloud")
+    with contextlib.ExitStack() as scratch:
+        if settings.model == TINY_RANDOM:
+            settings = replace(settings, model=str(_tiny_random_dir(scratch, settings.seed)))
+        return run_node(VerifierServer(settings), args.port_file, log, settings.grace_s,
+                        "eventspec-cloud")
+
+
+def _tiny_random_dir(scratch: contextlib.ExitStack, seed: int) -> Path:
+    """``--model tiny-random``: the demo world writes its tiny random target to a
+    temporary directory (removed on exit), which the server loads like any other.
+
+    The cloud's only import of the demo world, here at the command's edge and lazy, so
+    the server itself knows nothing but model directories.
+    """
+    from shared.demoworld.tiny_target import TINY_TARGET_ID, save_tiny_random_target
+
+    tmp = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="eventspec-cloud-")))
+    return save_tiny_random_target(tmp / TINY_TARGET_ID, seed)
 
 
 if __name__ == "__main__":

@@ -16,11 +16,13 @@ from cloud.config import CloudSettings
 from cloud.engine.base import TargetEngine
 from cloud.engine.hf import HFEngine
 from cloud.engine.paced import PacedEngine
+from cloud.model_dirs import model_dir
 from cloud.runtime import VerifierRuntime, server_info_for
 from cloud.servicer import VerifierServicer
 from cloud.sessions import SessionRegistry
-from cloud.target import TargetModel, build_tiny_random_target, load_target
+from cloud.target import TargetModel, load_target
 from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
+from shared.serving import MODEL_DTYPES
 from shared.timing import CloudCost
 from shared.wire.host import GrpcHost
 from shared.worker import ModelWorker
@@ -28,8 +30,6 @@ from shared.worker import ModelWorker
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name
-DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
-          "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
 #: A fixed cost model for tests that skip calibration (CPU tiny-random magnitudes).
 FIXED_TEST_COST = CloudCost(
@@ -43,17 +43,11 @@ FIXED_TEST_COST = CloudCost(
 
 
 def load_target_for(settings: CloudSettings) -> TargetModel:
-    """The target named by ``--model``: ``tiny-random`` or a local checkpoint directory."""
+    """The target in the directory ``--model`` names (``toy``: the shipped toy target)."""
     import torch
 
-    dtype = getattr(torch, DTYPES.get(settings.dtype, settings.dtype))
-    if settings.model == "tiny-random":
-        return build_tiny_random_target(seed=settings.seed, device=settings.device, dtype=dtype)
-    if settings.model == "toy":
-        from cloud.toy import load_toy_target
-
-        return load_toy_target(device=settings.device, dtype=dtype)
-    return load_target(settings.model, device=settings.device, dtype=dtype)
+    dtype = getattr(torch, MODEL_DTYPES[settings.dtype])
+    return load_target(model_dir(settings.model), device=settings.device, dtype=dtype)
 
 
 def build_runtime(

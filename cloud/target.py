@@ -6,12 +6,10 @@ where the video tower and projector live, how many ``<video>`` placeholders a cl
 needs, which ids are text. Engines (``cloud.engine``) and the verifier only see
 token ids, tensors and a :class:`VisualGeometry`.
 
-Two constructors share one wrapper:
-
-- :func:`load_target` reads a local directory with the real
-  ``LanguageBind/Video-LLaVA-7B-hf`` layout (never a hub id);
-- :func:`build_tiny_random_target` builds the embedded default in code, a few
-  hundred kilobytes of seeded random weights, so tests and the demo need no files.
+:func:`load_target` reads a local directory with the real
+``LanguageBind/Video-LLaVA-7B-hf`` layout (never a hub id); the small models of the
+demo world (``shared.demoworld``) are built there and wrapped in the same
+:class:`TargetModel`.
 """
 
 from __future__ import annotations
@@ -25,8 +23,6 @@ from typing import Any
 import torch
 from transformers import (
     AutoTokenizer,
-    CLIPVisionConfig,
-    LlamaConfig,
     PreTrainedTokenizerFast,
     VideoLlavaConfig,
     VideoLlavaForConditionalGeneration,
@@ -34,21 +30,14 @@ from transformers import (
 
 from shared.errors import InvalidInput, NotFound
 from shared.imageproc import clip_preprocess, decode_image
-from shared.tiny_tokenizer import (
-    BOS_ID,
-    EOS_ID,
-    TINY_TEXT_VOCAB_SIZE,
-    build_tiny_tokenizer,
-    text_vocab_fingerprint,
-)
 from shared.types import VisualGeometry
+from shared.vocab import text_vocab_fingerprint
 
 logger = logging.getLogger(__name__)
 
 #: The Video-LLaVA chat template; ``{video}`` is the single placeholder before expansion.
 PROMPT_TEMPLATE = "USER: {video}\n{question} ASSISTANT:"
 VIDEO_TOKEN = "<video>"
-TINY_MODEL_ID = "tiny-random-video-llava"
 
 _WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
@@ -248,97 +237,6 @@ def _first_id(*candidates: object) -> int:
         if isinstance(c, list | tuple) and c and isinstance(c[0], int):
             return int(c[0])
     raise InvalidInput("could not determine a BOS/EOS token id from tokenizer or config")
-
-
-def tiny_target_config() -> VideoLlavaConfig:
-    """The embedded default's config: real Video-LLaVA shape rules, tiny sizes.
-
-    8 frames of 32 px with 8 px patches give 17 tokens per frame (CLS kept), 136
-    placeholders; the vocabulary is the tiny tokenizer's 512 text ids plus
-    ``<image>`` 512, ``<video>`` 513, ``<pad>`` 514, padded to 576 like 32064 at 7B.
-    """
-    vision = CLIPVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        image_size=32,
-        patch_size=8,
-        projection_dim=32,
-    )
-    text = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        vocab_size=_round_up(TINY_TEXT_VOCAB_SIZE + 3, 64),
-        max_position_embeddings=4096,
-        bos_token_id=BOS_ID,
-        eos_token_id=EOS_ID,
-        pad_token_id=TINY_TEXT_VOCAB_SIZE + 2,
-    )
-    tokens_per_frame = (32 // 8) ** 2 + 1
-    return VideoLlavaConfig(
-        vision_config=vision,
-        text_config=text,
-        image_token_index=TINY_TEXT_VOCAB_SIZE,
-        video_token_index=TINY_TEXT_VOCAB_SIZE + 1,
-        vision_feature_layer=-2,
-        vision_feature_select_strategy="default",
-        image_seq_length=tokens_per_frame - 1,
-        video_seq_length=8 * tokens_per_frame,
-    )
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return (n + multiple - 1) // multiple * multiple
-
-
-def tiny_target_tokenizer() -> PreTrainedTokenizerFast:
-    """The tiny tokenizer (target role) wrapped for transformers."""
-    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-        tokenizer_object=build_tiny_tokenizer("target"),
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        pad_token="<pad>",
-        clean_up_tokenization_spaces=False,
-    )
-
-
-def build_tiny_random_target(
-    seed: int = 0, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
-) -> TargetModel:
-    """Build the embedded default target with seeded random weights.
-
-    Default initialisation (std 0.02) makes a tiny random LM input-blind: attention is
-    near uniform, the residual stream is the current token's embedding, and greedy
-    decoding replays one fixed chain whatever the question or frames. Sharper
-    attention/MLP weights (std 0.3), wider embeddings and projector make
-    continuations depend on the whole prompt, which the losslessness tests need to be
-    meaningful. The global RNG is left untouched.
-    """
-    config = tiny_target_config()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = VideoLlavaForConditionalGeneration(config)
-        with torch.no_grad():
-            for module in model.model.language_model.modules():
-                if isinstance(module, torch.nn.Linear):
-                    module.weight.normal_(0.0, 0.3)
-            model.model.language_model.embed_tokens.weight.normal_(0.0, 1.0)
-            model.lm_head.weight.normal_(0.0, 0.1)
-            for linear in (
-                model.model.multi_modal_projector.linear_1,
-                model.model.multi_modal_projector.linear_2,
-            ):
-                linear.weight.normal_(0.0, 0.3)
-    model.generation_config.bos_token_id = BOS_ID
-    model.generation_config.eos_token_id = EOS_ID
-    model.generation_config.pad_token_id = TINY_TEXT_VOCAB_SIZE + 2
-    _move(model, device, dtype)
-    return TargetModel(model, tiny_target_tokenizer(), model_id=TINY_MODEL_ID)
 
 
 def save_target(target: TargetModel, path: str | Path) -> Path:

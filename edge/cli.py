@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 from edge.config import EdgeSettings
-from shared.serving import LOG_FORMAT, run_node
+from edge.model_dirs import TINY_RANDOM
+from shared.serving import LOG_FORMAT, MODEL_DTYPES, run_node
 
 log = logging.getLogger("eventspec.edge")
 
@@ -37,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=env.port, help="port; 0 picks a free one")
     serve.add_argument("--device", default=env.device, help="cpu, cuda or cuda:N")
     serve.add_argument("--dtype", default="float32",
-                       choices=["float32", "fp32", "float16", "fp16", "bfloat16", "bf16"])
+                       choices=list(MODEL_DTYPES))
     serve.add_argument("--jpeg-quality", type=int, default=90)
     serve.add_argument("--request-timeout", type=float, default=120.0,
                        help="deadline of one request's stream to the cloud, seconds")
@@ -76,8 +79,24 @@ def main(argv: list[str] | None = None) -> int:
     settings = settings_from_args(args)
     from edge.server import EdgeServer
 
-    return run_node(EdgeServer(settings), args.port_file, log, settings.grace_s,
-                    "eventspec-edge")
+    with contextlib.ExitStack() as scratch:
+        if settings.model == TINY_RANDOM:
+            settings = replace(settings, model=str(_tiny_random_dir(scratch, settings.seed)))
+        return run_node(EdgeServer(settings), args.port_file, log, settings.grace_s,
+                        "eventspec-edge")
+
+
+def _tiny_random_dir(scratch: contextlib.ExitStack, seed: int) -> Path:
+    """``--model tiny-random``: the demo world writes its tiny random draft to a
+    temporary directory (removed on exit), which the server loads like any other.
+
+    The edge's only import of the demo world, here at the command's edge and lazy, so
+    the server itself knows nothing but model directories.
+    """
+    from shared.demoworld.tiny_draft import TINY_DRAFT_ID, save_tiny_random_draft
+
+    tmp = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="eventspec-edge-")))
+    return save_tiny_random_draft(tmp / f"{TINY_DRAFT_ID}-{seed}", seed)
 
 
 if __name__ == "__main__":

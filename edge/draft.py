@@ -8,7 +8,8 @@ a config so that:
   (``model.embed_tokens``, ``model.layers``, ``model.norm``, ``lm_head``,
   ``model.visual_projector.{0,2}``, ``model.feature_adaptor``, and CLIP at
   ``model.visual_tower.visual_tower``);
-- tiny random models of the same classes run the whole system in tests;
+- small models of the same classes (the demo world's, ``shared.demoworld``) run the
+  whole system in tests and the demo;
 - loading is explicit and bit-exact: 0 missing, 0 unexpected keys, or a clear error.
 
 Vision path: 5 event frames -> CLIP last layer ``last_hidden_state`` (CLS kept,
@@ -24,7 +25,6 @@ than ``generate()``.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -47,24 +47,23 @@ from transformers.initialization import no_init_weights
 from transformers.models.llama.modeling_llama import LlamaPreTrainedModel
 
 from shared.errors import InvalidInput
-from shared.tiny_tokenizer import build_tiny_tokenizer, text_vocab_fingerprint
+from shared.vocab import text_vocab_fingerprint
 
 log = logging.getLogger(__name__)
 
 #: The placeholder id the event tokens replace (``EVENT_TOKEN_INDEX`` in EventGPT).
 EVENT_TOKEN_INDEX = -200
 EVENT_PLACEHOLDER = "<event>"
-#: vicuna_v1 with EventGPT's event markers; ``<event>`` is split out, never tokenized.
-PROMPT_TEMPLATE = (
+#: vicuna_v1's system line, which EventGPT's conversation template keeps.
+SYSTEM_PROMPT = (
     "A chat between a curious human and an artificial intelligence assistant. "
-    "The assistant gives helpful, detailed, and polite answers to the human's questions. "
-    "USER: <ev_start><event><ev_end>\n{question} ASSISTANT:"
+    "The assistant gives helpful, detailed, and polite answers to the human's questions."
 )
+#: vicuna_v1 with EventGPT's event markers; ``<event>`` is split out, never tokenized.
+PROMPT_TEMPLATE = SYSTEM_PROMPT + " USER: <ev_start><event><ev_end>\n{question} ASSISTANT:"
 N_EVENT_FRAMES = 5
 
 CLIP_PREFIX = "model.visual_tower.visual_tower."
-#: Buffers some older checkpoints saved; today they are recomputed, never loaded.
-#: Parts of a full CLIP checkpoint (text tower, projections) that EventGPT does not use.
 
 
 @strict
@@ -337,68 +336,6 @@ class DraftModel:
         return int(torch.argmax(logits_row[..., : self.text_vocab_size], dim=-1))
 
 
-# -- building ----------------------------------------------------------------------------
-
-
-def tiny_config(vocab_size: int = 576) -> EventGPTConfig:
-    """The embedded tiny EventGPT: CLIP 32-d/2 layers at 28 px (5 tokens/frame), LLaMA 64-d."""
-    vision = CLIPVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=28,
-        patch_size=14,
-        projection_dim=32,
-    )
-    return EventGPTConfig(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=1024,
-        tie_word_embeddings=False,
-        mm_visual_tower=None,
-        event_feature_adaptor=True,
-        vision_config=vision.to_dict(),
-        image_size=28,
-    )
-
-
-def build_tiny_random_draft(
-    seed: int = 0, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
-) -> DraftModel:
-    """A deterministic tiny random EventGPT with the tiny ``draft`` tokenizer."""
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-        tokenizer_object=build_tiny_tokenizer("draft"),
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        pad_token="<unk>",
-    )
-    config = tiny_config(vocab_size=_round_up(len(tokenizer), 64))
-    with _fork_rng(seed):
-        model = EventGPTForCausalLM(config)
-    model.to(device=torch.device(device), dtype=dtype)  # type: ignore[call-arg]
-    return DraftModel(model, tokenizer, model_id=f"tiny-random-eventgpt-{seed}")
-
-
-@contextmanager
-def _fork_rng(seed: int) -> Iterator[None]:
-    """Seed torch for a deterministic init without disturbing the caller's RNG."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return int(math.ceil(n / multiple) * multiple)
-
-
 @contextmanager
 def empty_init(device: str | torch.device, dtype: torch.dtype) -> Iterator[None]:
     """Build modules directly on ``device`` in ``dtype`` and skip random init: the
@@ -411,34 +348,6 @@ def empty_init(device: str | torch.device, dtype: torch.dtype) -> Iterator[None]
             yield
     finally:
         torch.set_default_dtype(previous)
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def image_size_of(clip: CLIPVisionConfig) -> int:
@@ -455,5 +364,3 @@ def as_int(value: object, name: str) -> int:
     if not isinstance(value, int):
         raise InvalidInput(f"CLIP config has no usable {name} ({value!r})")
     return value
-
-

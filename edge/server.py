@@ -9,18 +9,21 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 from edge.agent import EdgeAgent
 from edge.align import FeatureAdapter, load_adapter
 from edge.cloud_link import CloudLink
 from edge.config import EdgeSettings
-from edge.draft import DraftModel, build_tiny_random_draft
+from edge.draft import DraftModel
 from edge.draft_checkpoint import load_draft
 from edge.events.base import EventSource
 from edge.events.sources import open_source
+from edge.model_dirs import TOY, adapter_dir, draft_dir
 from edge.servicer import EdgeAgentServicer
 from shared.errors import EventSpecError
 from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
+from shared.serving import MODEL_DTYPES
 from shared.wire.host import GrpcHost
 
 log = logging.getLogger(__name__)
@@ -29,18 +32,11 @@ SERVICE_NAME = edge_pb2.DESCRIPTOR.services_by_name["EdgeAgent"].full_name
 
 
 def load_draft_for(settings: EdgeSettings) -> DraftModel:
-    """The draft named by ``--model``: ``tiny-random`` or a local EventGPT directory."""
+    """The draft in the directory ``--model`` names (``toy``: the shipped toy draft)."""
     import torch
 
-    dtype = getattr(torch, {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}.get(
-        settings.dtype, settings.dtype))
-    if settings.model == "tiny-random":
-        return build_tiny_random_draft(seed=settings.seed, device=settings.device, dtype=dtype)
-    if settings.model == "toy":
-        from edge.toy import load_toy_draft
-
-        return load_toy_draft(device=settings.device, dtype=dtype)
-    return load_draft(settings.model, device=settings.device, dtype=dtype)
+    dtype = getattr(torch, MODEL_DTYPES[settings.dtype])
+    return load_draft(draft_dir(settings.model), device=settings.device, dtype=dtype)
 
 
 @dataclass
@@ -67,15 +63,12 @@ class EdgeServer:
         if draft is None:
             draft = await asyncio.to_thread(load_draft_for, s)
         adapter = self.adapter
-        toy_adapter = str(s.adapter) == "toy" or (
-            s.adapter is None and s.model == "toy" and self.draft is None
-        )
-        if adapter is None and toy_adapter:
-            from edge.toy import load_toy_adapter
-
-            adapter = await asyncio.to_thread(load_toy_adapter)
-        elif adapter is None and s.adapter is not None:
-            adapter = await asyncio.to_thread(load_adapter, s.adapter)
+        # The toy draft brings its adapter unless told otherwise.
+        adapter_name = s.adapter
+        if adapter_name is None and s.model == TOY and self.draft is None:
+            adapter_name = Path(TOY)
+        if adapter is None and adapter_name is not None:
+            adapter = await asyncio.to_thread(load_adapter, adapter_dir(adapter_name))
         self._link = CloudLink(s.cloud, max_message_bytes=s.max_message_bytes) if s.cloud else None
         self.agent = EdgeAgent(
             source=source,

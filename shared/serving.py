@@ -9,6 +9,11 @@ from pathlib import Path
 from typing import Protocol
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+#: ``--dtype`` spellings both nodes accept -> the torch dtype's name.
+MODEL_DTYPES: dict[str, str] = {
+    "float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+}
 
 
 class NodeServer(Protocol):

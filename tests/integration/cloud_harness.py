@@ -16,8 +16,9 @@ from grpc import aio
 
 from cloud.config import CloudSettings
 from cloud.server import VerifierServer
-from cloud.target import TargetModel, build_tiny_random_target
+from cloud.target import TargetModel
 from shared import convert
+from shared.demoworld.tiny_target import build_tiny_random_target
 from shared.imageproc import encode_png
 from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from shared.types import CommitEvent, DoneEvent, GenerationSettings, OpenRequest, ServerLimits

@@ -10,12 +10,14 @@ import torch
 from cloud.engine.hf import HFEngine
 from cloud.engine.paced import PacedEngine
 from cloud.server import VerifierServer
-from cloud.target import TargetModel, build_tiny_random_target
+from cloud.target import TargetModel
 from edge.align import FeatureAdapter, build_adapter_for
 from edge.config import EdgeSettings
-from edge.draft import DraftModel, build_tiny_random_draft
+from edge.draft import DraftModel
 from edge.events.base import EventSource
 from edge.server import EdgeServer
+from shared.demoworld.tiny_draft import build_tiny_random_draft
+from shared.demoworld.tiny_target import build_tiny_random_target
 from shared.timing import CloudCost
 from tests.integration import cloud_harness as ch
 

@@ -6,19 +6,19 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+from shared.launch import entry_point_command
 from tests.integration.test_end_to_end import _write_dsec
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+def _spawn(script: str, args: list[str], log: Path) -> subprocess.Popen[bytes]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(log, "wb") as f:
-        return subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, stdout=f,
+        return subprocess.Popen(entry_point_command(script, args), cwd=ROOT, stdout=f,
                                 stderr=subprocess.STDOUT, env=env)
 
 
@@ -35,8 +35,8 @@ def _port(proc: subprocess.Popen[bytes], port_file: Path, log: Path, timeout: fl
 
 def _ask(edge: int, mode: str, question: str, *extra: str) -> dict:
     out = subprocess.run(
-        [sys.executable, "-m", "shared.cli", "ask", "--edge", f"127.0.0.1:{edge}",
-         "--mode", mode, "--json", "--max-new-tokens", "12", *extra, question],
+        entry_point_command("eventspec", ["ask", "--edge", f"127.0.0.1:{edge}", "--mode", mode,
+                                          "--json", "--max-new-tokens", "12", *extra, question]),
         cwd=ROOT, capture_output=True, text=True, timeout=180,
     )
     assert out.returncode == 0, out.stderr
@@ -47,12 +47,12 @@ def test_serve_and_ask_json_on_a_dsec_sequence(tmp_path: Path) -> None:
     seq = tmp_path / "seq"
     seq.mkdir()
     _write_dsec(seq, seed=21)
-    cloud = _spawn(["cloud.cli", "serve", "--model", "tiny-random", "--port", "0",
+    cloud = _spawn("eventspec-cloud", ["serve", "--model", "tiny-random", "--port", "0",
                     "--port-file", str(tmp_path / "c"), "--no-calibrate"], tmp_path / "c.log")
     edge = None
     try:
         cport = _port(cloud, tmp_path / "c", tmp_path / "c.log")
-        edge = _spawn(["edge.cli", "serve", "--cloud", f"127.0.0.1:{cport}", "--source",
+        edge = _spawn("eventspec-edge", ["serve", "--cloud", f"127.0.0.1:{cport}", "--source",
                        f"dsec:{seq}", "--model", "tiny-random", "--port", "0",
                        "--port-file", str(tmp_path / "e")], tmp_path / "e.log")
         eport = _port(edge, tmp_path / "e", tmp_path / "e.log")
@@ -67,8 +67,8 @@ def test_serve_and_ask_json_on_a_dsec_sequence(tmp_path: Path) -> None:
                 assert key in a["stats"]
             assert b["stats"]["target_steps"] == len(b["token_ids"])
         bad = subprocess.run(
-            [sys.executable, "-m", "shared.cli", "ask", "--edge", f"127.0.0.1:{eport}",
-             "--event-window-ms", "150", "What?"],
+            entry_point_command("eventspec", ["ask", "--edge", f"127.0.0.1:{eport}",
+                                              "--event-window-ms", "150", "What?"]),
             cwd=ROOT, capture_output=True, text=True, timeout=60,
         )
         assert bad.returncode != 0 and "100" in bad.stderr
@@ -82,7 +82,7 @@ def test_serve_and_ask_json_on_a_dsec_sequence(tmp_path: Path) -> None:
 
 
 def test_demo_json_reports_identical_answers() -> None:
-    out = subprocess.run([sys.executable, "-m", "shared.cli", "demo", "--json"], cwd=ROOT,
+    out = subprocess.run(entry_point_command("eventspec", ["demo", "--json"]), cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
@@ -94,3 +94,4 @@ def test_demo_json_reports_identical_answers() -> None:
     # The embedded toy pair answers its demo scene correctly. (Whether it drafts is the
     # plan's call from measured costs, which a loaded CI machine can change.)
     assert result["correct"] is True, result
+    assert result["answer"] == "It is moving right."

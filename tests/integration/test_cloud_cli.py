@@ -1,4 +1,4 @@
-"""``python -m cloud.cli serve`` as a real process: port file, health, reflection, SIGTERM."""
+"""``eventspec-cloud serve`` as a real process: port file, health, reflection, SIGTERM."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from shared.launch import entry_point_command
 from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from shared.wire.health import wait_for_serving
 
@@ -66,8 +66,9 @@ def test_serve_health_reflection_and_sigterm(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cloud.cli", "serve", "--model", "tiny-random", "--port", "0",
-         "--port-file", str(port_file), "--no-calibrate", "--max-sessions", "3"],
+        entry_point_command("eventspec-cloud", [
+            "serve", "--model", "tiny-random", "--port", "0", "--port-file", str(port_file),
+            "--no-calibrate", "--max-sessions", "3"]),
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     try:

@@ -9,15 +9,20 @@ from collections import defaultdict
 import pytest
 import torch
 
-from cloud import toy as cloud_toy
-from cloud.target import TargetModel
-from edge import toy as edge_toy
+from cloud.model_dirs import model_dir
+from cloud.target import TargetModel, load_target
+from edge.align import load_adapter
 from edge.draft import DraftModel
+from edge.draft_checkpoint import load_draft
 from edge.events.toy import ToySource
+from edge.model_dirs import adapter_dir, draft_dir
 from shared.client import EdgeClient
-from shared.toyworld.qa import all_questions, parse_answer
-from shared.toyworld.scenes import SPLITS, sample_scene
-from shared.toyworld.training import accuracy_by_type, examples_for
+from shared.demoworld.qa import all_questions, parse_answer
+from shared.demoworld.scenes import SPLITS, sample_scene
+from shared.demoworld.train import draft as draft_training
+from shared.demoworld.train import target as target_training
+from shared.demoworld.train.adapter import draft_clip_features
+from shared.demoworld.train.common import accuracy_by_type, examples_for
 from shared.types import AskSpec, FeatureMode, GenerationSettings, Mode
 from tests.integration import edge_harness as eh
 
@@ -27,19 +32,19 @@ TEST_SEEDS = range(SPLITS["test"].start + 500, SPLITS["test"].start + 548)
 
 @pytest.fixture(scope="module")
 def target() -> TargetModel:
-    return cloud_toy.load_toy_target()
+    return load_target(model_dir("toy"))
 
 
 @pytest.fixture(scope="module")
 def draft() -> DraftModel:
-    return edge_toy.load_toy_draft()
+    return load_draft(draft_dir("toy"))
 
 
 def test_committed_models_load(target: TargetModel, draft: DraftModel) -> None:
     assert target.model_id == "toy-video-llava" and draft.model_id == "toy-eventgpt"
     assert target.vocab_fingerprint == draft.vocab_fingerprint
     assert target.text_vocab_size == draft.text_vocab_size
-    adapter = edge_toy.load_toy_adapter()
+    adapter = load_adapter(adapter_dir("toy"))
     g = target.geometry
     assert adapter.config.dst == (g.num_frames, g.tokens_per_frame, g.feature_dim)
 
@@ -48,10 +53,12 @@ def test_target_and_draft_accuracy_on_fresh_scenes(target: TargetModel,
                                                    draft: DraftModel) -> None:
     seeds = list(TEST_SEEDS)
     items = examples_for(seeds)
-    rgb = torch.from_numpy(cloud_toy.frames_for(seeds, workers=1))
-    ev = torch.from_numpy(edge_toy.event_frames_for(seeds, workers=1))
-    t_acc = accuracy_by_type(items, rgb, lambda f, qs: cloud_toy.greedy_answers(target, f, qs))
-    d_acc = accuracy_by_type(items, ev, lambda f, qs: edge_toy.greedy_answers(draft, f, qs))
+    rgb = torch.from_numpy(target_training.frames_for(seeds, workers=1))
+    ev = torch.from_numpy(draft_training.event_frames_for(seeds, workers=1))
+    t_acc = accuracy_by_type(items, rgb,
+                             lambda f, qs: target_training.greedy_answers(target, f, qs))
+    d_acc = accuracy_by_type(items, ev,
+                             lambda f, qs: draft_training.greedy_answers(draft, f, qs))
     for kind in ("direction", "shape", "colour"):
         assert t_acc[kind] >= 0.9, (kind, t_acc)
     for kind in ("direction", "shape"):
@@ -101,10 +108,10 @@ def test_target_reads_direction_and_shape_from_adapted_event_features(
     from cloud.engine.hf import HFEngine
     from shared.types import GenerationSettings as Gen
 
-    adapter = edge_toy.load_toy_adapter()
+    adapter = load_adapter(adapter_dir("toy"))
     engine = HFEngine(target)
     seeds = list(TEST_SEEDS)[:24]
-    clip = edge_toy.draft_clip_features(draft, seeds, workers=1)  # [N, 5, T, D]
+    clip = draft_clip_features(draft, seeds, workers=1)  # [N, 5, T, D]
     with torch.no_grad():
         feats = adapter(clip)  # [N, 8, T', D']
     right: dict[str, list[bool]] = defaultdict(list)

@@ -13,7 +13,8 @@ import torch
 from grpc import aio
 
 from cloud.server import VerifierServer
-from cloud.target import TargetModel, build_tiny_random_target
+from cloud.target import TargetModel
+from shared.demoworld.tiny_target import build_tiny_random_target
 from shared.pb.eventspec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from tests.integration import cloud_harness as h
 

@@ -6,7 +6,8 @@ import pytest
 import pytest_asyncio
 
 from cloud.server import VerifierServer
-from cloud.target import TargetModel, build_tiny_random_target
+from cloud.target import TargetModel
+from shared.demoworld.tiny_target import build_tiny_random_target
 from tests.integration import cloud_harness as h
 
 QUESTIONS = [

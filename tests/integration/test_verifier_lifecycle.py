@@ -15,9 +15,10 @@ from grpc import aio
 
 from cloud.server import VerifierServer
 from cloud.sessions import SessionRegistry
-from cloud.target import TargetModel, build_tiny_random_target
+from cloud.target import TargetModel
 from shared import convert
 from shared.codec import quantize_int8
+from shared.demoworld.tiny_target import build_tiny_random_target
 from shared.pb.eventspec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from shared.timing import TimingPlan
 from shared.types import CommitEvent, DoneEvent, FinishReason

@@ -28,8 +28,9 @@ from cloud.decoding import DecodingSession
 from cloud.engine.base import EngineState
 from cloud.engine.hf import HFEngine
 from cloud.server import VerifierServer
-from cloud.target import TargetModel, build_tiny_random_target
+from cloud.target import TargetModel
 from cloud.verify import VerifyResult, mask_non_text, probs_from_logits, sample
+from shared.demoworld.tiny_target import build_tiny_random_target
 from shared.types import DraftTail, GenerationSettings
 from tests.integration import cloud_harness as h
 

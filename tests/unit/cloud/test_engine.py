@@ -12,8 +12,9 @@ from transformers import DynamicCache
 
 from cloud.engine.base import EngineState, TargetEngine
 from cloud.engine.hf import HFEngine, crop_cache
-from cloud.target import TargetModel, build_tiny_random_target
+from cloud.target import TargetModel
 from cloud.verify import mask_non_text, verify_greedy
+from shared.demoworld.tiny_target import build_tiny_random_target
 from shared.errors import FailedPrecondition, InvalidInput
 
 Proposer = Callable[[list[int], int], list[int]]

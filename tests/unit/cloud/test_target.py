@@ -11,13 +11,14 @@ import torch
 from cloud.target import (
     TargetModel,
     VisualGeometry,
-    build_tiny_random_target,
     load_target,
     save_target,
 )
+from shared.demoworld.tiny_target import build_tiny_random_target
+from shared.demoworld.tiny_tokenizer import TINY_TEXT_VOCAB_SIZE, build_tiny_tokenizer
 from shared.errors import InvalidInput, NotFound
 from shared.imageproc import encode_jpeg, encode_png
-from shared.tiny_tokenizer import TINY_TEXT_VOCAB_SIZE, build_tiny_tokenizer, text_vocab_fingerprint
+from shared.vocab import text_vocab_fingerprint
 
 
 @pytest.fixture(scope="module")

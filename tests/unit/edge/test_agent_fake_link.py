@@ -11,9 +11,10 @@ from dataclasses import replace
 import pytest
 
 from edge.agent import EdgeAgent
-from edge.draft import DraftModel, build_tiny_random_draft
+from edge.draft import DraftModel
 from edge.events.sources import open_source
 from shared.convert import CloudOutbound, EdgeInbound
+from shared.demoworld.tiny_draft import build_tiny_random_draft
 from shared.errors import EventSpecError, FailedPrecondition, InvalidInput
 from shared.estimators import RttEstimator
 from shared.timing import CloudCost

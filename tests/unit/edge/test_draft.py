@@ -14,11 +14,11 @@ from edge.draft import (
     PROMPT_TEMPLATE,
     DraftModel,
     EventGPTConfig,
-    build_tiny_random_draft,
 )
 from edge.draft_checkpoint import load_draft, save_clip, save_draft
+from shared.demoworld.tiny_draft import build_tiny_random_draft
+from shared.demoworld.tokenizer import BOS_ID
 from shared.errors import InvalidInput, NotFound
-from shared.tiny_tokenizer import BOS_ID
 
 QUESTION = "What is moving?"
 

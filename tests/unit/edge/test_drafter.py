@@ -10,8 +10,9 @@ import random
 import pytest
 import torch
 
-from edge.draft import DraftModel, build_tiny_random_draft
+from edge.draft import DraftModel
 from edge.drafter import Drafter
+from shared.demoworld.tiny_draft import build_tiny_random_draft
 
 QUESTION = "What is moving?"
 

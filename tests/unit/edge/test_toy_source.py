@@ -16,9 +16,9 @@ from edge.events.windows import (
     sample_rgb_frames,
     select_window,
 )
+from shared.demoworld.events import TOY_EVENT_DTYPE, events_in_window, simulate_events
+from shared.demoworld.scenes import DEMO_SEED, SPLITS, clip_frames, sample_scene
 from shared.errors import InvalidInput
-from shared.toyworld.events import TOY_EVENT_DTYPE, events_in_window, simulate_events
-from shared.toyworld.scenes import DEMO_SEED, SPLITS, clip_frames, sample_scene
 
 TEST_SEEDS = range(SPLITS["test"].start, SPLITS["test"].start + 6)
 

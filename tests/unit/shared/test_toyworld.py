@@ -1,4 +1,4 @@
-"""The toy world: scenes, the DVS simulator, templated Q/A and the shared tokenizer."""
+"""The demo world: scenes, the DVS simulator, templated Q/A and the tokenizers."""
 
 from __future__ import annotations
 
@@ -9,18 +9,13 @@ import time
 import numpy as np
 import pytest
 
-from shared.tiny_tokenizer import BOS_ID, EOS_ID, UNK_ID, build_tiny_tokenizer
-from shared.toyworld.corpus import (
-    DRAFT_PROMPT,
-    SYSTEM_PROMPT,
-    TARGET_PROMPT,
-    TOY_TEXT_VOCAB_SIZE,
-    build_toy_tokenizer,
-    corpus_lines,
-    save_toy_tokenizer,
-)
-from shared.toyworld.events import TOY_EVENT_DTYPE, events_in_window, simulate_events
-from shared.toyworld.qa import (
+from cloud.model_dirs import TOY_TARGET_DIR
+from cloud.target import PROMPT_TEMPLATE as TARGET_PROMPT
+from edge.draft import PROMPT_TEMPLATE as DRAFT_PROMPT
+from edge.draft import SYSTEM_PROMPT
+from edge.model_dirs import TOY_DRAFT_DIR
+from shared.demoworld.events import TOY_EVENT_DTYPE, events_in_window, simulate_events
+from shared.demoworld.qa import (
     QTYPES,
     QUESTION_TEMPLATES,
     VALUES,
@@ -32,7 +27,7 @@ from shared.toyworld.qa import (
     qa_pairs,
     truth,
 )
-from shared.toyworld.scenes import (
+from shared.demoworld.scenes import (
     EVAL_SEED_MIN,
     RGB_FRAME_TIMES_US,
     SIZE_RANGE_PX,
@@ -47,6 +42,14 @@ from shared.toyworld.scenes import (
     rgb_frame_times_us,
     sample_scene,
     split_of,
+)
+from shared.demoworld.tiny_tokenizer import build_tiny_tokenizer
+from shared.demoworld.tokenizer import BOS_ID, EOS_ID, UNK_ID
+from shared.demoworld.toy_tokenizer import (
+    TOY_TEXT_VOCAB_SIZE,
+    build_toy_tokenizer,
+    corpus_lines,
+    save_toy_tokenizer,
 )
 
 #: Digests of the tiny tokenizer before the trainer was factored out of it: the
@@ -374,7 +377,8 @@ def test_toy_tokenizer_splits_prompts_around_placeholders() -> None:
     ids = target.encode(prompt).ids
     assert ids[0] == BOS_ID and ids.count(video) == 1
     assert target.decode(ids, skip_special_tokens=False).endswith("ASSISTANT:")
-    ev = draft.encode(DRAFT_PROMPT.format(event="", question="Is anything moving?")).tokens
+    prompt = DRAFT_PROMPT.replace("<event>", "").format(question="Is anything moving?")
+    ev = draft.encode(prompt).tokens
     assert "▁<ev_start>" in ev or "<ev_start>" in ev
 
 
@@ -394,3 +398,20 @@ def test_save_toy_tokenizer(tmp_path: object) -> None:
     loaded = Tokenizer.from_file(str(out / "tokenizer.json"))
     assert loaded.to_str() == build_toy_tokenizer("draft").to_str()
     assert (out / "tokenizer_config.json").exists()
+
+
+@pytest.mark.parametrize(("role", "model_dir"), [("target", TOY_TARGET_DIR),
+                                                 ("draft", TOY_DRAFT_DIR)])
+def test_toy_tokenizer_is_the_shipped_models_tokenizer(role: str, model_dir: object) -> None:
+    """The corpus reads the product's prompt templates: they must still train the very
+    vocabulary the shipped toy pair was trained with."""
+    import json
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+
+    shipped = Tokenizer.from_file(str(Path(str(model_dir)) / "tokenizer.json"))
+    built = build_toy_tokenizer(role)  # type: ignore[arg-type]
+    assert shipped.get_vocab(with_added_tokens=True) == built.get_vocab(with_added_tokens=True)
+    merges = [json.loads(t.to_str())["model"]["merges"] for t in (shipped, built)]
+    assert merges[0] == merges[1]

@@ -1,26 +1,24 @@
-"""Pieces both toy trainers share (``cloud.toy`` and ``edge.toy``): batching of frames,
-the auxiliary attribute heads, the learning-rate schedule and seeding.
-
-Kept in ``shared`` so the two nodes' trainers, which never import each other, use one
-definition of each.
-"""
+"""What the three toy trainers share: frame batching, the auxiliary attribute heads,
+the learning-rate schedule, seeding, accuracy by question type and model cards."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
 import random
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from shared.demoworld.labels import HEADS, IGNORE
+from shared.demoworld.qa import QA, all_questions, parse_answer
+from shared.demoworld.scenes import sample_scene
 from shared.imageproc import CLIP_MEAN, CLIP_STD
-from shared.toyworld.labels import HEADS, IGNORE
-from shared.toyworld.qa import QA, all_questions, parse_answer
-from shared.toyworld.scenes import sample_scene
 
 
 def examples_for(seeds: Sequence[int]) -> list[tuple[int, QA]]:
@@ -44,7 +42,7 @@ class AuxHeads(torch.nn.Module):
     """Linear attribute classifiers on per-frame [CLS, mean] vision features.
 
     Used only while training: they give the vision tower a direct signal about what
-    the answers depend on (see ``shared.toyworld.labels``). Not saved with the model.
+    the answers depend on (see ``shared.demoworld.labels``). Not saved with the model.
     """
 
     def __init__(self, frames: int, dim: int, heads: Sequence[str]) -> None:
@@ -143,3 +141,13 @@ def accuracy_by_type(
         for (_, qa), text in zip(chunk, texts, strict=True):
             right.setdefault(qa.qtype, []).append(parse_answer(qa.qtype, text) == qa.value)
     return {k: round(sum(v) / len(v), 4) for k, v in sorted(right.items())}
+
+
+def write_card(out: Path, name: str, text: str, metrics: dict[str, object]) -> None:
+    """The model card (``README.md``) and ``training.json`` of a trained model directory."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "README.md").write_text(
+        f"# {name}\n\n{text}\n\nTrained by `eventspec toy train`.\n\n```json\n"
+        f"{json.dumps(metrics, indent=2)}\n```\n"
+    )
+    (out / "training.json").write_text(json.dumps(metrics, indent=2))

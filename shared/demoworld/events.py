@@ -14,8 +14,8 @@ a 64x64 sensor holds well over the edge's 100-event minimum, so even a still sce
 can be asked about. Its timestamps are jittered on a regular grid rather than
 Poisson, which makes that floor a guarantee instead of a likelihood.
 
-Deliberately in ``shared`` (not the edge): the trainer and the evaluator need the
-same events as the edge's source, and ``shared`` must not import ``edge``; hence
+In the demo world (not the edge): the trainers need the same events as the edge's
+``toy`` source, which imports this module; so it imports no node, and
 :data:`TOY_EVENT_DTYPE` restates the edge's event dtype (a test checks they agree).
 """
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shared.toyworld.scenes import (
+from shared.demoworld.scenes import (
     ToyScene,
     background_luminance,
     coverage_at,

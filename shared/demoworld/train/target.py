@@ -1,27 +1,21 @@
-"""The toy world's target: a small Video-LLaVA trained on synthetic scenes.
+"""Training the toy target: a small Video-LLaVA that answers questions about toy scenes.
 
-The embedded default target is ``VideoLlavaForConditionalGeneration`` at toy size,
-trained on RGB clips of ``shared.toyworld`` scenes to answer templated questions
-(direction, shape, colour, count, moving). It sees colour and motion; the edge's
-EventGPT, trained on the same questions from events, sees motion and edges but no
-colour, so drafts agree where events carry the information and get corrected where
-they don't.
-
-    python -m cloud.toy train --out cloud/models/toy-video-llava --scenes 12000 --steps 3000
-    python -m cloud.toy export-features --model DIR --seeds 0-4000 --out feats.safetensors
+The shipped default target is ``VideoLlavaForConditionalGeneration`` at toy size,
+trained on RGB clips of toy scenes to answer templated questions (direction, shape,
+colour, count, moving). It sees colour and motion; the edge's EventGPT, trained on the
+same questions from events, sees motion and edges but no colour, so drafts agree where
+events carry the information and get corrected where they don't.
 
 Frames go through the same path as in the running system: the 8 clip frames, JPEG at
-the edge's default quality, decoded and CLIP-normalised at the tower's size.
+the edge's default quality, decoded and CLIP-normalised at the tower's size. Run it
+through ``eventspec toy train``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import os
 import random
-import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -33,18 +27,17 @@ import torch
 from transformers import (
     CLIPVisionConfig,
     LlamaConfig,
-    PreTrainedTokenizerFast,
     VideoLlavaConfig,
     VideoLlavaForConditionalGeneration,
 )
 
-from cloud.target import TargetModel, load_target, save_target
-from shared.imageproc import decode_image, encode_jpeg
-from shared.toyworld.corpus import TOY_TEXT_VOCAB_SIZE, build_toy_tokenizer
-from shared.toyworld.labels import HEADS, attribute_labels
-from shared.toyworld.qa import QA
-from shared.toyworld.scenes import clip_frames, sample_scene
-from shared.toyworld.training import (
+from cloud.target import TargetModel, save_target
+from shared.demoworld.labels import HEADS, attribute_labels
+from shared.demoworld.qa import QA
+from shared.demoworld.scenes import clip_frames, sample_scene
+from shared.demoworld.tokenizer import BOS_ID, EOS_ID
+from shared.demoworld.toy_tokenizer import TOY_TEXT_VOCAB_SIZE, toy_fast_tokenizer
+from shared.demoworld.train.common import (
     AuxHeads,
     TrainProgress,
     accuracy_by_type,
@@ -54,11 +47,13 @@ from shared.toyworld.training import (
     normalise,
     optimise,
     seed_everything,
+    write_card,
 )
+from shared.demoworld.train.settings import ModelTraining
+from shared.imageproc import decode_image, encode_jpeg
 
-log = logging.getLogger("eventspec.toy.cloud")
+log = logging.getLogger("eventspec.toy.target")
 
-TOY_TARGET_DIR = Path(__file__).resolve().parent / "models" / "toy-video-llava"
 TOY_MODEL_ID = "toy-video-llava"
 IMAGE_SIZE, PATCH = 64, 16
 NUM_FRAMES = 8
@@ -74,7 +69,7 @@ def toy_target_config(text_vocab_size: int = TOY_TEXT_VOCAB_SIZE) -> VideoLlavaC
     vocab = (text_vocab_size + 3 + 63) // 64 * 64
     text = LlamaConfig(hidden_size=192, intermediate_size=512, num_hidden_layers=3,
                        num_attention_heads=6, num_key_value_heads=6, vocab_size=vocab,
-                       max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
+                       max_position_embeddings=512, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
                        pad_token_id=text_vocab_size + 2, tie_word_embeddings=False)
     per_frame = (IMAGE_SIZE // PATCH) ** 2 + 1
     return VideoLlavaConfig(vision_config=vision, text_config=text,
@@ -85,29 +80,15 @@ def toy_target_config(text_vocab_size: int = TOY_TEXT_VOCAB_SIZE) -> VideoLlavaC
                             video_seq_length=NUM_FRAMES * per_frame)
 
 
-def toy_target_tokenizer() -> PreTrainedTokenizerFast:
-    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-        tokenizer_object=build_toy_tokenizer("target"), bos_token="<s>", eos_token="</s>",
-        unk_token="<unk>", pad_token="<pad>", clean_up_tokenization_spaces=False,
-    )
-
-
 def build_untrained_toy_target(seed: int, device: str = "cpu") -> TargetModel:
     """The toy architecture with seeded random weights (the start of training)."""
     torch.manual_seed(seed)
     model = VideoLlavaForConditionalGeneration(toy_target_config())
-    model.generation_config.bos_token_id = 1
-    model.generation_config.eos_token_id = 2
+    model.generation_config.bos_token_id = BOS_ID
+    model.generation_config.eos_token_id = EOS_ID
     model.generation_config.pad_token_id = TOY_TEXT_VOCAB_SIZE + 2
     model.to(device)  # type: ignore[arg-type]
-    return TargetModel(model, toy_target_tokenizer(), TOY_MODEL_ID)
-
-
-def load_toy_target(device: str = "cpu", dtype: torch.dtype | None = None) -> TargetModel:
-    """The committed toy target (``--model toy``)."""
-    target = load_target(TOY_TARGET_DIR, device=device, dtype=dtype)
-    target.model_id = TOY_MODEL_ID
-    return target
+    return TargetModel(model, toy_fast_tokenizer("target"), TOY_MODEL_ID)
 
 
 # -- data -----------------------------------------------------------------------------------
@@ -125,9 +106,6 @@ def frames_for(seeds: Sequence[int], workers: int) -> np.ndarray:
         return np.stack([scene_frames(s) for s in seeds])
     with ProcessPoolExecutor(workers) as pool:
         return np.stack(list(pool.map(scene_frames, seeds, chunksize=64)))
-
-
-
 
 
 def encode_examples(
@@ -164,7 +142,6 @@ def batch_tensors(
 # -- training -------------------------------------------------------------------------------
 
 
-
 def forward_with_features(
     target: TargetModel, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor,
     pix: torch.Tensor,
@@ -187,9 +164,8 @@ def forward_with_features(
     return out.loss, feats.view(b, f, *feats.shape[1:])
 
 
-
-def train(args: argparse.Namespace) -> dict[str, object]:
-    """Train the toy target; returns the metrics written to the model card."""
+def train_target(args: ModelTraining, out: Path) -> dict[str, object]:
+    """Train the toy target into ``out``; returns the metrics written to its model card."""
     seed_everything(args.seed)
     device = torch.device(args.device)
     t_start = time.perf_counter()
@@ -224,8 +200,8 @@ def train(args: argparse.Namespace) -> dict[str, object]:
         progress.record(step, lm_loss.item(), aux_loss.item(), lr)
     model.eval()
     train_s = progress.seconds
-    val = evaluate(target, range(args.val_seed, args.val_seed + args.val_scenes), device,
-                   args.workers)
+    val = evaluate_target(target, range(args.val_seed, args.val_seed + args.val_scenes),
+                          args.workers)
     log.info("target validation accuracy: %s", json.dumps(val))
     metrics: dict[str, object] = {
         "train_scenes": len(train_seeds), "train_examples": len(examples), "steps": args.steps,
@@ -234,8 +210,8 @@ def train(args: argparse.Namespace) -> dict[str, object]:
         "validation": val,
     }
     model.half()
-    save_target(target, args.out)
-    write_card(Path(args.out), metrics)
+    save_target(target, out)
+    write_card(out, TOY_MODEL_ID, TARGET_CARD, metrics)
     return metrics
 
 
@@ -263,8 +239,8 @@ def greedy_answers(target: TargetModel, frames_u8: torch.Tensor, questions: Sequ
     return [str(tok.decode(row[width:], skip_special_tokens=True)) for row in out.tolist()]
 
 
-def evaluate(target: TargetModel, seeds: Sequence[int], device: torch.device,
-             workers: int) -> dict[str, float]:
+def evaluate_target(target: TargetModel, seeds: Sequence[int],
+                    workers: int) -> dict[str, float]:
     """Accuracy by question type on the frames path (structured answers, not strings)."""
     frames = torch.from_numpy(frames_for(list(seeds), workers))
     return accuracy_by_type(examples_for(list(seeds)), frames,
@@ -272,78 +248,20 @@ def evaluate(target: TargetModel, seeds: Sequence[int], device: torch.device,
 
 
 @torch.no_grad()
-def export_features(model_dir: Path, seeds: Sequence[int], out: Path, device: str,
-                    workers: int) -> None:
-    """Pre-projector video features [N, 8, T, D] of scenes, for training the edge's adapter."""
-    from safetensors.torch import save_file
-
-    target = load_target(model_dir, device=device, dtype=torch.float32)
+def video_features(target: TargetModel, seeds: Sequence[int], workers: int) -> torch.Tensor:
+    """Pre-projector video features of scenes, the adapter's targets. [N, 8, T, D] float32."""
     frames = torch.from_numpy(frames_for(list(seeds), workers))
     feats = []
     for start in range(0, len(seeds), 128):
-        pix = normalise(frames[start : start + 128].to(device))  # [b, 8, 3, H, W]
+        pix = normalise(frames[start : start + 128].to(target.device))  # [b, 8, 3, H, W]
         for one in pix:
-            feats.append(target.video_features_from_pixels(one.unsqueeze(0)).half().cpu())
-    save_file({"features": torch.stack(feats), "seeds": torch.tensor(list(seeds))}, str(out))
-    log.info("wrote %d scenes' features %s to %s", len(seeds), tuple(feats[0].shape), out)
+            # Rounded through float16 as the shipped adapter's training data was.
+            feats.append(target.video_features_from_pixels(one.unsqueeze(0)).half().float().cpu())
+    return torch.stack(feats)
 
 
-def write_card(out: Path, metrics: dict[str, object]) -> None:
-    card = f"""# toy-video-llava
-
-The embedded default target of eventspec: `VideoLlavaForConditionalGeneration` at toy size
-(3-layer CLIP at 64 px with 16 px patches, 8 frames x 17 tokens; 3-layer LLaMA, hidden 192),
-trained from scratch on RGB clips of `shared.toyworld` scenes to answer templated questions
-about direction, shape, colour, count and motion. Weights are stored in float16.
-
-Trained by `python -m cloud.toy train` (see `eventspec toy train`).
-
-```json
-{json.dumps(metrics, indent=2)}
-```
-"""
-    (out / "README.md").write_text(card)
-    (out / "training.json").write_text(json.dumps(metrics, indent=2))
-
-
-
-def parse_seed_range(text: str) -> range:
-    a, _, b = text.partition("-")
-    return range(int(a), int(b)) if b else range(int(a), int(a) + 1)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cloud.toy", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    tr = sub.add_parser("train", help="train the toy target")
-    tr.add_argument("--out", type=Path, default=TOY_TARGET_DIR)
-    tr.add_argument("--scenes", type=int, default=12000)
-    tr.add_argument("--first-seed", type=int, default=0)
-    tr.add_argument("--steps", type=int, default=3000)
-    tr.add_argument("--batch", type=int, default=64)
-    tr.add_argument("--lr", type=float, default=1e-3)
-    tr.add_argument("--warmup", type=int, default=200)
-    tr.add_argument("--aux-weight", type=float, default=0.5)
-    tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--val-seed", type=int, default=1_000_000)
-    tr.add_argument("--val-scenes", type=int, default=256)
-    tr.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    tr.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
-    tr.add_argument("--log-every", type=int, default=100)
-    ex = sub.add_parser("export-features", help="pre-projector features for adapter training")
-    ex.add_argument("--model", type=Path, default=TOY_TARGET_DIR)
-    ex.add_argument("--seeds", type=parse_seed_range, required=True)
-    ex.add_argument("--out", type=Path, required=True)
-    ex.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ex.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    if args.command == "train":
-        print(json.dumps(train(args)))
-    else:
-        export_features(args.model, args.seeds, args.out, args.device, args.workers)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+TARGET_CARD = """The embedded default target of eventspec: `VideoLlavaForConditionalGeneration` at
+toy size (3-layer CLIP at 64 px with 16 px patches, 8 frames x 17 tokens; 3-layer LLaMA,
+hidden 192), trained from scratch on RGB clips of `shared.demoworld` scenes to answer
+templated questions about direction, shape, colour, count and motion. Weights are stored
+in float16."""

@@ -1,4 +1,4 @@
-"""The text both toy models read and write, and the tokenizer trained on it.
+"""The toy pair's shared tokenizer, trained on the text both toy models read and write.
 
 The real pair shares Vicuna's vocabulary; the toy pair shares one trained here, in
 the same LLaMA id layout, so a draft token id means the same text on both nodes. The
@@ -6,9 +6,11 @@ corpus is the prompts' fixed text (the Vicuna system line, the role tags, EventG
 event markers), every question paraphrase and every answer, then the prompt segments
 of a fixed set of training scenes so piece frequencies follow what the models see.
 
-Prompt segments are split where a model's placeholder goes (``<video>`` for the
-target, ``<event>`` for the draft): the tokenizer never sees the placeholder itself,
-and each segment is normalised on its own, exactly as the models tokenize prompts.
+The prompts are the product's own templates (``cloud.target`` and ``edge.draft`` own
+one definition each). Prompt segments are split where a model's placeholder goes
+(``{video}`` for the target, ``<event>`` for the draft): the tokenizer never sees the
+placeholder itself, and each segment is normalised on its own, exactly as the models
+tokenize prompts.
 """
 
 from __future__ import annotations
@@ -18,24 +20,21 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
 
-from shared.tiny_tokenizer import (
+from cloud.target import PROMPT_TEMPLATE as TARGET_PROMPT
+from edge.draft import EVENT_PLACEHOLDER, SYSTEM_PROMPT
+from edge.draft import PROMPT_TEMPLATE as DRAFT_PROMPT
+from shared.demoworld.qa import QUESTION_TEMPLATES, all_answers, all_questions
+from shared.demoworld.scenes import SPLITS, sample_scene
+from shared.demoworld.tokenizer import (
     Role,
+    fast_tokenizer,
     role_specials,
     train_llama_layout_tokenizer,
     write_tokenizer_files,
 )
-from shared.toyworld.qa import QUESTION_TEMPLATES, all_answers, all_questions
-from shared.toyworld.scenes import SPLITS, sample_scene
 
-SYSTEM_PROMPT = (
-    "A chat between a curious human and an artificial intelligence assistant. "
-    "The assistant gives helpful, detailed, and polite answers to the human's questions."
-)
-#: Target (Video-LLaVA) prompt; ``{video}`` is where the video placeholder goes.
-TARGET_PROMPT = "USER: {video}\n{question} ASSISTANT:"
-#: Draft (EventGPT, vicuna_v1) prompt; ``{event}`` is where the event placeholder goes.
-DRAFT_PROMPT = SYSTEM_PROMPT + " USER: <ev_start>{event}<ev_end>\n{question} ASSISTANT:"
 FIXED_TEXT = ("USER:", "ASSISTANT:", SYSTEM_PROMPT, "<ev_start>", "<ev_end>")
 #: Words a person may use when asking about a toy scene in their own words (the demo's
 #: free-form questions). Seen once each, they get pieces only after the template
@@ -66,7 +65,7 @@ def corpus_lines(seeds: Iterable[int]) -> Iterator[str]:
     for seed in seeds:
         for qa in all_questions(sample_scene(seed)):
             completed = f"{qa.question} ASSISTANT: {qa.answer}"
-            for template, slot in ((TARGET_PROMPT, "{video}"), (DRAFT_PROMPT, "{event}")):
+            for template, slot in ((TARGET_PROMPT, "{video}"), (DRAFT_PROMPT, EVENT_PLACEHOLDER)):
                 before, after = template.split(slot)
                 yield before
                 yield after.replace("{question} ASSISTANT:", completed)
@@ -120,3 +119,8 @@ def _words_and_punctuation() -> pre_tokenizers.PreTokenizer:
 def save_toy_tokenizer(directory: str | Path, role: Role) -> Path:
     """Write ``tokenizer.json`` and ``tokenizer_config.json`` loadable by transformers."""
     return write_tokenizer_files(build_toy_tokenizer(role), directory, role)
+
+
+def toy_fast_tokenizer(role: Role) -> PreTrainedTokenizerFast:
+    """The toy tokenizer of ``role`` wrapped for transformers."""
+    return fast_tokenizer(build_toy_tokenizer(role), role)

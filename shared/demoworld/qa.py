@@ -18,7 +18,7 @@ from typing import Literal
 
 import numpy as np
 
-from shared.toyworld.scenes import COLOURS, DIRECTIONS, SHAPES, ToyScene
+from shared.demoworld.scenes import COLOURS, DIRECTIONS, SHAPES, ToyScene
 
 QType = Literal["direction", "shape", "colour", "count", "moving"]
 QTYPES: tuple[QType, ...] = ("direction", "shape", "colour", "count", "moving")

@@ -1,20 +1,22 @@
-"""A small tokenizer in the LLaMA id layout, built offline and deterministically.
+"""The LLaMA id layout every demo-world tokenizer shares, and how one is trained and saved.
 
 The real pair (EventGPT and Video-LLaVA) share Vicuna's 32000-token sentencepiece
-vocabulary, which no package registry ships. Tests and the ``tiny-random`` models
-need a stand-in that keeps the properties the system relies on:
+vocabulary, which no package registry ships. The demo world's two tokenizer families
+(``tiny`` for the random test models, ``toy`` for the trained demo pair) are stand-ins
+that keep the properties the system relies on:
 
 - the LLaMA layout: ``<unk>`` 0, ``<s>`` 1, ``</s>`` 2, then byte-fallback pieces;
-- one shared text vocabulary of ``TINY_TEXT_VOCAB_SIZE`` ids for both models;
+- one shared text vocabulary for both models of a pair;
 - each model's special tokens right after the text vocabulary: ``<image>``,
   ``<video>``, ``<pad>`` for the target and ``<ev_patch>`` for the draft, so
   ``<image>`` and ``<ev_patch>`` share the first id past the text vocabulary,
   exactly like 32000 in the real pair.
+
+One trainer and one writer serve both families, so they cannot drift apart.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -30,199 +32,15 @@ from tokenizers import (
     processors,
 )
 from tokenizers.trainers import BpeTrainer
+from transformers import PreTrainedTokenizerFast
 
 Role = Literal["target", "draft"]
 
-TINY_TEXT_VOCAB_SIZE = 512
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 _BYTE_PIECES = [f"<0x{i:02X}>" for i in range(256)]
 _BASE_SPECIALS = ["<unk>", "<s>", "</s>"]
 TARGET_SPECIALS = ("<image>", "<video>", "<pad>")
 DRAFT_SPECIALS = ("<ev_patch>",)
-
-_CORPUS_WORDS = [
-    "a",
-    "an",
-    "the",
-    "is",
-    "are",
-    "was",
-    "what",
-    "where",
-    "which",
-    "who",
-    "how",
-    "many",
-    "much",
-    "why",
-    "when",
-    "there",
-    "this",
-    "that",
-    "it",
-    "its",
-    "of",
-    "in",
-    "on",
-    "at",
-    "to",
-    "from",
-    "by",
-    "with",
-    "and",
-    "or",
-    "not",
-    "no",
-    "yes",
-    "USER",
-    "ASSISTANT",
-    "A",
-    "chat",
-    "between",
-    "curious",
-    "human",
-    "artificial",
-    "intelligence",
-    "assistant",
-    "gives",
-    "helpful",
-    "detailed",
-    "polite",
-    "answers",
-    "questions",
-    "object",
-    "objects",
-    "shape",
-    "shapes",
-    "circle",
-    "square",
-    "triangle",
-    "colour",
-    "color",
-    "red",
-    "green",
-    "blue",
-    "yellow",
-    "black",
-    "white",
-    "gray",
-    "moving",
-    "move",
-    "moves",
-    "still",
-    "static",
-    "left",
-    "right",
-    "up",
-    "down",
-    "toward",
-    "away",
-    "fast",
-    "slow",
-    "speed",
-    "motion",
-    "direction",
-    "scene",
-    "camera",
-    "event",
-    "events",
-    "frame",
-    "frames",
-    "video",
-    "image",
-    "see",
-    "seen",
-    "one",
-    "two",
-    "three",
-    "four",
-    "five",
-    "count",
-    "number",
-    "large",
-    "small",
-    "big",
-    "tiny",
-    "background",
-    "foreground",
-    "edge",
-    "edges",
-    "car",
-    "person",
-    "people",
-    "road",
-    "street",
-    "light",
-    "dark",
-    "bright",
-    "night",
-    "day",
-    "rain",
-    "sky",
-    "tree",
-    "building",
-    "describe",
-    "happening",
-    "happens",
-    "going",
-    "goes",
-    "visible",
-    "appear",
-    "appears",
-    "answer",
-    "question",
-    "I",
-    "you",
-    "we",
-    "they",
-    "he",
-    "she",
-    "them",
-    "his",
-    "her",
-    "our",
-    "your",
-    "my",
-    "me",
-    "can",
-    "could",
-    "would",
-    "should",
-    "do",
-    "does",
-    "did",
-    "be",
-    "been",
-    "has",
-    "have",
-    "had",
-    "will",
-    "shall",
-    "may",
-    "might",
-    "must",
-    "very",
-    "also",
-    "only",
-    "just",
-    "more",
-    "most",
-    "some",
-    "any",
-    "all",
-    "each",
-    "both",
-]
-
-
-def _corpus() -> list[str]:
-    """A fixed corpus: every word alone, then word pairs in a fixed order."""
-    lines = list(_CORPUS_WORDS)
-    for i, word in enumerate(_CORPUS_WORDS):
-        nxt = _CORPUS_WORDS[(i * 7 + 3) % len(_CORPUS_WORDS)]
-        lines.append(f"{word} {nxt}. {word.capitalize()}? {nxt}, {i} {i * 13 % 97}!")
-    return lines
-
 
 def _base_tokenizer() -> Tokenizer:
     tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
@@ -307,16 +125,6 @@ def role_specials(role: Role) -> tuple[str, ...]:
     return TARGET_SPECIALS if role == "target" else DRAFT_SPECIALS
 
 
-def build_tiny_tokenizer(role: Role) -> Tokenizer:
-    """Build the shared tiny tokenizer with ``role``'s special tokens appended.
-
-    Deterministic: the same corpus and trainer settings give the same vocabulary.
-    """
-    return train_llama_layout_tokenizer(
-        _corpus(), TINY_TEXT_VOCAB_SIZE, role_specials(role), name="tiny tokenizer"
-    )
-
-
 def write_tokenizer_files(tok: Tokenizer, directory: str | Path, role: Role) -> Path:
     """Write ``tokenizer.json`` and ``tokenizer_config.json`` loadable by transformers."""
     out = Path(directory)
@@ -337,19 +145,17 @@ def write_tokenizer_files(tok: Tokenizer, directory: str | Path, role: Role) -> 
     return out
 
 
-def save_tiny_tokenizer(directory: str | Path, role: Role) -> Path:
-    """Write ``tokenizer.json`` and ``tokenizer_config.json`` loadable by transformers."""
-    return write_tokenizer_files(build_tiny_tokenizer(role), directory, role)
+def fast_tokenizer(tok: Tokenizer, role: Role) -> PreTrainedTokenizerFast:
+    """``tok`` wrapped for transformers with ``role``'s special-token names.
 
-
-def text_vocab_fingerprint(pieces: Sequence[str]) -> str:
-    """sha256 over the text vocabulary's pieces in id order.
-
-    Both nodes compute it over ids ``0 .. text_vocab_size-1``; equal fingerprints mean
-    a draft id means the same text on both sides.
+    The target pads with its own ``<pad>``; the draft has none and pads with ``<unk>``
+    (it never pads a real prompt), exactly as :func:`write_tokenizer_files` records.
     """
-    digest = hashlib.sha256()
-    for piece in pieces:
-        digest.update(piece.encode("utf-8"))
-        digest.update(b"\x00")
-    return digest.hexdigest()
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>" if role == "target" else "<unk>",
+        clean_up_tokenization_spaces=False,
+    )

@@ -8,7 +8,7 @@ attributes that do not apply (shape and colour of a two-object scene).
 
 from __future__ import annotations
 
-from shared.toyworld.scenes import ToyScene
+from shared.demoworld.scenes import ToyScene
 
 IGNORE = -100
 HEADS: dict[str, tuple[str, ...]] = {

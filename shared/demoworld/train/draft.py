@@ -1,28 +1,17 @@
-"""The toy world's edge models: a small EventGPT and the feature adapter.
+"""Training the toy draft: a small EventGPT that answers from events alone.
 
 The draft is the project's EventGPT class at toy size, trained on the event frames of
-``shared.toyworld`` scenes (the clip's last 50 ms, rendered exactly as the running
-edge renders them) to answer the same templated questions as the cloud's toy target.
-Events carry motion and edges but no colour, so colour answers are near chance: those
-are the drafts the cloud corrects.
-
-The adapter maps the draft's CLIP features onto the target's pre-projector video
-features; it is trained on paired scenes, with the target features exported by
-``python -m cloud.toy export-features`` (the nodes never import each other).
-
-    python -m edge.toy train-draft --out edge/models/toy-eventgpt --scenes 12000 --steps 3000
-    python -m edge.toy train-adapter --draft DIR --features feats.safetensors --out DIR
-    python -m edge.toy adapter-metrics --features heldout.safetensors --json
+toy scenes (the clip's last 50 ms, rendered exactly as the running edge renders them)
+to answer the same templated questions as the toy target. Events carry motion and
+edges but no colour, so colour answers are near chance: those are the drafts the cloud
+corrects. Run it through ``eventspec toy train``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import os
 import random
-import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -31,22 +20,22 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import CLIPVisionConfig, PreTrainedTokenizerFast
+from transformers import CLIPVisionConfig
 
-from edge.align import FeatureAdapter, build_adapter_for, load_adapter, save_adapter
 from edge.draft import (
     EVENT_TOKEN_INDEX,
     DraftModel,
     EventGPTConfig,
     EventGPTForCausalLM,
 )
-from edge.draft_checkpoint import load_draft, save_draft
+from edge.draft_checkpoint import save_draft
 from edge.events.render import events_to_frames
-from shared.toyworld.corpus import TOY_TEXT_VOCAB_SIZE, build_toy_tokenizer
-from shared.toyworld.events import events_in_window, simulate_events
-from shared.toyworld.labels import attribute_labels
-from shared.toyworld.scenes import sample_scene
-from shared.toyworld.training import (
+from shared.demoworld.events import events_in_window, simulate_events
+from shared.demoworld.labels import attribute_labels
+from shared.demoworld.scenes import sample_scene
+from shared.demoworld.tokenizer import BOS_ID, EOS_ID
+from shared.demoworld.toy_tokenizer import TOY_TEXT_VOCAB_SIZE, toy_fast_tokenizer
+from shared.demoworld.train.common import (
     AuxHeads,
     TrainProgress,
     accuracy_by_type,
@@ -56,17 +45,15 @@ from shared.toyworld.training import (
     normalise,
     optimise,
     seed_everything,
+    write_card,
 )
+from shared.demoworld.train.settings import ModelTraining
 
-log = logging.getLogger("eventspec.toy.edge")
+log = logging.getLogger("eventspec.toy.draft")
 
-MODELS_DIR = Path(__file__).resolve().parent / "models"
-TOY_DRAFT_DIR = MODELS_DIR / "toy-eventgpt"
-TOY_ADAPTER_DIR = MODELS_DIR / "toy-adapter"
 TOY_DRAFT_ID = "toy-eventgpt"
 IMAGE_SIZE, PATCH = 64, 8
 EVENT_WINDOW_US = 50_000
-THRESHOLDS = (0.8, 0.85, 0.9)
 
 
 def toy_draft_config(text_vocab_size: int = TOY_TEXT_VOCAB_SIZE) -> EventGPTConfig:
@@ -79,27 +66,9 @@ def toy_draft_config(text_vocab_size: int = TOY_TEXT_VOCAB_SIZE) -> EventGPTConf
         vocab_size=(text_vocab_size + 1 + 63) // 64 * 64, hidden_size=192,
         intermediate_size=512, num_hidden_layers=3, num_attention_heads=6,
         num_key_value_heads=6, max_position_embeddings=512, tie_word_embeddings=False,
-        bos_token_id=1, eos_token_id=2, mm_visual_tower=None, event_feature_adaptor=True,
+        bos_token_id=BOS_ID, eos_token_id=EOS_ID, mm_visual_tower=None, event_feature_adaptor=True,
         vision_config=vision.to_dict(), image_size=IMAGE_SIZE,
     )
-
-
-def toy_draft_tokenizer() -> PreTrainedTokenizerFast:
-    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-        tokenizer_object=build_toy_tokenizer("draft"), bos_token="<s>", eos_token="</s>",
-        unk_token="<unk>", pad_token="<unk>", clean_up_tokenization_spaces=False,
-    )
-
-
-def load_toy_draft(device: str = "cpu", dtype: torch.dtype = torch.float32) -> DraftModel:
-    """The committed toy draft (``--model toy``)."""
-    draft = load_draft(TOY_DRAFT_DIR, device=device, dtype=dtype)
-    draft.model_id = TOY_DRAFT_ID
-    return draft
-
-
-def load_toy_adapter() -> FeatureAdapter:
-    return load_adapter(TOY_ADAPTER_DIR)
 
 
 # -- data -----------------------------------------------------------------------------------
@@ -121,9 +90,6 @@ def event_frames_for(seeds: Sequence[int], workers: int) -> np.ndarray:
         return np.stack(list(pool.map(scene_event_frames, seeds, chunksize=32)))
 
 
-
-
-
 def _embeds(model: EventGPTForCausalLM, clip: torch.Tensor,
             rows: Sequence[list[int]]) -> list[torch.Tensor]:
     """Per row: prompt (with one -200) spliced with that scene's event tokens. [L', H]."""
@@ -138,7 +104,6 @@ def _embeds(model: EventGPTForCausalLM, clip: torch.Tensor,
 
 #: Events carry motion, edges and count, not colour: no colour head for the draft.
 DRAFT_HEADS = ("direction", "shape", "count")
-
 
 
 def _split_prompts(
@@ -193,8 +158,8 @@ def _batch_embeds(
     return x, mask, labels
 
 
-
-def train_draft(args: argparse.Namespace) -> dict[str, object]:
+def train_draft(args: ModelTraining, out: Path) -> dict[str, object]:
+    """Train the toy draft into ``out``; returns the metrics written to its model card."""
     seed_everything(args.seed)
     device = torch.device(args.device)
     t0 = time.perf_counter()
@@ -203,7 +168,7 @@ def train_draft(args: argparse.Namespace) -> dict[str, object]:
     frames = torch.from_numpy(event_frames_for(seeds, args.workers)).to(device)
     examples = examples_for(seeds)
     log.info("%d examples (%.1f s)", len(examples), time.perf_counter() - t0)
-    tokenizer = toy_draft_tokenizer()
+    tokenizer = toy_fast_tokenizer("draft")
     model = EventGPTForCausalLM(toy_draft_config()).to(device)  # type: ignore[arg-type]
     draft = DraftModel(model, tokenizer, TOY_DRAFT_ID)
     prefix, suffixes = _split_prompts(draft, [qa.question for _, qa in examples])
@@ -249,8 +214,8 @@ def train_draft(args: argparse.Namespace) -> dict[str, object]:
         "validation": val,
     }
     model.half()
-    save_draft(draft, args.out, layout="5.x", include_clip=True)
-    write_card(Path(args.out), "toy-eventgpt", DRAFT_CARD, metrics)
+    save_draft(draft, out, layout="5.x", include_clip=True)
+    write_card(out, TOY_DRAFT_ID, DRAFT_CARD, metrics)
     return metrics
 
 
@@ -285,158 +250,8 @@ def evaluate_draft(draft: DraftModel, seeds: Sequence[int], workers: int) -> dic
                             lambda f, qs: greedy_answers(draft, f, qs))
 
 
-@torch.no_grad()
-def draft_clip_features(draft: DraftModel, seeds: Sequence[int], workers: int) -> torch.Tensor:
-    """The adapter's inputs: the draft's CLIP features of each scene. [N, 5, T, Dv]."""
-    frames = torch.from_numpy(event_frames_for(list(seeds), workers))
-    out = []
-    for start in range(0, len(seeds), 128):
-        pix = normalise(frames[start : start + 128].to(draft.device)).to(draft.dtype)
-        clip = draft.model.clip_features(pix.flatten(0, 1))
-        out.append(clip.view(pix.shape[0], 5, *clip.shape[1:]).float())
-    return torch.cat(out)
-
-
-def _load_features(path: Path) -> tuple[torch.Tensor, list[int]]:
-    from safetensors.torch import load_file
-
-    data = load_file(str(path))
-    return data["features"].float(), [int(s) for s in data["seeds"].tolist()]
-
-
-def train_adapter(args: argparse.Namespace) -> dict[str, object]:
-    seed_everything(args.seed)
-    device = torch.device(args.device)
-    draft = load_draft(args.draft, device=args.device, dtype=torch.float32)
-    target_feats, seeds = _load_features(args.features)  # [N, 8, T_t, D_t]
-    src = draft_clip_features(draft, seeds, args.workers)  # [N, 5, T_s, D_s]
-    s_f, s_t, s_d = (int(d) for d in src.shape[1:])
-    t_f, t_t, t_d = (int(d) for d in target_feats.shape[1:])
-    adapter = build_adapter_for((s_f, s_t, s_d), (t_f, t_t, t_d), seed=args.seed,
-                                hidden=args.hidden, mixer_layers=args.mixer_layers).to(device)
-    src, tgt = src.to(device), target_feats.to(device)
-    scale = tgt.pow(2).mean().sqrt()
-    n_val = min(max(64, len(seeds) // 20), len(seeds) // 2)
-    opt = torch.optim.AdamW(adapter.parameters(), lr=args.lr, weight_decay=0.01)
-    rng = torch.Generator(device="cpu").manual_seed(args.seed)
-    t0 = time.perf_counter()
-    for step in range(args.steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.steps, args.lr, 100)
-        idx = torch.randint(n_val, len(seeds), (args.batch,), generator=rng)
-        pred = adapter(src[idx])
-        cos = torch.nn.functional.cosine_similarity(pred, tgt[idx], dim=-1)
-        loss = (1 - cos).mean() + ((pred - tgt[idx]) / scale).pow(2).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if step % args.log_every == 0 or step == args.steps - 1:
-            log.info("adapter step %d/%d loss %.4f cos %.3f (%.0f s)", step + 1, args.steps,
-                     float(loss), float(cos.mean()), time.perf_counter() - t0)
-    adapter.eval()
-    with torch.no_grad():
-        held = cosine_metrics(adapter(src[:n_val]), tgt[:n_val])
-    log.info("adapter on %d held-out training-range scenes: %s", n_val, json.dumps(held))
-    metrics: dict[str, object] = {"scenes": len(seeds), "steps": args.steps,
-                                  "train_seconds": round(time.perf_counter() - t0, 1),
-                                  "held_out": held, "device": device_name(device)}
-    save_adapter(adapter.cpu(), args.out)
-    write_card(Path(args.out), "toy-adapter", ADAPTER_CARD, metrics)
-    return metrics
-
-
-def cosine_metrics(pred: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
-    """Mean per-token cosine, and the share of tokens at or above each threshold."""
-    cos = torch.nn.functional.cosine_similarity(pred.float(), target.float(), dim=-1).flatten()
-    out = {"cos_mean": round(float(cos.mean()), 4)}
-    for t in THRESHOLDS:
-        out[f"accept_at_{str(t).replace('.', '_')}"] = round(float((cos >= t).float().mean()), 4)
-    return out
-
-
-@torch.no_grad()
-def adapter_metrics(features: Path, draft_dir: Path, adapter_dir: Path,
-                    workers: int) -> dict[str, float]:
-    """Adapter agreement on scenes whose target features were exported by the cloud."""
-    draft = load_draft(draft_dir, device="cpu", dtype=torch.float32)
-    adapter = load_adapter(adapter_dir)
-    target_feats, seeds = _load_features(features)
-    src = draft_clip_features(draft, seeds, workers)
-    return cosine_metrics(adapter(src), target_feats)
-
-
 DRAFT_CARD = """The embedded default draft of eventspec: the project's EventGPT class
 (`LlamaForCausalLM` + `CLIPVisionModel` + projector + feature adaptor) at toy size (3-layer
 CLIP at 64 px with 8 px patches, 70 pooled event tokens; 3-layer LLaMA, hidden 192),
-trained from scratch on the last 50 ms of events of `shared.toyworld` scenes, rendered as
+trained from scratch on the last 50 ms of events of `shared.demoworld` scenes, rendered as
 EventGPT's 5 equal-count polarity frames. It cannot see colour. Weights in float16."""
-
-ADAPTER_CARD = """Maps the toy EventGPT's CLIP features [5, 65, 128] onto the toy
-Video-LLaVA's pre-projector video features [8, 17, 128]: CLS/grid resampling, time
-interpolation, a channel map, then 2 self-attention layers over the 136 output tokens.
-Trained on paired scenes with a cosine + scaled-MSE loss. Metrics are per-token cosine on
-held-out scenes."""
-
-
-def write_card(out: Path, name: str, text: str, metrics: dict[str, object]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "README.md").write_text(
-        f"# {name}\n\n{text}\n\nTrained by `eventspec toy train`.\n\n```json\n"
-        f"{json.dumps(metrics, indent=2)}\n```\n"
-    )
-    (out / "training.json").write_text(json.dumps(metrics, indent=2))
-
-
-
-def main(argv: list[str] | None = None) -> int:
-    default_device = "cuda" if torch.cuda.is_available() else "cpu"
-    workers = max(1, (os.cpu_count() or 2) - 1)
-    parser = argparse.ArgumentParser(prog="python -m edge.toy", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    td = sub.add_parser("train-draft")
-    td.add_argument("--out", type=Path, default=TOY_DRAFT_DIR)
-    td.add_argument("--scenes", type=int, default=12000)
-    td.add_argument("--first-seed", type=int, default=0)
-    td.add_argument("--steps", type=int, default=3000)
-    td.add_argument("--batch", type=int, default=64)
-    td.add_argument("--lr", type=float, default=1e-3)
-    td.add_argument("--warmup", type=int, default=200)
-    td.add_argument("--aux-weight", type=float, default=0.5)
-    td.add_argument("--seed", type=int, default=0)
-    td.add_argument("--val-seed", type=int, default=1_000_000)
-    td.add_argument("--val-scenes", type=int, default=256)
-    td.add_argument("--device", default=default_device)
-    td.add_argument("--workers", type=int, default=workers)
-    td.add_argument("--log-every", type=int, default=100)
-    ta = sub.add_parser("train-adapter")
-    ta.add_argument("--draft", type=Path, default=TOY_DRAFT_DIR)
-    ta.add_argument("--features", type=Path, required=True)
-    ta.add_argument("--out", type=Path, default=TOY_ADAPTER_DIR)
-    ta.add_argument("--steps", type=int, default=6000)
-    ta.add_argument("--batch", type=int, default=128)
-    ta.add_argument("--hidden", type=int, default=256)
-    ta.add_argument("--mixer-layers", type=int, default=2,
-                    help="self-attention layers over the output tokens (0: none)")
-    ta.add_argument("--lr", type=float, default=2e-3)
-    ta.add_argument("--seed", type=int, default=0)
-    ta.add_argument("--device", default=default_device)
-    ta.add_argument("--workers", type=int, default=workers)
-    ta.add_argument("--log-every", type=int, default=200)
-    am = sub.add_parser("adapter-metrics")
-    am.add_argument("--features", type=Path, required=True)
-    am.add_argument("--draft", type=Path, default=TOY_DRAFT_DIR)
-    am.add_argument("--adapter", type=Path, default=TOY_ADAPTER_DIR)
-    am.add_argument("--workers", type=int, default=workers)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    if args.command == "train-draft":
-        print(json.dumps(train_draft(args)))
-    elif args.command == "train-adapter":
-        print(json.dumps(train_adapter(args)))
-    else:
-        print(json.dumps(adapter_metrics(args.features, args.draft, args.adapter, args.workers)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,75 @@
+"""The ``tiny-random`` EventGPT: the project's draft class at tiny size, random weights.
+
+Built in code in well under a second, so tests run the whole system with no files.
+It imports the edge's model classes (the demo world builds them); the edge itself
+never imports this module.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import CLIPVisionConfig
+
+from edge.draft import DraftModel, EventGPTConfig, EventGPTForCausalLM
+from edge.draft_checkpoint import save_draft
+from shared.demoworld.tiny_tokenizer import tiny_fast_tokenizer
+
+TINY_DRAFT_ID = "tiny-random-eventgpt"
+
+
+def tiny_draft_config(vocab_size: int = 576) -> EventGPTConfig:
+    """The tiny EventGPT: CLIP 32-d/2 layers at 28 px (5 tokens/frame), LLaMA 64-d."""
+    vision = CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=14,
+        projection_dim=32,
+    )
+    return EventGPTConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        mm_visual_tower=None,
+        event_feature_adaptor=True,
+        vision_config=vision.to_dict(),
+        image_size=28,
+    )
+
+
+def build_tiny_random_draft(
+    seed: int = 0, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> DraftModel:
+    """A deterministic tiny random EventGPT with the tiny ``draft`` tokenizer.
+
+    The global RNG is left untouched, so building a model never shifts a test's draws.
+    """
+    tokenizer = tiny_fast_tokenizer("draft")
+    config = tiny_draft_config(vocab_size=_round_up(len(tokenizer), 64))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = EventGPTForCausalLM(config)
+    model.to(device=torch.device(device), dtype=dtype)  # type: ignore[call-arg]
+    return DraftModel(model, tokenizer, model_id=f"{TINY_DRAFT_ID}-{seed}")
+
+
+def save_tiny_random_draft(directory: str | Path, seed: int = 0) -> Path:
+    """Write the tiny random draft as an EventGPT directory that ``load_draft`` reads.
+
+    This is how ``eventspec-edge serve --model tiny-random`` gets its model: the edge
+    only ever loads a directory.
+    """
+    return save_draft(build_tiny_random_draft(seed), directory, layout="5.x", include_clip=True)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return (n + multiple - 1) // multiple * multiple

@@ -1,0 +1,225 @@
+"""The edge session and the cloud's decoding session, driven against each other.
+
+A fake link delivers messages both ways in an order hypothesis chooses (so tails go
+stale, commits overtake drafts, the cloud steps with or without drafts), a fake engine
+plays a deterministic target, and a fake drafter is right or wrong per context. Every
+run's answer must equal the same cloud session run target-only (tokens, text and
+finish reason, stop strings included), and the edge must end mirroring it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cloud.decoding import DecodingSession
+from cloud.engine.base import EngineState
+from edge.session import EdgeSession, SendDrafts
+from shared.timing import TimingPlan
+from shared.types import CommitEvent, DoneEvent, DraftTail, FinishReason, GenerationSettings
+
+VOCAB = 40
+EOS = 2
+PROMPT = [1, 7, 9]
+
+
+def target_next(seq: Sequence[int], salt: int) -> int:
+    """The target's greedy token after ``seq``: a fixed pseudo-random function."""
+    h = hashlib.blake2b(bytes([salt % 256, *[t % 256 for t in seq[-3:]], len(seq) % 256]),
+                        digest_size=2).digest()
+    tok = 3 + int.from_bytes(h, "little") % (VOCAB - 3)
+    return EOS if len(seq) >= 6 and tok % 11 == 0 else tok
+
+
+def decode(ids: Sequence[int]) -> str:
+    return "".join(chr(ord("a") + t % 26) for t in ids if t != EOS)
+
+
+class FakeEngine:
+    """``TargetEngine`` whose logits are one-hot at :func:`target_next`."""
+
+    def __init__(self, salt: int) -> None:
+        self.salt = salt
+
+    def _row(self, seq: Sequence[int]) -> torch.Tensor:
+        row = torch.full((VOCAB,), -10.0)
+        row[target_next(seq, self.salt)] = 10.0
+        return row
+
+    def prefill(self, input_ids: Sequence[int], **_: object) -> tuple[EngineState, torch.Tensor]:
+        return EngineState(cache=[], length=len(input_ids)), self._row([])
+
+    def step(self, state: EngineState, tokens: Sequence[int]) -> torch.Tensor:
+        fed: list[int] = state.cache  # type: ignore[assignment]
+        rows = []
+        for t in tokens:
+            fed.append(int(t))
+            rows.append(self._row(fed))
+        state.length += len(tokens)
+        return torch.stack(rows)  # [k, V]
+
+    def rollback(self, state: EngineState, keep_len: int) -> None:
+        fed: list[int] = state.cache  # type: ignore[assignment]
+        del fed[keep_len - len(PROMPT):]
+        state.length = keep_len
+
+    def release(self, state: EngineState) -> None:
+        state.cache = None
+
+    def seq_len(self, state: EngineState) -> int:
+        return state.length
+
+
+def cloud_session(gen: GenerationSettings, speculative: bool) -> DecodingSession:
+    return DecodingSession(settings=gen, text_vocab_size=VOCAB, eos_token_id=EOS,
+                           max_draft_tokens=64, max_verify_tokens=9, decode=decode,
+                           speculative=speculative)
+
+
+def target_only(gen: GenerationSettings, salt: int) -> DecodingSession:
+    engine = FakeEngine(salt)
+    s = cloud_session(gen, speculative=False)
+    s.run_prefill(engine, PROMPT, pixel_values_videos=torch.zeros(1))
+    while s.finish_reason is None:
+        s.apply(s.run_step(engine, []))
+    return s
+
+
+def plan(hidden: int, lookahead: int, cadence: int) -> TimingPlan:
+    return TimingPlan(True, hidden, lookahead, cadence, False, 0.8, 10.0, 1.0, 1.5, "test")
+
+
+@dataclass
+class Link:
+    up: deque[DraftTail] = field(default_factory=deque)
+    down: deque[CommitEvent | DoneEvent] = field(default_factory=deque)
+
+
+def run_speculative(gen: GenerationSettings, salt: int, error_pct: int, schedule: list[int],
+                    hidden: int, lookahead: int, cadence: int) -> tuple[DecodingSession,
+                                                                        EdgeSession]:
+    """Interleave edge drafting, both link directions and cloud steps by ``schedule``."""
+    engine = FakeEngine(salt)
+    cloud = cloud_session(gen, speculative=True)
+    edge = EdgeSession(plan=plan(hidden, lookahead, cadence), max_new_tokens=gen.max_new_tokens,
+                       eos_token_id=EOS, speculative=True)
+    link = Link()
+    prefilled = False
+
+    def draft(ctx: Sequence[int]) -> int:
+        right = target_next(ctx, salt)
+        wrong = int(hashlib.blake2b(bytes([salt % 256, len(ctx) % 256]), digest_size=1)
+                    .digest()[0]) % 100 < error_pct
+        return (right + 1) % VOCAB if wrong and right != EOS else right
+
+    def cloud_step() -> None:
+        nonlocal prefilled
+        if cloud.finish_reason is not None:
+            return
+        if not prefilled:
+            cloud.run_prefill(engine, PROMPT, pixel_values_videos=torch.zeros(1))
+            cloud.mark_prefill_done()
+            prefilled = True
+            return
+        commit = cloud.apply(cloud.run_step(engine, cloud.drafts_for_step()))
+        if commit is not None:
+            link.down.append(commit)
+        if cloud.finish_reason is not None:
+            link.down.append(DoneEvent(cloud.finish_reason, tuple(cloud.committed), cloud.text,
+                                       cloud.stats()))
+
+    def edge_event(choice: int) -> None:
+        if choice == 0 and not edge.prefilled:
+            edge.on_prefill_done()
+        elif choice == 1 and edge.wants_draft():
+            ctx = edge.draft_context()
+            for action in edge.on_draft(ctx, draft(ctx)):
+                if isinstance(action, SendDrafts):
+                    link.up.append(action.tail)
+        elif choice == 2 and link.up:
+            cloud.offer_drafts(link.up.popleft())
+        elif choice == 3 and link.down:
+            msg = link.down.popleft()
+            if isinstance(msg, DoneEvent):
+                edge.on_done(msg)
+            else:
+                edge.on_commit(msg)
+        elif choice == 4:
+            cloud_step()
+
+    for choice in schedule:
+        edge_event(choice)
+    while cloud.finish_reason is None:  # then a steady rhythm until the answer ends
+        for choice in (0, 3, 1, 1, 2, 4):
+            edge_event(choice)
+    while link.down:
+        edge_event(3)
+    return cloud, edge
+
+
+@st.composite
+def generation(draw: st.DrawFn, salt: int) -> GenerationSettings:
+    """Settings whose stop string, when there is one, occurs in the target's answer."""
+    max_new = draw(st.integers(1, 24))
+    text = decode(target_only(GenerationSettings(max_new_tokens=max_new), salt).committed)
+    if not text or draw(st.booleans()):
+        return GenerationSettings(max_new_tokens=max_new)
+    at = draw(st.integers(0, len(text) - 1))
+    return GenerationSettings(max_new_tokens=max_new,
+                              stop=(text[at : at + draw(st.integers(1, 2))],))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), salt=st.integers(0, 255), error_pct=st.sampled_from([0, 20, 60, 100]),
+       schedule=st.lists(st.integers(0, 4), min_size=10, max_size=120), hidden=st.integers(0, 12),
+       lookahead=st.integers(0, 8), cadence=st.integers(1, 4))
+def test_any_interleaving_equals_target_only(
+    data: st.DataObject, salt: int, error_pct: int, schedule: list[int], hidden: int,
+    lookahead: int, cadence: int,
+) -> None:
+    gen = data.draw(generation(salt))
+    reference = target_only(gen, salt)
+    cloud, edge = run_speculative(gen, salt, error_pct, schedule, hidden, lookahead, cadence)
+    assert cloud.committed == reference.committed
+    assert cloud.text == reference.text
+    assert cloud.finish_reason == reference.finish_reason
+    assert edge.done is not None and list(edge.done.token_ids) == reference.committed
+    assert edge.committed == cloud.committed  # the edge mirrors C exactly
+
+
+def test_right_drafts_after_the_first_commit_are_accepted() -> None:
+    """With a perfect drafter and prompt delivery, every later step verifies drafts and
+    accepts all of them (the tail's base tracks C, so nothing goes stale)."""
+    gen = GenerationSettings(max_new_tokens=24)
+    salt = 3
+    reference = target_only(gen, salt)
+    assert len(reference.committed) >= 8
+    # edge: prefill, draft a hidden token, deliver; cloud: prefill, step; then cycles of
+    # (deliver commit, draft, draft, deliver tail, cloud step).
+    schedule = [0, 1, 2, 4, 4] + [3, 1, 1, 2, 2, 4] * 12
+    cloud, edge = run_speculative(gen, salt, 0, schedule, hidden=1, lookahead=4, cadence=1)
+    assert cloud.committed == reference.committed
+    assert cloud.counters.drafted > 0
+    assert cloud.counters.accepted == cloud.counters.drafted
+    assert cloud.counters.stale == 0
+    assert edge.counters.discarded == 0
+
+
+def test_stop_string_cuts_a_bulk_commit_where_target_only_stops() -> None:
+    """The lossless bug: accepting drafts in bulk must not run past a stop string."""
+    salt = 3
+    full = target_only(GenerationSettings(max_new_tokens=24), salt)
+    stop = decode(full.committed)[2:4]
+    gen = GenerationSettings(max_new_tokens=24, stop=(stop,))
+    reference = target_only(gen, salt)
+    assert reference.finish_reason == FinishReason.STOP_STRING
+    cloud, _ = run_speculative(gen, salt, 0, [0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 4, 4], hidden=8,
+                               lookahead=8, cadence=8)
+    assert (cloud.committed, cloud.text, cloud.finish_reason) == (
+        reference.committed, reference.text, reference.finish_reason)
