@@ -58,7 +58,8 @@ class EdgeServer:
 
     async def start(self) -> int:
         s = self.settings
-        host = GrpcHost(SERVICE_NAME, max_message_bytes=s.max_message_bytes, max_rpcs=64)
+        host = GrpcHost(SERVICE_NAME, max_message_bytes=s.max_message_bytes, max_rpcs=64,
+                        security=s.security)
         await host.set_serving(False)
         source = self.source
         if source is None:
@@ -76,7 +77,10 @@ class EdgeServer:
             adapter = await asyncio.to_thread(load_toy_adapter)
         elif adapter is None and s.adapter is not None:
             adapter = await asyncio.to_thread(load_adapter, s.adapter)
-        self._link = CloudLink(s.cloud, max_message_bytes=s.max_message_bytes) if s.cloud else None
+        self._link = (
+            CloudLink(s.cloud, max_message_bytes=s.max_message_bytes, security=s.cloud_security)
+            if s.cloud else None
+        )
         self.agent = EdgeAgent(
             source=source,
             draft=draft,

@@ -35,6 +35,7 @@ from shared.types import (
     Mode,
     PreviewEvent,
 )
+from shared.wire.flags import add_client_security_args, client_security_from_args
 from shared.wire.health import wait_for_serving
 
 DEMO_QUESTION = "Which way is the object moving?"
@@ -128,7 +129,8 @@ def _spec_from_args(args: argparse.Namespace, mode: Mode | None = None) -> AskSp
 
 
 async def _ask(args: argparse.Namespace) -> int:
-    async with EdgeClient(args.edge, timeout_s=args.timeout) as client:
+    security = client_security_from_args(args, prefix="", env_prefix="EVENTSPEC_")
+    async with EdgeClient(args.edge, timeout_s=args.timeout, security=security) as client:
         try:
             live = sys.stdout.isatty() and not args.json
             final = await stream_answer(client, _spec_from_args(args), sys.stdout, live=live)
@@ -302,6 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--seed", type=int, default=0)
     ask.add_argument("--timeout", type=float, default=300.0, help="seconds")
     ask.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    add_client_security_args(ask, prefix="", env_prefix="EVENTSPEC_", peer="edge agent")
     toy_cli.add_parser(sub)
     demo = sub.add_parser("demo", help="run cloud + edge locally and ask one question")
     demo.add_argument("--question", default=DEMO_QUESTION)
