@@ -320,7 +320,7 @@ def test_cli_refuses_non_loopback_plaintext(tmp_path: Path) -> None:
 # -- both hops: client -> edge (TLS + token), edge -> cloud (mutual TLS) ----------------
 
 async def test_ask_through_tls_edge_and_mtls_cloud(pki: Pki, tmp_path: Path) -> None:
-    target, draft = eh.shared_models()
+    _target, draft = eh.shared_models()
     cloud = await start_cloud(th.server_security(
         pki, mtls=True, allow_principals=frozenset({"edge-a.example"})))
     client_tokens = th.write_tokens(tmp_path / "client-tokens", app=TOKEN_B)
