@@ -97,10 +97,12 @@ class GrpcHost:
         if self.credentials is not None:
             log.info("reloading TLS certificates")
             self.credentials.request_reload()
+        else:
+            log.info("SIGHUP: no TLS configured, nothing to reload")
 
     def _watch_sighup(self) -> None:
-        if self.credentials is None:
-            return
+        """SIGHUP reloads certificates (``systemctl reload``); it must never kill the
+        server, so the handler is installed with or without TLS."""
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reload_tls)
             self._sighup = True

@@ -351,3 +351,52 @@ async def test_ask_through_tls_edge_and_mtls_cloud(pki: Pki, tmp_path: Path) -> 
     finally:
         await edge.stop(0)
         await cloud.stop(0)
+
+
+# -- the principal reaches the handler; the deploy probe speaks TLS -----------------------
+
+async def test_handlers_see_the_callers_principal(pki: Pki, tmp_path: Path) -> None:
+    """Per-principal limits need the principal inside the servicer (shared.principal)."""
+    from shared.principal import current_principal
+
+    async def who(request: bytes, context: aio.ServicerContext) -> bytes:
+        await asyncio.sleep(0)
+        return str(current_principal()).encode()
+
+    tokens = th.write_tokens(tmp_path / "tokens", app=TOKEN_B)
+    host = GrpcHost("test.Who", max_message_bytes=1 << 20, max_rpcs=4,
+                    security=th.server_security(pki, mtls=True, token_file=tokens))
+    host.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "test.Who", {"Me": grpc.unary_unary_rpc_method_handler(who)}),))
+    port = await host.start("127.0.0.1", 0)
+    try:
+        for sec, expected in [
+            (th.client_security(pki, leaf=pki.client_a), b"certificate:edge-a.example"),
+            (th.client_security(pki, leaf=pki.client_a, token=TOKEN_B), b"token:app"),
+        ]:
+            async with open_channel(f"127.0.0.1:{port}", sec) as channel:
+                me = channel.unary_unary("/test.Who/Me")
+                assert await me(b"", timeout=CALL_TIMEOUT, metadata=call_metadata(sec)) == expected
+    finally:
+        await host.stop(0)
+
+
+async def test_deploy_health_probe_over_mutual_tls(
+    pki: Pki, cloud_factory: list[VerifierServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    path = Path(__file__).parents[2] / "deploy" / "docker" / "grpc_health_probe.py"
+    spec = importlib.util.spec_from_file_location("grpc_health_probe", path)
+    assert spec is not None and spec.loader is not None
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    port = await run(cloud_factory, th.server_security(pki, mtls=True))
+    # The server's own files, as the pod's env names them; client_a stands in for a
+    # certificate issued for both server and client auth.
+    monkeypatch.setenv("EVENTSPEC_CLOUD_TLS_CERT", str(pki.client_a.cert))
+    monkeypatch.setenv("EVENTSPEC_CLOUD_TLS_KEY", str(pki.client_a.key))
+    monkeypatch.setenv("EVENTSPEC_CLOUD_TLS_CA", str(pki.ca))
+    addr = f"127.0.0.1:{port}"
+    assert await asyncio.to_thread(probe.main, [addr, "--tls-env", "EVENTSPEC_CLOUD_"]) == 0
+    assert await asyncio.to_thread(probe.main, [addr, "--timeout", "2"]) == 2  # plaintext
