@@ -59,7 +59,8 @@ class EdgeServer:
     async def start(self) -> int:
         s = self.settings
         host = GrpcHost(SERVICE_NAME, max_message_bytes=s.max_message_bytes, max_rpcs=64,
-                        security=s.security)
+                        security=s.security,
+                        unlimited_methods=frozenset({f"/{SERVICE_NAME}/GetStatus"}))
         await host.set_serving(False)
         source = self.source
         if source is None:

@@ -20,6 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from shared.wire.auth import AuthInterceptor
 from shared.wire.interceptors import ErrorMappingInterceptor
+from shared.wire.limits import EXEMPT_HEADROOM, ConcurrencyLimitInterceptor
 from shared.wire.options import server_options
 from shared.wire.reflection import enable_reflection
 from shared.wire.security import ServerSecurity, check_server_start
@@ -34,20 +35,24 @@ class GrpcHost:
     """A ``grpc.aio`` server for one node's service."""
 
     def __init__(self, service_name: str, *, max_message_bytes: int, max_rpcs: int,
-                 security: ServerSecurity | None = None) -> None:
+                 security: ServerSecurity | None = None,
+                 unlimited_methods: frozenset[str] = frozenset()) -> None:
+        """``max_rpcs`` caps concurrent calls except health and ``unlimited_methods``
+        (cheap status calls such as GetServerInfo), which stay answerable at the cap."""
         self.service_name = service_name
         self.security = security or ServerSecurity()
         interceptors: list[aio.ServerInterceptor] = []
         if self.security.requires_auth:
             interceptors.append(AuthInterceptor(self.security))
-        interceptors.append(ErrorMappingInterceptor())
+        self.limit = ConcurrencyLimitInterceptor(max_rpcs, unlimited_methods)
+        interceptors += [self.limit, ErrorMappingInterceptor()]
         self.credentials = (
             ReloadingServerCredentials(self.security.tls) if self.security.tls else None
         )
         self.server = aio.server(
             interceptors=interceptors,
             options=server_options(max_message_bytes),
-            maximum_concurrent_rpcs=max_rpcs,
+            maximum_concurrent_rpcs=max_rpcs + EXEMPT_HEADROOM,
         )
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
