@@ -22,6 +22,7 @@ from edge.servicer import EdgeAgentServicer
 from shared.errors import EventSpecError
 from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
 from shared.wire.host import GrpcHost
+from shared.wire.security import check_server_start
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class EdgeServer:
         host = GrpcHost(SERVICE_NAME, max_message_bytes=s.max_message_bytes, max_rpcs=64,
                         security=s.security,
                         unlimited_methods=frozenset({f"/{SERVICE_NAME}/GetStatus"}))
+        check_server_start(s.host, s.port, s.security)  # refuse before loading models
         await host.set_serving(False)
         source = self.source
         if source is None:
