@@ -179,3 +179,27 @@ def test_cloud_target_forms() -> None:
     assert cloud_target("[::1]:1,[::1]:2") == "ipv6:[::1]:1,[::1]:2"
     with pytest.raises(SecurityConfigError, match="dns:///NAME:PORT"):
         cloud_target("a.example:1,b.example:2")
+
+
+async def test_a_replica_reporting_not_serving_gets_no_new_requests(replicas: Replicas) -> None:
+    """Client-side health checking: the edge's channel watches grpc.health.v1 on every
+    replica (the service config's healthCheckConfig) and skips one that is draining."""
+    draining = replicas.servers[0]
+    assert draining._host is not None
+    await draining._host.set_serving(False)
+    await asyncio.sleep(0.3)  # the Watch stream delivers NOT_SERVING
+    peak = [0, 0, 0]
+
+    async def watch() -> None:
+        while True:
+            for i, s in enumerate(replicas.servers):
+                peak[i] = max(peak[i], s.live_sessions)
+            await asyncio.sleep(0.005)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await asyncio.gather(*(answer(replicas.link, open_request(seed=i)) for i in range(4)))
+    finally:
+        watcher.cancel()
+    assert peak[0] == 0, peak
+    assert peak[1] >= 1 and peak[2] >= 1, peak
