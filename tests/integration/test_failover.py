@@ -5,9 +5,14 @@ the answer is identical to target-only, and load spreads over the survivors."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -203,3 +208,47 @@ async def test_a_replica_reporting_not_serving_gets_no_new_requests(replicas: Re
         watcher.cancel()
     assert peak[0] == 0, peak
     assert peak[1] >= 1 and peak[2] >= 1, peak
+
+
+async def test_replica_killed_with_sigkill_mid_prefill(tmp_path: Path) -> None:
+    """A real crash: a replica process killed with SIGKILL (connection reset, no goodbye)
+    while its request is in prefill. The request reruns on the survivor, unchanged."""
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cloud.cli", "serve", "--model", "toy", "--no-calibrate",
+         "--port", "0", "--port-file", str(port_file), "--emulate-prefill-ms", "2000",
+         "--emulate-step-ms", "50", "--log-level", "WARNING"],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+    )
+    target = toy_target()
+    survivor = VerifierServer(ch.settings(max_sessions=4), target=target,
+                              engine=PacedEngine(HFEngine(target), prefill_ms=300, step_ms=20),
+                              cost=eh.slow_cost(0.3, 0.02))
+    await survivor.start()
+    link: CloudLink | None = None
+    try:
+        deadline = time.monotonic() + 180
+        while not (port_file.exists() and port_file.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, "replica did not start"
+            await asyncio.sleep(0.2)
+        link = CloudLink(f"127.0.0.1:{port_file.read_text()},127.0.0.1:{survivor.port}")
+        await link.server_info(10.0)
+        req = open_request(seed=3)
+        baseline = await answer(link, req)
+        await wait_until(lambda: survivor.live_sessions == 0)
+        # Two at once: round_robin puts one on each replica.
+        attempts: list[int] = []
+        both = asyncio.gather(answer(link, req, attempts), answer(link, req, attempts))
+        await wait_until(lambda: survivor.live_sessions == 1, timeout=20)
+        await asyncio.sleep(0.3)  # the other one is now in the process's slow prefill
+        proc.send_signal(signal.SIGKILL)
+        results = await asyncio.wait_for(both, 60)
+        assert results == [baseline, baseline]
+        assert sorted(attempts) == [0, 0, 1]  # exactly one request was rerun
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        if link is not None:
+            await link.close()
+        await survivor.stop(0)
