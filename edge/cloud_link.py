@@ -101,6 +101,12 @@ def rpc_error(exc: grpc.RpcError, address: str, what: str) -> EventSpecError:
         return InvalidInput(message)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, None):
         return Unavailable(message)
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        # The edge's own credentials were refused: to the edge's client this is the cloud
+        # being unavailable, not the client's credentials being wrong.
+        log.error("the cloud verifier at %s refused this edge (%s): check --cloud-tls-cert "
+                  "and --cloud-token-file against its --allow-principal", address, code.name)
+        return Unavailable(f"cloud verifier: {what} failed: it refused this edge ({code.name})")
     return EventSpecError(message, from_grpc(code))
 
 

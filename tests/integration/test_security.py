@@ -400,3 +400,26 @@ async def test_deploy_health_probe_over_mutual_tls(
     addr = f"127.0.0.1:{port}"
     assert await asyncio.to_thread(probe.main, [addr, "--tls-env", "EVENTSPEC_CLOUD_"]) == 0
     assert await asyncio.to_thread(probe.main, [addr, "--timeout", "2"]) == 2  # plaintext
+
+
+async def test_edge_refused_by_the_cloud_is_unavailable_to_its_client(
+    pki: Pki, tmp_path: Path
+) -> None:
+    """The client's credentials were fine; the edge's were not: not UNAUTHENTICATED."""
+    _, draft = eh.shared_models()
+    cloud = await start_cloud(th.server_security(
+        pki, mtls=True, allow_principals=frozenset({"edge-a.example"})))
+    edge = EdgeServer(replace(
+        EdgeSettings(), cloud=f"127.0.0.1:{cloud.port}", port=0,
+        cloud_security=th.client_security(pki, leaf=pki.client_b),  # not allowed
+    ), draft=draft)
+    await edge.start()
+    try:
+        async with EdgeClient(f"127.0.0.1:{edge.port}", timeout_s=30) as client:
+            with pytest.raises(AskError) as err:
+                await client.ask_final(AskSpec("What is moving?", mode=Mode.TARGET_ONLY))
+        assert err.value.code == grpc.StatusCode.UNAVAILABLE
+        assert "refused this edge (PERMISSION_DENIED)" in err.value.details
+    finally:
+        await edge.stop(0)
+        await cloud.stop(0)
