@@ -11,8 +11,15 @@ import argparse
 import os
 from pathlib import Path
 
+from shared.wire.auth import parse_tokens
 from shared.wire.channel import read_token
-from shared.wire.security import CLIENT_AUTH_CHOICES, ClientSecurity, ServerSecurity, ServerTls
+from shared.wire.security import (
+    CLIENT_AUTH_CHOICES,
+    ClientSecurity,
+    SecurityConfigError,
+    ServerSecurity,
+    ServerTls,
+)
 
 
 def _path(value: str | None) -> Path | None:
@@ -65,16 +72,14 @@ def server_security_from_args(args: argparse.Namespace, env_prefix: str) -> Serv
     elif args.tls_client_auth != "none" or args.tls_ca:
         raise SystemExit("--tls-ca / --tls-client-auth need --tls-cert and --tls-key")
     inline = os.environ.get(f"{env_prefix}TOKENS", "")
-    tokens: list[tuple[str, str]] = []
-    for i, entry in enumerate(e for e in inline.split(",") if e.strip()):
-        name, sep, token = entry.strip().partition(":")
-        if not sep:
-            raise SystemExit(f"${env_prefix}TOKENS entry {i + 1}: expected NAME:TOKEN")
-        tokens.append((name, token))
+    try:
+        tokens = parse_tokens(inline.split(","), f"${env_prefix}TOKENS")
+    except SecurityConfigError as exc:
+        raise SystemExit(str(exc)) from None
     return ServerSecurity(
         tls=tls,
         token_file=_path(args.token_file),
-        tokens=tuple(tokens),
+        tokens=tuple(tokens.items()),
         allow_principals=frozenset(args.allow_principal or ()),
         insecure=args.insecure,
         reflection=not args.no_reflection,
@@ -112,8 +117,11 @@ def client_security_from_args(args: argparse.Namespace, *, prefix: str,
         value: str | None = getattr(args, f"{a}{name}")
         return value
 
-    token = read_token(_path(get("token_file")), os.environ.get(f"{env_prefix}TOKEN"),
-                       f"--{prefix}token-file")
+    try:
+        token = read_token(_path(get("token_file")), os.environ.get(f"{env_prefix}TOKEN"),
+                           f"--{prefix}token-file")
+    except SecurityConfigError as exc:
+        raise SystemExit(str(exc)) from None
     tls = bool(getattr(args, f"{a}tls") or get("tls_ca") or get("tls_cert"))
     if not tls and token is None:
         return None
