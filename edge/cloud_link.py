@@ -91,10 +91,16 @@ def cloud_target(address: str) -> str:
 
 
 def rpc_error(exc: grpc.RpcError, address: str, what: str) -> EventSpecError:
-    """Map a gRPC failure talking to the cloud onto a domain error."""
+    """Map a gRPC failure talking to the cloud onto a domain error.
+
+    The message goes to the edge's clients, so it names no address: the operator finds
+    the cloud's address with the same message in the edge's log.
+    """
     code = exc.code() if isinstance(exc, aio.AioRpcError) else None
     details = exc.details() if isinstance(exc, aio.AioRpcError) else str(exc)
-    message = f"cloud verifier at {address}: {what} failed: {details}"
+    message = f"cloud verifier: {what} failed: {details}"
+    log.warning("cloud verifier at %s: %s failed: %s %s", address, what,
+                code.name if code else "", details)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return DeadlineExceeded(message)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
@@ -130,7 +136,8 @@ class CloudStream:
                 return
             if isinstance(exc, grpc.RpcError):
                 raise rpc_error(exc, self._address, "sending to Generate") from exc
-            raise Unavailable(f"cloud verifier at {self._address}: stream closed") from exc
+            log.warning("cloud verifier at %s: Generate stream closed", self._address)
+            raise Unavailable("cloud verifier: the stream closed") from exc
         self.uplink_bytes += pb.ByteSize()
 
     async def done_writing(self) -> None:
