@@ -14,6 +14,7 @@ from cloud.config import CloudSettings
 from cloud.model_dirs import TINY_RANDOM
 from shared.serving import LOG_FORMAT, MODEL_DTYPES, run_node
 from shared.types import ServerLimits
+from shared.wire.flags import add_server_security_args, server_security_from_args
 
 log = logging.getLogger("eventspec.cloud")
 
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port-file", type=Path, default=None,
                        help="write the bound port here once SERVING (for --port 0)")
     serve.add_argument("--log-level", default="INFO")
+    add_server_security_args(serve, "EVENTSPEC_CLOUD_")
     return parser
 
 
@@ -69,6 +71,7 @@ def settings_from_args(args: argparse.Namespace) -> CloudSettings:
         calibrate=not args.no_calibrate,
         emulate_prefill_ms=args.emulate_prefill_ms,
         emulate_step_ms=args.emulate_step_ms,
+        security=server_security_from_args(args, "EVENTSPEC_CLOUD_"),
     )
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shared.types import ServerLimits
+from shared.wire.security import ServerSecurity
 
 
 def _env(name: str, default: str) -> str:
@@ -41,6 +42,8 @@ class CloudSettings:
     #: After Done, how long to wait for the edge to half-close the stream.
     drain_timeout_s: float = 2.0
     seed: int = 0
+    #: TLS, tokens, allowed principals, --insecure, reflection (``shared.wire.flags``).
+    security: ServerSecurity = field(default_factory=ServerSecurity)
 
     @staticmethod
     def from_env() -> CloudSettings:

@@ -101,7 +101,8 @@ class VerifierServer:
         """Bind, report NOT_SERVING, warm up, report SERVING. Returns the bound port."""
         limits = self.settings.limits
         host = GrpcHost(SERVICE_NAME, max_message_bytes=limits.max_message_bytes,
-                        max_rpcs=limits.max_sessions * 4 + 16)
+                        max_rpcs=limits.max_sessions * 4 + 16, security=self.settings.security,
+                        unlimited_methods=frozenset({f"/{SERVICE_NAME}/GetServerInfo"}))
         verifier_pb2_grpc.add_VerifierServicer_to_server(self._servicer, host.server)
         self.port = await host.start(self.settings.host, self.settings.port)
         self._host = host

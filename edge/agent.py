@@ -23,6 +23,7 @@ from edge.align import FeatureAdapter
 from edge.draft import DraftModel
 from edge.drafter import Drafter
 from edge.events.base import EventSource
+from edge.failover import ask_event_is_committed, with_failover
 from edge.link import VerifierLink, VerifierStream
 from edge.session import Action, EdgeSession, SendDrafts, ShowPreview
 from edge.visual_input import (
@@ -220,7 +221,14 @@ class EdgeAgent:
             need_features=feature_mode == FeatureMode.ALIGNED,
             info=info,
         )
-        async for event in self._with_cloud(spec, info, prepared, request_id):
+        # A replica that dies before anything is committed gets the request re-run once
+        # on another (edge.failover); after a commit the answer fails clearly instead.
+        async for event in with_failover(
+            lambda attempt: self._with_cloud(
+                spec, info, prepared, request_id if not attempt else f"{request_id}-r{attempt}"
+            ),
+            is_committed=ask_event_is_committed,
+        ):
             yield event
 
     async def _server_info(self) -> ServerInfo:
@@ -332,11 +340,10 @@ class EdgeAgent:
                                 yield event
                     tasks["reply"] = asyncio.ensure_future(anext(replies))
             await stream.done_writing()
-        except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                stream.cancel()
-            raise
         finally:
+            if session.done is None:  # cancelled, failed or closed early: end the call
+                with contextlib.suppress(Exception):
+                    stream.cancel()
             for task in tasks.values():
                 task.cancel()
             for task in tasks.values():
@@ -366,7 +373,7 @@ class EdgeAgent:
         try:
             msg = task.result()
         except StopAsyncIteration:
-            err: EventSpecError = Unavailable("the cloud verifier closed the stream without Done")
+            err: EventSpecError = Unavailable("the cloud verifier ended the answer without Done")
             self.link.mark_failure(err)
             raise err from None
         except EventSpecError as exc:

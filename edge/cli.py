@@ -13,6 +13,12 @@ from pathlib import Path
 from edge.config import EdgeSettings
 from edge.model_dirs import TINY_RANDOM
 from shared.serving import LOG_FORMAT, MODEL_DTYPES, run_node
+from shared.wire.flags import (
+    add_client_security_args,
+    add_server_security_args,
+    client_security_from_args,
+    server_security_from_args,
+)
 
 log = logging.getLogger("eventspec.edge")
 
@@ -23,7 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve eventspec.v1.EdgeAgent over gRPC")
     serve.add_argument("--cloud", default=env.cloud,
-                       help="HOST:PORT of the cloud verifier (omit for draft_only)")
+                       help="the cloud verifier: HOST:PORT, dns:///NAME:PORT (every replica "
+                            "the name resolves to) or IP:PORT,IP:PORT,... (replicas, balanced "
+                            "round_robin with health checks); omit for draft_only")
     serve.add_argument("--source", default=env.source,
                        help="toy[:SEED|:A-B] | synthetic[:SEED] | dsec:DIR | npy:FILE | npz:FILE "
                             "(default: %(default)s)")
@@ -50,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port-file", type=Path, default=None,
                        help="write the bound port here once SERVING (for --port 0)")
     serve.add_argument("--log-level", default="INFO")
+    add_server_security_args(serve, "EVENTSPEC_EDGE_")
+    add_client_security_args(serve, prefix="cloud-", env_prefix="EVENTSPEC_EDGE_CLOUD_",
+                             peer="cloud verifier")
     return parser
 
 
@@ -70,6 +81,9 @@ def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
         default_jpeg_quality=args.jpeg_quality,
         request_timeout_s=args.request_timeout,
         speculation=args.speculation,
+        security=server_security_from_args(args, "EVENTSPEC_EDGE_"),
+        cloud_security=client_security_from_args(args, prefix="cloud-",
+                                                 env_prefix="EVENTSPEC_EDGE_CLOUD_"),
     )
 
 

@@ -3,12 +3,22 @@
 Wraps the Verifier stub: GetServerInfo (which also samples the RTT) and Generate
 streams with explicit deadlines, converting wire messages to domain types and gRPC
 failures into ``shared.errors`` with a message that names the cloud.
+
+The cloud may be several replicas (``cloud_target``): a DNS name that resolves to all
+of them (``dns:///verifier.ns.svc:50061``, a Kubernetes headless Service) or a list of
+addresses. The channel balances calls over them with gRPC's ``round_robin`` and drops
+a replica from the rotation while its ``grpc.health.v1`` Watch says it is not serving
+(client-side health checking, both through the service config). One Generate call is
+one HTTP/2 stream, so a request stays on the replica it started on; moving a failed
+request to another replica is ``edge.failover``'s job.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -23,23 +33,86 @@ from shared.errors import DeadlineExceeded, EventSpecError, InvalidInput, Unavai
 from shared.estimators import RttEstimator
 from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from shared.types import ServerInfo
+from shared.wire.channel import call_metadata, open_channel
 from shared.wire.options import channel_options
+from shared.wire.security import ClientSecurity, SecurityConfigError
 from shared.wire.status import from_grpc
 
 log = logging.getLogger(__name__)
 
+VERIFIER_SERVICE = verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name
+
+#: round_robin over every resolved replica, each watched through grpc.health.v1; the
+#: idempotent GetServerInfo is retried on another replica when one is unavailable.
+SERVICE_CONFIG = json.dumps({
+    "loadBalancingConfig": [{"round_robin": {}}],
+    "healthCheckConfig": {"serviceName": VERIFIER_SERVICE},
+    "methodConfig": [{
+        "name": [{"service": VERIFIER_SERVICE, "method": "GetServerInfo"}],
+        "retryPolicy": {
+            "maxAttempts": 3,
+            "initialBackoff": "0.05s",
+            "maxBackoff": "0.5s",
+            "backoffMultiplier": 2,
+            "retryableStatusCodes": ["UNAVAILABLE"],
+        },
+    }],
+})
+
+
+def _ip_family(host: str) -> int | None:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).version
+    except ValueError:
+        return None
+
+
+def cloud_target(address: str) -> str:
+    """The gRPC target for ``--cloud``: one ``HOST:PORT``, a ``dns:///NAME:PORT`` (every
+    address the name resolves to), or a comma-separated list of ``IP:PORT`` replicas."""
+    parts = [p.strip() for p in address.split(",") if p.strip()]
+    if not parts:
+        raise SecurityConfigError("--cloud is empty: give HOST:PORT, dns:///NAME:PORT or a list")
+    if len(parts) == 1:
+        return parts[0]
+    families = set()
+    for part in parts:
+        host, sep, port = part.rpartition(":")
+        family = _ip_family(host)
+        if not sep or not port.isdigit() or family is None:
+            raise SecurityConfigError(
+                f"--cloud {address!r}: a list of replicas must be IP:PORT entries ({part!r} is "
+                "not); for names use one dns:///NAME:PORT that resolves to all of them"
+            )
+        families.add(family)
+    if len(families) > 1:
+        raise SecurityConfigError(f"--cloud {address!r}: do not mix IPv4 and IPv6 replicas")
+    return f"ipv{families.pop()}:{','.join(parts)}"
+
 
 def rpc_error(exc: grpc.RpcError, address: str, what: str) -> EventSpecError:
-    """Map a gRPC failure talking to the cloud onto a domain error."""
+    """Map a gRPC failure talking to the cloud onto a domain error.
+
+    The message goes to the edge's clients, so it names no address: the operator finds
+    the cloud's address with the same message in the edge's log.
+    """
     code = exc.code() if isinstance(exc, aio.AioRpcError) else None
     details = exc.details() if isinstance(exc, aio.AioRpcError) else str(exc)
-    message = f"cloud verifier at {address}: {what} failed: {details}"
+    message = f"cloud verifier: {what} failed: {details}"
+    log.warning("cloud verifier at %s: %s failed: %s %s", address, what,
+                code.name if code else "", details)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return DeadlineExceeded(message)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidInput(message)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, None):
         return Unavailable(message)
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        # The edge's own credentials were refused: to the edge's client this is the cloud
+        # being unavailable, not the client's credentials being wrong.
+        log.error("the cloud verifier at %s refused this edge (%s): check --cloud-tls-cert "
+                  "and --cloud-token-file against its --allow-principal", address, code.name)
+        return Unavailable(f"cloud verifier: {what} failed: it refused this edge ({code.name})")
     return EventSpecError(message, from_grpc(code))
 
 
@@ -63,7 +136,8 @@ class CloudStream:
                 return
             if isinstance(exc, grpc.RpcError):
                 raise rpc_error(exc, self._address, "sending to Generate") from exc
-            raise Unavailable(f"cloud verifier at {self._address}: stream closed") from exc
+            log.warning("cloud verifier at %s: Generate stream closed", self._address)
+            raise Unavailable("cloud verifier: the stream closed") from exc
         self.uplink_bytes += pb.ByteSize()
 
     async def done_writing(self) -> None:
@@ -86,11 +160,29 @@ class CloudStream:
 
 
 class CloudLink:
-    """A reused channel with keepalive to one verifier; tracks reachability and RTT."""
+    """A reused channel with keepalive to the verifier replicas; tracks reachability and RTT.
 
-    def __init__(self, address: str, *, max_message_bytes: int = 8 << 20) -> None:
+    ``security`` turns on TLS (with a client certificate: mutual TLS) and sends its
+    bearer token on every call.
+    """
+
+    def __init__(self, address: str, *, max_message_bytes: int = 8 << 20,
+                 security: ClientSecurity | None = None) -> None:
         self.address = address
-        self._channel = aio.insecure_channel(address, options=channel_options(max_message_bytes))
+        target = cloud_target(address)
+        options: list[tuple[str, Any]] = [
+            *channel_options(max_message_bytes),
+            ("grpc.service_config", SERVICE_CONFIG),
+            ("grpc.enable_retries", 1),
+        ]
+        if (target.startswith("ipv") and security is not None and security.tls
+                and not security.server_name):
+            raise SecurityConfigError(
+                f"--cloud {address!r} is a list of addresses: with TLS, set "
+                "--cloud-tls-server-name to the name in the replicas' certificates"
+            )
+        self._metadata = call_metadata(security)
+        self._channel = open_channel(target, security, options)
         self._stub = verifier_pb2_grpc.VerifierStub(self._channel)
         self.rtt = RttEstimator()
         self.reachable = False
@@ -102,7 +194,7 @@ class CloudLink:
         t0 = time.perf_counter()
         try:
             pb = await self._stub.GetServerInfo(
-                verifier_pb2.GetServerInfoRequest(), timeout=timeout_s
+                verifier_pb2.GetServerInfoRequest(), timeout=timeout_s, metadata=self._metadata
             )
         except grpc.RpcError as exc:
             err = rpc_error(exc, self.address, "GetServerInfo")
@@ -115,7 +207,7 @@ class CloudLink:
 
     def open_stream(self, timeout_s: float) -> CloudStream:
         """Start a Generate call with a deadline of ``timeout_s``."""
-        call = self._stub.Generate(timeout=timeout_s)
+        call = self._stub.Generate(timeout=timeout_s, metadata=self._metadata)
         return CloudStream(call, self.address)
 
     def mark_failure(self, err: EventSpecError) -> None:

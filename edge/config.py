@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from shared.wire.security import ClientSecurity, ServerSecurity
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,10 @@ class EdgeSettings:
     grace_s: float = 5.0
     seed: int = 0
     max_message_bytes: int = 8 << 20
+    #: How clients reach this edge: TLS, tokens, --insecure, reflection.
+    security: ServerSecurity = field(default_factory=ServerSecurity)
+    #: How this edge reaches the cloud: TLS / mutual TLS and its bearer token.
+    cloud_security: ClientSecurity | None = None
 
     @staticmethod
     def from_env() -> EdgeSettings:

@@ -25,6 +25,7 @@ from shared.errors import EventSpecError
 from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
 from shared.serving import MODEL_DTYPES
 from shared.wire.host import GrpcHost
+from shared.wire.security import check_server_start
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,10 @@ class EdgeServer:
 
     async def start(self) -> int:
         s = self.settings
-        host = GrpcHost(SERVICE_NAME, max_message_bytes=s.max_message_bytes, max_rpcs=64)
+        host = GrpcHost(SERVICE_NAME, max_message_bytes=s.max_message_bytes, max_rpcs=64,
+                        security=s.security,
+                        unlimited_methods=frozenset({f"/{SERVICE_NAME}/GetStatus"}))
+        check_server_start(s.host, s.port, s.security)  # refuse before loading models
         await host.set_serving(False)
         source = self.source
         if source is None:
@@ -69,7 +73,10 @@ class EdgeServer:
             adapter_name = Path(TOY)
         if adapter is None and adapter_name is not None:
             adapter = await asyncio.to_thread(load_adapter, adapter_dir(adapter_name))
-        self._link = CloudLink(s.cloud, max_message_bytes=s.max_message_bytes) if s.cloud else None
+        self._link = (
+            CloudLink(s.cloud, max_message_bytes=s.max_message_bytes, security=s.cloud_security)
+            if s.cloud else None
+        )
         self.agent = EdgeAgent(
             source=source,
             draft=draft,

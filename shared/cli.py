@@ -17,6 +17,7 @@ import sys
 from shared.answer_view import final_to_json, stats_table, stream_answer
 from shared.client import AskError, EdgeClient
 from shared.types import AskSpec, FeatureMode, GenerationSettings, Mode
+from shared.wire.flags import add_client_security_args, client_security_from_args
 
 _MODES = {"speculative": Mode.SPECULATIVE, "target_only": Mode.TARGET_ONLY,
           "draft_only": Mode.DRAFT_ONLY}
@@ -44,7 +45,8 @@ def _spec_from_args(args: argparse.Namespace) -> AskSpec:
 
 
 async def _ask(args: argparse.Namespace) -> int:
-    async with EdgeClient(args.edge, timeout_s=args.timeout) as client:
+    security = client_security_from_args(args, prefix="", env_prefix="EVENTSPEC_")
+    async with EdgeClient(args.edge, timeout_s=args.timeout, security=security) as client:
         try:
             live = sys.stdout.isatty() and not args.json
             final = await stream_answer(client, _spec_from_args(args), sys.stdout, live=live)
@@ -79,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--seed", type=int, default=0)
     ask.add_argument("--timeout", type=float, default=300.0, help="seconds")
     ask.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    add_client_security_args(ask, prefix="", env_prefix="EVENTSPEC_", peer="edge agent")
     for name, help_text in _DEMO_WORLD.items():
         # Listed here for --help; ``main`` hands their arguments over before parsing.
         sub.add_parser(name, help=help_text, add_help=False)

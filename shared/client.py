@@ -4,6 +4,9 @@
         async for event in client.ask(AskSpec("What is moving?")):
             ...
         answer = await client.ask_final(AskSpec("What is moving?"))
+
+Over a network: ``EdgeClient(address, security=ClientSecurity(tls=True, ca=Path("ca.pem"),
+token="..."))`` verifies the edge's certificate and sends the token on every call.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from grpc import aio
 from shared import convert
 from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
 from shared.types import AskEvent, AskSpec, FinalEvent
+from shared.wire.channel import call_metadata, open_channel
 from shared.wire.options import channel_options
+from shared.wire.security import ClientSecurity
 
 
 class AskError(Exception):
@@ -32,10 +37,12 @@ class AskError(Exception):
 class EdgeClient:
     """Talks to one edge agent over a reused channel."""
 
-    def __init__(self, address: str, *, timeout_s: float = 300.0) -> None:
+    def __init__(self, address: str, *, timeout_s: float = 300.0,
+                 security: ClientSecurity | None = None) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = aio.insecure_channel(address, options=channel_options())
+        self._metadata = call_metadata(security)
+        self._channel = open_channel(address, security, channel_options())
         self._stub = edge_pb2_grpc.EdgeAgentStub(self._channel)
 
     async def __aenter__(self) -> EdgeClient:
@@ -51,7 +58,8 @@ class EdgeClient:
 
     async def ask(self, spec: AskSpec) -> AsyncIterator[AskEvent]:
         """Stream previews, committed text and the final answer."""
-        call = self._stub.Ask(convert.ask_spec_to_pb(spec), timeout=self.timeout_s)
+        call = self._stub.Ask(convert.ask_spec_to_pb(spec), timeout=self.timeout_s,
+                              metadata=self._metadata)
         try:
             async for msg in call:
                 yield convert.ask_event_from_pb(msg)
@@ -71,7 +79,7 @@ class EdgeClient:
     async def status(self) -> edge_pb2.EdgeStatus:
         try:
             status: edge_pb2.EdgeStatus = await self._stub.GetStatus(
-                edge_pb2.GetStatusRequest(), timeout=10
+                edge_pb2.GetStatusRequest(), timeout=10, metadata=self._metadata
             )
             return status
         except aio.AioRpcError as exc:

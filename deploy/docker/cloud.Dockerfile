@@ -67,6 +67,10 @@ ENV PATH=/opt/venv/bin:${PATH} \
     EVENTSPEC_CLOUD_PORT=50061 \
     EVENTSPEC_CLOUD_DEVICE=cuda \
     EVENTSPEC_CLOUD_DTYPE=bf16
+# Bound to 0.0.0.0, the server starts only with TLS and authentication configured
+# (EVENTSPEC_CLOUD_TLS_CERT/_TLS_KEY/_TLS_CA, EVENTSPEC_CLOUD_TOKEN_FILE or
+# EVENTSPEC_CLOUD_TLS_CLIENT_AUTH=require), or with EVENTSPEC_CLOUD_INSECURE=1 on a network
+# you trust. See docs/network.md.
 RUN groupadd --system --gid 10001 eventspec \
  && useradd --system --uid 10001 --gid eventspec --home-dir /var/lib/eventspec \
       --no-create-home --shell /usr/sbin/nologin eventspec \
@@ -82,7 +86,8 @@ VOLUME ["/var/lib/eventspec"]
 EXPOSE 50061
 # NOT_SERVING until the 7B model is loaded and calibrated: allow minutes at start.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=10m --retries=3 \
-  CMD ["python", "/opt/eventspec/grpc_health_probe.py", "--port-env", "EVENTSPEC_CLOUD_PORT"]
+  CMD ["python", "/opt/eventspec/grpc_health_probe.py", "--port-env", "EVENTSPEC_CLOUD_PORT", \
+       "--tls-env", "EVENTSPEC_CLOUD_"]
 # SIGTERM (docker stop) = NOT_SERVING, then a graceful stop of in-flight streams.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["eventspec-cloud", "serve"]

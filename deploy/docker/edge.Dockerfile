@@ -54,6 +54,10 @@ ENV PATH=/opt/venv/bin:${PATH} \
     EVENTSPEC_EDGE_HOST=0.0.0.0 \
     EVENTSPEC_EDGE_PORT=50062 \
     EVENTSPEC_EDGE_DEVICE=cpu
+# Bound to 0.0.0.0, the server starts only with TLS and authentication configured
+# (EVENTSPEC_EDGE_TLS_CERT/_TLS_KEY/_TLS_CA, EVENTSPEC_EDGE_TOKEN_FILE or
+# EVENTSPEC_EDGE_TLS_CLIENT_AUTH=require), or with EVENTSPEC_EDGE_INSECURE=1 on a network
+# you trust. See docs/network.md.
 # EVENTSPEC_EDGE_CLOUD (HOST:PORT of the verifier) is left unset on purpose: without it
 # the agent serves draft_only answers. Set it at run time.
 RUN groupadd --system --gid 10001 eventspec \
@@ -68,6 +72,7 @@ WORKDIR /var/lib/eventspec
 EXPOSE 50062
 # NOT_SERVING until the draft model is loaded and warmed up (a 7B model on CPU is slow).
 HEALTHCHECK --interval=15s --timeout=5s --start-period=10m --retries=3 \
-  CMD ["python", "/opt/eventspec/grpc_health_probe.py", "--port-env", "EVENTSPEC_EDGE_PORT"]
+  CMD ["python", "/opt/eventspec/grpc_health_probe.py", "--port-env", "EVENTSPEC_EDGE_PORT", \
+       "--tls-env", "EVENTSPEC_EDGE_"]
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["eventspec-edge", "serve"]

@@ -5,14 +5,21 @@ from __future__ import annotations
 import asyncio
 
 import grpc
-from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from shared.wire.channel import open_channel
+from shared.wire.security import ClientSecurity
 
-async def wait_for_serving(address: str, timeout_s: float = 60.0, service: str = "") -> None:
-    """Poll grpc.health.v1 at ``address`` until SERVING (used by the demo and tests)."""
+
+async def wait_for_serving(address: str, timeout_s: float = 60.0, service: str = "",
+                           security: ClientSecurity | None = None) -> None:
+    """Poll grpc.health.v1 at ``address`` until SERVING (used by the demo and tests).
+
+    Health needs no token, but a TLS port needs ``security`` (and a mutual-TLS port a
+    client certificate) for the handshake.
+    """
     deadline = asyncio.get_running_loop().time() + timeout_s
-    async with aio.insecure_channel(address) as channel:
+    async with open_channel(address, security) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             try:

@@ -1,18 +1,32 @@
-"""The gRPC server shell both nodes share: limits, error mapping, health, reflection.
+"""The gRPC server shell both nodes share: limits, security, error mapping, health, reflection.
 
 Each node adds its own servicer to ``host.server``; this class owns the rest of the
 lifecycle DESIGN asks of both: NOT_SERVING from bind until warm-up finishes, SERVING
-after, NOT_SERVING again on shutdown, then ``stop(grace)``.
+after, NOT_SERVING again on shutdown, then ``stop(grace)``. Security (``ServerSecurity``)
+is decided here too, once for both nodes: TLS or mutual TLS with certificates reloaded
+on change or SIGHUP, the auth interceptor in front of everything but health, and the
+start-up refusals (non-loopback without TLS and auth, busy port, port out of range).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import signal
+
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
+from shared.wire.auth import AuthInterceptor
 from shared.wire.interceptors import ErrorMappingInterceptor
+from shared.wire.limits import EXEMPT_HEADROOM, ConcurrencyLimitInterceptor
 from shared.wire.options import server_options
+from shared.wire.reflection import enable_reflection
+from shared.wire.security import ServerSecurity, check_server_start
+from shared.wire.tls import ReloadingServerCredentials
+
+log = logging.getLogger(__name__)
 
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
@@ -20,19 +34,32 @@ HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 class GrpcHost:
     """A ``grpc.aio`` server for one node's service."""
 
-    def __init__(self, service_name: str, *, max_message_bytes: int, max_rpcs: int) -> None:
+    def __init__(self, service_name: str, *, max_message_bytes: int, max_rpcs: int,
+                 security: ServerSecurity | None = None,
+                 unlimited_methods: frozenset[str] = frozenset()) -> None:
+        """``max_rpcs`` caps concurrent calls except health and ``unlimited_methods``
+        (cheap status calls such as GetServerInfo), which stay answerable at the cap."""
         self.service_name = service_name
+        self.security = security or ServerSecurity()
+        interceptors: list[aio.ServerInterceptor] = []
+        if self.security.requires_auth:
+            interceptors.append(AuthInterceptor(self.security))
+        self.limit = ConcurrencyLimitInterceptor(max_rpcs, unlimited_methods)
+        interceptors += [self.limit, ErrorMappingInterceptor()]
+        self.credentials = (
+            ReloadingServerCredentials(self.security.tls) if self.security.tls else None
+        )
         self.server = aio.server(
-            interceptors=[ErrorMappingInterceptor()],
+            interceptors=interceptors,
             options=server_options(max_message_bytes),
-            maximum_concurrent_rpcs=max_rpcs,
+            maximum_concurrent_rpcs=max_rpcs + EXEMPT_HEADROOM,
         )
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (service_name, HEALTH_SERVICE, reflection.SERVICE_NAME), self.server
-        )
+        if self.security.reflection:
+            enable_reflection(self.server, (service_name, HEALTH_SERVICE))
         self.port = 0
+        self._sighup = False
 
     async def set_serving(self, serving: bool) -> None:
         """Report SERVING or NOT_SERVING for the server and the node's service."""
@@ -42,16 +69,55 @@ class GrpcHost:
         await self.health.set(self.service_name, status)
 
     async def start(self, host: str, port: int) -> int:
-        """Report NOT_SERVING, bind (``port`` 0 picks one) and start. Returns the port."""
+        """Check the security rules, report NOT_SERVING, bind and start. Returns the port.
+
+        ``port`` 0 picks one. A busy port is an error (SO_REUSEPORT is off), and so is a
+        non-loopback ``host`` without TLS and authentication unless ``insecure``.
+        """
+        check_server_start(host, port, self.security)
         await self.set_serving(False)
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
-        if self.port == 0:
-            raise OSError(f"could not bind {host}:{port}")
+        bare_v6 = ":" in host and not host.startswith("[")
+        address = f"[{host}]:{port}" if bare_v6 else f"{host}:{port}"
+        try:
+            if self.credentials is not None:
+                self.port = self.server.add_secure_port(address, self.credentials.credentials())
+            else:
+                self.port = self.server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise OSError(
+                f"cannot listen on {address}: the port is in use or the address is not "
+                "available on this machine (--host/--port)"
+            ) from exc
         await self.server.start()
+        self._watch_sighup()
+        log.info("listening on %s:%d (%s, %s, reflection %s)", host, self.port,
+                 "mutual TLS" if self.security.tls and self.security.tls.client_auth == "require"
+                 else "TLS" if self.security.tls else "plaintext",
+                 "authenticated" if self.security.requires_auth else "anonymous callers",
+                 "on" if self.security.reflection else "off")
         return self.port
+
+    def reload_tls(self) -> None:
+        """Re-read the TLS files at the next handshake (also done on SIGHUP)."""
+        if self.credentials is not None:
+            log.info("reloading TLS certificates")
+            self.credentials.request_reload()
+        else:
+            log.info("SIGHUP: no TLS configured, nothing to reload")
+
+    def _watch_sighup(self) -> None:
+        """SIGHUP reloads certificates (``systemctl reload``); it must never kill the
+        server, so the handler is installed with or without TLS."""
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reload_tls)
+            self._sighup = True
 
     async def stop(self, grace_s: float) -> None:
         """NOT_SERVING, then stop, letting in-flight calls finish for ``grace_s``."""
+        if self._sighup:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+            self._sighup = False
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace_s)
 

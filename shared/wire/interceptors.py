@@ -8,6 +8,7 @@ Unexpected exceptions become INTERNAL with the exception's type, and are logged.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -17,6 +18,7 @@ from google.protobuf.message import DecodeError
 from grpc import aio
 
 from shared.errors import EventSpecError
+from shared.wire.handlers import wrap_handler
 from shared.wire.status import to_grpc
 
 log = logging.getLogger(__name__)
@@ -31,31 +33,14 @@ async def _abort_for(exc: BaseException, context: aio.ServicerContext[Any, Any])
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
 
 
-def _wrap_unary(fn: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
-    async def wrapper(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-        try:
-            return await fn(request, context)
-        except aio.AbortError:
-            raise
-        except Exception as exc:
-            await _abort_for(exc, context)
-
-    return wrapper
-
-
-def _wrap_streaming(
-    fn: Callable[[Any, Any], AsyncIterator[Any]],
-) -> Callable[[Any, Any], AsyncIterator[Any]]:
-    async def wrapper(request: Any, context: aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
-        try:
-            async for item in fn(request, context):
-                yield item
-        except aio.AbortError:
-            raise
-        except Exception as exc:
-            await _abort_for(exc, context)
-
-    return wrapper
+@contextlib.asynccontextmanager
+async def _mapped(context: aio.ServicerContext[Any, Any]) -> AsyncIterator[None]:
+    try:
+        yield
+    except aio.AbortError:
+        raise
+    except Exception as exc:
+        await _abort_for(exc, context)
 
 
 class ErrorMappingInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
@@ -69,28 +54,4 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
-        if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(
-                _wrap_unary(handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(
-                _wrap_unary(handler.stream_unary),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(
-                _wrap_streaming(handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.stream_stream:
-            return grpc.stream_stream_rpc_method_handler(
-                _wrap_streaming(handler.stream_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler
+        return wrap_handler(handler, _mapped)

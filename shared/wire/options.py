@@ -22,6 +22,8 @@ def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[t
         ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.keepalive_permit_without_calls", 1),
+        # Off, so a second server on a busy port fails to start instead of sharing it.
+        ("grpc.so_reuseport", 0),
     ]
 
 

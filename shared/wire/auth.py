@@ -1,0 +1,215 @@
+"""Authentication and authorisation of callers, as a server interceptor.
+
+A caller proves who it is with a bearer token (``authorization: Bearer TOKEN``
+metadata, checked in constant time against named tokens) or, on a mutual-TLS port,
+with its client certificate, whose first subject alternative name is the principal.
+Authenticated principals outside ``allow_principals`` (when that is set) are refused.
+
+- no or a wrong credential: UNAUTHENTICATED; a principal not allowed: PERMISSION_DENIED;
+  both are logged with the method, peer and principal, never the token.
+- the health service stays open so load balancers and Kubernetes probes work;
+  reflection and every other service sit behind the same check.
+- the principal is bound to ``shared.principal`` for the duration of the call, so
+  per-principal limits can be enforced by domain code without grpc.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import logging
+import re
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from shared.principal import Principal, set_principal
+from shared.wire.handlers import wrap_handler
+from shared.wire.security import SecurityConfigError, ServerSecurity
+
+log = logging.getLogger(__name__)
+
+#: Methods that never require credentials: probes must work without secrets.
+OPEN_METHODS = frozenset({
+    "/grpc.health.v1.Health/Check",
+    "/grpc.health.v1.Health/Watch",
+})
+MIN_TOKEN_CHARS = 16
+_NAME = re.compile(r"^[A-Za-z0-9._@-]{1,64}$")
+
+
+def parse_tokens(lines: Sequence[str], where: str) -> dict[str, str]:
+    """``NAME:TOKEN`` entries (blank lines and ``#`` comments skipped) -> {name: token}.
+
+    Errors name ``where`` and the line, never the token itself.
+    """
+    tokens: dict[str, str] = {}
+    for i, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, token = line.partition(":")
+        name, token = name.strip(), token.strip()
+        if not sep or not _NAME.match(name):
+            raise SecurityConfigError(
+                f"{where}, entry {i}: expected NAME:TOKEN with NAME of letters, digits, '._@-'"
+            )
+        if len(token) < MIN_TOKEN_CHARS or any(c.isspace() for c in token):
+            raise SecurityConfigError(
+                f"{where}, entry {i} ({name}): the token must be at least {MIN_TOKEN_CHARS} "
+                "characters without spaces (e.g. openssl rand -hex 32)"
+            )
+        if name in tokens:
+            raise SecurityConfigError(f"{where}, entry {i}: token name {name!r} appears twice")
+        tokens[name] = token
+    return tokens
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+class TokenStore:
+    """Named bearer tokens; a token file is re-read when it changes (rotation)."""
+
+    def __init__(self, file: Path | None, inline: Sequence[tuple[str, str]] = ()) -> None:
+        self._file = file
+        self._inline = dict(inline)
+        self._lock = threading.Lock()
+        self._stamp: float | None = None
+        self._digests: list[tuple[str, bytes]] = []
+        self._load()
+
+    def _load(self) -> None:
+        tokens = dict(self._inline)
+        if self._file is not None:
+            try:
+                self._stamp = self._file.stat().st_mtime
+                text = self._file.read_text()
+            except OSError as exc:
+                raise SecurityConfigError(
+                    f"--token-file {self._file}: cannot read: {exc.strerror}"
+                ) from exc
+            tokens.update(parse_tokens(text.splitlines(), f"--token-file {self._file}"))
+        if not tokens:
+            raise SecurityConfigError("no tokens configured: the token file is empty")
+        self._digests = [(name, _digest(tok)) for name, tok in tokens.items()]
+
+    def _maybe_reload(self) -> None:
+        if self._file is None:
+            return
+        try:
+            stamp = self._file.stat().st_mtime
+        except OSError:
+            return
+        if stamp != self._stamp:
+            try:
+                self._load()
+                log.info("tokens reloaded from %s (%d names)", self._file, len(self._digests))
+            except SecurityConfigError as exc:
+                self._stamp = stamp
+                log.error("token reload failed, keeping the previous tokens: %s", exc)
+
+    def match(self, presented: str) -> str | None:
+        """The name of the token equal to ``presented``, compared in constant time."""
+        with self._lock:
+            self._maybe_reload()
+            digests = list(self._digests)
+        want = _digest(presented)
+        found: str | None = None
+        for name, digest in digests:  # no early exit: time does not depend on which matched
+            if hmac.compare_digest(want, digest):
+                found = name
+        return found
+
+
+def _certificate_principal(context: aio.ServicerContext[Any, Any]) -> str | None:
+    auth = context.auth_context()
+    if auth.get("transport_security_type") != [b"ssl"]:
+        return None
+    sans = auth.get("x509_subject_alternative_name") or []
+    if sans:
+        return str(sans[0].decode(errors="replace"))
+    cn = auth.get("x509_common_name") or []
+    return str(cn[0].decode(errors="replace")) if cn else None
+
+
+class _Denied(Exception):
+    def __init__(self, code: grpc.StatusCode, reason: str, principal: str = "-") -> None:
+        super().__init__(reason)
+        self.code, self.reason, self.principal = code, reason, principal
+
+
+class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
+    """Refuse calls without valid credentials; bind the caller's principal."""
+
+    def __init__(self, security: ServerSecurity) -> None:
+        self.security = security
+        self.tokens = (
+            TokenStore(security.token_file, security.tokens)
+            if security.token_file or security.tokens else None
+        )
+        self.require_cert = security.tls is not None and security.tls.client_auth == "require"
+
+    def authenticate(self, metadata: Sequence[tuple[str, Any]],
+                     context: aio.ServicerContext[Any, Any]) -> Principal:
+        """The caller's principal, or ``_Denied`` saying why not."""
+        header = next((str(v) for k, v in metadata if k == "authorization"), None)
+        cert_name = _certificate_principal(context) if self.require_cert else None
+        if header is not None and self.tokens is not None:
+            scheme, _, token = header.partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                raise _Denied(grpc.StatusCode.UNAUTHENTICATED,
+                              "the authorization metadata must be 'Bearer TOKEN'",
+                              cert_name or "-")
+            name = self.tokens.match(token.strip())
+            if name is None:
+                raise _Denied(grpc.StatusCode.UNAUTHENTICATED, "the bearer token is not valid",
+                              cert_name or "-")
+            principal = Principal(name, "token")
+        elif cert_name is not None:
+            principal = Principal(cert_name, "certificate")
+        else:
+            raise _Denied(grpc.StatusCode.UNAUTHENTICATED,
+                          "credentials required: send 'authorization: Bearer TOKEN' metadata"
+                          + (" or a client certificate" if self.require_cert else ""))
+        allowed = self.security.allow_principals
+        if allowed and principal.name not in allowed:
+            raise _Denied(grpc.StatusCode.PERMISSION_DENIED,
+                          f"principal {principal.name!r} is not allowed to call this service",
+                          str(principal))
+        return principal
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or method in OPEN_METHODS:
+            return handler
+        metadata = tuple(handler_call_details.invocation_metadata or ())
+
+        @contextlib.asynccontextmanager
+        async def guard(context: aio.ServicerContext[Any, Any]) -> AsyncIterator[None]:
+            try:
+                principal = self.authenticate(metadata, context)
+            except _Denied as denied:
+                log.warning("%s %s from %s (principal %s): %s", denied.code.name, method,
+                            context.peer(), denied.principal, denied.reason)
+                await context.abort(denied.code, denied.reason)
+            token = set_principal(principal)
+            try:
+                yield
+            finally:
+                with contextlib.suppress(ValueError):  # a generator closed in another context
+                    token.var.reset(token)
+
+        return wrap_handler(handler, guard)
+

@@ -1,0 +1,61 @@
+"""Wrap a gRPC method handler's behaviour in an async context, whatever its kind.
+
+A response-streaming behaviour in ``grpc.aio`` is either an async generator (yields
+responses) or a coroutine that calls ``context.write`` (``Health/Watch`` is one). A
+wrapper that assumes the first breaks the second ("'async for' requires an object
+with __aiter__ method, got coroutine"), so each kind is wrapped as what it is.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import grpc
+from grpc import aio
+
+#: Entered around one call with that call's context; it may abort or translate errors.
+Around = Callable[[aio.ServicerContext[Any, Any]], AbstractAsyncContextManager[None]]
+Behaviour = Callable[[Any, aio.ServicerContext[Any, Any]], Any]
+
+
+def wrap_behaviour(fn: Behaviour, around: Around) -> Behaviour:
+    """``fn`` run inside ``around(context)``, keeping its kind (generator or coroutine)."""
+    if inspect.isasyncgenfunction(fn):
+
+        async def gen_wrapper(request: Any, context: aio.ServicerContext[Any, Any]
+                              ) -> AsyncIterator[Any]:
+            async with around(context):
+                async for item in fn(request, context):
+                    yield item
+
+        return gen_wrapper
+
+    async def coro_wrapper(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+        async with around(context):
+            return await fn(request, context)
+
+    return coro_wrapper
+
+
+_FACTORIES = {
+    "unary_unary": grpc.unary_unary_rpc_method_handler,
+    "unary_stream": grpc.unary_stream_rpc_method_handler,
+    "stream_unary": grpc.stream_unary_rpc_method_handler,
+    "stream_stream": grpc.stream_stream_rpc_method_handler,
+}
+
+
+def wrap_handler(handler: grpc.RpcMethodHandler, around: Around) -> grpc.RpcMethodHandler:
+    """The same handler with its behaviour wrapped by ``around``."""
+    for kind, factory in _FACTORIES.items():
+        fn = getattr(handler, kind)
+        if fn is not None:
+            return factory(
+                wrap_behaviour(fn, around),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+    return handler

@@ -1,0 +1,425 @@
+"""Transport security and authentication on real servers on loopback, with real
+certificates from a test CA: TLS and mutual TLS, bad certificates, bearer tokens and
+their rotation, open health (Check and Watch), reflection behind auth, and the
+start-up refusals (busy port, plaintext on a non-loopback address, bad port)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2
+
+from cloud.server import VerifierServer
+from edge.config import EdgeSettings
+from edge.server import EdgeServer
+from shared.client import AskError, EdgeClient
+from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
+from shared.types import AskSpec, GenerationSettings, Mode
+from shared.wire.channel import call_metadata, open_channel
+from shared.wire.host import GrpcHost
+from shared.wire.security import ClientSecurity, SecurityConfigError, ServerSecurity
+from tests.integration import cloud_harness as ch
+from tests.integration import edge_harness as eh
+from tests.integration import tls_harness as th
+from tests.integration.tls_harness import TOKEN_A, TOKEN_B, Pki
+
+CALL_TIMEOUT = 5.0
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return th.make_pki(tmp_path_factory.mktemp("pki"))
+
+
+async def start_cloud(security: ServerSecurity) -> VerifierServer:
+    target, _ = eh.shared_models()
+    server = VerifierServer(replace(ch.settings(max_sessions=4), security=security), target=target)
+    await server.start()
+    return server
+
+
+@pytest.fixture
+async def cloud_factory() -> AsyncIterator[list[VerifierServer]]:
+    servers: list[VerifierServer] = []
+    yield servers
+    for s in servers:
+        await s.stop(0)
+
+
+async def server_info(port: int, sec: ClientSecurity | None) -> grpc.StatusCode:
+    """GetServerInfo's status code (OK when it answers)."""
+    async with open_channel(f"127.0.0.1:{port}", sec) as channel:
+        stub = verifier_pb2_grpc.VerifierStub(channel)
+        try:
+            await stub.GetServerInfo(verifier_pb2.GetServerInfoRequest(),
+                                     timeout=CALL_TIMEOUT, metadata=call_metadata(sec))
+        except aio.AioRpcError as exc:
+            return exc.code()
+    return grpc.StatusCode.OK
+
+
+async def run(factory: list[VerifierServer], security: ServerSecurity) -> int:
+    server = await start_cloud(security)
+    factory.append(server)
+    return server.port
+
+
+# -- TLS and mutual TLS -------------------------------------------------------------------
+
+async def test_tls_with_token_happy_path_and_plaintext_refused(
+    pki: Pki, tmp_path: Path, cloud_factory: list[VerifierServer]
+) -> None:
+    tokens = th.write_tokens(tmp_path / "tokens", edge_a=TOKEN_A)
+    port = await run(cloud_factory, th.server_security(pki, token_file=tokens))
+    assert await server_info(port, th.client_security(pki, token=TOKEN_A)) == grpc.StatusCode.OK
+    # A plaintext client cannot talk to a TLS port at all.
+    plain = ClientSecurity(token=TOKEN_A)
+    assert await server_info(port, plain) == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_mutual_tls_certificate_is_the_principal(
+    pki: Pki, cloud_factory: list[VerifierServer]
+) -> None:
+    sec = th.server_security(pki, mtls=True, allow_principals=frozenset({"edge-a.example"}))
+    port = await run(cloud_factory, sec)
+    ok = await server_info(port, th.client_security(pki, leaf=pki.client_a))
+    assert ok == grpc.StatusCode.OK
+    # Signed by the same CA, but a principal the server does not allow.
+    denied = await server_info(port, th.client_security(pki, leaf=pki.client_b))
+    assert denied == grpc.StatusCode.PERMISSION_DENIED
+
+
+@pytest.mark.parametrize("case", ["no client certificate", "client certificate from another CA",
+                                  "expired client certificate", "server from an untrusted CA"])
+async def test_bad_certificates_fail_the_handshake(
+    pki: Pki, cloud_factory: list[VerifierServer], case: str
+) -> None:
+    port = await run(cloud_factory, th.server_security(pki, mtls=True))
+    sec = {
+        "no client certificate": th.client_security(pki),
+        "client certificate from another CA": th.client_security(pki, leaf=pki.rogue_client),
+        "expired client certificate": th.client_security(pki, leaf=pki.expired_client),
+        "server from an untrusted CA": th.client_security(pki, leaf=pki.client_a,
+                                                          ca=pki.other_ca),
+    }[case]
+    assert await server_info(port, sec) == grpc.StatusCode.UNAVAILABLE, case
+
+
+async def test_expired_server_certificate_is_refused_by_the_client(
+    pki: Pki, cloud_factory: list[VerifierServer]
+) -> None:
+    port = await run(cloud_factory, th.server_security(pki, mtls=True, leaf=pki.expired_server))
+    sec = th.client_security(pki, leaf=pki.client_a)
+    assert await server_info(port, sec) == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_certificate_replaced_on_disk_is_used_by_new_connections(
+    pki: Pki, tmp_path: Path, cloud_factory: list[VerifierServer]
+) -> None:
+    """Renewal without restart: swap the files for a certificate from a new CA."""
+    live = th.Leaf(tmp_path / "live.pem", tmp_path / "live.key")
+    live.cert.write_bytes(pki.server.cert.read_bytes())
+    live.key.write_bytes(pki.server.key.read_bytes())
+    port = await run(cloud_factory, th.server_security(pki, leaf=live, insecure=True))
+    renewed = pki.issue_server("renewed", other_ca=True)
+    new_ca = pki.root / "renewed-ca.pem"
+    assert await server_info(port, th.client_security(pki, ca=new_ca)) != grpc.StatusCode.OK
+    live.cert.write_bytes(renewed.cert.read_bytes())
+    live.key.write_bytes(renewed.key.read_bytes())
+    later = os.stat(live.cert).st_mtime + 5
+    os.utime(live.cert, (later, later))
+    os.utime(live.key, (later, later))
+    assert await server_info(port, th.client_security(pki, ca=new_ca)) == grpc.StatusCode.OK
+    # SIGHUP path: the host's reload forces a re-read even with unchanged times.
+    server = cloud_factory[-1]
+    assert server._host is not None
+    server._host.reload_tls()
+    assert await server_info(port, th.client_security(pki, ca=new_ca)) == grpc.StatusCode.OK
+
+
+# -- tokens -------------------------------------------------------------------------------
+
+async def test_tokens_missing_wrong_and_rotated(
+    pki: Pki, tmp_path: Path, cloud_factory: list[VerifierServer],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tokens = th.write_tokens(tmp_path / "tokens", edge_a=TOKEN_A)
+    port = await run(cloud_factory, th.server_security(pki, token_file=tokens))
+    with caplog.at_level(logging.WARNING, logger="shared.wire.auth"):
+        missing = await server_info(port, th.client_security(pki))
+        wrong = await server_info(port, th.client_security(pki, token=TOKEN_A[:-1] + "X"))
+    assert missing == wrong == grpc.StatusCode.UNAUTHENTICATED
+    logged = caplog.text
+    assert "UNAUTHENTICATED" in logged and "GetServerInfo" in logged and "127.0.0.1" in logged
+    assert TOKEN_A[:-1] not in logged  # never the token
+    # Rotation: add the new token next to the old one, then retire the old one.
+    th.write_tokens(tokens, edge_a=TOKEN_A, edge_b=TOKEN_B)
+    _touch_later(tokens)
+    assert await server_info(port, th.client_security(pki, token=TOKEN_B)) == grpc.StatusCode.OK
+    assert await server_info(port, th.client_security(pki, token=TOKEN_A)) == grpc.StatusCode.OK
+    th.write_tokens(tokens, edge_b=TOKEN_B)
+    _touch_later(tokens)
+    old = await server_info(port, th.client_security(pki, token=TOKEN_A))
+    assert old == grpc.StatusCode.UNAUTHENTICATED
+    assert await server_info(port, th.client_security(pki, token=TOKEN_B)) == grpc.StatusCode.OK
+
+
+def _touch_later(path: Path) -> None:
+    later = os.stat(path).st_mtime + 5
+    os.utime(path, (later, later))
+
+
+async def test_bad_token_file_is_a_clear_start_up_error(pki: Pki, tmp_path: Path) -> None:
+    bad = tmp_path / "tokens"
+    bad.write_text("edge-a:short\n")
+    with pytest.raises(SecurityConfigError, match=r"--token-file .*entry 1 \(edge-a\).*16"):
+        GrpcHost("x", max_message_bytes=1 << 20, max_rpcs=4,
+                 security=th.server_security(pki, token_file=bad))
+
+
+# -- health and reflection ----------------------------------------------------------------
+
+async def test_health_check_and_watch_are_open(
+    pki: Pki, tmp_path: Path, cloud_factory: list[VerifierServer]
+) -> None:
+    """Probes carry no token; Watch (client-side health checking) must not be INTERNAL."""
+    tokens = th.write_tokens(tmp_path / "tokens", edge_a=TOKEN_A)
+    port = await run(cloud_factory, th.server_security(pki, token_file=tokens))
+    async with open_channel(f"127.0.0.1:{port}", th.client_security(pki)) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        check = await stub.Check(health_pb2.HealthCheckRequest(), timeout=CALL_TIMEOUT)
+        assert check.status == health_pb2.HealthCheckResponse.SERVING
+        watch = stub.Watch(health_pb2.HealthCheckRequest(service="eventspec.v1.Verifier"),
+                           timeout=CALL_TIMEOUT)
+        first = await watch.read()
+        assert first.status == health_pb2.HealthCheckResponse.SERVING
+        watch.cancel()
+
+
+async def test_watch_reports_not_serving_on_shutdown_on_a_plain_server() -> None:
+    server = await start_cloud(ServerSecurity())
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(),
+                                                              timeout=CALL_TIMEOUT)
+            assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+            assert server._host is not None
+            await server._host.set_serving(False)
+            assert (await watch.read()).status == health_pb2.HealthCheckResponse.NOT_SERVING
+            watch.cancel()
+    finally:
+        await server.stop(0)
+
+
+async def _list_services(port: int, sec: ClientSecurity, version: str) -> list[str]:
+    """ListServices through the standard reflection messages, on v1alpha or v1."""
+    async with open_channel(f"127.0.0.1:{port}", sec) as channel:
+        call = channel.stream_stream(
+            f"/grpc.reflection.{version}.ServerReflection/ServerReflectionInfo",
+            request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+        )(timeout=CALL_TIMEOUT, metadata=call_metadata(sec))
+        await call.write(reflection_pb2.ServerReflectionRequest(list_services=""))
+        await call.done_writing()
+        reply = await call.read()
+        return [s.name for s in reply.list_services_response.service]
+
+
+async def test_reflection_v1_and_v1alpha_behind_auth(
+    pki: Pki, tmp_path: Path, cloud_factory: list[VerifierServer]
+) -> None:
+    tokens = th.write_tokens(tmp_path / "tokens", edge_a=TOKEN_A)
+    port = await run(cloud_factory, th.server_security(pki, token_file=tokens))
+    authed = th.client_security(pki, token=TOKEN_A)
+    for version in ("v1", "v1alpha"):
+        names = await _list_services(port, authed, version)
+        assert {"eventspec.v1.Verifier", "grpc.health.v1.Health",
+                "grpc.reflection.v1.ServerReflection"} <= set(names), names
+        with pytest.raises(aio.AioRpcError) as err:
+            await _list_services(port, th.client_security(pki), version)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    # The standard client's descriptor database resolves the service over v1alpha.
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+        ProtoReflectionDescriptorDatabase,
+    )
+
+    def describe() -> str:
+        creds = grpc.ssl_channel_credentials(pki.ca.read_bytes())
+        creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(
+            TOKEN_A))
+        with grpc.secure_channel(f"127.0.0.1:{port}", creds,
+                                 options=[("grpc.ssl_target_name_override", "localhost")]) as c:
+            db = ProtoReflectionDescriptorDatabase(c)
+            return str(db.FindFileContainingSymbol("eventspec.v1.Verifier").name)
+
+    assert (await asyncio.to_thread(describe)).endswith(".proto")
+
+
+async def test_no_reflection(pki: Pki, tmp_path: Path,
+                             cloud_factory: list[VerifierServer]) -> None:
+    tokens = th.write_tokens(tmp_path / "tokens", edge_a=TOKEN_A)
+    port = await run(cloud_factory,
+                     th.server_security(pki, token_file=tokens, reflection=False))
+    with pytest.raises(aio.AioRpcError) as err:
+        await _list_services(port, th.client_security(pki, token=TOKEN_A), "v1")
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+# -- start-up refusals --------------------------------------------------------------------
+
+async def test_busy_port_is_a_clear_error() -> None:
+    first = GrpcHost("x", max_message_bytes=1 << 20, max_rpcs=4)
+    port = await first.start("127.0.0.1", 0)
+    try:
+        second = GrpcHost("x", max_message_bytes=1 << 20, max_rpcs=4)
+        with pytest.raises(OSError, match=rf"cannot listen on 127\.0\.0\.1:{port}.*in use"):
+            await second.start("127.0.0.1", port)
+    finally:
+        await first.stop(0)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "verifier.example"])
+async def test_non_loopback_without_tls_or_auth_refuses_to_start(
+    pki: Pki, tmp_path: Path, host: str
+) -> None:
+    plain = GrpcHost("x", max_message_bytes=1 << 20, max_rpcs=4)
+    with pytest.raises(SecurityConfigError, match=r"plaintext on non-loopback.*--insecure"):
+        await plain.start(host, 0)
+    anonymous = GrpcHost("x", max_message_bytes=1 << 20, max_rpcs=4,
+                         security=th.server_security(pki))
+    with pytest.raises(SecurityConfigError, match=r"anonymous callers.*--token-file"):
+        await anonymous.start(host, 0)
+
+
+@pytest.mark.parametrize("port", [-1, 65536, 10**6])
+async def test_port_out_of_range_is_refused(port: int) -> None:
+    host = GrpcHost("x", max_message_bytes=1 << 20, max_rpcs=4)
+    with pytest.raises(SecurityConfigError, match=r"--port .* out of range"):
+        await host.start("127.0.0.1", port)
+
+
+def test_cli_refuses_non_loopback_plaintext(tmp_path: Path) -> None:
+    """The real command line: exit 1 with the reason, before loading any model."""
+    from cloud.cli import main
+
+    with pytest.raises(SystemExit, match="--tls-cert and --tls-key go together"):
+        main(["serve", "--host", "0.0.0.0", "--tls-cert", str(tmp_path / "x.pem")])
+    assert main(["serve", "--model", "tiny-random", "--host", "0.0.0.0", "--port", "0",
+                 "--no-calibrate"]) == 1
+
+
+# -- both hops: client -> edge (TLS + token), edge -> cloud (mutual TLS) ----------------
+
+async def test_ask_through_tls_edge_and_mtls_cloud(pki: Pki, tmp_path: Path) -> None:
+    _target, draft = eh.shared_models()
+    cloud = await start_cloud(th.server_security(
+        pki, mtls=True, allow_principals=frozenset({"edge-a.example"})))
+    client_tokens = th.write_tokens(tmp_path / "client-tokens", app=TOKEN_B)
+    edge = EdgeServer(replace(
+        EdgeSettings(), cloud=f"127.0.0.1:{cloud.port}", port=0,
+        security=th.server_security(pki, token_file=client_tokens),
+        cloud_security=th.client_security(pki, leaf=pki.client_a),
+    ), draft=draft)
+    await edge.start()
+    try:
+        spec = AskSpec("What is moving?", mode=Mode.TARGET_ONLY,
+                       generation=GenerationSettings(max_new_tokens=6))
+        address = f"127.0.0.1:{edge.port}"
+        async with EdgeClient(address, timeout_s=60,
+                              security=th.client_security(pki, token=TOKEN_B)) as client:
+            final = await client.ask_final(spec)
+            assert final.token_ids and final.mode == Mode.TARGET_ONLY
+            status = await client.status()
+            assert status is not None
+        async with EdgeClient(address, timeout_s=10,
+                              security=th.client_security(pki)) as anonymous:
+            with pytest.raises(AskError) as err:
+                await anonymous.ask_final(spec)
+            assert err.value.code == grpc.StatusCode.UNAUTHENTICATED
+            with pytest.raises(AskError) as err:
+                await anonymous.status()
+            assert err.value.code == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        await edge.stop(0)
+        await cloud.stop(0)
+
+
+# -- the principal reaches the handler; the deploy probe speaks TLS -----------------------
+
+async def test_handlers_see_the_callers_principal(pki: Pki, tmp_path: Path) -> None:
+    """Per-principal limits need the principal inside the servicer (shared.principal)."""
+    from shared.principal import current_principal
+
+    async def who(request: bytes, context: aio.ServicerContext) -> bytes:
+        await asyncio.sleep(0)
+        return str(current_principal()).encode()
+
+    tokens = th.write_tokens(tmp_path / "tokens", app=TOKEN_B)
+    host = GrpcHost("test.Who", max_message_bytes=1 << 20, max_rpcs=4,
+                    security=th.server_security(pki, mtls=True, token_file=tokens))
+    host.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "test.Who", {"Me": grpc.unary_unary_rpc_method_handler(who)}),))
+    port = await host.start("127.0.0.1", 0)
+    try:
+        for sec, expected in [
+            (th.client_security(pki, leaf=pki.client_a), b"certificate:edge-a.example"),
+            (th.client_security(pki, leaf=pki.client_a, token=TOKEN_B), b"token:app"),
+        ]:
+            async with open_channel(f"127.0.0.1:{port}", sec) as channel:
+                me = channel.unary_unary("/test.Who/Me")
+                assert await me(b"", timeout=CALL_TIMEOUT, metadata=call_metadata(sec)) == expected
+    finally:
+        await host.stop(0)
+
+
+async def test_deploy_health_probe_over_mutual_tls(
+    pki: Pki, cloud_factory: list[VerifierServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    path = Path(__file__).parents[2] / "deploy" / "docker" / "grpc_health_probe.py"
+    spec = importlib.util.spec_from_file_location("grpc_health_probe", path)
+    assert spec is not None and spec.loader is not None
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    port = await run(cloud_factory, th.server_security(pki, mtls=True))
+    # The server's own files, as the pod's env names them; client_a stands in for a
+    # certificate issued for both server and client auth.
+    monkeypatch.setenv("EVENTSPEC_CLOUD_TLS_CERT", str(pki.client_a.cert))
+    monkeypatch.setenv("EVENTSPEC_CLOUD_TLS_KEY", str(pki.client_a.key))
+    monkeypatch.setenv("EVENTSPEC_CLOUD_TLS_CA", str(pki.ca))
+    addr = f"127.0.0.1:{port}"
+    assert await asyncio.to_thread(probe.main, [addr, "--tls-env", "EVENTSPEC_CLOUD_"]) == 0
+    assert await asyncio.to_thread(probe.main, [addr, "--timeout", "2"]) == 2  # plaintext
+
+
+async def test_edge_refused_by_the_cloud_is_unavailable_to_its_client(
+    pki: Pki, tmp_path: Path
+) -> None:
+    """The client's credentials were fine; the edge's were not: not UNAUTHENTICATED."""
+    _, draft = eh.shared_models()
+    cloud = await start_cloud(th.server_security(
+        pki, mtls=True, allow_principals=frozenset({"edge-a.example"})))
+    edge = EdgeServer(replace(
+        EdgeSettings(), cloud=f"127.0.0.1:{cloud.port}", port=0,
+        cloud_security=th.client_security(pki, leaf=pki.client_b),  # not allowed
+    ), draft=draft)
+    await edge.start()
+    try:
+        async with EdgeClient(f"127.0.0.1:{edge.port}", timeout_s=30) as client:
+            with pytest.raises(AskError) as err:
+                await client.ask_final(AskSpec("What is moving?", mode=Mode.TARGET_ONLY))
+        assert err.value.code == grpc.StatusCode.UNAVAILABLE
+        assert "refused this edge (PERMISSION_DENIED)" in err.value.details
+    finally:
+        await edge.stop(0)
+        await cloud.stop(0)
