@@ -55,7 +55,7 @@ from shared.errors import InvalidInput
 logger = logging.getLogger(__name__)
 
 SESSION_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
-TOKEN_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 33)
+TOKEN_BUCKETS: tuple[int, ...] = (1, 2, 3, 5, 9, 17, 33)
 #: Device memory kept free when the KV budget is "what is free": graphs, activations.
 _CUDA_RESERVE_BYTES = 6 * 2**30
 
