@@ -207,7 +207,18 @@ def agreement(engine: StaticEngine, target: TargetModel, n_tokens: int) -> dict[
     chunked, _ = run(9)
     ref = full.float()
     rel = float((single_logits - ref).norm() / ref.norm())
+    # HF against itself: step-by-step over a DynamicCache vs the one full forward above.
+    cache = DynamicCache(config=target.model.config)
+    with torch.inference_mode():
+        rows = [target.model(input_ids=torch.tensor([ids], device=target.device),
+                             pixel_values_videos=pix, past_key_values=cache, use_cache=True,
+                             logits_to_keep=1).logits[0, -1]]  # fmt: skip
+        for tok in cont:
+            step = torch.tensor([[tok]], device=target.device)
+            rows.append(target.model(input_ids=step, past_key_values=cache).logits[0, -1])
+    hf_inc = torch.stack(rows)[:, :vocab].float().argmax(-1)  # [n + 1]
     return {
+        "agree_hf_incremental_vs_hf_full": float((hf_inc == hf_greedy).float().mean()),
         "tokens": float(n_tokens + 1),
         "agree_hf_single": float((single == hf_greedy).float().mean()),
         "agree_hf_chunk9": float((chunked == hf_greedy).float().mean()),
@@ -270,7 +281,34 @@ def _flex(qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: torch.Tens
     return {"flex_ms": ms, "flex_block_mask_ms": mask_ms}
 
 
-def profile_step(engine: StaticEngine, ctx: int, b: int, k: int) -> dict[str, float]:
+def _kernel_table(prof: Any) -> dict[str, Any]:
+    """Device ms by kernel family, plus the top kernels by name."""
+    fam: dict[str, float] = {}
+    top: list[tuple[float, int, str]] = []
+    count = 0
+    for ev in prof.key_averages():
+        us = float(getattr(ev, "device_time_total", 0.0) or 0.0)
+        if us <= 0 or ev.key.startswith(("ProfilerStep", "aten::", "cuda")):
+            continue
+        name = ev.key.lower()
+        if "splitkv" in name or "combine" in name or "flash" in name or "fmha" in name:
+            key = "attention"
+        elif any(s in name for s in ("gemm", "gemv", "nvjet", "cutlass", "sm90_xmma")):
+            key = "gemm"
+        elif "triton" in name:
+            key = "fused_elementwise"
+        else:
+            key = "other"
+        fam[key] = fam.get(key, 0.0) + us / 1e3
+        count += ev.count
+        top.append((us / 1e3, ev.count, ev.key[:90]))
+    top.sort(reverse=True)
+    fam["kernels"] = float(count)
+    fam["device_total_ms"] = sum(v for kk, v in fam.items() if kk != "kernels")
+    return {**fam, "top": [{"ms": ms, "n": n, "name": nm} for ms, n, nm in top[:14]]}
+
+
+def profile_step(engine: StaticEngine, ctx: int, b: int, k: int) -> dict[str, Any]:
     """Device time by kernel family for one eager step of (B, k): where the time goes."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -286,26 +324,29 @@ def profile_step(engine: StaticEngine, ctx: int, b: int, k: int) -> dict[str, fl
             sync()
     finally:
         engine._graphs = graphs
-    fam: dict[str, float] = {}
-    count = 0
-    for ev in prof.key_averages():
-        us = float(getattr(ev, "device_time_total", 0.0) or 0.0)
-        if us <= 0:
-            continue
-        name = ev.key.lower()
-        if "splitkv" in name or "combine" in name:
-            key = "attention"
-        elif "gemm" in name or "gemv" in name or "matmul" in name or "cutlass" in name:
-            key = "gemm"
-        elif "triton" in name:
-            key = "fused_elementwise"
-        else:
-            key = "other"
-        fam[key] = fam.get(key, 0.0) + us / 1e3
-        count += ev.count
-    fam["kernels"] = float(count)
-    fam["device_total_ms"] = sum(v for kk, v in fam.items() if kk != "kernels")
-    return fam
+    return _kernel_table(prof)
+
+
+def profile_prefill(engine: StaticEngine, target: TargetModel) -> dict[str, Any]:
+    from torch.profiler import ProfilerActivity, profile
+
+    ids = target.build_prompt_ids(QUESTION)
+    req = PrefillRequest(slot=0, input_ids=ids, pixel_values_videos=pixels(target, 0))
+    engine.prefill([req])
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        engine.prefill([req])
+        sync()
+    return _kernel_table(prof)
+
+
+def replay_ms(engine: StaticEngine, repeats: int) -> dict[str, float]:
+    """Graph replay alone per bucket of the table (the step minus its host work)."""
+    out = {}
+    for (bp, qp), graph in engine._graphs.items():
+        if bp in SESSIONS and qp in (1, 5, 9, 17):
+            out[f"B{bp}_q{qp}"] = median_ms(graph.replay, repeats)
+    return out
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -408,8 +449,10 @@ def main() -> int:
     shapes = ((1, 1), (1, 9), (16, 9), (64, 9)) if not args.tiny else ((1, 1),)
     stage("attention_per_layer", lambda: attention_choice(engine, ctx, args.repeats, shapes))
     if dev.type == "cuda":
+        stage("replay_only_ms", lambda: replay_ms(engine, args.repeats))
         stage("profile", lambda: {f"B{b}_k{k}": profile_step(engine, ctx, b, k)
-                                  for b, k in ((1, 0), (64, 8))})  # fmt: skip
+                                  for b, k in ((1, 0), (16, 8), (64, 8))})  # fmt: skip
+        stage("profile_prefill", lambda: profile_prefill(engine, target))
     stage("hf_eager", lambda: hf_step_ms(target, max(3, args.repeats // 2)))
     n_agree = args.agree_tokens if not args.tiny else 20
     stage("agreement", lambda: agreement(engine, target, n_agree))

@@ -260,7 +260,7 @@ class StaticEngine:
             return {}
         t0 = time.perf_counter()
         torch.cuda.synchronize(self.device)
-        base = torch.cuda.memory_reserved(self.device)
+        base = torch.cuda.memory_allocated(self.device)
         pool = torch.cuda.graph_pool_handle()
         shapes = sorted(
             ((bp, qp) for bp in self.session_buckets for qp in self.token_buckets),
@@ -286,12 +286,13 @@ class StaticEngine:
         self.warmup_report = {
             "graphs": float(len(shapes)),
             "seconds": time.perf_counter() - t0,
-            "graph_pool_bytes": float(torch.cuda.memory_reserved(self.device) - base),
+            "graph_bytes_allocated": float(torch.cuda.memory_allocated(self.device) - base),
+            "reserved_bytes_after": float(torch.cuda.memory_reserved(self.device)),
         }
         logger.info(
-            "static engine warm: %d graphs in %.1f s, %.2f GiB for graphs; KV %d slots x %d",
+            "static engine warm: %d graphs in %.1f s, %.2f GiB reserved; KV %d slots x %d",
             len(shapes), self.warmup_report["seconds"],
-            self.warmup_report["graph_pool_bytes"] / 2**30, self.num_slots, self.max_seq_len,
+            self.warmup_report["reserved_bytes_after"] / 2**30, self.num_slots, self.max_seq_len,
         )  # fmt: skip
         return self.warmup_report
 
