@@ -44,6 +44,7 @@ from cloud.engine.static_attention import (
     reference_attention,
     splitkv_attention,
 )
+from cloud.engine.static_kernels import rope_and_write_kv, silu_mul
 from cloud.engine.static_weights import (
     fuse_language_weights,
     rope_tables,
@@ -174,15 +175,12 @@ class StaticEngine:
         )
         self._use_splitkv = self.device.type == "cuda" and HAVE_TRITON
 
-        self._attention_in: Callable[..., Any] = layers.attention_in
-        self._attention_out_and_mlp: Callable[..., Any] = layers.attention_out_and_mlp
-        self._final_norm: Callable[..., Any] = layers.final_norm
-        if compile_layers and self.device.type == "cuda":
-            self._attention_in = torch.compile(layers.attention_in, dynamic=True, fullgraph=True)
-            self._attention_out_and_mlp = torch.compile(
-                layers.attention_out_and_mlp, dynamic=True, fullgraph=True
-            )
-            self._final_norm = torch.compile(layers.final_norm, dynamic=True, fullgraph=True)
+        # CUDA: Triton kernels for RoPE + KV write and SiLU-mul, cuBLAS GEMMs with the
+        # residual fused (addmm), Inductor for the RMSNorms. CPU: the plain functions.
+        self._fused = self.device.type == "cuda" and HAVE_TRITON
+        self._norm: Callable[..., Any] = layers.rms_norm
+        if compile_layers and self._fused:
+            self._norm = torch.compile(layers.rms_norm, dynamic=True, fullgraph=True)
 
         max_m = max(self.session_buckets) * max(self.token_buckets)
         self._max_m = max_m
@@ -391,37 +389,61 @@ class StaticEngine:
         graphs capture.
         """
         w = self.weights
-        bp, qp, hq, hkv, d = inp.sessions, inp.tokens, w.num_heads, w.num_kv_heads, w.head_dim
-        t = self.max_seq_len
+        bp, qp, hq, d = inp.sessions, inp.tokens, w.num_heads, w.head_dim
         h = w.embed.index_select(0, inp.ids)  # [M, H]
         cos = self.cos.index_select(0, inp.pos)  # [M, D]
         sin = self.sin.index_select(0, inp.pos)  # [M, D]
-        heads = torch.arange(hkv, device=self.device)  # [Hkv]
-        rows = ((inp.write_slot[:, None] * hkv + heads) * t + inp.write_pos[:, None]).view(-1)
         num_splits = num_splits_for(bp, hq, self._sm_count)
-        for i, lw in enumerate(w.layers):
-            q, k, v = self._attention_in(
-                h, lw.ln_attn, lw.wqkv, cos, sin, w.eps, hq, hkv
-            )  # [M, Hq, D], [M, Hkv, D], [M, Hkv, D]
-            kc, vc = self.k_cache[i], self.v_cache[i]  # [S+1, Hkv, T, D]
-            kc.view(-1, d).index_copy_(0, rows, k.view(-1, d))  # rows: [M * Hkv]
-            vc.view(-1, d).index_copy_(0, rows, v.view(-1, d))
+
+        def attend(i: int, q: torch.Tensor) -> torch.Tensor:
             q4 = q.view(bp, qp, hq, d)  # [Bp, Qp, Hq, D]
+            kc, vc = self.k_cache[i], self.v_cache[i]  # [S+1, Hkv, T, D]
             if self._use_splitkv:
                 o = splitkv_attention(
                     q4, kc, vc, inp.slots, inp.starts, inp.seq_lens, num_splits=num_splits
                 )  # [Bp, Qp, Hq, D]
             else:
                 o = reference_attention(q4, kc, vc, inp.slots, inp.starts, inp.seq_lens)
-            h = self._attention_out_and_mlp(
-                h, o.reshape(bp * qp, hq * d), lw.wo, lw.ln_mlp, lw.w_gate_up, lw.w_down, w.eps
-            )  # [M, H]
-        x = self._final_norm(h, w.norm, w.eps)  # [M, H]
+            return o.reshape(bp * qp, hq * d)  # [M, Hq D]
+
+        for i in range(len(w.layers)):
+            h = self._layer(i, h, cos, sin, inp.write_slot, inp.write_pos, attend)  # [M, H]
+        x = self._norm(h, w.norm, w.eps)  # [M, H]
         if out is None:
             logits: torch.Tensor = x @ w.lm_head.t()  # [M, V]
             return logits
         torch.matmul(x, w.lm_head.t(), out=out)
         return out
+
+    def _layer(
+        self,
+        i: int,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        write_slot: torch.Tensor,
+        write_pos: torch.Tensor,
+        attend: Callable[[int, torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        """One decoder layer over M rows: h [M, H] -> [M, H]; row m's K/V go to
+        (write_slot[m], write_pos[m]) of layer i's cache before ``attend`` reads it."""
+        w, lw = self.weights, self.weights.layers[i]
+        hq, hkv, d = w.num_heads, w.num_kv_heads, w.head_dim
+        kc, vc = self.k_cache[i], self.v_cache[i]  # [S+1, Hkv, T, D]
+        if self._fused:
+            qkv = self._norm(h, lw.ln_attn, w.eps) @ lw.wqkv.t()  # [M, (Hq + 2 Hkv) D]
+            q = rope_and_write_kv(qkv, cos, sin, kc, vc, write_slot, write_pos, hq, hkv)
+            h = torch.addmm(h, attend(i, q), lw.wo.t())  # [M, H], residual fused
+            gate_up = self._norm(h, lw.ln_mlp, w.eps) @ lw.w_gate_up.t()  # [M, 2 I]
+            return torch.addmm(h, silu_mul(gate_up), lw.w_down.t())  # [M, H]
+        q, k, v = layers.attention_in(h, lw.ln_attn, lw.wqkv, cos, sin, w.eps, hq, hkv)
+        heads = torch.arange(hkv, device=h.device)  # [Hkv]
+        t = self.max_seq_len
+        rows = ((write_slot[:, None] * hkv + heads) * t + write_pos[:, None]).view(-1)  # [M Hkv]
+        kc.view(-1, d).index_copy_(0, rows, k.view(-1, d))
+        vc.view(-1, d).index_copy_(0, rows, v.view(-1, d))
+        o = attend(i, q)  # [M, Hq D]
+        return layers.attention_out_and_mlp(h, o, lw.wo, lw.ln_mlp, lw.w_gate_up, lw.w_down, w.eps)
 
     def _prefill_one(self, req: PrefillRequest) -> torch.Tensor:
         """Tower + projector, scatter into <video> rows, causal SDPA over the prompt."""
@@ -452,23 +474,21 @@ class StaticEngine:
         rows_v = torch.tensor(video_rows, device=self.device)  # [F*T]
         h = h.index_copy(0, rows_v, projected.reshape(-1, w.hidden).to(h.dtype))  # [L, H]
         cos, sin = self.cos[:n], self.sin[:n]  # [L, D]
-        rows = (
-            (req.slot * hkv + torch.arange(hkv, device=self.device))[None, :] * self.max_seq_len
-            + torch.arange(n, device=self.device)[:, None]
-        ).view(-1)  # [L * Hkv]
-        for i, lw in enumerate(w.layers):
-            q, k, v = self._attention_in(h, lw.ln_attn, lw.wqkv, cos, sin, w.eps, hq, hkv)
-            self.k_cache[i].view(-1, d).index_copy_(0, rows, k.view(-1, d))
-            self.v_cache[i].view(-1, d).index_copy_(0, rows, v.view(-1, d))
+        write_slot = torch.full((n,), req.slot, device=self.device)  # [L]
+        write_pos = torch.arange(n, device=self.device)  # [L]
+
+        def attend(i: int, q: torch.Tensor) -> torch.Tensor:
+            """Causal SDPA over the prompt (flash on CUDA), reading its K/V back."""
+            k = self.k_cache[i, req.slot, :, :n]  # [Hkv, L, D]
+            v = self.v_cache[i, req.slot, :, :n]  # [Hkv, L, D]
             o = F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                is_causal=True, enable_gqa=hq != hkv,
-            )  # fmt: skip
-            o = o[0].transpose(0, 1).reshape(n, hq * d)  # [L, Hq D]
-            h = self._attention_out_and_mlp(
-                h, o, lw.wo, lw.ln_mlp, lw.w_gate_up, lw.w_down, w.eps
-            )  # [L, H]
-        x = self._final_norm(h[-1:], w.norm, w.eps)  # [1, H]
+                q.transpose(0, 1)[None], k[None], v[None], is_causal=True, enable_gqa=hq != hkv
+            )  # [1, Hq, L, D]
+            return o[0].transpose(0, 1).reshape(n, hq * d)  # [L, Hq D]
+
+        for i in range(len(w.layers)):
+            h = self._layer(i, h, cos, sin, write_slot, write_pos, attend)  # [L, H]
+        x = self._norm(h[-1:], w.norm, w.eps)  # [1, H]
         self._live.add(req.slot)
         first: torch.Tensor = (x @ w.lm_head.t())[0].float()  # [V]
         return first

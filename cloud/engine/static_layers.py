@@ -3,10 +3,10 @@
 Each function takes ``M`` token rows (any number: one session's prompt, or B padded
 sessions of Q tokens) and reproduces ``transformers``' LLaMA modules operation for
 operation, so on CPU in float32 the static engine matches the HF model to rounding.
-On CUDA the engine wraps them in ``torch.compile(dynamic=True)``: Inductor fuses the
-norm, rotary and SiLU element-wise work around the GEMMs (gpt-fast's recipe), one
-compilation serves every bucket, and the compiled kernels are then captured inside
-the step's CUDA graphs.
+They are the CPU path and the reference. On CUDA the engine keeps ``rms_norm``
+(compiled once with ``torch.compile(dynamic=True)``, so one compilation serves every
+bucket) and replaces the rest with fused Triton kernels (``static_kernels``) and
+cuBLAS GEMMs with the residual add fused (``addmm``).
 """
 
 from __future__ import annotations
@@ -67,8 +67,3 @@ def attention_out_and_mlp(
     inter = gate_up.shape[-1] // 2
     act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]  # [M, I]
     return h + act @ w_down.t()  # [M, H]
-
-
-def final_norm(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """The model's last RMSNorm (its own function so it compiles as one kernel)."""
-    return rms_norm(h, weight, eps)

@@ -289,3 +289,30 @@ def test_splitkv_kernel_matches_reference() -> None:
         out = splitkv_attention(q, k, v, slots, starts, lens, num_splits=splits)
         err = (out.float() - ref).norm() / ref.norm()
         assert err < 1e-2, (bp, nq, splits, float(err))
+
+
+@pytest.mark.gpu
+def test_fused_kernels_match_torch() -> None:
+    """RoPE + KV write and SiLU-mul (Triton) against the CPU path's torch functions."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from cloud.engine.static_kernels import rope_and_write_kv, silu_mul
+    from cloud.engine.static_layers import rotate
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    m, hq, hkv, d = 37, 32, 32, 128
+    qkv = torch.randn(m, (hq + 2 * hkv) * d, device="cuda", generator=gen)
+    cos = torch.randn(m, d, device="cuda", generator=gen)
+    sin = torch.randn(m, d, device="cuda", generator=gen)
+    kc = torch.zeros(3, hkv, 64, d, device="cuda")
+    vc = torch.zeros(3, hkv, 64, d, device="cuda")
+    ws = torch.randint(0, 3, (m,), device="cuda", generator=gen)
+    wp = torch.randperm(64, device="cuda", generator=gen)[:m]
+    q = rope_and_write_kv(qkv, cos, sin, kc, vc, ws, wp, hq, hkv)  # [M, Hq, D]
+    torch.testing.assert_close(q, rotate(qkv[:, : hq * d].view(m, hq, d), cos, sin))
+    k_ref = rotate(qkv[:, hq * d : (hq + hkv) * d].view(m, hkv, d), cos, sin)
+    torch.testing.assert_close(kc[ws, :, wp], k_ref)
+    torch.testing.assert_close(vc[ws, :, wp], qkv[:, (hq + hkv) * d :].view(m, hkv, d))
+    gu = torch.randn(m, 2 * 11008, device="cuda", generator=gen, dtype=torch.bfloat16)
+    ref = torch.nn.functional.silu(gu[:, :11008]) * gu[:, 11008:]
+    torch.testing.assert_close(silu_mul(gu), ref)
