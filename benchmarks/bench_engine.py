@@ -245,6 +245,11 @@ def attention_choice(
             ns = num_splits_for(b, w.num_heads, engine._sm_count)
             args = (qt, kc, vc, slots, starts, lens)
             row["splitkv_ms"] = median_ms(partial(splitkv_attention, *args, num_splits=ns), repeats)
+            row["splitkv_num_splits"] = ns
+            for splits in (1, 4, 8, 16, 32):
+                for block_n in (32, 64, 128):
+                    fn = partial(splitkv_attention, *args, num_splits=splits, block_n=block_n)
+                    row[f"splitkv_s{splits}_n{block_n}_ms"] = median_ms(fn, repeats)
         pos = torch.arange(t, device=dev)
         qpos = starts[:, None] + torch.arange(q, device=dev)  # [B, q]
         mask = (pos[None, None] <= qpos[:, :, None]) & (pos[None, None] < lens[:, None, None])
@@ -380,7 +385,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--max-seq-len", type=int, default=2560)
     parser.add_argument("--agree-tokens", type=int, default=300)
-    parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--compile", action="store_true", help="Inductor RMSNorm instead")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -401,14 +406,14 @@ def main() -> int:
     t0 = time.perf_counter()
     engine = build_static_engine(
         target, kv_cache_bytes=(n_slots + 1) * per_slot, max_seq_len=max_seq,
-        compile_layers=not args.no_compile,
+        compile_layers=args.compile,
     )  # fmt: skip
     engine_s = time.perf_counter() - t0
     result: dict[str, Any] = {
         "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,
-        "compile_layers": not args.no_compile,
+        "compile_layers": args.compile,
         "build_model_s": build_s,
         "build_engine_s": engine_s,
         "warm_up": engine.warmup_report,

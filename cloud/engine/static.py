@@ -36,6 +36,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from cloud.engine import static_kernels
 from cloud.engine import static_layers as layers
 from cloud.engine.base import PrefillRequest, StepBatch
 from cloud.engine.static_attention import (
@@ -175,12 +176,14 @@ class StaticEngine:
         )
         self._use_splitkv = self.device.type == "cuda" and HAVE_TRITON
 
-        # CUDA: Triton kernels for RoPE + KV write and SiLU-mul, cuBLAS GEMMs with the
-        # residual fused (addmm), Inductor for the RMSNorms. CPU: the plain functions.
+        # CUDA: Triton kernels for RMSNorm, RoPE + KV write and SiLU-mul, cuBLAS GEMMs
+        # with the residual fused (addmm). CPU: the plain torch functions.
         self._fused = self.device.type == "cuda" and HAVE_TRITON
         self._norm: Callable[..., Any] = layers.rms_norm
-        if compile_layers and self._fused:
-            self._norm = torch.compile(layers.rms_norm, dynamic=True, fullgraph=True)
+        if self._fused:
+            self._norm = static_kernels.rms_norm
+            if compile_layers:
+                self._norm = torch.compile(layers.rms_norm, dynamic=True, fullgraph=True)
 
         max_m = max(self.session_buckets) * max(self.token_buckets)
         self._max_m = max_m
@@ -501,7 +504,7 @@ def build_static_engine(
     max_seq_len: int,
     max_slots: int | None = None,
     use_graphs: bool = True,
-    compile_layers: bool = True,
+    compile_layers: bool = False,
     session_buckets: Sequence[int] = SESSION_BUCKETS,
     token_buckets: Sequence[int] = TOKEN_BUCKETS,
     warm_up: bool = True,

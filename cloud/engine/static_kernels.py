@@ -3,11 +3,13 @@
 Measured on an H200 (``docs/engine.md``): with ``torch.compile(dynamic=True)`` the
 rotary embedding, the ``v`` copy and the two KV ``index_copy_`` launches of one layer
 ran at 0.5-1.5 TB/s and cost ~9 ms of a 2.1k-token prefill and ~2.4 ms of a
-64-session verify step. These two kernels replace them:
+64-session verify step. These kernels replace them:
 
 - :func:`rope_and_write_kv`: one pass over the fused QKV projection: rotates q and k
   (HF's rotate-half RoPE), writes q out, and writes k and v straight into their KV
   slots (vLLM's ``reshape_and_cache`` idea, fused with the rotation);
+- :func:`rms_norm`: ``LlamaRMSNorm`` in one pass (Inductor's version also worked but
+  added a device copy per call and a compilation per process);
 - :func:`silu_mul`: ``silu(gate) * up`` over the fused gate-up projection, rounding
   like the HF module (SiLU rounded to the activation dtype, then the product).
 
@@ -69,6 +71,19 @@ if HAVE_TRITON:
             tl.store(v_dst + HALF, tl.load(v_src + HALF))
 
     @triton.jit  # type: ignore[untyped-decorator]
+    def _rms_norm_kernel(  # type: ignore[no-untyped-def]
+        X, W, Out, s_x, s_out, N, eps, BLOCK: tl.constexpr
+    ):
+        m = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        ok = offs < N
+        x = tl.load(X + m * s_x + offs, mask=ok, other=0.0).to(tl.float32)
+        var = tl.sum(x * x, 0) / N
+        normed = (x * tl.rsqrt(var + eps)).to(Out.dtype.element_ty).to(tl.float32)
+        w = tl.load(W + offs, mask=ok, other=0.0).to(tl.float32)
+        tl.store(Out + m * s_out + offs, (w * normed).to(Out.dtype.element_ty), mask=ok)
+
+    @triton.jit  # type: ignore[untyped-decorator]
     def _silu_mul_kernel(  # type: ignore[no-untyped-def]
         GU, Out, s_gu, s_out, INTER, BLOCK: tl.constexpr
     ):
@@ -114,6 +129,19 @@ def rope_and_write_kv(
         num_warps=2,
     )  # fmt: skip
     return q
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``LlamaRMSNorm`` on [M, H] rows: float32 statistics, cast back, then scale."""
+    if not HAVE_TRITON:
+        raise RuntimeError("rms_norm needs Triton")
+    m, n = x.shape
+    out = torch.empty_like(x)  # [M, H]
+    block = triton.next_power_of_2(n)
+    kernel: Any = _rms_norm_kernel
+    kernel[(m,)](x, weight, out, x.stride(0), out.stride(0), n, eps, BLOCK=block,
+                 num_warps=8 if block >= 4096 else 4)  # fmt: skip
+    return out
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

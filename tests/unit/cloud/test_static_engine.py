@@ -296,7 +296,8 @@ def test_fused_kernels_match_torch() -> None:
     """RoPE + KV write and SiLU-mul (Triton) against the CPU path's torch functions."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from cloud.engine.static_kernels import rope_and_write_kv, silu_mul
+    from cloud.engine.static_kernels import rms_norm, rope_and_write_kv, silu_mul
+    from cloud.engine.static_layers import rms_norm as rms_norm_ref
     from cloud.engine.static_layers import rotate
 
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -316,3 +317,6 @@ def test_fused_kernels_match_torch() -> None:
     gu = torch.randn(m, 2 * 11008, device="cuda", generator=gen, dtype=torch.bfloat16)
     ref = torch.nn.functional.silu(gu[:, :11008]) * gu[:, 11008:]
     torch.testing.assert_close(silu_mul(gu), ref)
+    x = torch.randn(m, 4096, device="cuda", generator=gen, dtype=torch.bfloat16)
+    w = torch.randn(4096, device="cuda", generator=gen, dtype=torch.bfloat16)
+    torch.testing.assert_close(rms_norm(x, w, 1e-5), rms_norm_ref(x, w, 1e-5))
