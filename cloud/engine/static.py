@@ -436,9 +436,11 @@ class StaticEngine:
         if self._fused:
             qkv = self._norm(h, lw.ln_attn, w.eps) @ lw.wqkv.t()  # [M, (Hq + 2 Hkv) D]
             q = rope_and_write_kv(qkv, cos, sin, kc, vc, write_slot, write_pos, hq, hkv)
-            h = torch.addmm(h, attend(i, q), lw.wo.t())  # [M, H], residual fused
+            # In-place addmm: the residual add rides in the GEMM epilogue, and no copy of
+            # h is made first (out-of-place addmm copies its input into the result).
+            h.addmm_(attend(i, q), lw.wo.t())  # [M, H]
             gate_up = self._norm(h, lw.ln_mlp, w.eps) @ lw.w_gate_up.t()  # [M, 2 I]
-            return torch.addmm(h, silu_mul(gate_up), lw.w_down.t())  # [M, H]
+            return h.addmm_(silu_mul(gate_up), lw.w_down.t())  # [M, H]
         q, k, v = layers.attention_in(h, lw.ln_attn, lw.wqkv, cos, sin, w.eps, hq, hkv)
         heads = torch.arange(hkv, device=h.device)  # [Hkv]
         t = self.max_seq_len
