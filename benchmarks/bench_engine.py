@@ -379,6 +379,24 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def markdown(result: dict[str, Any]) -> str:
+    """The README table of a results JSON (``--table PATH``)."""
+    replay = result.get("replay_only_ms", {})
+    lines = [
+        "| B | k | step ms | graph replay alone ms | floor ms | step / floor |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in result["steps"]:
+        key = "B{}_q{}".format(s["B"], s["k"] + 1)
+        rep = replay.get(key)
+        rep_txt = f"{rep:.2f}" if rep is not None else "-"
+        lines.append(
+            f"| {s['B']} | {s['k']} | {s['ms']:.2f} | {rep_txt} | {s['floor_ms']:.2f} "
+            f"| {s['ratio']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tiny", action="store_true", help="CPU smoke run on the tiny target")
@@ -387,7 +405,11 @@ def main() -> int:
     parser.add_argument("--agree-tokens", type=int, default=300)
     parser.add_argument("--compile", action="store_true", help="Inductor RMSNorm instead")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--table", metavar="JSON", help="print a results file's table, exit")
     args = parser.parse_args()
+    if args.table:
+        print(markdown(json.loads(Path(args.table).read_text())))
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 
     t0 = time.perf_counter()
