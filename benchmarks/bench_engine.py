@@ -354,6 +354,39 @@ def replay_ms(engine: StaticEngine, repeats: int) -> dict[str, float]:
     return out
 
 
+def host_phases(engine: StaticEngine, ctx: int, b: int, k: int, repeats: int) -> dict[str, float]:
+    """Median ms of each part of one graphed ``step``, each bracketed by device syncs."""
+    q = k + 1
+    batch = StepBatch(tuple(range(b)), (ctx,) * b, (q,) * b,
+                      torch.randint(5, 500, (b * q,), device=engine.device))  # fmt: skip
+    bp, qp = b, q
+    graph = engine._graphs.get((bp, qp))
+    layout = engine._layout
+    block, dest_np = engine._host_meta(
+        layout, batch.slots, batch.start_positions, batch.counts, bp, qp
+    )
+    packed = torch.from_numpy(block)
+    staged = engine._to_device(block)
+    dest = torch.from_numpy(dest_np).to(engine.device)
+    logits = engine._logits[: bp * qp]
+    parts: dict[str, Callable[[], object]] = {
+        "whole_step": lambda: engine.step(batch),
+        "host_meta_numpy": lambda: engine._host_meta(
+            layout, batch.slots, batch.start_positions, batch.counts, bp, qp
+        ),
+        "pin_and_copy": lambda: engine._to_device(block),
+        "pin_only": lambda: packed.pin_memory() if engine.device.type == "cuda" else packed,
+        "meta_copy_and_ids_scatter": lambda: (
+            engine._meta.copy_(staged),
+            engine._ids.index_copy_(0, dest, batch.token_ids),
+        ),
+        "load_step": lambda: engine._load_step(batch, bp, qp),
+        "replay": graph.replay if graph is not None else lambda: None,
+        "gather_float": lambda: logits.index_select(0, dest).float(),
+    }
+    return {name: median_ms(fn, repeats) for name, fn in parts.items()}
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -405,6 +438,7 @@ def main() -> int:
     parser.add_argument("--agree-tokens", type=int, default=300)
     parser.add_argument("--compile", action="store_true", help="Inductor RMSNorm instead")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--host-phases", action="store_true", help="only time step parts")
     parser.add_argument("--table", metavar="JSON", help="print a results file's table, exit")
     args = parser.parse_args()
     if args.table:
@@ -426,6 +460,20 @@ def main() -> int:
     n_slots = max(sessions)
     per_slot = kv_bytes_per_slot(target, max_seq)
     t0 = time.perf_counter()
+    if args.host_phases:
+        engine = build_static_engine(
+            target, kv_cache_bytes=(n_slots + 1) * per_slot, max_seq_len=max_seq,
+            session_buckets=(1, 64), token_buckets=(1, 9),
+        )  # fmt: skip
+        ctx = len(target.build_prompt_ids(QUESTION))
+        engine.prefill([PrefillRequest(0, target.build_prompt_ids(QUESTION), pixels(target, 0))])
+        fill_slots(engine, n_slots)
+        pairs = ((1, 0), (n_slots, 8))
+        phases = {f"B{b}_k{k}": host_phases(engine, ctx, b, k, 50) for b, k in pairs}
+        print(json.dumps(phases, indent=1))
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        Path(args.out, "host_phases.json").write_text(json.dumps(phases, indent=1))
+        return 0
     engine = build_static_engine(
         target, kv_cache_bytes=(n_slots + 1) * per_slot, max_seq_len=max_seq,
         compile_layers=args.compile,
