@@ -3,13 +3,16 @@
 Implements ``cloud.engine.base.BatchedEngine`` for Video-LLaVA's LLaMA language model.
 
 - **KV.** One preallocated tensor per K and V, [layers, slots + 1, Hkv, T, D], written
-  in place (``index_copy_``); the extra slot is scratch that padded rows write into,
-  so padding never touches a live session. Rollback is free: a step names each
-  session's valid length and nothing beyond it is read.
+  in place (by the fused RoPE kernel on CUDA, ``index_copy_`` on CPU); the extra slot
+  is scratch that padded rows write into, so padding never touches a live session.
+  Rollback is free: a step names each session's valid length and nothing beyond it
+  is read.
 - **Attention** reads only each session's real length: a Triton split-KV kernel on
   CUDA (``static_attention``), dense masked SDPA on CPU.
 - **Weights** are the HF model's own tensors with fused QKV and gate-up
   (``static_weights``); norms and RoPE follow HF to the cast (``static_layers``).
+  On CUDA a layer is ~10 kernels: Triton RMSNorm, RoPE + KV write and SiLU-mul
+  (``static_kernels``), cuBLAS GEMMs with the residual add fused (``addmm_``).
 - **Steps** are padded to a bucket (sessions x tokens per session) and replayed from
   one CUDA graph per bucket, captured at warm-up (gpt-fast, vLLM and SGLang capture
   decode graphs the same way). Per step the host builds a few small index arrays,
@@ -20,8 +23,9 @@ Implements ``cloud.engine.base.BatchedEngine`` for Video-LLaVA's LLaMA language 
   into the ``<video>`` rows, and runs the same layer functions with causal SDPA
   (flash attention on CUDA), one request at a time.
 
-On CPU the same forward runs without graphs or compilation, which is what the
-equality tests against the HF reference exercise.
+On CPU the same engine runs the plain torch layer functions without graphs, which is
+what the equality tests against the HF reference exercise. ``docs/engine.md`` has the
+H200 measurements behind these choices.
 """
 
 from __future__ import annotations
@@ -514,8 +518,10 @@ def build_static_engine(
     """Reserve KV slots from a byte budget, build the engine, capture its graphs.
 
     ``kv_cache_bytes`` None means: on CUDA, what is free now minus a reserve for
-    graphs and activations; on CPU, room for 8 slots. One slot more than the budget
-    holds is never promised: the scratch slot for padding comes out of the budget.
+    graphs and activations; on CPU, room for 8 slots. ``compile_layers`` swaps the
+    Triton RMSNorm for an Inductor-compiled one (measured slower; kept for comparison).
+    Build it before serving: graph capture must not overlap other CUDA work. The
+    scratch slot for padding comes out of the budget too.
     Raises ``InvalidInput`` when the model is unsupported
     (:func:`static_unsupported_reason`) or not even one slot fits.
     """
