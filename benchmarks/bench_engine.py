@@ -178,6 +178,49 @@ def hf_step_ms(target: TargetModel, repeats: int) -> dict[str, float]:
     return out
 
 
+def batch_invariance(
+    engine: StaticEngine, target: TargetModel, n_tokens: int, companions: tuple[int, ...]
+) -> dict[str, float]:
+    """Session 0's greedy argmax when it steps alone vs beside other sessions.
+
+    The same teacher-forced tokens through slot 0, with k = 0 and k = 8 steps, alone
+    and in batches of 1 + c sessions (the others step their own random tokens). bf16
+    GEMMs pick different kernels for different row counts, so equality is measured.
+    """
+    ids = target.build_prompt_ids(QUESTION)
+    pix = pixels(target, 1)
+    gen = torch.Generator().manual_seed(3)
+    cont = torch.randint(5, target.text_vocab_size, (n_tokens,), generator=gen).tolist()
+    vocab = target.text_vocab_size
+    ctx = len(ids)
+
+    def run(chunk: int, others: int) -> torch.Tensor:
+        first = engine.prefill([PrefillRequest(slot=0, input_ids=ids, pixel_values_videos=pix)])
+        rows = [first[0, :vocab].argmax()]
+        at = 0
+        while at < n_tokens:
+            q = min(chunk, n_tokens - at)
+            toks = torch.tensor(cont[at : at + q], device=engine.device)
+            noise = torch.randint(5, vocab, (others * q,), device=engine.device)
+            batch = StepBatch(
+                slots=(0, *range(1, others + 1)),
+                start_positions=(ctx + at,) + (ctx,) * others,
+                counts=(q,) * (others + 1),
+                token_ids=torch.cat([toks, noise]),
+            )
+            rows.extend(engine.step(batch)[:q, :vocab].argmax(-1))
+            at += q
+        return torch.stack(rows)  # [n + 1]
+
+    out: dict[str, float] = {"tokens": float(n_tokens + 1)}
+    for chunk in (1, 9):
+        alone = run(chunk, 0)
+        for c in companions:
+            same = float((run(chunk, c) == alone).float().mean())
+            out[f"k{chunk - 1}_alone_vs_B{c + 1}"] = same
+    return out
+
+
 def agreement(engine: StaticEngine, target: TargetModel, n_tokens: int) -> dict[str, float]:
     """Greedy agreement with HF eager over the same inputs (teacher-forced), and the
     engine's single-token steps against its 9-token steps over the same positions."""
@@ -439,6 +482,7 @@ def main() -> int:
     parser.add_argument("--compile", action="store_true", help="Inductor RMSNorm instead")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--host-phases", action="store_true", help="only time step parts")
+    parser.add_argument("--invariance", action="store_true", help="only batch invariance")
     parser.add_argument("--table", metavar="JSON", help="print a results file's table, exit")
     args = parser.parse_args()
     if args.table:
@@ -460,6 +504,19 @@ def main() -> int:
     n_slots = max(sessions)
     per_slot = kv_bytes_per_slot(target, max_seq)
     t0 = time.perf_counter()
+    if args.invariance:
+        engine = build_static_engine(
+            target, kv_cache_bytes=(n_slots + 1) * per_slot, max_seq_len=max_seq,
+            token_buckets=(1, 9),
+        )  # fmt: skip
+        engine.prefill([PrefillRequest(0, target.build_prompt_ids(QUESTION), pixels(target, 0))])
+        fill_slots(engine, n_slots)
+        companions = (3, 15, 63) if not args.tiny else (1, 3)
+        inv = batch_invariance(engine, target, 200 if not args.tiny else 18, companions)
+        print(json.dumps(inv, indent=1))
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        Path(args.out, "batch_invariance.json").write_text(json.dumps(inv, indent=1))
+        return 0
     if args.host_phases:
         engine = build_static_engine(
             target, kv_cache_bytes=(n_slots + 1) * per_slot, max_seq_len=max_seq,
