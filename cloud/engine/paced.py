@@ -35,7 +35,9 @@ class PacedEngine:
         if remaining > 0:
             time.sleep(remaining)
 
-    def prefill(self, input_ids: Sequence[int], **visual: Any) -> tuple[EngineState, torch.Tensor]:
+    def prefill(
+        self, input_ids: Sequence[int], **visual: Any
+    ) -> tuple[EngineState, torch.Tensor]:
         t0 = time.perf_counter()
         out = self.inner.prefill(input_ids, **visual)
         self._pad(t0, self.prefill_ms)
