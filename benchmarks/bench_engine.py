@@ -1,0 +1,607 @@
+"""The static-KV engine on a GPU, full-size Video-LLaVA-7B architecture, random bf16 weights.
+
+One run measures, and writes to ``$OUT/engine_<device>.json`` and ``.png``:
+
+- copy bandwidth (device-to-device, read + write counted), the floor's denominator;
+- prefill ms: 8 frames + prompt (2,103 tokens), video tower included;
+- step ms for B sessions x k drafts (k + 1 tokens per session) at ~2.1k context, each
+  next to its floor, (weights + live KV bytes) / copy bandwidth, and the ratio;
+- the HF eager reference step at B = 1 (DynamicCache, k = 0 and 8);
+- the attention choice: the Triton split-KV kernel, dense masked SDPA over whole slots
+  (what a plain static loop does) and FlexAttention with a block mask, per layer call;
+- a kernel-time breakdown (torch.profiler) of the B = 1, k = 0 and B = 64, k = 8 steps;
+- greedy agreement with HF eager on the same inputs (bf16 near-ties), and between the
+  engine's own single-token and 9-token steps (speculative vs target-only);
+- warm-up time and peak memory.
+
+Timing does not depend on weight values; slots beyond the first get a copy of its KV.
+
+    python benchmarks/bench_engine.py                 # GPU, full size
+    python benchmarks/bench_engine.py --tiny          # CPU smoke run of the same code
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    CLIPVisionConfig,
+    DynamicCache,
+    LlamaConfig,
+    VideoLlavaConfig,
+    VideoLlavaForConditionalGeneration,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from cloud.engine.base import PrefillRequest, StepBatch
+from cloud.engine.hf import crop_cache
+from cloud.engine.static import StaticEngine, build_static_engine, kv_bytes_per_slot
+from cloud.engine.static_attention import HAVE_TRITON, num_splits_for, splitkv_attention
+from cloud.target import TargetModel, build_tiny_random_target, tiny_target_tokenizer
+from shared.tiny_tokenizer import TINY_TEXT_VOCAB_SIZE
+
+QUESTION = "What is moving in the scene, and which way does it go?"
+SESSIONS = (1, 4, 16, 32, 64)
+DRAFTS = (0, 4, 8, 16)
+
+
+def full_size_config() -> VideoLlavaConfig:
+    """Video-LLaVA-7B's architecture (as in benchmarks/gpu_smoke.py), tiny-tokenizer ids."""
+    vision = CLIPVisionConfig(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
+                              num_attention_heads=16, image_size=224, patch_size=14,
+                              projection_dim=768)  # fmt: skip
+    text = LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                       num_attention_heads=32, num_key_value_heads=32, vocab_size=32064,
+                       max_position_embeddings=4096, bos_token_id=1, eos_token_id=2,
+                       pad_token_id=TINY_TEXT_VOCAB_SIZE + 2)  # fmt: skip
+    return VideoLlavaConfig(vision_config=vision, text_config=text,
+                            image_token_index=TINY_TEXT_VOCAB_SIZE,
+                            video_token_index=TINY_TEXT_VOCAB_SIZE + 1,
+                            vision_feature_layer=-2, vision_feature_select_strategy="default",
+                            image_seq_length=256, video_seq_length=8 * 257)  # fmt: skip
+
+
+def build_full_target(device: str) -> TargetModel:
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device(device):
+        model = VideoLlavaForConditionalGeneration(full_size_config())
+    torch.set_default_dtype(torch.float32)
+    model.train(False)
+    return TargetModel(model, tiny_target_tokenizer(), "video-llava-7b-shaped-random")
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def median_ms(fn: Callable[[], object], repeats: int, warmup: int = 3) -> float:
+    """Median wall time of ``fn`` with a device sync on each side, in ms."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Bytes/s of a large device-to-device copy, counting bytes read plus written."""
+    if device.type != "cuda":
+        return float("nan")
+    n = 2**30  # 1 GiB bf16 elements x 2 bytes = 2 GiB each way
+    src = torch.randn(n // 2, device=device, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src), repeats=10)
+    return 2 * (n / 2) * 2 / (ms / 1e3)
+
+
+def pixels(target: TargetModel, seed: int) -> torch.Tensor:
+    g = target.geometry
+    gen = torch.Generator().manual_seed(seed)
+    pix = torch.randn(1, g.num_frames, 3, g.image_size, g.image_size, generator=gen)
+    return pix.to(target.device, target.dtype)  # [1, F, 3, S, S]
+
+
+def time_prefill(engine: StaticEngine, target: TargetModel, repeats: int) -> dict[str, float]:
+    ids = target.build_prompt_ids(QUESTION)
+    pix = pixels(target, 0)
+    req = PrefillRequest(slot=0, input_ids=ids, pixel_values_videos=pix)
+    ms = median_ms(lambda: engine.prefill([req]), repeats)
+    tower = median_ms(lambda: target.video_features_from_pixels(pix), repeats)
+    return {"prompt_tokens": float(len(ids)), "prefill_ms": ms, "tower_ms": tower}
+
+
+def fill_slots(engine: StaticEngine, n: int) -> None:
+    """Give slots 1..n-1 slot 0's KV (timing does not depend on values)."""
+    for s in range(1, n):
+        engine.k_cache[:, s].copy_(engine.k_cache[:, 0])
+        engine.v_cache[:, s].copy_(engine.v_cache[:, 0])
+        engine._live.add(s)
+
+
+def time_steps(
+    engine: StaticEngine, ctx: int, bandwidth: float, weight_bytes: int, kv_per_token: int,
+    repeats: int, sessions: tuple[int, ...], drafts: tuple[int, ...],
+) -> list[dict[str, float]]:  # fmt: skip
+    rows = []
+    for b in sessions:
+        for k in drafts:
+            q = k + 1
+            batch = StepBatch(
+                slots=tuple(range(b)),
+                start_positions=(ctx,) * b,
+                counts=(q,) * b,
+                token_ids=torch.randint(5, 500, (b * q,), device=engine.device),
+            )
+            ms = median_ms(lambda batch=batch: engine.step(batch), repeats)  # type: ignore[misc]
+            floor = (weight_bytes + b * (ctx + q) * kv_per_token) / bandwidth * 1e3
+            rows.append({"B": b, "k": k, "ms": ms, "floor_ms": floor, "ratio": ms / floor})
+            logging.info("step B=%d k=%d: %.2f ms (floor %.2f)", b, k, ms, floor)
+    return rows
+
+
+def hf_step_ms(target: TargetModel, repeats: int) -> dict[str, float]:
+    """HF eager reference: one session, DynamicCache, at the prompt's context."""
+    ids = target.build_prompt_ids(QUESTION)
+    cache = DynamicCache(config=target.model.config)
+    with torch.inference_mode():
+        target.model(input_ids=torch.tensor([ids], device=target.device),
+                     pixel_values_videos=pixels(target, 0), past_key_values=cache,
+                     use_cache=True, logits_to_keep=1)  # fmt: skip
+    out = {}
+    for k in (0, 8):
+        toks = torch.full((1, k + 1), 7, device=target.device)
+
+        def one(toks: torch.Tensor = toks) -> None:
+            with torch.inference_mode():
+                target.model(input_ids=toks, past_key_values=cache)
+            crop_cache(cache, len(ids))
+
+        out[f"hf_step_k{k}_ms"] = median_ms(one, repeats)
+    return out
+
+
+def batch_invariance(
+    engine: StaticEngine, target: TargetModel, n_tokens: int, companions: tuple[int, ...]
+) -> dict[str, float]:
+    """Session 0's greedy argmax when it steps alone vs beside other sessions.
+
+    The same teacher-forced tokens through slot 0, with k = 0 and k = 8 steps, alone
+    and in batches of 1 + c sessions (the others step their own random tokens). bf16
+    GEMMs pick different kernels for different row counts, so equality is measured.
+    """
+    ids = target.build_prompt_ids(QUESTION)
+    pix = pixels(target, 1)
+    gen = torch.Generator().manual_seed(3)
+    cont = torch.randint(5, target.text_vocab_size, (n_tokens,), generator=gen).tolist()
+    vocab = target.text_vocab_size
+    ctx = len(ids)
+
+    def run(chunk: int, others: int) -> torch.Tensor:
+        first = engine.prefill([PrefillRequest(slot=0, input_ids=ids, pixel_values_videos=pix)])
+        rows = [first[0, :vocab].argmax()]
+        at = 0
+        while at < n_tokens:
+            q = min(chunk, n_tokens - at)
+            toks = torch.tensor(cont[at : at + q], device=engine.device)
+            noise = torch.randint(5, vocab, (others * q,), device=engine.device)
+            batch = StepBatch(
+                slots=(0, *range(1, others + 1)),
+                start_positions=(ctx + at,) + (ctx,) * others,
+                counts=(q,) * (others + 1),
+                token_ids=torch.cat([toks, noise]),
+            )
+            rows.extend(engine.step(batch)[:q, :vocab].argmax(-1))
+            at += q
+        return torch.stack(rows)  # [n + 1]
+
+    out: dict[str, float] = {"tokens": float(n_tokens + 1)}
+    for chunk in (1, 9):
+        alone = run(chunk, 0)
+        for c in companions:
+            same = float((run(chunk, c) == alone).float().mean())
+            out[f"k{chunk - 1}_alone_vs_B{c + 1}"] = same
+    return out
+
+
+def agreement(engine: StaticEngine, target: TargetModel, n_tokens: int) -> dict[str, float]:
+    """Greedy agreement with HF eager over the same inputs (teacher-forced), and the
+    engine's single-token steps against its 9-token steps over the same positions."""
+    ids = target.build_prompt_ids(QUESTION)
+    pix = pixels(target, 1)
+    gen = torch.Generator().manual_seed(2)
+    cont = torch.randint(5, target.text_vocab_size, (n_tokens,), generator=gen).tolist()
+    vocab = target.text_vocab_size
+    with torch.inference_mode():
+        full = target.model(input_ids=torch.tensor([ids + cont], device=target.device),
+                            pixel_values_videos=pix).logits[0, len(ids) - 1 :]  # fmt: skip
+    hf_greedy = full[:, :vocab].float().argmax(-1)  # [n + 1]
+
+    def run(chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        first = engine.prefill([PrefillRequest(slot=0, input_ids=ids, pixel_values_videos=pix)])
+        rows = [first[0]]
+        at = 0
+        while at < n_tokens:
+            q = min(chunk, n_tokens - at)
+            toks = torch.tensor(cont[at : at + q], device=engine.device)
+            rows.extend(engine.step(StepBatch((0,), (len(ids) + at,), (q,), toks)))
+            at += q
+        logits = torch.stack(rows)  # [n + 1, V]
+        return logits[:, :vocab].argmax(-1), logits
+
+    single, single_logits = run(1)
+    chunked, _ = run(9)
+    ref = full.float()
+    rel = float((single_logits - ref).norm() / ref.norm())
+    # HF against itself: step-by-step over a DynamicCache vs the one full forward above.
+    cache = DynamicCache(config=target.model.config)
+    with torch.inference_mode():
+        rows = [target.model(input_ids=torch.tensor([ids], device=target.device),
+                             pixel_values_videos=pix, past_key_values=cache, use_cache=True,
+                             logits_to_keep=1).logits[0, -1]]  # fmt: skip
+        for tok in cont:
+            step = torch.tensor([[tok]], device=target.device)
+            rows.append(target.model(input_ids=step, past_key_values=cache).logits[0, -1])
+    hf_inc = torch.stack(rows)[:, :vocab].float().argmax(-1)  # [n + 1]
+    return {
+        "agree_hf_incremental_vs_hf_full": float((hf_inc == hf_greedy).float().mean()),
+        "tokens": float(n_tokens + 1),
+        "agree_hf_single": float((single == hf_greedy).float().mean()),
+        "agree_hf_chunk9": float((chunked == hf_greedy).float().mean()),
+        "agree_single_vs_chunk9": float((single == chunked).float().mean()),
+        "logits_rel_err_vs_hf": rel,
+    }
+
+
+def attention_choice(
+    engine: StaticEngine, ctx: int, repeats: int, shapes: tuple[tuple[int, int], ...]
+) -> list[dict[str, Any]]:
+    """One layer's attention, three ways, on the engine's own cache and shapes."""
+    w = engine.weights
+    kc, vc = engine.k_cache[0], engine.v_cache[0]  # [S+1, Hkv, T, D]
+    dev, t = engine.device, engine.max_seq_len
+    out = []
+    for b, q in shapes:
+        qt = torch.randn(b, q, w.num_heads, w.head_dim, device=dev, dtype=engine.dtype)
+        slots = torch.arange(b, device=dev)
+        starts = torch.full((b,), ctx, device=dev)
+        lens = starts + q
+        row: dict[str, Any] = {"B": b, "q": q}
+        if HAVE_TRITON and dev.type == "cuda":
+            ns = num_splits_for(b, w.num_heads, engine._sm_count)
+            args = (qt, kc, vc, slots, starts, lens)
+            row["splitkv_ms"] = median_ms(partial(splitkv_attention, *args, num_splits=ns), repeats)
+            row["splitkv_num_splits"] = ns
+            for splits in (1, 4, 8, 16, 32):
+                for block_n in (32, 64, 128):
+                    fn = partial(splitkv_attention, *args, num_splits=splits, block_n=block_n)
+                    row[f"splitkv_s{splits}_n{block_n}_ms"] = median_ms(fn, repeats)
+        pos = torch.arange(t, device=dev)
+        qpos = starts[:, None] + torch.arange(q, device=dev)  # [B, q]
+        mask = (pos[None, None] <= qpos[:, :, None]) & (pos[None, None] < lens[:, None, None])
+        qh = qt.transpose(1, 2)  # [B, H, q, D]
+        dense = (qh, kc[:b], vc[:b], mask[:, None])
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        row["dense_sdpa_ms"] = median_ms(partial(sdpa, *dense[:3], attn_mask=dense[3]), repeats)
+        try:
+            if dev.type != "cuda":
+                raise RuntimeError("FlexAttention is measured on CUDA only")
+            row.update(_flex(qh, kc[:b], vc[:b], starts, lens, repeats))
+        except Exception as exc:  # a measurement, recorded either way
+            row["flex_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        out.append(row)
+        logging.info("attention %s", row)
+    return out
+
+
+def _flex(qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: torch.Tensor,
+          lens: torch.Tensor, repeats: int) -> dict[str, float]:  # fmt: skip
+    """FlexAttention's decoding path with a per-step BlockMask over each session's length."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    b, _, q, _ = qh.shape
+    t = k.shape[2]
+
+    def live(bi: Any, hi: Any, qi: Any, ki: Any) -> Any:
+        return (ki <= starts[bi] + qi) & (ki < lens[bi])
+
+    flex = torch.compile(flex_attention)
+    mask_ms = median_ms(lambda: create_block_mask(live, b, None, q, t, device=qh.device), 5)
+    block_mask = create_block_mask(live, b, None, q, t, device=qh.device)
+    ms = median_ms(lambda: flex(qh, k, v, block_mask=block_mask), repeats)
+    return {"flex_ms": ms, "flex_block_mask_ms": mask_ms}
+
+
+def _kernel_table(prof: Any) -> dict[str, Any]:
+    """Device ms by kernel family, plus the top kernels by name."""
+    fam: dict[str, float] = {}
+    top: list[tuple[float, int, str]] = []
+    count = 0
+    for ev in prof.key_averages():
+        us = float(getattr(ev, "device_time_total", 0.0) or 0.0)
+        if us <= 0 or ev.key.startswith(("ProfilerStep", "aten::", "cuda")):
+            continue
+        name = ev.key.lower()
+        if "splitkv" in name or "combine" in name or "flash" in name or "fmha" in name:
+            key = "attention"
+        elif any(s in name for s in ("gemm", "gemv", "nvjet", "cutlass", "sm90_xmma")):
+            key = "gemm"
+        elif "triton" in name:
+            key = "fused_elementwise"
+        else:
+            key = "other"
+        fam[key] = fam.get(key, 0.0) + us / 1e3
+        count += ev.count
+        top.append((us / 1e3, ev.count, ev.key[:90]))
+    top.sort(reverse=True)
+    fam["kernels"] = float(count)
+    fam["device_total_ms"] = sum(v for kk, v in fam.items() if kk != "kernels")
+    return {**fam, "top": [{"ms": ms, "n": n, "name": nm} for ms, n, nm in top[:14]]}
+
+
+def profile_step(engine: StaticEngine, ctx: int, b: int, k: int) -> dict[str, Any]:
+    """Device time by kernel family for one eager step of (B, k): where the time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    q = k + 1
+    batch = StepBatch(tuple(range(b)), (ctx,) * b, (q,) * b,
+                      torch.randint(5, 500, (b * q,), device=engine.device))  # fmt: skip
+    graphs, engine._graphs = engine._graphs, {}
+    try:
+        engine.step(batch)
+        sync()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            engine.step(batch)
+            sync()
+    finally:
+        engine._graphs = graphs
+    return _kernel_table(prof)
+
+
+def profile_prefill(engine: StaticEngine, target: TargetModel) -> dict[str, Any]:
+    from torch.profiler import ProfilerActivity, profile
+
+    ids = target.build_prompt_ids(QUESTION)
+    req = PrefillRequest(slot=0, input_ids=ids, pixel_values_videos=pixels(target, 0))
+    engine.prefill([req])
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        engine.prefill([req])
+        sync()
+    return _kernel_table(prof)
+
+
+def replay_ms(engine: StaticEngine, repeats: int) -> dict[str, float]:
+    """Graph replay alone per bucket of the table (the step minus its host work)."""
+    out = {}
+    for (bp, qp), graph in engine._graphs.items():
+        if bp in SESSIONS and qp in (1, 5, 9, 17):
+            out[f"B{bp}_q{qp}"] = median_ms(graph.replay, repeats)
+    return out
+
+
+def host_phases(engine: StaticEngine, ctx: int, b: int, k: int, repeats: int) -> dict[str, float]:
+    """Median ms of each part of one graphed ``step``, each bracketed by device syncs."""
+    q = k + 1
+    batch = StepBatch(tuple(range(b)), (ctx,) * b, (q,) * b,
+                      torch.randint(5, 500, (b * q,), device=engine.device))  # fmt: skip
+    bp, qp = b, q
+    graph = engine._graphs.get((bp, qp))
+    layout = engine._layout
+    block, dest_np = engine._host_meta(
+        layout, batch.slots, batch.start_positions, batch.counts, bp, qp
+    )
+    packed = torch.from_numpy(block)
+    staged = engine._to_device(block)
+    dest = torch.from_numpy(dest_np).to(engine.device)
+    logits = engine._logits[: bp * qp]
+    parts: dict[str, Callable[[], object]] = {
+        "whole_step": lambda: engine.step(batch),
+        "host_meta_numpy": lambda: engine._host_meta(
+            layout, batch.slots, batch.start_positions, batch.counts, bp, qp
+        ),
+        "pin_and_copy": lambda: engine._to_device(block),
+        "pin_only": lambda: packed.pin_memory() if engine.device.type == "cuda" else packed,
+        "meta_copy_and_ids_scatter": lambda: (
+            engine._meta.copy_(staged),
+            engine._ids.index_copy_(0, dest, batch.token_ids),
+        ),
+        "load_step": lambda: engine._load_step(batch, bp, qp),
+        "replay": graph.replay if graph is not None else lambda: None,
+        "gather_float": lambda: logits.index_select(0, dest).float(),
+    }
+    return {name: median_ms(fn, repeats) for name, fn in parts.items()}
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    rows = result["steps"]
+    for i, k in enumerate(sorted({r["k"] for r in rows})):
+        pts = [r for r in rows if r["k"] == k]
+        color = f"C{i}"
+        ax.plot([r["B"] for r in pts], [r["ms"] for r in pts], "o-", color=color,
+                label=f"k={k} ({k + 1} tokens/session)")  # fmt: skip
+        ax.plot([r["B"] for r in pts], [r["floor_ms"] for r in pts], "--", color=color,
+                alpha=0.6)  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("sessions per step (B)")
+    ax.set_ylabel("ms per step")
+    ax.set_title(f"static engine step, {result['device']} (dashed: bandwidth floor)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The README table of a results JSON (``--table PATH``)."""
+    replay = result.get("replay_only_ms", {})
+    lines = [
+        "| B | k | step ms | graph replay alone ms | floor ms | step / floor |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in result["steps"]:
+        key = "B{}_q{}".format(s["B"], s["k"] + 1)
+        rep = replay.get(key)
+        rep_txt = f"{rep:.2f}" if rep is not None else "-"
+        lines.append(
+            f"| {s['B']} | {s['k']} | {s['ms']:.2f} | {rep_txt} | {s['floor_ms']:.2f} "
+            f"| {s['ratio']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tiny", action="store_true", help="CPU smoke run on the tiny target")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--max-seq-len", type=int, default=2560)
+    parser.add_argument("--agree-tokens", type=int, default=300)
+    parser.add_argument("--compile", action="store_true", help="Inductor RMSNorm instead")
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--host-phases", action="store_true", help="only time step parts")
+    parser.add_argument("--invariance", action="store_true", help="only batch invariance")
+    parser.add_argument("--table", metavar="JSON", help="print a results file's table, exit")
+    args = parser.parse_args()
+    if args.table:
+        print(markdown(json.loads(Path(args.table).read_text())))
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+
+    t0 = time.perf_counter()
+    sessions: tuple[int, ...]
+    drafts: tuple[int, ...]
+    if args.tiny:
+        target = build_tiny_random_target(seed=0)
+        sessions, drafts, max_seq = (1, 4), (0, 4), 512
+    else:
+        target = build_full_target("cuda")
+        sessions, drafts, max_seq = SESSIONS, DRAFTS, args.max_seq_len
+    build_s = time.perf_counter() - t0
+    dev = target.device
+    n_slots = max(sessions)
+    per_slot = kv_bytes_per_slot(target, max_seq)
+    t0 = time.perf_counter()
+    if args.invariance:
+        engine = build_static_engine(
+            target, kv_cache_bytes=(n_slots + 1) * per_slot, max_seq_len=max_seq,
+            token_buckets=(1, 9),
+        )  # fmt: skip
+        engine.prefill([PrefillRequest(0, target.build_prompt_ids(QUESTION), pixels(target, 0))])
+        fill_slots(engine, n_slots)
+        companions = (3, 15, 63) if not args.tiny else (1, 3)
+        inv = batch_invariance(engine, target, 200 if not args.tiny else 18, companions)
+        print(json.dumps(inv, indent=1))
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        Path(args.out, "batch_invariance.json").write_text(json.dumps(inv, indent=1))
+        return 0
+    if args.host_phases:
+        engine = build_static_engine(
+            target, kv_cache_bytes=(n_slots + 1) * per_slot, max_seq_len=max_seq,
+            session_buckets=(1, 64), token_buckets=(1, 9),
+        )  # fmt: skip
+        ctx = len(target.build_prompt_ids(QUESTION))
+        engine.prefill([PrefillRequest(0, target.build_prompt_ids(QUESTION), pixels(target, 0))])
+        fill_slots(engine, n_slots)
+        pairs = ((1, 0), (n_slots, 8))
+        phases = {f"B{b}_k{k}": host_phases(engine, ctx, b, k, 50) for b, k in pairs}
+        print(json.dumps(phases, indent=1))
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        Path(args.out, "host_phases.json").write_text(json.dumps(phases, indent=1))
+        return 0
+    engine = build_static_engine(
+        target, kv_cache_bytes=(n_slots + 1) * per_slot, max_seq_len=max_seq,
+        compile_layers=args.compile,
+    )  # fmt: skip
+    engine_s = time.perf_counter() - t0
+    result: dict[str, Any] = {
+        "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "compile_layers": args.compile,
+        "build_model_s": build_s,
+        "build_engine_s": engine_s,
+        "warm_up": engine.warmup_report,
+        "num_slots": engine.num_slots,
+        "max_seq_len": max_seq,
+        "token_buckets": list(engine.token_buckets),
+        "session_buckets": list(engine.session_buckets),
+    }
+    tag = "tiny" if args.tiny else result["device"].replace(" ", "_").lower()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every stage, so a late failure keeps what was measured
+        (out / f"engine_{tag}.json").write_text(json.dumps(result, indent=2))
+
+    def stage(name: str, fn: Callable[[], Any]) -> None:
+        try:
+            value = fn()
+            if isinstance(value, dict) and name == "":
+                result.update(value)
+            else:
+                result[name] = value
+        except Exception as exc:  # record it, go on to the next stage
+            logging.exception("stage %s failed", name)
+            result[f"{name or 'stage'}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        save()
+
+    bw = copy_bandwidth(dev) if dev.type == "cuda" else 50e9
+    result["copy_bandwidth_GBps"] = bw / 1e9
+    weight_bytes = engine.weights.weight_bytes
+    result["weight_GB"] = weight_bytes / 1e9
+    kv_per_token = per_slot // max_seq
+    result.update(time_prefill(engine, target, max(3, args.repeats // 2)))
+    ctx = int(result["prompt_tokens"])
+    fill_slots(engine, n_slots)
+    stage("steps", lambda: time_steps(engine, ctx, bw, weight_bytes, kv_per_token,
+                                      args.repeats, sessions, drafts))  # fmt: skip
+    shapes = ((1, 1), (1, 9), (16, 9), (64, 9)) if not args.tiny else ((1, 1),)
+    stage("attention_per_layer", lambda: attention_choice(engine, ctx, args.repeats, shapes))
+    if dev.type == "cuda":
+        stage("replay_only_ms", lambda: replay_ms(engine, args.repeats))
+        stage("profile", lambda: {f"B{b}_k{k}": profile_step(engine, ctx, b, k)
+                                  for b, k in ((1, 0), (16, 8), (64, 8))})  # fmt: skip
+        stage("profile_prefill", lambda: profile_prefill(engine, target))
+    stage("hf_eager", lambda: hf_step_ms(target, max(3, args.repeats // 2)))
+    n_agree = args.agree_tokens if not args.tiny else 20
+    stage("agreement", lambda: agreement(engine, target, n_agree))
+    if dev.type == "cuda":
+        result["peak_gpu_mem_GiB"] = torch.cuda.max_memory_allocated() / 2**30
+    save()
+    try:
+        plot(result, out / f"engine_{tag}.png")
+    except ImportError as exc:
+        logging.warning("no plot: %s", exc)
+    print(f"{'B':>3} {'k':>3} {'ms':>8} {'floor':>8} {'ratio':>6}")
+    for r in result["steps"]:
+        print(f"{r['B']:>3} {r['k']:>3} {r['ms']:>8.2f} {r['floor_ms']:>8.2f} {r['ratio']:>6.2f}")
+    summary = {k: v for k, v in result.items() if k not in ("steps",)}
+    print(json.dumps(summary, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""The LLaMA decoder's arithmetic as plain functions over flat token rows.
+
+Each function takes ``M`` token rows (any number: one session's prompt, or B padded
+sessions of Q tokens) and reproduces ``transformers``' LLaMA modules operation for
+operation, so on CPU in float32 the static engine matches the HF model to rounding.
+They are the CPU path and the reference. On CUDA the engine keeps ``rms_norm``
+(compiled once with ``torch.compile(dynamic=True)``, so one compilation serves every
+bucket) and replaces the rest with fused Triton kernels (``static_kernels``) and
+cuBLAS GEMMs with the residual add fused (``addmm``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``LlamaRMSNorm``: normalise in float32, cast back, then scale. x: [M, H]."""
+    xf = x.float()  # [M, H]
+    var = xf.pow(2).mean(-1, keepdim=True)  # [M, 1]
+    return weight * (xf * torch.rsqrt(var + eps)).to(x.dtype)  # [M, H]
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """HF's ``apply_rotary_pos_emb`` (rotate-half variant). x: [M, h, D]; cos, sin: [M, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # [M, h, D]
+    return x * cos[:, None] + rotated * sin[:, None]  # [M, h, D]
+
+
+def attention_in(
+    h: torch.Tensor,
+    ln: torch.Tensor,
+    wqkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    num_heads: int,
+    num_kv_heads: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Norm, fused QKV projection and RoPE. h: [M, H] -> q [M, Hq, D], k, v [M, Hkv, D]."""
+    m = h.shape[0]
+    d = cos.shape[-1]
+    qkv = rms_norm(h, ln, eps) @ wqkv.t()  # [M, (Hq + 2 Hkv) D]
+    q = qkv[:, : num_heads * d].view(m, num_heads, d)  # [M, Hq, D]
+    k = qkv[:, num_heads * d : (num_heads + num_kv_heads) * d].view(m, num_kv_heads, d)
+    v = qkv[:, (num_heads + num_kv_heads) * d :].reshape(m, num_kv_heads, d)  # [M, Hkv, D]
+    return rotate(q, cos, sin).contiguous(), rotate(k, cos, sin).contiguous(), v.contiguous()
+
+
+def attention_out_and_mlp(
+    h: torch.Tensor,
+    attn: torch.Tensor,
+    wo: torch.Tensor,
+    ln: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    """Output projection + residual, then the SiLU-gated MLP + residual.
+
+    h: [M, H] residual stream; attn: [M, Hq D] -> the next layer's input [M, H].
+    """
+    h = h + attn @ wo.t()  # [M, H]
+    gate_up = rms_norm(h, ln, eps) @ w_gate_up.t()  # [M, 2 I]
+    inter = gate_up.shape[-1] // 2
+    act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]  # [M, I]
+    return h + act @ w_down.t()  # [M, H]
