@@ -49,8 +49,9 @@ from cloud.engine.base import PrefillRequest, StepBatch
 from cloud.engine.hf import crop_cache
 from cloud.engine.static import StaticEngine, build_static_engine, kv_bytes_per_slot
 from cloud.engine.static_attention import HAVE_TRITON, num_splits_for, splitkv_attention
-from cloud.target import TargetModel, build_tiny_random_target, tiny_target_tokenizer
-from shared.tiny_tokenizer import TINY_TEXT_VOCAB_SIZE
+from cloud.target import TargetModel
+from shared.demoworld.tiny_target import build_tiny_random_target
+from shared.demoworld.tiny_tokenizer import TINY_TEXT_VOCAB_SIZE, tiny_fast_tokenizer
 
 QUESTION = "What is moving in the scene, and which way does it go?"
 SESSIONS = (1, 4, 16, 32, 64)
@@ -79,7 +80,7 @@ def build_full_target(device: str) -> TargetModel:
         model = VideoLlavaForConditionalGeneration(full_size_config())
     torch.set_default_dtype(torch.float32)
     model.train(False)
-    return TargetModel(model, tiny_target_tokenizer(), "video-llava-7b-shaped-random")
+    return TargetModel(model, tiny_fast_tokenizer("target"), "video-llava-7b-shaped-random")
 
 
 def sync() -> None:

@@ -463,10 +463,10 @@ class StaticEngine:
         if not 0 < n <= self.max_seq_len - 1:
             raise InvalidInput(f"prompt of {n} tokens does not fit a slot of {self.max_seq_len}")
         video_rows = [i for i, tok in enumerate(ids_list) if tok == t.video_token_id]
-        if len(video_rows) != t.geometry.num_video_tokens:
+        if len(video_rows) != t.geometry.visual_tokens:
             raise InvalidInput(
                 f"the prompt has {len(video_rows)} <video> placeholders, "
-                f"the target needs {t.geometry.num_video_tokens}"
+                f"the target needs {t.geometry.visual_tokens}"
             )
         if (req.pixel_values_videos is None) == (req.video_features is None):
             raise InvalidInput("prefill needs exactly one of pixel_values_videos or video_features")
