@@ -51,13 +51,25 @@ def build_tiny_random_draft(
 ) -> DraftModel:
     """A deterministic tiny random EventGPT with the tiny ``draft`` tokenizer.
 
-    The global RNG is left untouched, so building a model never shifts a test's draws.
+    Like the tiny target, it is initialised sharply (attention/MLP std 0.3, embeddings
+    std 1.0): at the default std 0.02 a tiny random LM ignores its context, so a drafter
+    whose KV cache held a token twice or missed one would still draft the same tokens,
+    and the rollback tests would prove nothing. The global RNG is left untouched, so
+    building a model never shifts a test's draws.
     """
     tokenizer = tiny_fast_tokenizer("draft")
     config = tiny_draft_config(vocab_size=_round_up(len(tokenizer), 64))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = EventGPTForCausalLM(config)
+        with torch.no_grad():
+            inner = model.model
+            for part in (inner.layers, inner.visual_projector, inner.feature_adaptor):
+                for module in part.modules():
+                    if isinstance(module, torch.nn.Linear):
+                        module.weight.normal_(0.0, 0.3)
+            inner.embed_tokens.weight.normal_(0.0, 1.0)
+            model.lm_head.weight.normal_(0.0, 0.1)
     model.to(device=torch.device(device), dtype=dtype)  # type: ignore[call-arg]
     return DraftModel(model, tokenizer, model_id=f"{TINY_DRAFT_ID}-{seed}")
 
