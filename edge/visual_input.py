@@ -88,7 +88,8 @@ async def prepare_visual(
 ) -> PreparedVisual:
     """Select the window, render event frames, and build the cloud's visual input."""
     t0 = time.perf_counter()
-    window = select_window(
+    window = await asyncio.to_thread(  # a live source may wait for its clip to fill
+        select_window,
         source,
         latest_ms=spec.latest_ms if spec.t0_us is None else None,
         t0_us=spec.t0_us,

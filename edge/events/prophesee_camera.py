@@ -21,7 +21,7 @@ class PropheseeCameraReader:
 
     def __init__(self, serial: str = "") -> None:
         try:
-            import metavision_hal  # type: ignore[import-not-found]
+            import metavision_hal
         except ImportError as exc:
             raise FailedPrecondition(
                 "prophesee-camera needs the Metavision SDK or OpenEB Python bindings "

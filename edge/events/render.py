@@ -17,10 +17,10 @@ import numpy as np
 import torch
 
 from edge.events.types import validate_events
+from edge.events.windows import EVENTGPT_N_FRAMES
 from shared.errors import InvalidInput
 from shared.imageproc import clip_preprocess
 
-EVENTGPT_N_FRAMES = 5
 BLUE = np.array([0, 0, 255], dtype=np.uint8)  # p = 0
 RED = np.array([255, 0, 0], dtype=np.uint8)  # p = 1
 
