@@ -41,7 +41,7 @@ from edge.draft import (
     EventGPTForCausalLM,
 )
 from edge.draft_checkpoint import load_draft, save_draft
-from edge.events.render import events_to_frames
+from edge.events.render import events_to_frames, set_draft_canvas
 from shared.toyworld.corpus import TOY_TEXT_VOCAB_SIZE, build_toy_tokenizer
 from shared.toyworld.events import events_in_window, simulate_events
 from shared.toyworld.labels import attribute_labels
@@ -95,6 +95,7 @@ def load_toy_draft(device: str = "cpu", dtype: torch.dtype = torch.float32) -> D
     """The committed toy draft (``--model toy``)."""
     draft = load_draft(TOY_DRAFT_DIR, device=device, dtype=dtype)
     draft.model_id = TOY_DRAFT_ID
+    set_draft_canvas(draft, "sensor")  # trained on full-sensor canvases
     return draft
 
 
@@ -111,7 +112,7 @@ def scene_event_frames(seed: int) -> np.ndarray:
     events = simulate_events(scene)
     end = scene.duration_us
     window = events_in_window(events, end - EVENT_WINDOW_US, end)
-    return np.stack(events_to_frames(window, (scene.width, scene.height), 5))
+    return np.stack(events_to_frames(window, (scene.width, scene.height), 5, canvas="sensor"))
 
 
 def event_frames_for(seeds: Sequence[int], workers: int) -> np.ndarray:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -18,7 +19,7 @@ from edge.align import FeatureAdapter
 from edge.cloud_link import CloudStream
 from edge.draft import DraftModel
 from edge.events.base import EventSource
-from edge.events.render import event_pixel_values
+from edge.events.render import canvas_for, event_pixel_values
 from edge.events.windows import events_for_window, sample_rgb_frames, select_window
 from shared.codec import encode_tensor
 from shared.errors import FailedPrecondition, InvalidInput
@@ -98,7 +99,8 @@ async def prepare_visual(
     )
     events = await asyncio.to_thread(events_for_window, source, window)
     pixels = await asyncio.to_thread(
-        event_pixel_values, events, source.sensor_size, draft.image_size
+        partial(event_pixel_values, canvas=canvas_for(draft)),
+        events, source.sensor_size, draft.image_size,
     )  # [5, 3, S, S]
     info_w = WindowInfo(
         window.t0_us, window.t1_us, window.event_t0_us, window.event_t1_us, int(events.size)
