@@ -26,6 +26,8 @@ TIME_LOW is NOT a wrap (TIME_HIGH carries the wrap; expelliarmus 1.1.12 adds 409
 there and ends 45 ms late on an 8.8 ms file, see the real-data README note E1), and a
 backward TIME_LOW step is taken as written (faery 0.7.1 ignores it). Only TIME_HIGH
 wraps, every 2^24 µs; a drop of TIME_HIGH by more than half its range counts as one.
+So a stream's time is the camera clock modulo 2^24 µs at its first TIME_HIGH, plus
+the wraps seen since (Metavision has the same limit).
 Events before the first TIME_HIGH have no time and are dropped, as Metavision does.
 
 The decoder is a pure function of (words, state) -> (events, state), so a large file
