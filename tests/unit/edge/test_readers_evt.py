@@ -127,14 +127,16 @@ def _events(n: int = 5_000, span: int = 2_000_000, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     ev = np.zeros(n, dtype=EVENT_DTYPE)
     ev["t"] = np.sort(rng.integers(10, span, n))
-    ev["x"], ev["y"], ev["p"] = rng.integers(0, 300, n), rng.integers(0, 200, n), rng.integers(0, 2, n)
+    ev["x"], ev["y"] = rng.integers(0, 300, n), rng.integers(0, 200, n)
+    ev["p"] = rng.integers(0, 2, n)
     return ev
 
 
 @pytest.mark.parametrize(
     ("header", "size", "size_from"),
     [
-        ("% geometry 320x240\n% plugin_name hal_plugin_gen41_evk3\n", (320, 240), "header geometry"),
+        ("% geometry 320x240\n% plugin_name hal_plugin_gen41_evk3\n", (320, 240),
+         "header geometry"),
         ("% format EVT3;height=260;width=346\n", (346, 260), "header format field"),
         ("% plugin_name hal_plugin_gen3_fx3\n", (640, 480), "header plugin field"),
         ("% plugin_name hal_plugin_imx636_evk4\n", (1280, 720), "header plugin field"),

@@ -150,7 +150,7 @@ def test_aedat4_errors(tmp_path: Path) -> None:
         open_source(f"aedat4:{wrong}")
     cut = tmp_path / "cut.aedat4"
     cut.write_bytes(b"#!AER-DAT4.0\r\n" + bytes(10))
-    with pytest.raises(InvalidInput, match="cut.aedat4"):
+    with pytest.raises(InvalidInput, match=r"cut\.aedat4"):
         open_source(str(cut))
 
 
