@@ -73,6 +73,12 @@ def select_window(
             f"event window must be in (0, {MAX_EVENT_WINDOW_MS}) ms (EventGPT refuses "
             f"{MAX_EVENT_WINDOW_MS} ms or more), got {event_window_ms} ms"
         )
+    if isinstance(source, SpanWaiter) and t0_us is None and t1_us is None:
+        # A live source that has not yet recorded the clip gets a bounded wait; its
+        # clip is always the latest N ms of the camera's clock.
+        latest_ms = DEFAULT_CLIP_MS if latest_ms is None else latest_ms
+        if latest_ms > 0:
+            source.wait_for_span(latest_ms * 1000)
     s0, s1 = source.time_range_us()
     if latest_ms is not None and (t0_us is not None or t1_us is not None):
         raise InvalidInput("give either latest_ms or t0_us/t1_us, not both")
@@ -82,10 +88,6 @@ def select_window(
         clip_ms = DEFAULT_CLIP_MS if latest_ms is None else latest_ms
         if clip_ms <= 0:
             raise InvalidInput(f"latest_ms must be positive, got {clip_ms}")
-        if latest_ms is not None and isinstance(source, SpanWaiter):
-            # A live source that has not yet recorded the clip gets a bounded wait.
-            source.wait_for_span(clip_ms * 1000)
-            s0, s1 = source.time_range_us()
         t1_us = s1
         t0_us = s1 - clip_ms * 1000
         if latest_ms is None and t0_us < s0:
