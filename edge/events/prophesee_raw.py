@@ -46,7 +46,7 @@ PLUGIN_GEOMETRY: dict[str, tuple[int, int]] = {
     "genx320": (320, 320),
     "saphir": (1280, 720),
 }
-DEFAULT_BLOCK_WORDS = 1 << 21
+DEFAULT_BLOCK_WORDS = 1 << 19
 _MAX_HEADER_BYTES = 1 << 20
 
 

@@ -13,7 +13,7 @@ import pytest
 from edge.events.base import EventSource
 from edge.events.detect import detect_kind
 from edge.events.prophesee_raw import PropheseeRawSource
-from edge.events.render import events_to_frames
+from edge.events.render import event_pixel_values, events_to_frames, split_equal_counts
 from edge.events.sources import open_source
 from edge.events.windows import events_for_window, select_window
 from shared.types import FeatureMode, Mode
@@ -114,8 +114,18 @@ def test_a_window_renders_to_eventgpt_frames(name: str) -> None:
     window = select_window(src, event_window_ms=WINDOW_MS.get(EXPECTED[name].kind, 20))
     events = events_for_window(src, window)
     frames = events_to_frames(events, src.sensor_size)
+    # EventGPT's canvas: each frame is (y.max+1) x (x.max+1) of its own events.
+    splits = [events[a:b] for a, b in split_equal_counts(events.size, 5)]
+    assert [f.shape for f in frames] == [
+        (int(p["y"].max()) + 1, int(p["x"].max()) + 1, 3) for p in splits
+    ]
     w, h = src.sensor_size
-    assert len(frames) == 5 and all(f.shape == (h, w, 3) for f in frames)
+    sensor = events_to_frames(events, src.sensor_size, canvas="sensor")
+    assert all(f.shape == (h, w, 3) for f in sensor)
+    assert all(np.array_equal(f, s[: f.shape[0], : f.shape[1]])
+               for f, s in zip(frames, sensor, strict=True))
+    pix = event_pixel_values(events, src.sensor_size, 336)
+    assert pix.shape == (5, 3, 336, 336) and bool(pix.isfinite().all())
     # Every pixel is white, blue (p=0) or red (p=1), and each frame drew something.
     packed = [(f[..., 0].astype(np.int64) << 16) | (f[..., 1].astype(np.int64) << 8) | f[..., 2]
               for f in frames]  # [H, W] 0xRRGGBB each
