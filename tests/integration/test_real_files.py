@@ -16,6 +16,7 @@ from edge.events.prophesee_raw import PropheseeRawSource
 from edge.events.render import event_pixel_values, events_to_frames, split_equal_counts
 from edge.events.sources import open_source
 from edge.events.windows import events_for_window, select_window
+from shared.client import EdgeClient
 from shared.types import FeatureMode, Mode
 from tests.integration import edge_harness as eh
 from tests.integration.test_end_to_end import ask
@@ -199,6 +200,14 @@ async def test_a_request_runs_end_to_end_on_every_format() -> None:
                 has_frames = name.startswith("aedat4_davis")
                 want = FeatureMode.FRAMES if has_frames else FeatureMode.ALIGNED
                 assert spec.feature_mode == want, name
+                async with EdgeClient(address, timeout_s=30) as client:
+                    status = await client.status()
+                assert (status.sensor_width, status.sensor_height) == exp.size, name
+                assert (status.source_t0_us, status.source_t1_us - 1) == (
+                    exp.t_first, exp.t_last), name
+                assert status.sensor_size_from == exp.size_from, name
+                assert status.time_base and status.source_format, name
+                assert status.has_rgb == has_frames, name
             finally:
                 await edge.stop(0)
     finally:
