@@ -212,3 +212,39 @@ async def test_a_request_runs_end_to_end_on_every_format() -> None:
                 await edge.stop(0)
     finally:
         await first.stop()
+
+
+@pytest.mark.slow
+def test_eventspec_edge_serve_answers_on_every_real_file(tmp_path: Path) -> None:
+    """The user's commands as processes: ``eventspec-cloud serve --model toy`` once,
+    then ``eventspec-edge serve --source KIND:PATH --model toy`` per file (bare PATH for
+    the detected ones), and ``eventspec ask`` gets an answer from each."""
+    import signal
+
+    from tests.integration.test_cli_end_to_end import _ask, _port, _spawn
+
+    cloud = _spawn(["cloud.cli", "serve", "--model", "toy", "--port", "0", "--port-file",
+                    str(tmp_path / "c"), "--no-calibrate"], tmp_path / "c.log")
+    try:
+        cport = _port(cloud, tmp_path / "c", tmp_path / "c.log")
+        for i, name in enumerate(sorted(EXPECTED)):
+            exp = EXPECTED[name]
+            spec = str(REAL / name) if i % 2 else f"{exp.kind}:{REAL / name}"
+            extra = ["--allow-pickle"] if exp.kind == "npy" else []
+            if exp.kind in FLAG_SIZE:
+                extra += ["--sensor-size", "{}x{}".format(*FLAG_SIZE[exp.kind])]
+            log, port_file = tmp_path / f"e{i}.log", tmp_path / f"e{i}"
+            edge = _spawn(["edge.cli", "serve", "--cloud", f"127.0.0.1:{cport}", "--source",
+                           spec, "--model", "toy", "--port", "0", "--port-file",
+                           str(port_file), *extra], log)
+            try:
+                eport = _port(edge, port_file, log)
+                out = _ask(eport, "speculative", "What is moving?", "--event-window-ms",
+                           str(WINDOW_MS.get(exp.kind, 20)))
+                assert out["answer"] and out["mode"] == "speculative", (name, out)
+            finally:
+                edge.send_signal(signal.SIGTERM)
+                edge.wait(30)
+    finally:
+        cloud.send_signal(signal.SIGTERM)
+        cloud.wait(30)
