@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 AEDAT4_MAGIC = b"#!AER-DAT4.0\r\n"
 
 
-def _dv() -> Any:
+def dv_module() -> Any:
+    """``dv_processing``, or FailedPrecondition saying how to install it."""
     try:
         import dv_processing
     except ImportError as exc:
@@ -44,7 +45,7 @@ def _dv() -> Any:
     return dv_processing
 
 
-def _to_events(batch: Any) -> np.ndarray:
+def events_from_dv(batch: Any) -> np.ndarray:
     """dv.EventStore -> EVENT_DTYPE (fields timestamp, x, y, polarity)."""
     if batch is None:
         return empty_events()
@@ -82,7 +83,7 @@ class Aedat4Source:
             raise InvalidInput(
                 f"{self._path}: an AEDAT4 file must end in .aedat4 for dv-processing to open it"
             )
-        dv = _dv()
+        dv = dv_module()
         try:
             self._rec = dv.io.MonoCameraRecording(str(self._path))
         except RuntimeError as exc:
@@ -117,7 +118,7 @@ class Aedat4Source:
     def _load_all(self) -> None:
         parts = []
         while (batch := self._rec.getNextEventBatch()) is not None:
-            parts.append(_to_events(batch))
+            parts.append(events_from_dv(batch))
         ev = np.concatenate(parts) if parts else empty_events()
         if ev.size == 0:
             raise InvalidInput(f"{self._path}: holds no events")
@@ -131,12 +132,12 @@ class Aedat4Source:
 
     def _probe_span(self, t0: int, t1: int) -> tuple[int, int]:
         """First/last event times through the index: grow windows from each end."""
-        first = _to_events(self._rec.getNextEventBatch())
+        first = events_from_dv(self._rec.getNextEventBatch())
         if first.size == 0:
             raise InvalidInput(f"{self._path}: holds no events")
         step = 1000
         while True:
-            tail = _to_events(self._rec.getEventsTimeRange(max(t0, t1 - step), t1 + 1))
+            tail = events_from_dv(self._rec.getEventsTimeRange(max(t0, t1 - step), t1 + 1))
             if tail.size or t1 - step <= t0:
                 break
             step *= 4
@@ -169,7 +170,7 @@ class Aedat4Source:
             ev = self._events
         else:
             with self._lock:
-                ev = _to_events(self._rec.getEventsTimeRange(t0_us, t1_us))
+                ev = events_from_dv(self._rec.getEventsTimeRange(t0_us, t1_us))
             if bool(np.any(np.diff(ev["t"]) < 0)):
                 ev = ev[np.argsort(ev["t"], kind="stable")]
         lo, hi = np.searchsorted(ev["t"], [t0_us, t1_us], side="left")

@@ -10,7 +10,7 @@
   ``dv_processing.io.camera.open``. Thin: same ring buffer and windows as the network
   source. Not testable without a camera.
 * ``prophesee-camera[:SERIAL]``: a Prophesee camera through the Metavision SDK /
-  OpenEB Python bindings (``metavision_hal``), which are not on the package index:
+  OpenEB Python bindings (``metavision_core``), which are not on the package index:
   an optional plugin that fails with a clear message when they are absent.
 
 Windows on live sources use the camera's clock: the latest N ms are the N ms before
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from edge.events.aedat4 import _dv, _to_events
+from edge.events.aedat4 import dv_module, events_from_dv
 from edge.events.live import LiveSource
 from edge.events.types import EVENT_DTYPE
 from shared.errors import FailedPrecondition, InvalidInput
@@ -77,7 +77,7 @@ class DvNetReader:
     def _connect(self) -> bool:
         if time.monotonic() < self._next_try:
             return False
-        dv = _dv()
+        dv = dv_module()
         try:
             reader = dv.io.NetworkReader(self.host, self.port)
             if not reader.isEventStreamAvailable():
@@ -117,7 +117,7 @@ class DvNetReader:
                 self._fail("stream ended")
             return np.zeros(0, dtype=EVENT_DTYPE)
         self._last_data = time.monotonic()
-        return _to_events(batch)
+        return events_from_dv(batch)
 
     def health(self) -> StreamHealth:
         age = time.monotonic() - self._last_data if self._last_data >= 0 else -1.0
@@ -133,7 +133,7 @@ class DvCameraReader:
     """An EventReader over an attached iniVation camera (``dv_processing``)."""
 
     def __init__(self, serial: str = "") -> None:
-        dv = _dv()
+        dv = dv_module()
         try:
             self._cam = dv.io.camera.open(serial) if serial else dv.io.camera.open()
         except RuntimeError as exc:
@@ -148,7 +148,7 @@ class DvCameraReader:
     def read(self) -> np.ndarray | None:
         if self._closed or not self._cam.isRunning():
             return None
-        return _to_events(self._cam.getNextEventBatch())
+        return events_from_dv(self._cam.getNextEventBatch())
 
     def close(self) -> None:
         self._closed = True

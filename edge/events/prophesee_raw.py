@@ -175,7 +175,7 @@ class PropheseeRawSource:
         self._sensor_size = (int(size[0]), int(size[1]))
         self._n = n
         self.meta = SourceMeta(
-            enc.upper() if enc == "evt2" else "EVT3", size_from,
+            enc.upper(), size_from,
             "µs on the camera clock (since camera start)",
         )
         self._firsts = np.asarray([b.t_first for b in self._blocks], dtype=np.int64)
