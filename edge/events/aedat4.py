@@ -65,6 +65,34 @@ def _to_rgb(image: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(img[:, :, 2::-1])  # DV frames are OpenCV BGR
 
 
+def locate_damage(path: Path) -> str:
+    """Where an AEDAT4 file's framing breaks, for an error message.
+
+    Layout (iniVation, "AEDAT 4.0 file format"): the 14-byte magic, an int32 header
+    size, the header, then packets of int32 stream id + int32 size + payload. The walk
+    stops at the first size that runs past the end of the file.
+    """
+    total = path.stat().st_size
+    with path.open("rb") as fh:
+        fh.seek(len(AEDAT4_MAGIC))
+        raw = fh.read(4)
+        if len(raw) < 4:
+            return f"byte offset {len(AEDAT4_MAGIC)}: file ends before the header size"
+        header = int.from_bytes(raw, "little", signed=True)
+        offset = len(AEDAT4_MAGIC) + 4 + header
+        if header < 0 or offset > total:
+            return (f"byte offset {len(AEDAT4_MAGIC)}: header of {header} bytes runs past "
+                    f"the end of the {total}-byte file (truncated?)")
+        while offset + 8 <= total:
+            fh.seek(offset)
+            size = int.from_bytes(fh.read(8)[4:], "little", signed=True)
+            if size < 0 or offset + 8 + size > total:
+                return (f"byte offset {offset}: packet of {size} bytes runs past the end of "
+                        f"the {total}-byte file (truncated?)")
+            offset += 8 + size
+    return f"byte offset {offset}: packet framing ends here; expected a packet header"
+
+
 class Aedat4Source:
     """An EventSource over an AEDAT4 recording (see the module docstring)."""
 
@@ -87,9 +115,11 @@ class Aedat4Source:
         try:
             self._rec = dv.io.MonoCameraRecording(str(self._path))
         except RuntimeError as exc:
-            lines = str(exc).splitlines()
-            why = lines[1] if len(lines) > 1 else str(exc)
-            raise InvalidInput(f"{self._path}: dv-processing could not open it: {why}") from exc
+            lines = [ln for ln in str(exc).splitlines() if ln and not ln.startswith("/")]
+            why = (lines[0] if lines else str(exc)).split(" - Error info")[0]
+            raise InvalidInput(
+                f"{self._path}: {locate_damage(self._path)}; dv-processing: {why}"
+            ) from exc
         if not self._rec.isEventStreamAvailable():
             raise InvalidInput(f"{self._path}: has no events stream")
         res = self._rec.getEventResolution()

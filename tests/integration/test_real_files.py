@@ -17,6 +17,7 @@ from edge.events.render import event_pixel_values, events_to_frames, split_equal
 from edge.events.sources import open_source
 from edge.events.windows import events_for_window, select_window
 from shared.client import EdgeClient
+from shared.errors import InvalidInput
 from shared.types import FeatureMode, Mode
 from tests.integration import edge_harness as eh
 from tests.integration.test_end_to_end import ask
@@ -248,3 +249,23 @@ def test_eventspec_edge_serve_answers_on_every_real_file(tmp_path: Path) -> None
     finally:
         cloud.send_signal(signal.SIGTERM)
         cloud.wait(30)
+
+
+def test_truncated_aedat4_names_the_byte_offset(tmp_path: Path) -> None:
+    data = (REAL / "aedat4_dvxplorer_tonic_test_sample.aedat4").read_bytes()
+    cut = tmp_path / "cut.aedat4"
+    cut.write_bytes(data[:500_000])
+    with pytest.raises(InvalidInput, match=r"cut\.aedat4: byte offset 494090: packet of "
+                                           r"22957 bytes runs past the end"):
+        open_source(str(cut))
+    cut.write_bytes(data[:100])
+    with pytest.raises(InvalidInput, match=r"byte offset 14: header of 2316 bytes"):
+        open_source(str(cut))
+
+
+def test_truncated_raw_names_the_byte_offset(tmp_path: Path) -> None:
+    data = (REAL / "evt3_gen41_expelliarmus_tests_sample.raw").read_bytes()
+    cut = tmp_path / "cut.raw"
+    cut.write_bytes(data[:-1])
+    with pytest.raises(InvalidInput, match=r"cut\.raw: byte offset \d+: truncated"):
+        open_source(str(cut))
