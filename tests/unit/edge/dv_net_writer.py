@@ -2,7 +2,8 @@
 ``NetworkWriter`` on loopback, as a DV camera stream would arrive.
 
 ``python -m tests.unit.edge.dv_net_writer FILE PORT START_US``: writes the events from
-``START_US`` on in 5 ms packets at about real time, then idles until killed. Prints
+``START_US`` on in 5 ms packets at about real time once a client has connected, then
+idles until killed. Prints
 ``ready`` once listening.
 """
 
@@ -21,6 +22,8 @@ def main() -> None:
     writer = dv.io.NetworkWriter("127.0.0.1", port, stream)
     sys.stdout.write("ready\n")
     sys.stdout.flush()
+    while writer.getClientCount() == 0:  # packets sent to nobody would be lost
+        time.sleep(0.01)
     end = rec.getTimeRange()[1]
     t = start
     while t < end:
