@@ -172,7 +172,7 @@ def decode_evt3(
 def encode_evt3(events: np.ndarray, *, vectorise: bool = True) -> np.ndarray:
     """Encode time-sorted EVENT_DTYPE events as EVT 3.0 words (uint16).
 
-    A reference encoder for round-trip tests and generated large files: it writes
+    A reference encoder for round-trip tests (a Python loop, not fast): it writes
     TIME_HIGH / TIME_LOW when they change, ADDR_Y when y changes, and, when
     ``vectorise``, runs of same-polarity events at one (t, y) as VECT_BASE_X + VECT_12.
     Times must be >= 0; they wrap every 2^24 µs as on a camera.
