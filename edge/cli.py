@@ -33,8 +33,14 @@ def build_parser() -> argparse.ArgumentParser:
                             "the name resolves to) or IP:PORT,IP:PORT,... (replicas, balanced "
                             "round_robin with health checks); omit for draft_only")
     serve.add_argument("--source", default=env.source,
-                       help="toy[:SEED|:A-B] | synthetic[:SEED] | dsec:DIR | npy:FILE | npz:FILE "
-                            "(default: %(default)s)")
+                       help="PATH (format detected from its header/extension) | KIND:PATH with "
+                            "KIND aedat4, raw, evt2, evt3, dat, bin, txt, dsec, npy, npz | "
+                            "dv-net:HOST:PORT | dv-camera[:SERIAL] | prophesee-camera[:SERIAL] "
+                            "| toy[:SEED|:A-B] | synthetic[:SEED] (default: %(default)s); "
+                            "see docs/input-formats.md")
+    serve.add_argument("--sensor-size", default=None, metavar="WxH",
+                       help="sensor size for files that do not state it (e.g. 640x480); a "
+                            "size in the file's header wins")
     serve.add_argument("--allow-pickle", action="store_true",
                        help="allow EventGPT's pickled .npy files (loading a pickle runs code "
                             "from the file: only for files you trust)")
@@ -72,6 +78,7 @@ def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
         cloud=args.cloud,
         source=args.source,
         allow_pickle=args.allow_pickle,
+        sensor_size=_sensor_size(args.sensor_size),
         model=args.model,
         adapter=args.adapter,
         host=args.host,
@@ -85,6 +92,18 @@ def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
         cloud_security=client_security_from_args(args, prefix="cloud-",
                                                  env_prefix="EVENTSPEC_EDGE_CLOUD_"),
     )
+
+
+def _sensor_size(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    from edge.events.sources import parse_sensor_size
+    from shared.errors import InvalidInput
+
+    try:
+        return parse_sensor_size(text)
+    except InvalidInput as exc:
+        raise SystemExit(f"--sensor-size: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

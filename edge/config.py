@@ -16,6 +16,9 @@ class EdgeSettings:
     cloud: str | None = None
     source: str = "toy"
     allow_pickle: bool = False
+    #: (width, height) for files that do not state their sensor size (RAW without a
+    #: geometry or known plugin, DAT, bin, txt, npz) and for live streams.
+    sensor_size: tuple[int, int] | None = None
     model: str = "toy"
     adapter: Path | None = None
     host: str = "127.0.0.1"

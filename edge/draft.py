@@ -81,6 +81,9 @@ class EventGPTConfig(LlamaConfig):  # type: ignore[no-untyped-call]
     event_feature_adaptor: bool = True
     vision_config: dict[str, Any] | None = None
     image_size: int | None = None
+    #: How the model's event frames were drawn (``edge.events.render``): EventGPT's own
+    #: per-frame canvas, or the full sensor (the embedded toy draft).
+    event_canvas: str = "eventgpt"
 
 
 AutoConfig.register(EventGPTConfig.model_type, EventGPTConfig, exist_ok=True)

@@ -52,6 +52,7 @@ class EdgeServer:
     agent: EdgeAgent | None = None
     _host: GrpcHost | None = None
     _link: CloudLink | None = None
+    _owned_source: EventSource | None = None
 
     async def start(self) -> int:
         s = self.settings
@@ -62,7 +63,10 @@ class EdgeServer:
         await host.set_serving(False)
         source = self.source
         if source is None:
-            source = await asyncio.to_thread(open_source, s.source, allow_pickle=s.allow_pickle)
+            source = await asyncio.to_thread(
+                open_source, s.source, allow_pickle=s.allow_pickle, sensor_size=s.sensor_size
+            )
+            self._owned_source = source  # opened here, so closed here (live readers, files)
         draft = self.draft
         if draft is None:
             draft = await asyncio.to_thread(load_draft_for, s)
@@ -116,4 +120,7 @@ class EdgeServer:
             await self._link.close()
         if self.agent is not None:
             self.agent.worker.shutdown()
+        close = getattr(self._owned_source, "close", None)
+        if callable(close):
+            await asyncio.to_thread(close)
         self._host = None

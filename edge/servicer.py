@@ -7,6 +7,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from edge.agent import EdgeAgent
+from edge.events.base import SourceMeta
+from edge.events.live import LiveSource
+from edge.events.live_sources import StreamHealth
 from shared import convert
 from shared.errors import EventSpecError
 from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
@@ -33,7 +36,10 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
         agent = self.agent
         src = agent.source
         width, height = src.sensor_size
-        t0, t1 = src.time_range_us()
+        try:
+            t0, t1 = src.time_range_us()
+        except EventSpecError:  # a live source before its first event
+            t0 = t1 = 0
         link = edge_pb2.LinkStatus()
         if agent.link is not None:
             if not agent.link.reachable:
@@ -58,4 +64,29 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
             link=link,
             requests_served=agent.requests_served,
             acceptance_ewma=agent.acceptance.value,
+            **source_status(src),
         )
+
+
+def source_status(src: object) -> dict[str, Any]:
+    """EdgeStatus fields a source can report: format, size provenance, time base, and
+    for live sources the stream's health and buffer counters."""
+    out: dict[str, Any] = {}
+    meta = getattr(src, "meta", None)
+    if isinstance(meta, SourceMeta):
+        out.update(source_format=meta.format, sensor_size_from=meta.size_from,
+                   time_base=meta.time_base)
+    if isinstance(src, LiveSource):
+        stats = src.buffer.stats()
+        health = src.health()
+        live = edge_pb2.LiveStatus(
+            received=stats.received, dropped=stats.dropped, buffered=stats.buffered,
+            ended=src.finished, connected=not src.finished, seconds_since_data=-1.0,
+        )
+        if isinstance(health, StreamHealth):
+            live.connected = health.connected
+            live.reconnects = health.reconnects
+            live.last_error = health.last_error
+            live.seconds_since_data = health.seconds_since_data
+        out.update(live=live, time_base=out.get("time_base") or "µs on the camera clock")
+    return out

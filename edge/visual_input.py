@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from edge.align import FeatureAdapter
 from edge.draft import DraftModel
 from edge.events.base import EventSource
-from edge.events.render import event_pixel_values
+from edge.events.render import canvas_for, event_pixel_values
 from edge.events.windows import events_for_window, sample_rgb_frames, select_window
 from edge.link import VerifierStream
 from shared.codec import WireDtype, encode_tensor, quantize_int8
@@ -88,7 +89,8 @@ async def prepare_visual(
 ) -> PreparedVisual:
     """Select the window, render event frames, and build the cloud's visual input."""
     t0 = time.perf_counter()
-    window = select_window(
+    window = await asyncio.to_thread(  # a live source may wait for its clip to fill
+        select_window,
         source,
         latest_ms=spec.latest_ms if spec.t0_us is None else None,
         t0_us=spec.t0_us,
@@ -97,7 +99,8 @@ async def prepare_visual(
     )
     events = await asyncio.to_thread(events_for_window, source, window)
     pixels = await asyncio.to_thread(
-        event_pixel_values, events, source.sensor_size, draft.image_size
+        partial(event_pixel_values, canvas=canvas_for(draft)),
+        events, source.sensor_size, draft.image_size,
     )  # [5, 3, S, S]
     info_w = WindowInfo(
         window.t0_us, window.t1_us, window.event_t0_us, window.event_t1_us, int(events.size)

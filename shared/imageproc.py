@@ -2,8 +2,20 @@
 
 Both nodes need CLIP-style preprocessing (EventGPT at 336 px, Video-LLaVA at 224 px):
 resize the short side with bicubic filtering, center-crop, scale to [0, 1] and
-normalise with the OpenAI CLIP mean/std. transformers' processors would pull in
-torchvision, so this is done here with Pillow and numpy.
+normalise with the OpenAI CLIP mean/std. This reproduces transformers'
+``VideoLlavaImageProcessor`` and ``CLIPImageProcessor`` (PIL backend) step for step
+rather than calling them, so that neither node's hot path imports transformers and
+the result does not move with its version:
+
+* the resized size is transformers' ``get_resize_output_image_size`` with
+  ``default_to_square=False``: the short side becomes ``size`` and the long side
+  ``int(size * long / short)``, truncated (rounding instead gave a 299-px-wide
+  resize of 640x480 where the reference has 298: mean |Δ| 0.079, max 0.57);
+* the resize is Pillow's bicubic on the uint8 image, as both processors do;
+* the crop's top-left is ``((h - size) // 2, (w - size) // 2)``.
+
+``tests/unit/shared/test_imageproc_parity.py`` compares both paths with the
+transformers processors over the sensor sizes that matter.
 """
 
 from __future__ import annotations
@@ -69,19 +81,28 @@ def _check_rgb(image: np.ndarray) -> None:
 def downscale_short_side(image: np.ndarray, size: int) -> np.ndarray:
     """Shrink so the short side is ``size`` (bicubic); smaller images pass unchanged.
 
-    The edge sends frames no larger than the cloud's tower needs: the cloud resizes to
-    that short side anyway, so this only saves uplink bytes.
+    The edge sends frames no larger than the cloud's tower needs. The size is the one
+    ``resize_center_crop`` (and transformers) would pick, so the cloud's resize of the
+    received frame is a no-op and what its tower sees differs from the reference
+    processor on the original frame by the JPEG coding alone.
     """
     _check_rgb(image)
     h, w = image.shape[:2]
     if min(h, w) <= size:
         return image
-    scale = size / min(h, w)
-    new_w, new_h = max(size, round(w * scale)), max(size, round(h * scale))
+    new_w, new_h = short_side_size(w, h, size)
     pil = Image.fromarray(image, mode="RGB").resize(
         (new_w, new_h), resample=Image.Resampling.BICUBIC
     )
     return np.asarray(pil, dtype=np.uint8)
+
+
+def short_side_size(width: int, height: int, size: int) -> tuple[int, int]:
+    """(new width, new height) with the short side ``size`` and the long side truncated,
+    as transformers' ``get_resize_output_image_size(default_to_square=False)``."""
+    if width <= height:
+        return size, int(size * height / width)
+    return int(size * width / height), size
 
 
 def resize_center_crop(image: np.ndarray, size: int) -> np.ndarray:
@@ -90,8 +111,7 @@ def resize_center_crop(image: np.ndarray, size: int) -> np.ndarray:
     h, w = image.shape[:2]
     if h == 0 or w == 0:
         raise InvalidInput(f"image has zero extent: {w}x{h}")
-    scale = size / min(h, w)
-    new_w, new_h = max(size, round(w * scale)), max(size, round(h * scale))
+    new_w, new_h = short_side_size(w, h, size)
     pil = Image.fromarray(image, mode="RGB")
     if (new_w, new_h) != (w, h):
         pil = pil.resize((new_w, new_h), resample=Image.Resampling.BICUBIC)

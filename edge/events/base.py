@@ -9,6 +9,7 @@ so they never care where the events came from.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -55,6 +56,21 @@ class EventSource(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class SourceMeta:
+    """What a file says about itself, for logs and GetStatus.
+
+    ``size_from`` says where the sensor size came from: ``header geometry``,
+    ``header format field``, ``header plugin field``, ``format`` (fixed by the file
+    format), ``flag`` (--sensor-size) or ``inferred from events`` (max coordinate + 1).
+    ``time_base`` says what t = 0 means and the unit as stored.
+    """
+
+    format: str
+    size_from: str
+    time_base: str
+
+
 @runtime_checkable
 class RgbIndex(Protocol):
     """Optional extension: list frame timestamps without decoding the frames.
@@ -87,6 +103,7 @@ class ArraySource:
         sensor_size: tuple[int, int] | None = None,
         *,
         name: str = "array",
+        meta: SourceMeta | None = None,
     ) -> None:
         if events.dtype != EVENT_DTYPE:
             raise InvalidInput(f"events must have dtype {EVENT_DTYPE}, got {events.dtype}")
@@ -101,6 +118,9 @@ class ArraySource:
         self._events.flags.writeable = False
         self._sensor_size = (int(size[0]), int(size[1]))
         self._name = name
+        self.meta = meta or SourceMeta(
+            "array", "given" if sensor_size is not None else "inferred from events", "µs"
+        )
 
     @property
     def sensor_size(self) -> tuple[int, int]:
@@ -117,7 +137,10 @@ class ArraySource:
     def describe(self) -> str:
         t0, t1 = self.time_range_us()
         w, h = self._sensor_size
-        return f"{self._name} ({self.num_events} events, {w}x{h}, {(t1 - t0) / 1e6:.3f} s)"
+        return (
+            f"{self._name} ({self.num_events} events, {w}x{h} [{self.meta.size_from}], "
+            f"{(t1 - t0) / 1e6:.3f} s, t: {self.meta.time_base})"
+        )
 
     def time_range_us(self) -> tuple[int, int]:
         t = self._events["t"]

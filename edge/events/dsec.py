@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from edge.events.base import check_range
+from edge.events.base import SourceMeta, check_range
 from edge.events.types import EVENT_DTYPE, empty_events, validate_events
 from shared.errors import InvalidInput, NotFound
 from shared.imageproc import decode_image
@@ -64,6 +64,9 @@ class DsecSource:
         self._lock = threading.Lock()
         self._path = events_path
         self._sensor_size = (int(sensor_size[0]), int(sensor_size[1]))
+        self.meta = SourceMeta(
+            "DSEC HDF5", "format (DSEC's Gen3.1 camera)", "µs, t + t_offset (the images' clock)"
+        )
         try:
             group = self._file["events"]
             self._x, self._y, self._t, self._p = (group[k] for k in ("x", "y", "t", "p"))

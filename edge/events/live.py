@@ -17,7 +17,7 @@ import numpy as np
 
 from edge.events.base import check_range
 from edge.events.types import EVENT_DTYPE, coerce_events, sort_by_time, validate_events
-from shared.errors import InvalidInput
+from shared.errors import InvalidInput, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -190,12 +190,14 @@ class LiveSource:
         name: str = "live",
         idle_sleep_s: float = 0.001,
         autostart: bool = True,
+        max_wait_s: float = 2.0,
     ) -> None:
         self._reader = reader
         self._sensor_size = (int(sensor_size[0]), int(sensor_size[1]))
         self.buffer = LiveEventBuffer(capacity)
         self._name = name
         self._idle_sleep_s = idle_sleep_s
+        self.max_wait_s = max_wait_s
         self._stop = threading.Event()
         self._cond = threading.Condition()
         self._finished = False
@@ -247,6 +249,34 @@ class LiveSource:
             return self._cond.wait_for(done, timeout_s) and (
                 min_received is None or self.buffer.received >= min_received
             )
+
+    def _span_us(self) -> int:
+        rng = self.buffer.time_range_us()
+        return 0 if rng is None else rng[1] - rng[0]
+
+    def wait_for_span(self, span_us: int) -> None:
+        """Block until the buffer holds ``span_us`` of camera time, at most ``max_wait_s``.
+
+        A question asked right after start-up (or a reconnect) would otherwise see a
+        clip shorter than it asked for. Raises Unavailable, naming what is held, when
+        the bound passes first or the stream has ended short.
+        """
+        with self._cond:
+            ok = self._cond.wait_for(
+                lambda: self._span_us() >= span_us or self._finished, self.max_wait_s
+            )
+        held = self._span_us()
+        if not ok or held < span_us:
+            raise Unavailable(
+                f"{self._name}: holds {held / 1000:.1f} ms of events, the request asks for "
+                f"the latest {span_us / 1000:.1f} ms; waited {self.max_wait_s:.1f} s"
+                + (" (stream ended)" if self._finished else "")
+            )
+
+    def health(self) -> object | None:
+        """The reader's stream health (``StreamHealth``) if it reports one."""
+        report = getattr(self._reader, "health", None)
+        return report() if callable(report) else None
 
     def _run(self) -> None:
         try:

@@ -6,21 +6,29 @@ polarity 0 blue, polarity 1 red, the last event at a pixel winning. Any drift fr
 that (time bins, grey canvases, accumulation) feeds the model inputs unlike its
 training data. The original loops over events in Python; this is vectorised.
 
-One deliberate difference: the canvas is the sensor size, not the max coordinate + 1
-of each split, so frames of one window share a geometry (they are equal for DSEC-sized
-windows, where events reach the sensor borders).
+The canvas is EventGPT's: (y.max + 1) x (x.max + 1) of each split's own events
+(``canvas="eventgpt"``, the default), so a split that does not reach the sensor's right
+or bottom border is drawn on a smaller canvas and then stretched by the CLIP resize,
+exactly as in the reference. ``canvas="sensor"`` draws every frame on the full sensor
+instead (frames of one window then share a geometry); the embedded toy draft was
+trained that way, so it asks for it.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import numpy as np
 import torch
 
 from edge.events.types import validate_events
+from edge.events.windows import EVENTGPT_N_FRAMES
 from shared.errors import InvalidInput
 from shared.imageproc import clip_preprocess
 
-EVENTGPT_N_FRAMES = 5
+#: "eventgpt": each frame's canvas is its own events' (y.max+1) x (x.max+1);
+#: "sensor": the sensor size for every frame.
+Canvas = Literal["eventgpt", "sensor"]
 BLUE = np.array([0, 0, 255], dtype=np.uint8)  # p = 0
 RED = np.array([255, 0, 0], dtype=np.uint8)  # p = 1
 
@@ -49,17 +57,32 @@ def draw_events(events: np.ndarray, sensor_size: tuple[int, int]) -> np.ndarray:
 
 
 def events_to_frames(
-    events: np.ndarray, sensor_size: tuple[int, int], n_frames: int = EVENTGPT_N_FRAMES
+    events: np.ndarray,
+    sensor_size: tuple[int, int],
+    n_frames: int = EVENTGPT_N_FRAMES,
+    *,
+    canvas: Canvas = "eventgpt",
 ) -> list[np.ndarray]:
-    """Split ``events`` (sorted by t) into ``n_frames`` equal-count parts and draw each."""
+    """Split ``events`` (sorted by t) into ``n_frames`` equal-count parts and draw each.
+
+    With ``canvas="eventgpt"`` frame i is [y_i.max+1, x_i.max+1, 3]; with ``"sensor"``
+    every frame is [H, W, 3] of ``sensor_size``.
+    """
     validate_events(events, sensor_size)
     if events.size < n_frames:
         raise InvalidInput(
             f"need at least {n_frames} events to draw {n_frames} frames, got {events.size}"
         )
-    return [
-        draw_events(events[a:b], sensor_size) for a, b in split_equal_counts(events.size, n_frames)
-    ]
+    if canvas not in ("eventgpt", "sensor"):
+        raise InvalidInput(f"canvas must be 'eventgpt' or 'sensor', got {canvas!r}")
+    frames = []
+    for a, b in split_equal_counts(events.size, n_frames):
+        part = events[a:b]
+        size = sensor_size if canvas == "sensor" else (
+            int(part["x"].max()) + 1, int(part["y"].max()) + 1
+        )
+        frames.append(draw_events(part, size))
+    return frames
 
 
 def event_pixel_values(
@@ -67,6 +90,16 @@ def event_pixel_values(
     sensor_size: tuple[int, int],
     image_size: int,
     n_frames: int = EVENTGPT_N_FRAMES,
+    *,
+    canvas: Canvas = "eventgpt",
 ) -> torch.Tensor:
     """EventGPT's vision input: CLIP-preprocessed event frames -> float32 [5, 3, S, S]."""
-    return clip_preprocess(events_to_frames(events, sensor_size, n_frames), image_size)
+    frames = events_to_frames(events, sensor_size, n_frames, canvas=canvas)
+    return clip_preprocess(frames, image_size)
+
+
+def canvas_for(draft: object) -> Canvas:
+    """The canvas ``draft`` was trained on: its config's ``event_canvas`` ("sensor" for
+    the embedded toy draft), else EventGPT's own ("eventgpt")."""
+    config = getattr(getattr(draft, "model", None), "config", None)
+    return "sensor" if getattr(config, "event_canvas", "eventgpt") == "sensor" else "eventgpt"

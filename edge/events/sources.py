@@ -1,8 +1,12 @@
 """Event sources from files, plus ``open_source`` which turns a CLI spec into one.
 
 Specs: ``synthetic``, ``synthetic:SEED``, ``toy`` (the toy world's demo scene),
-``toy:SEED``, ``toy:A-B`` (toy scenes A..B-1 back to back, one per second),
-``dsec:DIR``, ``npy:FILE``, ``npz:FILE``.
+``toy:SEED``, ``toy:A-B`` (toy scenes A..B-1 back to back, one per second); files as
+``KIND:PATH`` with KIND one of ``aedat4``, ``raw`` (EVT 2.0/3.0 from the header),
+``evt2``, ``evt3``, ``dat``, ``bin`` (N-MNIST/N-Caltech101), ``txt`` (ECD events.txt or
+a .zip of it), ``dsec`` (DIR or events.h5), ``npy``, ``npz``, or a bare ``PATH`` whose
+format is detected (``edge.events.detect``); live: ``dv-net:HOST:PORT``,
+``dv-camera[:SERIAL]``, ``prophesee-camera[:SERIAL]`` (``edge.events.live_sources``).
 
 EventGPT ships its samples as ``.npy`` files holding a *pickled* dict {x, y, t, p}.
 Unpickling runs code from the file, so those are only read behind an explicit
@@ -18,8 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.events.base import ArraySource, EventSource, RgbIndex, check_range
+from edge.events.aedat4 import Aedat4Source
+from edge.events.base import ArraySource, EventSource, RgbIndex, SourceMeta, check_range
+from edge.events.detect import detect_kind
 from edge.events.dsec import DsecSource
+from edge.events.ecd_txt import EcdTextSource
+from edge.events.nmnist_bin import NmnistBinSource
+from edge.events.prophesee_dat import PropheseeDatSource
+from edge.events.prophesee_raw import PropheseeRawSource
 from edge.events.synthetic import SceneSpec, ShapeSpec, SyntheticSource
 from edge.events.toy import ToySource, parse_toy_spec
 from edge.events.types import coerce_events
@@ -28,23 +38,32 @@ from shared.errors import InvalidInput, NotFound
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "Aedat4Source",
     "ArraySource",
     "DsecSource",
+    "EcdTextSource",
     "EventGptNpySource",
     "EventSource",
+    "NmnistBinSource",
     "NpzSource",
+    "PropheseeDatSource",
+    "PropheseeRawSource",
     "RgbIndex",
     "SceneSpec",
     "ShapeSpec",
+    "SourceMeta",
     "SyntheticSource",
     "ToySource",
     "check_range",
     "npy_needs_pickle",
     "open_source",
+    "parse_sensor_size",
 ]
 
 _SPEC_HELP = (
-    "expected synthetic, synthetic:SEED, toy, toy:SEED, toy:A-B, dsec:DIR, npy:FILE or npz:FILE"
+    "expected synthetic[:SEED], toy[:SEED|:A-B], KIND:PATH with KIND one of aedat4, raw, "
+    "evt2, evt3, dat, bin, txt, dsec, npy, npz, a bare PATH (format detected), "
+    "dv-net:HOST:PORT, dv-camera[:SERIAL] or prophesee-camera[:SERIAL]"
 )
 
 
@@ -64,7 +83,13 @@ class NpzSource(ArraySource):
         else:
             data = loaded
         events = coerce_events(data)
-        super().__init__(events, sensor_size, name=f"{path.suffix.lstrip('.')}:{path}")
+        super().__init__(
+            events, sensor_size, name=f"{path.suffix.lstrip('.')}:{path}",
+            meta=SourceMeta(
+                path.suffix.lstrip(".") or "npz",
+                "flag" if sensor_size else "inferred from events", "µs as stored in the file",
+            ),
+        )
 
 
 class EventGptNpySource(ArraySource):
@@ -98,7 +123,13 @@ class EventGptNpySource(ArraySource):
                 f"{path} holds a {type(loaded).__name__}, expected a dict with x, y, t, p"
             )
         events = coerce_events(loaded)
-        super().__init__(events, sensor_size, name=f"npy:{path}")
+        super().__init__(
+            events, sensor_size, name=f"npy:{path}",
+            meta=SourceMeta(
+                "EventGPT npy", "flag" if sensor_size else "inferred from events",
+                "µs as stored (relative in EventGPT samples, absolute in DSEC-derived ones)",
+            ),
+        )
 
 
 def npy_needs_pickle(path: str | Path) -> bool:
@@ -116,13 +147,27 @@ def npy_needs_pickle(path: str | Path) -> bool:
     return bool(dtype.hasobject)
 
 
-def open_source(spec: str, *, allow_pickle: bool = False) -> EventSource:
+#: Kinds that name a file or directory, and the live kinds.
+FILE_KINDS = ("aedat4", "raw", "evt2", "evt3", "dat", "bin", "txt", "dsec", "npy", "npz")
+LIVE_KINDS = ("dv-net", "dv-camera", "prophesee-camera")
+
+
+def open_source(
+    spec: str,
+    *,
+    allow_pickle: bool = False,
+    sensor_size: tuple[int, int] | None = None,
+) -> EventSource:
     """Build the EventSource named by a CLI spec (see the module docstring).
 
+    ``KIND:PATH`` forces a reader; a bare ``PATH`` is detected from the file's first
+    bytes, then its extension. ``sensor_size`` (the ``--sensor-size`` flag) is used by
+    formats whose files may not state it (RAW without geometry, DAT, bin, txt, npz).
     ``npy:`` picks the structured reader or, for a pickled file, the EventGPT reader,
     which refuses unless ``allow_pickle``.
     """
-    scheme, _, arg = spec.strip().partition(":")
+    spec = spec.strip()
+    scheme, _, arg = spec.partition(":")
     scheme = scheme.lower()
     if scheme == "synthetic":
         if not arg:
@@ -134,17 +179,50 @@ def open_source(spec: str, *, allow_pickle: bool = False) -> EventSource:
         return SyntheticSource(seed)
     if scheme == "toy":
         return parse_toy_spec(arg)
-    if scheme not in ("dsec", "npy", "npz"):
-        raise InvalidInput(f"unknown event source {spec!r}: {_SPEC_HELP}")
+    if scheme in LIVE_KINDS:
+        from edge.events.live_sources import open_live_source
+
+        return open_live_source(scheme, arg, sensor_size=sensor_size)
+    if scheme not in FILE_KINDS:
+        if ":" in spec and not Path(spec).exists():
+            raise InvalidInput(f"unknown event source {spec!r}: {_SPEC_HELP}")
+        scheme, arg = detect_kind(spec), spec
+        log.info("%s: detected format %s", spec, scheme)
     if not arg:
         raise InvalidInput(f"event source {spec!r} needs a path: {_SPEC_HELP}")
-    if scheme == "dsec":
+    return _open_file(scheme, arg, allow_pickle=allow_pickle, sensor_size=sensor_size)
+
+
+def _open_file(
+    kind: str, arg: str, *, allow_pickle: bool, sensor_size: tuple[int, int] | None
+) -> EventSource:
+    if kind == "dsec":
         return DsecSource(arg)
-    if scheme == "npz":
-        return NpzSource(arg)
+    if kind == "aedat4":
+        return Aedat4Source(arg)
+    if kind in ("raw", "evt2", "evt3"):
+        return PropheseeRawSource(
+            arg, encoding=None if kind == "raw" else kind, sensor_size=sensor_size
+        )
+    if kind == "dat":
+        return PropheseeDatSource(arg, sensor_size=sensor_size)
+    if kind == "bin":
+        return NmnistBinSource(arg, sensor_size=sensor_size)
+    if kind == "txt":
+        return EcdTextSource(arg, sensor_size=sensor_size)
+    if kind == "npz":
+        return NpzSource(arg, sensor_size=sensor_size)
     if npy_needs_pickle(arg):
-        return EventGptNpySource(arg, allow_pickle)
-    return NpzSource(arg)
+        return EventGptNpySource(arg, allow_pickle, sensor_size=sensor_size)
+    return NpzSource(arg, sensor_size=sensor_size)
+
+
+def parse_sensor_size(text: str) -> tuple[int, int]:
+    """``WxH`` (e.g. ``640x480``) -> (width, height)."""
+    w, sep, h = text.lower().partition("x")
+    if not sep or not w.strip().isdigit() or not h.strip().isdigit() or not int(w) or not int(h):
+        raise InvalidInput(f"sensor size must be WIDTHxHEIGHT, e.g. 640x480; got {text!r}")
+    return int(w), int(h)
 
 
 def _existing_file(path: str | Path) -> Path:

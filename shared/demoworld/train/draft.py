@@ -68,6 +68,8 @@ def toy_draft_config(text_vocab_size: int = TOY_TEXT_VOCAB_SIZE) -> EventGPTConf
         num_key_value_heads=6, max_position_embeddings=512, tie_word_embeddings=False,
         bos_token_id=BOS_ID, eos_token_id=EOS_ID, mm_visual_tower=None, event_feature_adaptor=True,
         vision_config=vision.to_dict(), image_size=IMAGE_SIZE,
+        # Trained on full-sensor canvases, not EventGPT's per-frame ones (edge.events.render).
+        event_canvas="sensor",
     )
 
 
@@ -80,7 +82,7 @@ def scene_event_frames(seed: int) -> np.ndarray:
     events = simulate_events(scene)
     end = scene.duration_us
     window = events_in_window(events, end - EVENT_WINDOW_US, end)
-    return np.stack(events_to_frames(window, (scene.width, scene.height), 5))
+    return np.stack(events_to_frames(window, (scene.width, scene.height), 5, canvas="sensor"))
 
 
 def event_frames_for(seeds: Sequence[int], workers: int) -> np.ndarray:

@@ -24,13 +24,17 @@ def test_frames_split_by_count_not_time() -> None:
     # frames empty; equal counts give 2 events per frame.
     t = np.array([0, 1, 2, 3, 4, 5, 6, 7, 90_000, 99_000])
     ev = make_events(np.arange(10), np.zeros(10, int), t, np.ones(10, int))
-    frames = events_to_frames(ev, (10, 2))
+    frames = events_to_frames(ev, (10, 2), canvas="sensor")
     assert len(frames) == 5
     for i, frame in enumerate(frames):
         assert frame.shape == (2, 10, 3) and frame.dtype == np.uint8
         red = np.flatnonzero(np.all(frame[0] == RED, axis=-1)).tolist()
         assert red == [2 * i, 2 * i + 1]
         assert np.all(frame[1] == WHITE)
+    # EventGPT's own canvas: each frame is (y.max+1) x (x.max+1) of its events.
+    own = events_to_frames(ev, (10, 2))
+    assert [f.shape for f in own] == [(1, 2 * i + 2, 3) for i in range(5)]
+    assert all(np.array_equal(o, f[:1, : o.shape[1]]) for o, f in zip(own, frames, strict=True))
 
 
 def test_colours_and_last_event_wins() -> None:

@@ -391,6 +391,10 @@ class EdgeStatus(_message.Message):
     LINK_FIELD_NUMBER: _builtins.int
     REQUESTS_SERVED_FIELD_NUMBER: _builtins.int
     ACCEPTANCE_EWMA_FIELD_NUMBER: _builtins.int
+    SOURCE_FORMAT_FIELD_NUMBER: _builtins.int
+    SENSOR_SIZE_FROM_FIELD_NUMBER: _builtins.int
+    TIME_BASE_FIELD_NUMBER: _builtins.int
+    LIVE_FIELD_NUMBER: _builtins.int
     source: _builtins.str
     """Source description, e.g. "dsec:/data/zurich_city_00_a"."""
     sensor_width: _builtins.int
@@ -409,8 +413,20 @@ class EdgeStatus(_message.Message):
     """Requests served since start."""
     acceptance_ewma: _builtins.float
     """Smoothed acceptance rate observed."""
+    source_format: _builtins.str
+    """File or stream format, e.g. "EVT3", "AEDAT4", "DAT"."""
+    sensor_size_from: _builtins.str
+    """Where the sensor size came from: "header geometry", "header plugin field",
+    "format", "flag", "inferred from events", ...
+    """
+    time_base: _builtins.str
+    """What source times mean, e.g. "µs since the Unix epoch (camera clock)"."""
     @_builtins.property
     def link(self) -> Global___LinkStatus: ...
+    @_builtins.property
+    def live(self) -> Global___LiveStatus:
+        """Live sources only: the stream's health."""
+
     def __init__(
         self,
         *,
@@ -425,11 +441,63 @@ class EdgeStatus(_message.Message):
         link: Global___LinkStatus | None = ...,
         requests_served: _builtins.int = ...,
         acceptance_ewma: _builtins.float = ...,
+        source_format: _builtins.str = ...,
+        sensor_size_from: _builtins.str = ...,
+        time_base: _builtins.str = ...,
+        live: Global___LiveStatus | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["link", b"link"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["link", b"link", "live", b"live"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_ewma", b"acceptance_ewma", "adapter_id", b"adapter_id", "draft_model_id", b"draft_model_id", "has_rgb", b"has_rgb", "link", b"link", "requests_served", b"requests_served", "sensor_height", b"sensor_height", "sensor_width", b"sensor_width", "source", b"source", "source_t0_us", b"source_t0_us", "source_t1_us", b"source_t1_us"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_ewma", b"acceptance_ewma", "adapter_id", b"adapter_id", "draft_model_id", b"draft_model_id", "has_rgb", b"has_rgb", "link", b"link", "live", b"live", "requests_served", b"requests_served", "sensor_height", b"sensor_height", "sensor_size_from", b"sensor_size_from", "sensor_width", b"sensor_width", "source", b"source", "source_format", b"source_format", "source_t0_us", b"source_t0_us", "source_t1_us", b"source_t1_us", "time_base", b"time_base"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___EdgeStatus: _TypeAlias = EdgeStatus  # noqa: Y015
+
+@_typing.final
+class LiveStatus(_message.Message):
+    """Health of a live event stream (camera or network)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONNECTED_FIELD_NUMBER: _builtins.int
+    RECONNECTS_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_FIELD_NUMBER: _builtins.int
+    SECONDS_SINCE_DATA_FIELD_NUMBER: _builtins.int
+    RECEIVED_FIELD_NUMBER: _builtins.int
+    DROPPED_FIELD_NUMBER: _builtins.int
+    BUFFERED_FIELD_NUMBER: _builtins.int
+    ENDED_FIELD_NUMBER: _builtins.int
+    connected: _builtins.bool
+    """Whether the stream is connected now."""
+    reconnects: _builtins.int
+    """Reconnections since start."""
+    last_error: _builtins.str
+    """Last error text, if any."""
+    seconds_since_data: _builtins.float
+    """Seconds since the last packet; -1 before the first."""
+    received: _builtins.int
+    """Event counters of the ring buffer."""
+    dropped: _builtins.int
+    buffered: _builtins.int
+    ended: _builtins.bool
+    """Whether the reader has ended (it will not produce more)."""
+    def __init__(
+        self,
+        *,
+        connected: _builtins.bool = ...,
+        reconnects: _builtins.int = ...,
+        last_error: _builtins.str = ...,
+        seconds_since_data: _builtins.float = ...,
+        received: _builtins.int = ...,
+        dropped: _builtins.int = ...,
+        buffered: _builtins.int = ...,
+        ended: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["buffered", b"buffered", "connected", b"connected", "dropped", b"dropped", "ended", b"ended", "last_error", b"last_error", "received", b"received", "reconnects", b"reconnects", "seconds_since_data", b"seconds_since_data"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LiveStatus: _TypeAlias = LiveStatus  # noqa: Y015

@@ -1,0 +1,65 @@
+"""N-MNIST / N-Caltech101 ``.bin`` files: 40-bit ATIS records.
+
+Format (Orchard et al. 2015, "Converting static image datasets to spiking neuromorphic
+datasets using saccades", dataset README): 5 bytes per event, x (bits 39..32),
+y (31..24), polarity (bit 23, 1 = ON), t (22..0, µs since the saccade started). A
+record with y = 240 is a timestamp overflow marker: every later t gains 2^13 µs (the
+rule tonic's ``read_mnist_file`` applies). The files are small (one digit or object
+each), so they are decoded whole with numpy; no third-party decoder is needed.
+
+Sensor size: N-MNIST is 34x34 by definition; other files (N-Caltech101 crops) are
+sized by the flag, else by the events (max + 1).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from edge.events.base import ArraySource, SourceMeta
+from edge.events.types import EVENT_DTYPE
+from shared.errors import InvalidInput, NotFound
+
+NMNIST_SIZE = (34, 34)
+_OVERFLOW_Y = 240
+
+
+def read_nmnist_bin(path: Path) -> np.ndarray:
+    """Decode a ``.bin`` into EVENT_DTYPE events (stream order)."""
+    raw = np.fromfile(path, dtype=np.uint8)
+    if raw.size % 5:
+        raise InvalidInput(
+            f"{path}: byte offset {raw.size - raw.size % 5}: truncated: {raw.size % 5} "
+            "trailing byte(s), expected whole 5-byte N-MNIST records"
+        )
+    rec = raw.reshape(-1, 5).astype(np.int64)  # [N, 5]
+    y = rec[:, 1]
+    t = ((rec[:, 2] & 0x7F) << 16) | (rec[:, 3] << 8) | rec[:, 4]  # [N]
+    overflow = y == _OVERFLOW_Y
+    t = t + np.cumsum(overflow) * (1 << 13)
+    keep = ~overflow
+    ev = np.empty(int(keep.sum()), dtype=EVENT_DTYPE)
+    ev["x"], ev["y"], ev["t"] = rec[keep, 0], y[keep], t[keep]
+    ev["p"] = rec[keep, 2] >> 7
+    return ev
+
+
+class NmnistBinSource(ArraySource):
+    """Events of one N-MNIST / N-Caltech101 sample, held in memory."""
+
+    def __init__(self, path: str | Path, *, sensor_size: tuple[int, int] | None = None) -> None:
+        p = Path(path)
+        if not p.is_file():
+            raise NotFound(f"event file {p} does not exist")
+        ev = read_nmnist_bin(p)
+        if ev.size == 0:
+            raise InvalidInput(f"{p}: holds no events")
+        size_from = "flag" if sensor_size is not None else "inferred from events"
+        fits_nmnist = int(ev["x"].max()) < 34 and int(ev["y"].max()) < 34
+        if sensor_size is None and fits_nmnist:
+            sensor_size, size_from = NMNIST_SIZE, "format (N-MNIST 34x34)"
+        super().__init__(
+            ev, sensor_size, name=f"bin:{p}",
+            meta=SourceMeta("N-MNIST bin", size_from, "µs since the sample started"),
+        )
