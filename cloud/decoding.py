@@ -27,6 +27,18 @@ from shared.errors import InvalidInput
 from shared.types import CommitEvent, DraftTail, FinishReason, GenerationSettings, RequestStats
 
 
+def first_stop(text: str, stop: Sequence[str]) -> int | None:
+    """Index in ``text`` of the earliest stop string, or None when none occurs."""
+    hits = [text.find(s) for s in stop if s in text]
+    return min(hits) if hits else None
+
+
+def stopped_text(text: str, stop: Sequence[str]) -> str:
+    """``text`` cut before its earliest stop string (the answer a user sees)."""
+    at = first_stop(text, stop)
+    return text if at is None else text[:at]
+
+
 @dataclass
 class StepResult:
     """What one target step produced, before stop conditions are applied."""
@@ -199,16 +211,20 @@ class DecodingSession:
     # -- applying results (event loop) ---------------------------------------------------
 
     def apply(self, step: StepResult) -> CommitEvent | None:
-        """Append a step's tokens to C under the stop conditions; return the Commit."""
+        """Append a step's tokens to C one at a time under the stop rules; return the Commit.
+
+        A bulk commit must end at exactly the token where target-only decoding (one token
+        per step) would stop, so every stop rule (EOS, stop string, token cap) is checked
+        after each token, never once after the whole step.
+        """
         start = len(self.committed)
-        budget = self.settings.max_new_tokens - start
         new: list[int] = []
-        for tok in step.tokens[: max(0, budget)]:
-            new.append(tok)
-            if tok == self.eos_token_id:
-                self.finish_reason = FinishReason.EOS
+        for tok in step.tokens:
+            if self.finish_reason is not None:
                 break
-        self.committed.extend(new)
+            new.append(tok)
+            self.committed.append(tok)
+            self.finish_reason = self._stop_after_token(tok)
         self.counters.drafted += step.verified
         self.counters.accepted += min(step.accepted, len(new))
         self.counters.steps += 1
@@ -216,14 +232,7 @@ class DecodingSession:
             self.counters.rejections += 1
         if self.first_token_at is None and new:
             self.first_token_at = self._clock()
-        self.text = self._decode(self.committed)
-        if self.finish_reason is None and self.settings.stop:
-            hits = [self.text.find(s) for s in self.settings.stop if s in self.text]
-            if hits:
-                self.text = self.text[: min(hits)]
-                self.finish_reason = FinishReason.STOP_STRING
-        if self.finish_reason is None and len(self.committed) >= self.settings.max_new_tokens:
-            self.finish_reason = FinishReason.MAX_TOKENS
+        self.text = stopped_text(self._decode(self.committed), self.settings.stop)
         if self.finish_reason is None and self.deadline_passed():
             self.finish_reason = FinishReason.DEADLINE
         if not new:
@@ -236,6 +245,17 @@ class DecodingSession:
             text=self.text,
             at_ms=self.elapsed_ms(),
         )
+
+    def _stop_after_token(self, tok: int) -> FinishReason | None:
+        """The stop rule that fires once ``tok`` is the newest committed token, if any."""
+        if tok == self.eos_token_id:
+            return FinishReason.EOS
+        stop = self.settings.stop
+        if stop and first_stop(self._decode(self.committed), stop) is not None:
+            return FinishReason.STOP_STRING
+        if len(self.committed) >= self.settings.max_new_tokens:
+            return FinishReason.MAX_TOKENS
+        return None
 
     def finish(self, reason: FinishReason) -> None:
         """Stop early (cancel, deadline) if not already finished."""
