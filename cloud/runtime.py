@@ -1,4 +1,4 @@
-"""The verifier's long-lived state: model, engine, worker, sessions, cost model.
+"""The verifier's long-lived state: model, scheduler (and its engine), sessions, cost model.
 
 Built once at start (``build_runtime``) and shared by every request. Planning lives
 here because it combines the server's calibrated cost with each request's edge profile
@@ -7,11 +7,13 @@ through the one shared timing model.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
 from cloud.config import CloudSettings
-from cloud.engine.base import TargetEngine
+from cloud.engine.base import BatchedEngine
+from cloud.scheduler import Scheduler
 from cloud.sessions import SessionRegistry
 from cloud.target import TargetModel
 from shared.estimators import AcceptanceEstimator
@@ -23,7 +25,6 @@ from shared.timing import (
     replan,
 )
 from shared.types import FeatureMode, OpenRequest, RequestStats, ServerInfo, VisualGeometry
-from shared.worker import ModelWorker
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +35,7 @@ class VerifierRuntime:
 
     settings: CloudSettings
     target: TargetModel
-    engine: TargetEngine
-    worker: ModelWorker
+    scheduler: Scheduler
     registry: SessionRegistry
     info: ServerInfo
     acceptance: AcceptanceEstimator = field(default_factory=lambda: AcceptanceEstimator(prior=0.5))
@@ -93,9 +93,9 @@ class VerifierRuntime:
 
 
 def server_info_for(
-    target: TargetModel, cost: CloudCost, settings: CloudSettings
+    target: TargetModel, cost: CloudCost, settings: CloudSettings, engine: BatchedEngine
 ) -> ServerInfo:
-    """Describe the loaded target for GetServerInfo."""
+    """Describe the loaded target, its cost model and its KV capacity for GetServerInfo."""
     g = target.geometry
     prompt = target.build_prompt_ids("")
     geometry = VisualGeometry(g.num_frames, g.tokens_per_frame, g.feature_dim, g.image_size)
@@ -108,6 +108,7 @@ def server_info_for(
         geometry=geometry,
         feature_modes=(FeatureMode.FRAMES, FeatureMode.ALIGNED),
         cloud_cost=cost,
-        limits=settings.limits,
+        limits=dataclasses.replace(settings.limits, kv_slots=engine.num_slots,
+                                   kv_tokens_per_slot=engine.max_seq_len),
         prompt_overhead_tokens=len(prompt) - geometry.visual_tokens,
     )

@@ -106,6 +106,10 @@ class ServerLimits:
     max_new_tokens: int = 512
     max_draft_tokens: int = 128
     max_frame_bytes: int = 4 << 20
+    #: KV slots the engine reserved at start-up (0: not reported).
+    kv_slots: int = 0
+    #: Positions per KV slot (prompt + answer).
+    kv_tokens_per_slot: int = 0
 
 
 @dataclass(frozen=True)
