@@ -41,12 +41,21 @@ class VerifierRuntime:
     acceptance: AcceptanceEstimator = field(default_factory=lambda: AcceptanceEstimator(prior=0.5))
     requests_served: int = 0
 
+    def current_info(self, *, joining: int = 1) -> ServerInfo:
+        """``info`` with the cost model's load term set to the sessions a request would
+        share each step with (those holding a KV slot, plus ``joining``), so the shared
+        plan sees a loaded cloud, whose steps are slower, and drafts when that pays."""
+        load = max(1, self.scheduler.live + joining)
+        cost = dataclasses.replace(self.info.cloud_cost, load_sessions=float(load))
+        return dataclasses.replace(self.info, cloud_cost=cost)
+
     def plan_for(
         self, open_req: OpenRequest, *, text_tokens: int
     ) -> tuple[TimingPlan, PlanInputs | None]:
         """The request's plan, from the same function the edge runs on the same profiles,
         and the inputs it came from (None for target-only requests)."""
         edge = open_req.edge_cost
+        cloud = self.current_info(joining=0).cloud_cost  # this request holds a slot already
         if not open_req.speculative or edge is None:
             return TimingPlan(
                 speculate=False,
@@ -55,15 +64,14 @@ class VerifierRuntime:
                 chunk_cadence_tokens=1,
                 aligned_fits_uplink=False,
                 acceptance_estimate=0.0,
-                predicted_prefill_ms=self.info.cloud_cost.prefill_ms(
-                    self.info.geometry.visual_tokens, text_tokens
-                ),
-                predicted_step_ms=self.info.cloud_cost.step_ms(1),
+                predicted_prefill_ms=cloud.prefill_ms(self.info.geometry.visual_tokens,
+                                                      text_tokens),
+                predicted_step_ms=cloud.step_ms(1),
                 predicted_speedup=1.0,
                 reason="target-only request: no drafts expected",
             ), None
         inputs = PlanInputs(
-            cloud=self.info.cloud_cost,
+            cloud=cloud,
             edge=edge,
             visual_tokens=self.info.geometry.visual_tokens,
             text_tokens=text_tokens,

@@ -117,7 +117,7 @@ class SlotPool:
 
 @dataclass
 class SchedulerStats:
-    """What the loop did, for the benchmark and the cost model's load term."""
+    """What the loop did (for the benchmark and the logs)."""
 
     steps: int = 0
     prefills: int = 0
@@ -126,13 +126,11 @@ class SchedulerStats:
     engine_ms: float = 0.0
     sampler_ms: float = 0.0
     overhead_ms: float = 0.0  # the loop's own Python work around engine and sampler
-    recent_batch: float = 1.0  # EWMA of sessions per step
 
     def observe_step(self, sessions: int, tokens: int) -> None:
         self.steps += 1
         self.step_tokens += tokens
         self.batch_sizes[sessions] += 1
-        self.recent_batch += 0.1 * (sessions - self.recent_batch)
 
 
 class Scheduler:
