@@ -177,4 +177,10 @@ class VerifierServer:
 
     @property
     def live_sessions(self) -> int:
+        """Registered Generate streams."""
         return len(self.runtime.registry) if self.runtime is not None else 0
+
+    @property
+    def held_slots(self) -> int:
+        """KV slots held by requests (every way a request ends gives its slot back)."""
+        return self.runtime.scheduler.live if self.runtime is not None else 0
