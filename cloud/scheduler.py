@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import queue
 import threading
@@ -155,17 +156,27 @@ class Scheduler:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self.dead: str | None = None  # why the loop ended, once it has
+        self._on_death: Callable[[str], None] | None = None
 
     # -- the streams' side (event loop) ------------------------------------------------------
 
-    def start(self) -> None:
-        """Start the engine thread; results are delivered on the running event loop."""
+    def start(self, on_death: Callable[[str], None] | None = None) -> None:
+        """Start the engine thread; results are delivered on the running event loop.
+
+        ``on_death(reason)`` runs on that loop if the engine loop itself fails (a bug,
+        not a request's error), so the server can report NOT_SERVING.
+        """
         self._loop = asyncio.get_running_loop()
+        self._on_death = on_death
         self._thread = threading.Thread(target=self._run, name="engine-core", daemon=True)
         self._thread.start()
 
     def admit(self, request_id: str, make_session: Callable[[int], DecodingSession]) -> Ticket:
-        """Take a KV slot for a new request (RESOURCE_EXHAUSTED when none is free)."""
+        """Take a KV slot for a new request (RESOURCE_EXHAUSTED when none is free;
+        UNAVAILABLE once the engine loop has ended, never a request that hangs)."""
+        if self.dead is not None:
+            raise Unavailable(f"the verifier's engine loop has stopped ({self.dead})")
         slot = self.pool.acquire()
         try:
             session = make_session(slot)
@@ -181,6 +192,10 @@ class Scheduler:
                        video_features: torch.Tensor | None = None) -> None:
         """Queue the request's prefill; the first result follows on ``ticket.events``."""
         ticket.submitted = True
+        if self.dead is not None:
+            ticket.events.put_nowait(Failure(Unavailable(
+                f"the verifier's engine loop has stopped ({self.dead})")))
+            return
         req = PrefillRequest(ticket.slot, list(prompt_ids), pixel_values_videos, video_features)
         self._commands.put(("prefill", ticket, req))
 
@@ -219,10 +234,15 @@ class Scheduler:
                 self._prefill_one()
                 self._step_all()
                 self._flush()
-        except BaseException:  # a bug in the loop must not leave streams hanging
+        except BaseException as exc:  # a bug in the loop must not leave streams hanging
+            self.dead = f"{type(exc).__name__}: {exc}"
             log.exception("the engine loop died")
-            raise
+            if self._on_death is not None and self._loop is not None:
+                with contextlib.suppress(RuntimeError):
+                    self._loop.call_soon_threadsafe(self._on_death, self.dead)
         finally:
+            if self.dead is None:
+                self.dead = "stopped"
             down = Unavailable("the verifier's engine loop stopped")
             for t in [*self._running, *(t for t, _ in self._waiting)]:
                 self._end(t, Failure(down))

@@ -120,6 +120,7 @@ class VerifierServer:
     _host: GrpcHost | None = None
     _servicer: VerifierServicer = field(default_factory=VerifierServicer)
     _sweeper: asyncio.Task[None] | None = None
+    _engine_down: asyncio.Task[None] | None = None
 
     async def start(self, *, warm: bool = True) -> int:
         """Bind, report NOT_SERVING, warm up, report SERVING. Returns the bound port."""
@@ -145,7 +146,7 @@ class VerifierServer:
         self.runtime = await asyncio.to_thread(
             build_runtime, self.settings, self.target, engine=self.engine, cost=self.cost
         )
-        self.runtime.scheduler.start()
+        self.runtime.scheduler.start(on_death=self._engine_died)
         self._servicer.attach(self.runtime)
         self._sweeper = asyncio.create_task(
             self.runtime.registry.run_sweeper(min(60.0, self.settings.session_ttl_s / 4))
@@ -158,6 +159,12 @@ class VerifierServer:
                  info.cloud_cost.step_base_ms, info.cloud_cost.step_ms_per_token,
                  info.cloud_cost.step_ms_per_session, info.limits.kv_slots,
                  info.limits.kv_tokens_per_slot)
+
+    def _engine_died(self, reason: str) -> None:
+        """The engine loop failed: report NOT_SERVING so load balancers move on."""
+        log.error("engine loop died (%s); health is NOT_SERVING", reason)
+        if self._host is not None:
+            self._engine_down = asyncio.create_task(self._host.set_serving(False))
 
     async def stop(self, grace_s: float | None = None) -> None:
         """NOT_SERVING, then stop with a grace period for in-flight requests."""
