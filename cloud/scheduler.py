@@ -253,7 +253,9 @@ class Scheduler:
                     kind, ticket, _ = self._commands.get_nowait()
                 except queue.Empty:
                     break
-                if ticket is not None and kind != "stop":
+                if ticket is not None and kind == "prefill":
+                    self._end(ticket, Failure(down))
+                elif ticket is not None and kind != "stop":
                     self._free_slot(ticket)
             self._flush()
 
