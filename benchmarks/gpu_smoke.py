@@ -39,6 +39,7 @@ from transformers import (
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cloud.config import CloudSettings
+from cloud.engine.base import PrefillRequest, StepBatch
 from cloud.engine.hf import HFEngine
 from cloud.server import VerifierServer
 from cloud.target import TargetModel
@@ -77,35 +78,32 @@ def sync() -> None:
 
 
 def time_engine(target: TargetModel, repeats: int) -> dict[str, float]:
-    engine = HFEngine(target)
+    """Prefill and single-session steps through the batched engine API (slot 0)."""
+    engine = HFEngine(target, num_slots=1)
     g = target.geometry
     pix = torch.randn(1, g.num_frames, 3, g.image_size, g.image_size, device=target.device,
                       dtype=target.dtype)
     ids = target.build_prompt_ids("What is moving in the scene, and which way does it go?")
     prefill = []
-    state = None
     for _ in range(repeats + 1):
-        if state is not None:
-            engine.release(state)
         sync()
         t0 = time.perf_counter()
-        state, _ = engine.prefill(ids, pixel_values_videos=pix)
+        engine.prefill([PrefillRequest(0, ids, pixel_values_videos=pix)])
         sync()
         prefill.append((time.perf_counter() - t0) * 1e3)
-    assert state is not None
     out = {"prompt_tokens": float(len(ids)), "prefill_ms": statistics.median(prefill[1:])}
-    base = engine.seq_len(state)
     for k in (0, 8, 32):
+        batch = StepBatch((0,), (len(ids),), (k + 1,),
+                          torch.full((k + 1,), 5, dtype=torch.long, device=target.device))
         times = []
         for _ in range(repeats + 1):
             sync()
             t0 = time.perf_counter()
-            engine.step(state, [5] * (k + 1))
+            engine.step(batch)  # rolls back to the prompt implicitly (start position)
             sync()
             times.append((time.perf_counter() - t0) * 1e3)
-            engine.rollback(state, base)
         out[f"step_k{k}_ms"] = statistics.median(times[1:])
-    engine.release(state)
+    engine.free(0)
     return out
 
 

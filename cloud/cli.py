@@ -38,6 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="concurrent Generate streams; more get RESOURCE_EXHAUSTED")
     serve.add_argument("--max-new-tokens", type=int, default=ServerLimits().max_new_tokens,
                        help="cap on a request's max_new_tokens")
+    serve.add_argument("--kv-cache-gb", type=float, default=None,
+                       help="KV memory budget in GiB; slots = budget / (max-seq-len x KV bytes "
+                            "per token), at most --max-sessions (default: 90%% of free GPU "
+                            "memory, or 2 GiB on CPU)")
+    serve.add_argument("--max-seq-len", type=int, default=None,
+                       help="positions per KV slot, prompt plus answer (default: the model's)")
     serve.add_argument("--profile", type=Path, default=None,
                        help="calibration profile file (default: ~/.cache/eventspec/...)")
     serve.add_argument("--no-calibrate", action="store_true",
@@ -58,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
 def settings_from_args(args: argparse.Namespace) -> CloudSettings:
     if args.max_sessions < 1:
         raise SystemExit("--max-sessions must be >= 1")
+    if args.kv_cache_gb is not None and not args.kv_cache_gb > 0:
+        raise SystemExit("--kv-cache-gb must be > 0")
+    if args.max_seq_len is not None and args.max_seq_len < 2:
+        raise SystemExit("--max-seq-len must be >= 2")
     return replace(
         CloudSettings(),
         model=args.model,
@@ -67,6 +77,8 @@ def settings_from_args(args: argparse.Namespace) -> CloudSettings:
         dtype=args.dtype,
         limits=replace(ServerLimits(), max_sessions=args.max_sessions,
                        max_new_tokens=args.max_new_tokens),
+        kv_cache_gb=args.kv_cache_gb,
+        max_seq_len=args.max_seq_len,
         profile_path=args.profile,
         calibrate=not args.no_calibrate,
         emulate_prefill_ms=args.emulate_prefill_ms,

@@ -24,6 +24,12 @@ class CloudSettings:
     device: str = "cpu"
     dtype: str = "float32"
     limits: ServerLimits = field(default_factory=ServerLimits)
+    #: KV memory budget in GiB (None: a fraction of free device memory, or a CPU default).
+    kv_cache_gb: float | None = None
+    #: Fraction of free device memory reserved for KV when ``kv_cache_gb`` is None (CUDA).
+    kv_memory_fraction: float = 0.9
+    #: Positions per KV slot (prompt + answer); None = the model's maximum.
+    max_seq_len: int | None = None
     #: Widest verify forward: C[-1] plus up to this many minus one drafts.
     max_verify_tokens: int = 33
     #: Sessions older than this are released by the sweeper (a leak guard).

@@ -1,15 +1,18 @@
-"""Per-request speculative decoding state on the cloud: the committed sequence C.
+"""Per-request speculative decoding state on the cloud: the committed sequence C. Pure.
 
-Pure logic over an engine (no gRPC, no asyncio). The cloud owns C. Each step verifies
-whatever valid drafts extend C in one target forward (zero drafts is a plain decode
-step), so speculation can only add tokens per step, never wait (DESIGN, "Speculation
-invariants"). Drafts are self-validating: a ``DraftTail`` carries the committed length
-the edge has seen (``base``) and its whole tail from there; the overlap with C is
-checked and a disagreeing tail is dropped as stale.
+No engine calls, no threads, no gRPC: the scheduler asks a session what to feed next
+(:meth:`DecodingSession.step_input`), runs the engine and the sampler for every session
+at once, and hands each session its verdict (:meth:`DecodingSession.commit`). That keeps
+the rules that make speculation lossless testable on their own (DESIGN.md,
+"Speculation invariants"):
 
-Threading: ``run_prefill`` and ``run_step`` do model work and are called from the single
-model worker; ``offer_drafts``, ``drafts_for_step`` and ``apply`` run on the event loop.
-A session has at most one step in flight, so they never race on C.
+- The cloud owns C. Each step verifies whatever valid drafts extend C (zero drafts is a
+  plain decode step), so speculation can add tokens per step but never waits.
+- Drafts are self-validating: a ``DraftTail`` carries the committed length the edge has
+  seen (``base``) and its whole tail from there; a tail whose overlap with C disagrees
+  is dropped as stale.
+- A bulk commit goes through the stop rules one token at a time, so it ends at exactly
+  the token where target-only decoding ends (EOS, stop string, token cap, context).
 """
 
 from __future__ import annotations
@@ -17,28 +20,72 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-import torch
-
-from cloud.engine.base import TargetEngine
-from cloud.verify import VerifyResult, make_generator, mask_non_text, verify_greedy, verify_sampling
 from shared.errors import InvalidInput
-from shared.types import CommitEvent, DraftTail, FinishReason, GenerationSettings, RequestStats
+from shared.types import DraftTail, FinishReason, GenerationSettings, RequestStats
 
 
-@dataclass
-class StepResult:
-    """What one target step produced, before stop conditions are applied."""
+def first_stop(text: str, stop: Sequence[str]) -> int | None:
+    """Index in ``text`` of the earliest stop string, or None when none occurs."""
+    hits = [text.find(s) for s in stop if s in text]
+    return min(hits) if hits else None
 
-    tokens: list[int]
+
+def stopped_text(text: str, stop: Sequence[str]) -> str:
+    """``text`` cut before its earliest stop string (the answer a user sees)."""
+    at = first_stop(text, stop)
+    return text if at is None else text[:at]
+
+
+def check_tail(tail: DraftTail, *, committed_len: int, max_draft_tokens: int,
+               text_vocab_size: int) -> None:
+    """Raise InvalidInput for a malformed tail: the edge is broken, not merely late.
+
+    ``committed_len`` is how much of C the stream has received; the edge can only have
+    seen what was sent to it, so a larger ``base`` is an error.
+    """
+    if tail.base < 0 or tail.base > committed_len:
+        raise InvalidInput(
+            f"Drafts.base {tail.base} is outside the committed answer (length {committed_len})"
+        )
+    if len(tail.token_ids) > max_draft_tokens:
+        raise InvalidInput(
+            f"Drafts tail of {len(tail.token_ids)} tokens exceeds the cap of {max_draft_tokens}"
+        )
+    for tok in tail.token_ids:
+        if not 0 <= tok < text_vocab_size:
+            raise InvalidInput(
+                f"draft token id {tok} is outside the shared text vocabulary "
+                f"[0, {text_vocab_size})"
+            )
+
+
+@dataclass(frozen=True)
+class StepInput:
+    """What a session feeds the next engine step.
+
+    ``tokens`` is C[-1] plus the drafts, written at ``start_position`` of ``slot``.
+    """
+
+    slot: int
+    start_position: int
+    tokens: tuple[int, ...]
+    drafts: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Committed:
+    """What one verdict added to C (after the stop rules) and whether the request ended."""
+
+    start: int
+    tokens: tuple[int, ...]
     verified: int
     accepted: int
-    ms: float
+    finish_reason: FinishReason | None
 
 
 @dataclass
-class _Counters:
+class Counters:
     drafted: int = 0
     accepted: int = 0
     steps: int = 0
@@ -52,25 +99,30 @@ class _Counters:
 
 
 class DecodingSession:
-    """The committed sequence, the latest draft tail and the KV state of one request."""
+    """The committed sequence, the latest draft tail and the stop rules of one request."""
 
     def __init__(
         self,
         *,
         settings: GenerationSettings,
-        text_vocab_size: int,
+        slot: int,
+        prompt_len: int,
+        max_seq_len: int,
         eos_token_id: int,
-        max_draft_tokens: int,
         max_verify_tokens: int,
         decode: Callable[[Sequence[int]], str],
         speculative: bool,
         deadline_ms: int = 0,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        if prompt_len >= max_seq_len:
+            raise InvalidInput(f"prompt of {prompt_len} tokens leaves no room in a slot of "
+                               f"{max_seq_len} positions")
         self.settings = settings
-        self.text_vocab_size = text_vocab_size
+        self.slot = slot
+        self.prompt_len = prompt_len
+        self.max_seq_len = max_seq_len
         self.eos_token_id = eos_token_id
-        self.max_draft_tokens = max_draft_tokens
         self.max_verify_tokens = max_verify_tokens
         self.speculative = speculative
         self.deadline_ms = deadline_ms
@@ -80,40 +132,18 @@ class DecodingSession:
         self.committed: list[int] = []
         self.tail: DraftTail | None = None
         self.finish_reason: FinishReason | None = None
-        self.text = ""
         self.first_token_at: float | None = None
-        self.prompt_len = 0
-        self.engine_state: Any = None
-        self._prefill_logits: torch.Tensor | None = None  # [V]
+        self.prefilled = False
         self._hidden: list[int] = []
-        self._generator = make_generator(settings.seed)
-        self.counters = _Counters()
+        self.counters = Counters()
 
-    # -- drafts (event loop) -----------------------------------------------------------
+    # -- drafts --------------------------------------------------------------------------
 
     def offer_drafts(self, tail: DraftTail) -> bool:
-        """Validate a tail; keep it if its overlap with C agrees. Returns whether kept.
-
-        A malformed tail (ids outside the text vocabulary, a base beyond C, too long) is
-        an InvalidInput: the edge is broken, not merely late.
-        """
-        if tail.base < 0 or tail.base > len(self.committed):
-            raise InvalidInput(
-                f"Drafts.base {tail.base} is outside the committed answer (length "
-                f"{len(self.committed)})"
-            )
-        if len(tail.token_ids) > self.max_draft_tokens:
-            raise InvalidInput(
-                f"Drafts tail of {len(tail.token_ids)} tokens exceeds the cap of "
-                f"{self.max_draft_tokens}"
-            )
-        for tok in tail.token_ids:
-            if not 0 <= tok < self.text_vocab_size:
-                raise InvalidInput(
-                    f"draft token id {tok} is outside the shared text vocabulary "
-                    f"[0, {self.text_vocab_size})"
-                )
+        """Keep a (well-formed, see :func:`check_tail`) tail if its overlap with C agrees."""
         if not self.speculative or self.finish_reason is not None:
+            return False
+        if tail.base > len(self.committed):
             return False
         overlap = self.committed[tail.base :]
         if list(tail.token_ids[: len(overlap)]) != overlap[: len(tail.token_ids)]:
@@ -124,123 +154,97 @@ class DecodingSession:
         self.tail = tail
         return True
 
-    def drafts_for_step(self) -> list[int]:
-        """The valid drafts extending C now (possibly none)."""
+    def drafts_now(self) -> list[int]:
+        """The valid drafts extending C now (possibly none), within the verify width and
+        the slot's remaining positions."""
         if self.tail is None:
             return []
         overlap = len(self.committed) - self.tail.base
-        if overlap < 0:
-            return []
         if list(self.tail.token_ids[:overlap]) != self.committed[self.tail.base :]:
             self.tail = None
             return []
         drafts = list(self.tail.token_ids[overlap:])
         if not self.committed:
-            return drafts[:1]
-        return drafts[: max(0, self.max_verify_tokens - 1)]
+            return drafts[:1]  # the prefill's one row checks one hidden draft
+        room = self.max_seq_len - self.prompt_len - len(self.committed)  # positions after C[-1]
+        return drafts[: max(0, min(self.max_verify_tokens - 1, room))]
 
-    def mark_prefill_done(self) -> None:
-        """Record the hidden drafts: those that arrived while the prefill ran."""
+    # -- the scheduler's side ------------------------------------------------------------
+
+    def mark_prefilled(self, ms: float) -> None:
+        """The prompt is in the slot; the tail held now was drafted while it ran (hidden)."""
+        self.prefilled = True
         tail = self.tail
         self._hidden = list(tail.token_ids) if tail is not None and tail.base == 0 else []
         self.counters.hidden_drafted = len(self._hidden)
-
-    # -- model work (worker thread) -----------------------------------------------------
-
-    def run_prefill(
-        self,
-        engine: TargetEngine,
-        prompt_ids: Sequence[int],
-        *,
-        pixel_values_videos: torch.Tensor | None = None,
-        video_features: torch.Tensor | None = None,
-    ) -> float:
-        """Prefill the prompt and keep the first-token logits. Returns ms."""
-        t0 = self._clock()
-        state, logits = engine.prefill(
-            prompt_ids, pixel_values_videos=pixel_values_videos, video_features=video_features
-        )
-        self.engine_state = state
-        self.prompt_len = len(prompt_ids)
-        self._prefill_logits = logits
-        ms = (self._clock() - t0) * 1e3
         self.counters.add_stage("prefill", ms)
-        return ms
 
-    def run_step(self, engine: TargetEngine, drafts: Sequence[int]) -> StepResult:
-        """One target step over ``drafts`` (may be empty). Leaves the cache at P+|C'|-1.
-
-        The first step reuses the prefill's logits: one row checks the first hidden
-        draft for free. Later steps feed ``[C[-1]] + drafts`` and get k+1 rows.
-        """
-        t0 = self._clock()
+    def step_input(self) -> StepInput:
+        """C[-1] and the valid drafts, at the position right after what the slot keeps."""
         if not self.committed:
-            if self._prefill_logits is None:
-                raise RuntimeError("step before prefill")
-            rows = self._prefill_logits.unsqueeze(0)  # [1, V]
-            drafts = list(drafts[:1])
-        else:
-            rows = engine.step(self.engine_state, [self.committed[-1], *drafts])  # [k+1, V]
-        rows = mask_non_text(rows, self.text_vocab_size)
-        result = self._verify(rows, drafts)
-        keep = self.prompt_len + len(self.committed) + len(result.tokens) - 1
-        if self.committed and engine.seq_len(self.engine_state) != keep:
-            engine.rollback(self.engine_state, keep)
-        ms = (self._clock() - t0) * 1e3
-        self.counters.add_stage("verify" if drafts else "decode", ms)
-        return StepResult(result.tokens, len(drafts), result.accepted, ms)
+            raise RuntimeError("the first token comes from the prefill's logits, not a step")
+        drafts = tuple(self.drafts_now())
+        return StepInput(
+            slot=self.slot,
+            start_position=self.prompt_len + len(self.committed) - 1,
+            tokens=(self.committed[-1], *drafts),
+            drafts=drafts,
+        )
 
-    def _verify(self, rows: torch.Tensor, drafts: Sequence[int]) -> VerifyResult:
-        s = self.settings
-        if s.temperature == 0:
-            return verify_greedy(rows, drafts)
-        return verify_sampling(rows, drafts, s.temperature, s.top_p, self._generator)
+    def commit(self, accepted: int, tokens: Sequence[int], verified: int,
+               ms: float) -> Committed:
+        """Append a verdict's tokens to C one at a time under the stop rules.
 
-    # -- applying results (event loop) ---------------------------------------------------
-
-    def apply(self, step: StepResult) -> CommitEvent | None:
-        """Append a step's tokens to C under the stop conditions; return the Commit."""
+        A bulk commit must end at exactly the token where target-only decoding (one token
+        per step) would stop, so every stop rule is checked after each token.
+        """
         start = len(self.committed)
-        budget = self.settings.max_new_tokens - start
         new: list[int] = []
-        for tok in step.tokens[: max(0, budget)]:
-            new.append(tok)
-            if tok == self.eos_token_id:
-                self.finish_reason = FinishReason.EOS
+        for tok in tokens:
+            if self.finish_reason is not None:
                 break
-        self.committed.extend(new)
-        self.counters.drafted += step.verified
-        self.counters.accepted += min(step.accepted, len(new))
-        self.counters.steps += 1
-        if step.accepted < step.verified:
-            self.counters.rejections += 1
+            new.append(int(tok))
+            self.committed.append(int(tok))
+            self.finish_reason = self._stop_after_token(int(tok))
+        c = self.counters
+        c.drafted += verified
+        c.accepted += min(accepted, len(new))
+        c.steps += 1
+        c.rejections += accepted < verified
+        c.add_stage("verify" if verified else "decode", ms)
         if self.first_token_at is None and new:
             self.first_token_at = self._clock()
-        self.text = self._decode(self.committed)
-        if self.finish_reason is None and self.settings.stop:
-            hits = [self.text.find(s) for s in self.settings.stop if s in self.text]
-            if hits:
-                self.text = self.text[: min(hits)]
-                self.finish_reason = FinishReason.STOP_STRING
-        if self.finish_reason is None and len(self.committed) >= self.settings.max_new_tokens:
-            self.finish_reason = FinishReason.MAX_TOKENS
         if self.finish_reason is None and self.deadline_passed():
             self.finish_reason = FinishReason.DEADLINE
-        if not new:
-            return None
-        return CommitEvent(
-            start=start,
-            token_ids=tuple(new),
-            drafts_verified=step.verified,
-            drafts_accepted=min(step.accepted, len(new)),
-            text=self.text,
-            at_ms=self.elapsed_ms(),
-        )
+        return Committed(start, tuple(new), verified, min(accepted, len(new)), self.finish_reason)
+
+    def _stop_after_token(self, tok: int) -> FinishReason | None:
+        """The stop rule that fires once ``tok`` is the newest committed token, if any.
+
+        Running out of slot positions (the context limit) ends the answer like the
+        token cap does, identically for speculative and target-only decoding.
+        """
+        if tok == self.eos_token_id:
+            return FinishReason.EOS
+        stop = self.settings.stop
+        if stop and first_stop(self._decode(self.committed), stop) is not None:
+            return FinishReason.STOP_STRING
+        if len(self.committed) >= self.settings.max_new_tokens:
+            return FinishReason.MAX_TOKENS
+        if self.prompt_len + len(self.committed) >= self.max_seq_len:
+            return FinishReason.MAX_TOKENS
+        return None
 
     def finish(self, reason: FinishReason) -> None:
         """Stop early (cancel, deadline) if not already finished."""
         if self.finish_reason is None:
             self.finish_reason = reason
+
+    # -- reporting -----------------------------------------------------------------------
+
+    def text(self) -> str:
+        """The answer so far as a user sees it (cut before a stop string)."""
+        return stopped_text(self._decode(self.committed), self.settings.stop)
 
     def elapsed_ms(self) -> float:
         return (self._clock() - self.started) * 1e3

@@ -2,8 +2,10 @@
 
 The servicer converts wire messages to domain messages and back; this module owns the
 order of events: Open, the visual input, Plan, prefill (while hidden drafts arrive),
-then steps that each verify whatever valid drafts extend C, then Done. A reader task
-consumes the edge's messages concurrently, so drafts land while the model works.
+then the commits of the steps that verify whatever valid drafts extend C, then Done. A
+reader task consumes the edge's messages concurrently, so drafts land while the model
+works. The stream talks only to the scheduler (``cloud.scheduler``): it never calls the
+engine, and it never reads the session while the engine thread owns it.
 """
 
 from __future__ import annotations
@@ -12,15 +14,15 @@ import asyncio
 import contextlib
 import logging
 import math
-import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from cloud.decoding import DecodingSession
+from cloud.decoding import Committed, DecodingSession, check_tail, stopped_text
 from cloud.runtime import VerifierRuntime
+from cloud.scheduler import Failure, Ticket
 from shared.codec import TensorAssembler, TensorHeaderInfo, WireDtype
 from shared.convert import CloudOutbound, EdgeInbound
 from shared.errors import (
@@ -33,6 +35,7 @@ from shared.errors import (
 from shared.types import (
     VIDEO_FEATURES_TENSOR,
     CancelRequest,
+    CommitEvent,
     DoneEvent,
     DraftTail,
     FinishReason,
@@ -58,43 +61,50 @@ def _describe(msg: object) -> str:
 class _Inbox:
     """Consumes the edge's messages after Open; feeds drafts, tensors and cancels."""
 
-    def __init__(self, session: DecodingSession, open_req: OpenRequest, rt: VerifierRuntime):
-        self.session = session
+    def __init__(self, ticket: Ticket, open_req: OpenRequest, rt: VerifierRuntime):
+        self.ticket = ticket
         self.open = open_req
         self.rt = rt
-        self.error: EventSpecError | None = None
-        self.wake = asyncio.Event()
         self.features_ready = asyncio.Event()
         self.features: torch.Tensor | None = None
         self._assembler: TensorAssembler | None = None
         self.cancelled = False
+        self.finished = False
+        self.error: EventSpecError | None = None
+        #: How much of C the stream has received from the scheduler (>= what the edge saw).
+        self.received = 0
 
     async def consume(self, messages: AsyncIterator[EdgeInbound]) -> None:
         try:
             async for msg in messages:
-                if self.session.finish_reason is not None and isinstance(msg, DraftTail):
+                if self.finished and isinstance(msg, DraftTail):
                     continue  # late drafts after the answer ended: nothing to verify
                 self._handle(msg)
-                self.wake.set()
         except EventSpecError as exc:
-            self.error = exc
+            self.fail(exc)
         finally:
-            self.wake.set()
             self.features_ready.set()
 
-    def expire(self, message: str) -> None:
-        """End the request with DEADLINE_EXCEEDED at its next check (the TTL sweep)."""
+    def fail(self, error: EventSpecError) -> None:
+        """End the stream with ``error`` at its next wait (also the TTL sweep's way)."""
         if self.error is None:
-            self.error = DeadlineExceeded(message)
-        self.wake.set()
+            self.error = error
+        self.ticket.events.put_nowait(Failure(error))
         self.features_ready.set()
+
+    def expire(self, message: str) -> None:
+        """End the request with DEADLINE_EXCEEDED (the TTL sweep)."""
+        self.fail(DeadlineExceeded(message))
 
     def _handle(self, msg: EdgeInbound) -> None:
         if isinstance(msg, DraftTail):
-            self.session.offer_drafts(msg)
+            limits = self.rt.info.limits
+            check_tail(msg, committed_len=self.received, max_draft_tokens=limits.max_draft_tokens,
+                       text_vocab_size=self.rt.info.text_vocab_size)
+            self.rt.scheduler.offer(self.ticket, msg)
         elif isinstance(msg, CancelRequest):
             self.cancelled = True
-            self.session.finish(FinishReason.CANCELLED)
+            self.rt.scheduler.cancel(self.ticket)
             self.features_ready.set()  # stop waiting for aligned features
         elif isinstance(msg, TensorHeaderInfo):
             self._on_header(msg)
@@ -208,58 +218,64 @@ async def run_generate(
         raise FailedPrecondition(f"the first message must be Open, got {_describe(first)}")
     open_req = validate_open(first, rt)
     settings = open_req.generation
-    session = DecodingSession(
-        settings=settings,
-        text_vocab_size=rt.info.text_vocab_size,
-        eos_token_id=rt.info.eos_token_id,
-        max_draft_tokens=rt.info.limits.max_draft_tokens,
-        max_verify_tokens=rt.settings.max_verify_tokens,
-        decode=rt.target.decode,
-        speculative=open_req.speculative,
-        deadline_ms=open_req.deadline_ms,
-    )
+    prompt_ids = rt.target.build_prompt_ids(open_req.question)
+    sched = rt.scheduler
 
-    async def release() -> None:
-        if session.engine_state is not None:
-            state = session.engine_state
-            session.engine_state = None
-            await rt.worker.run(lambda: rt.engine.release(state))
+    def make_session(slot: int) -> DecodingSession:
+        return DecodingSession(
+            settings=settings,
+            slot=slot,
+            prompt_len=len(prompt_ids),
+            max_seq_len=sched.engine.max_seq_len,
+            eos_token_id=rt.info.eos_token_id,
+            max_verify_tokens=rt.settings.max_verify_tokens,
+            decode=rt.target.decode,
+            speculative=open_req.speculative,
+            deadline_ms=open_req.deadline_ms,
+        )
 
-    inbox = _Inbox(session, open_req, rt)
-    key = rt.registry.open(open_req.request_id, release, inbox.expire)
+    key = rt.registry.open(open_req.request_id, _nothing_to_release)  # the session cap
+    try:
+        ticket = sched.admit(open_req.request_id, make_session)  # a KV slot
+    except BaseException:
+        await rt.registry.close(key)
+        raise
+    session = ticket.session
+    inbox = _Inbox(ticket, open_req, rt)
+    rt.registry.attach(key, _releaser(rt, ticket), inbox.expire)
     reader = asyncio.create_task(inbox.consume(messages))
     try:
-        prompt_ids = rt.target.build_prompt_ids(open_req.question)
         plan, plan_inputs = rt.plan_for(open_req)
         yield plan
 
         visual = await _visual_input(rt, open_req, inbox)
-        if visual is not None and session.finish_reason is None:  # else cancelled already
-            t0 = time.perf_counter()
-            await rt.worker.run(lambda: session.run_prefill(rt.engine, prompt_ids, **visual))
-            session.mark_prefill_done()
-            log.debug("request %s prefill %.1f ms, %d hidden drafts", open_req.request_id,
-                      (time.perf_counter() - t0) * 1e3, session.counters.hidden_drafted)
-
-        while session.finish_reason is None:
-            if inbox.error is not None:
-                raise inbox.error
-            if session.deadline_passed():
-                session.finish(FinishReason.DEADLINE)
-                break
-            drafts = session.drafts_for_step()
-            step = await rt.worker.run(lambda d=drafts: session.run_step(rt.engine, d))  # type: ignore[misc]
-            commit = session.apply(step)
-            if commit is not None:
-                yield commit
-        if inbox.error is not None:
-            raise inbox.error
+        received: list[int] = []
+        finish: FinishReason | None = None
+        if visual is None:  # cancelled before the features arrived: no prefill
+            finish = FinishReason.CANCELLED
+            session.finish(finish)
+        else:
+            sched.submit_prefill(ticket, prompt_ids, **visual)
+        while finish is None:
+            event = await ticket.events.get()
+            if isinstance(event, Failure):
+                raise event.error
+            if event.tokens:
+                received.extend(event.tokens)
+                inbox.received = len(received)
+                yield _commit_event(event, received, rt, settings.stop, session)
+            finish = event.finish_reason
+        inbox.finished = True
+        if not ticket.events.empty():
+            pending = ticket.events.get_nowait()
+            if isinstance(pending, Failure):
+                raise pending.error
         stats = session.stats(counter.uplink, counter.downlink)
         rt.observe(stats, session.counters.rejections)
         done = DoneEvent(
-            finish_reason=session.finish_reason or FinishReason.MAX_TOKENS,
-            token_ids=tuple(session.committed),
-            text=session.text,
+            finish_reason=finish,
+            token_ids=tuple(received),
+            text=stopped_text(rt.target.decode(received), settings.stop),
             stats=stats,
             final_plan=rt.replan(plan, plan_inputs, stats, session.counters.rejections),
         )
@@ -281,6 +297,29 @@ async def run_generate(
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await reader
         await rt.registry.close(key)
+
+
+def _commit_event(event: Committed, received: list[int], rt: VerifierRuntime,
+                  stop: tuple[str, ...], session: DecodingSession) -> CommitEvent:
+    return CommitEvent(
+        start=event.start,
+        token_ids=event.tokens,
+        drafts_verified=event.verified,
+        drafts_accepted=event.accepted,
+        text=stopped_text(rt.target.decode(received), stop),
+        at_ms=session.elapsed_ms(),
+    )
+
+
+async def _nothing_to_release() -> None:
+    """A registered request holds nothing until ``SessionRegistry.attach``."""
+
+
+def _releaser(rt: VerifierRuntime, ticket: Ticket) -> Callable[[], Awaitable[None]]:
+    async def release() -> None:
+        rt.scheduler.release(ticket)
+
+    return release
 
 
 async def _visual_input(

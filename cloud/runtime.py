@@ -1,4 +1,4 @@
-"""The verifier's long-lived state: model, engine, worker, sessions, cost model.
+"""The verifier's long-lived state: model, scheduler (and its engine), sessions, cost model.
 
 Built once at start (``build_runtime``) and shared by every request. Planning lives
 here because it combines the server's calibrated cost with each request's edge profile
@@ -7,18 +7,19 @@ through the one shared timing model.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from cloud.config import CloudSettings
-from cloud.engine.base import TargetEngine
+from cloud.engine.base import BatchedEngine
+from cloud.scheduler import Scheduler
 from cloud.sessions import SessionRegistry
 from cloud.target import TargetModel
 from shared.estimators import AcceptanceEstimator
 from shared.planning import facts_from_open, request_plan
 from shared.timing import CloudCost, PlanInputs, TimingPlan, replan
 from shared.types import FeatureMode, OpenRequest, RequestStats, ServerInfo
-from shared.worker import ModelWorker
 
 log = logging.getLogger(__name__)
 
@@ -29,17 +30,27 @@ class VerifierRuntime:
 
     settings: CloudSettings
     target: TargetModel
-    engine: TargetEngine
-    worker: ModelWorker
+    scheduler: Scheduler
     registry: SessionRegistry
     info: ServerInfo
     acceptance: AcceptanceEstimator = field(default_factory=lambda: AcceptanceEstimator(prior=0.5))
     requests_served: int = 0
 
+    def current_info(self, *, joining: int = 1) -> ServerInfo:
+        """``info`` with the cost model's load term set to the sessions a request would
+        share each step with (those holding a KV slot, plus ``joining``), so the shared
+        plan sees a loaded cloud, whose steps are slower, and drafts when that pays."""
+        load = max(1, self.scheduler.live + joining)
+        cost = dataclasses.replace(self.info.cloud_cost, load_sessions=float(load))
+        return dataclasses.replace(self.info, cloud_cost=cost)
+
     def plan_for(self, open_req: OpenRequest) -> tuple[TimingPlan, PlanInputs | None]:
         """The request's plan from the one function the edge also runs on the same facts,
-        and the inputs it came from (None for target-only requests)."""
-        return request_plan(self.info, open_req.edge_cost, facts_from_open(open_req))
+        and the inputs it came from (None for target-only requests). The load is the
+        cloud's now: this request already holds a slot."""
+        return request_plan(
+            self.current_info(joining=0), open_req.edge_cost, facts_from_open(open_req)
+        )
 
     def observe(self, stats: RequestStats, rejections: int) -> None:
         """Fold a finished request's acceptance into the server-wide estimate."""
@@ -61,9 +72,9 @@ class VerifierRuntime:
 
 
 def server_info_for(
-    target: TargetModel, cost: CloudCost, settings: CloudSettings
+    target: TargetModel, cost: CloudCost, settings: CloudSettings, engine: BatchedEngine
 ) -> ServerInfo:
-    """Describe the loaded target for GetServerInfo."""
+    """Describe the loaded target, its cost model and its KV capacity for GetServerInfo."""
     geometry = target.geometry
     prompt = target.build_prompt_ids("")
     return ServerInfo(
@@ -75,6 +86,9 @@ def server_info_for(
         geometry=geometry,
         feature_modes=(FeatureMode.FRAMES, FeatureMode.ALIGNED),
         cloud_cost=cost,
-        limits=replace(settings.limits, max_verify_tokens=settings.max_verify_tokens),
+        limits=dataclasses.replace(
+            settings.limits, max_verify_tokens=settings.max_verify_tokens,
+            kv_slots=engine.num_slots, kv_tokens_per_slot=engine.max_seq_len,
+        ),
         prompt_overhead_tokens=len(prompt) - geometry.visual_tokens,
     )

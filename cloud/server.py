@@ -1,8 +1,9 @@
 """The verifier process: gRPC server lifecycle, warm-up, health and shutdown.
 
-The server binds and reports NOT_SERVING first, loads the model and calibrates (or reads
-the calibration profile), then flips health to SERVING. On shutdown it reports
-NOT_SERVING again and stops with a grace period so in-flight requests can finish.
+The server binds and reports NOT_SERVING first, loads the model, reserves KV slots from
+the memory budget, calibrates (or reads the calibration profile), starts the engine
+loop, then flips health to SERVING. On shutdown it reports NOT_SERVING again, stops with
+a grace period so in-flight requests can finish, then stops the engine loop.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ from dataclasses import dataclass, field
 
 from cloud.calibrate import load_or_calibrate
 from cloud.config import CloudSettings
-from cloud.engine.base import TargetEngine
+from cloud.engine.base import BatchedEngine
 from cloud.engine.hf import HFEngine
+from cloud.engine.kv import kv_bytes_per_token, plan_kv
 from cloud.engine.paced import PacedEngine
 from cloud.model_dirs import model_dir
 from cloud.runtime import VerifierRuntime, server_info_for
+from cloud.scheduler import Scheduler
 from cloud.servicer import VerifierServicer
 from cloud.sessions import SessionRegistry
 from cloud.target import TargetModel, load_target
@@ -25,7 +28,6 @@ from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from shared.serving import MODEL_DTYPES
 from shared.timing import CloudCost
 from shared.wire.host import GrpcHost
-from shared.worker import ModelWorker
 
 log = logging.getLogger(__name__)
 
@@ -50,34 +52,50 @@ def load_target_for(settings: CloudSettings) -> TargetModel:
     return load_target(model_dir(settings.model), device=settings.device, dtype=dtype)
 
 
+def build_engine(settings: CloudSettings, target: TargetModel) -> BatchedEngine:
+    """The HF reference engine with KV slots reserved from the memory budget (logged)."""
+    text_config = target.model.config.get_text_config(decoder=True)
+    kv = plan_kv(
+        bytes_per_token=kv_bytes_per_token(text_config, target.dtype),
+        max_seq_len=min(settings.max_seq_len or target.max_positions, target.max_positions),
+        device=target.device,
+        kv_cache_gb=settings.kv_cache_gb,
+        memory_fraction=settings.kv_memory_fraction,
+        max_slots=settings.limits.max_sessions,
+    )
+    log.info("KV capacity: %s", kv.describe())
+    engine: BatchedEngine = HFEngine(target, num_slots=kv.num_slots, max_seq_len=kv.max_seq_len)
+    if settings.emulate_prefill_ms or settings.emulate_step_ms:
+        engine = PacedEngine(engine, prefill_ms=settings.emulate_prefill_ms,
+                             step_ms=settings.emulate_step_ms)
+    return engine
+
+
 def build_runtime(
     settings: CloudSettings,
     target: TargetModel | None = None,
     *,
-    engine: TargetEngine | None = None,
+    engine: BatchedEngine | None = None,
     cost: CloudCost | None = None,
 ) -> VerifierRuntime:
-    """Load (or take) the target, calibrate, and assemble the runtime. Blocking.
+    """Load (or take) the target, reserve KV, calibrate, and assemble the runtime. Blocking.
 
     ``engine`` and ``cost`` let tests inject a test double (e.g. a slowed engine that
-    stands in for a loaded cloud) together with the cost model that describes it.
+    stands in for a loaded cloud) together with the cost model that describes it. The
+    scheduler's engine loop is started later, on the serving event loop.
     """
     target = target if target is not None else load_target_for(settings)
     if engine is None:
-        engine = HFEngine(target)
-        if settings.emulate_prefill_ms or settings.emulate_step_ms:
-            engine = PacedEngine(engine, prefill_ms=settings.emulate_prefill_ms,
-                                 step_ms=settings.emulate_step_ms)
+        engine = build_engine(settings, target)
     if cost is None and settings.calibrate:
         cost = load_or_calibrate(target, engine, settings.resolved_profile_path(target.model_id))
     elif cost is None:
         cost = FIXED_TEST_COST
-    info = server_info_for(target, cost, settings)
+    info = server_info_for(target, cost, settings, engine)
     return VerifierRuntime(
         settings=settings,
         target=target,
-        engine=engine,
-        worker=ModelWorker(),
+        scheduler=Scheduler(engine, text_vocab_size=target.text_vocab_size),
         registry=SessionRegistry(settings.limits.max_sessions, settings.session_ttl_s),
         info=info,
     )
@@ -89,13 +107,14 @@ class VerifierServer:
 
     settings: CloudSettings
     target: TargetModel | None = None
-    engine: TargetEngine | None = None
+    engine: BatchedEngine | None = None
     cost: CloudCost | None = None
     port: int = 0
     runtime: VerifierRuntime | None = None
     _host: GrpcHost | None = None
     _servicer: VerifierServicer = field(default_factory=VerifierServicer)
     _sweeper: asyncio.Task[None] | None = None
+    _engine_down: asyncio.Task[None] | None = None
 
     async def start(self, *, warm: bool = True) -> int:
         """Bind, report NOT_SERVING, warm up, report SERVING. Returns the bound port."""
@@ -122,15 +141,25 @@ class VerifierServer:
         self.runtime = await asyncio.to_thread(
             build_runtime, self.settings, self.target, engine=self.engine, cost=self.cost
         )
+        self.runtime.scheduler.start(on_death=self._engine_died)
         self._servicer.attach(self.runtime)
         self._sweeper = asyncio.create_task(
             self.runtime.registry.run_sweeper(min(60.0, self.settings.session_ttl_s / 4))
         )
         await self._host.set_serving(True)
         info = self.runtime.info
-        log.info("verifier SERVING %s (vocab %d, %d visual tokens, step %.1f ms + %.2f ms/token)",
+        log.info("verifier SERVING %s (vocab %d, %d visual tokens, step %.1f ms + %.2f ms/token "
+                 "+ %.2f ms/extra session; capacity %d KV slots x %d tokens)",
                  info.model_id, info.vocab_size, info.geometry.visual_tokens,
-                 info.cloud_cost.step_base_ms, info.cloud_cost.step_ms_per_token)
+                 info.cloud_cost.step_base_ms, info.cloud_cost.step_ms_per_token,
+                 info.cloud_cost.step_ms_per_session, info.limits.kv_slots,
+                 info.limits.kv_tokens_per_slot)
+
+    def _engine_died(self, reason: str) -> None:
+        """The engine loop failed: report NOT_SERVING so load balancers move on."""
+        log.error("engine loop died (%s); health is NOT_SERVING", reason)
+        if self._host is not None:
+            self._engine_down = asyncio.create_task(self._host.set_serving(False))
 
     async def stop(self, grace_s: float | None = None) -> None:
         """NOT_SERVING, then stop with a grace period for in-flight requests."""
@@ -141,7 +170,7 @@ class VerifierServer:
             self._sweeper.cancel()
         if self.runtime is not None:
             await self.runtime.registry.close_all()
-            self.runtime.worker.shutdown()
+            await asyncio.to_thread(self.runtime.scheduler.stop)
         self._host = None
 
     async def wait(self) -> None:
@@ -150,4 +179,10 @@ class VerifierServer:
 
     @property
     def live_sessions(self) -> int:
+        """Registered Generate streams."""
         return len(self.runtime.registry) if self.runtime is not None else 0
+
+    @property
+    def held_slots(self) -> int:
+        """KV slots held by requests (every way a request ends gives its slot back)."""
+        return self.runtime.scheduler.live if self.runtime is not None else 0

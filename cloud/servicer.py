@@ -36,7 +36,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     async def GetServerInfo(
         self, request: verifier_pb2.GetServerInfoRequest, context: Any
     ) -> verifier_pb2.ServerInfo:
-        return convert.server_info_to_pb(self.rt.info)
+        return convert.server_info_to_pb(self.rt.current_info())
 
     async def Generate(
         self, request_iterator: AsyncIterator[verifier_pb2.EdgeMessage], context: Any

@@ -83,6 +83,16 @@ class SessionRegistry:
         )
         return key
 
+    def attach(
+        self, key: int, release: Callable[[], Awaitable[None]],
+        expire: Callable[[str], None] | None = None,
+    ) -> None:
+        """Set how a registered session is released and expired, once it holds resources
+        (the cap is checked first, so the caller learns the most specific limit)."""
+        handle = self._sessions[key]
+        handle.release = release
+        handle.expire = expire
+
     async def close(self, key: int) -> None:
         """Release the session's KV (once) and forget it."""
         handle = self._sessions.pop(key, None)

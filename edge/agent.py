@@ -299,15 +299,19 @@ class EdgeAgent:
             up_s = time.perf_counter() - t_up
             stage["edge_upload"] = up_s * 1e3
             self.uplink.observe(sent + sum(len(f) for f in prepared.frames or ()), up_s)
-            if session.wants_prefill:
-                tasks["prefill"] = asyncio.ensure_future(self.worker.run(
-                    lambda: drafter.prefill(
-                        spec.question, prepared.event_pixels, prepared.clip_features
-                    )
-                ))
+            prefill_started = False
             replies = aiter(stream.replies())
             tasks["reply"] = asyncio.ensure_future(anext(replies))
             while session.done is None:
+                # The draft prefill starts as soon as a plan (the edge's own, or the
+                # cloud's Plan if it differs, e.g. on a load change) says to draft.
+                if not prefill_started and session.wants_prefill:
+                    prefill_started = True
+                    tasks["prefill"] = asyncio.ensure_future(self.worker.run(
+                        lambda: drafter.prefill(
+                            spec.question, prepared.event_pixels, prepared.clip_features
+                        )
+                    ))
                 if "draft" not in tasks and session.wants_draft():
                     draft_context = session.draft_context()
                     tasks["draft"] = asyncio.ensure_future(self.worker.run(

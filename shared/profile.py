@@ -36,6 +36,7 @@ _CLOUD_FIELDS: Final[tuple[str, ...]] = (
     "prefill_ms_per_text_token",
     "step_base_ms",
     "step_ms_per_token",
+    "step_ms_per_session",
 )
 _EDGE_FIELDS: Final[tuple[str, ...]] = (
     "draft_prefill_ms",

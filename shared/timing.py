@@ -78,7 +78,15 @@ _LOOKAHEAD_TOLERANCE = 1e-3
 
 @dataclass(frozen=True)
 class CloudCost:
-    """The cloud's calibrated linear cost model (ms on its device); mirrors ``CloudProfile``."""
+    """The cloud's calibrated linear cost model (ms on its device); mirrors ``CloudProfile``.
+
+    A batched step over B sessions feeding N tokens in all costs
+    ``step_base_ms + (B - 1) * step_ms_per_session + N * step_ms_per_token``.
+    ``load_sessions`` is how many sessions the cloud is stepping together now (the
+    server publishes its recent mean batch size), so :meth:`step_ms` is the step a new
+    request will actually share: a loaded cloud steps slower, which lowers c = t_draft /
+    t_step and lets the plan draft where drafting pays (DESIGN.md, "Performance posture").
+    """
 
     prefill_base_ms: float
     prefill_ms_per_visual_token: float
@@ -86,6 +94,8 @@ class CloudCost:
     step_base_ms: float
     step_ms_per_token: float
     device: str = ""
+    step_ms_per_session: float = 0.0
+    load_sessions: float = 1.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -94,6 +104,8 @@ class CloudCost:
             "prefill_ms_per_text_token",
             "step_base_ms",
             "step_ms_per_token",
+            "step_ms_per_session",
+            "load_sessions",
         ):
             check_finite_nonneg("CloudCost", name, getattr(self, name))
         if self.step_base_ms + self.step_ms_per_token <= 0:
@@ -110,9 +122,20 @@ class CloudCost:
             + text_tokens * self.prefill_ms_per_text_token
         )
 
+    def batch_step_ms(self, sessions: float, tokens: float) -> float:
+        """One batched forward over ``sessions`` sessions feeding ``tokens`` tokens in all."""
+        return (
+            self.step_base_ms
+            + max(0.0, sessions - 1.0) * self.step_ms_per_session
+            + tokens * self.step_ms_per_token
+        )
+
     def step_ms(self, k_tokens: int) -> float:
-        """One target forward over ``k_tokens`` (the last committed token plus drafts)."""
-        return self.step_base_ms + k_tokens * self.step_ms_per_token
+        """One target step of a session feeding ``k_tokens`` (the last committed token plus
+        drafts), sharing the forward with ``load_sessions - 1`` others that feed as many.
+        With ``load_sessions`` <= 1 (0 from servers that predate it) it runs alone."""
+        load = max(1.0, self.load_sessions)
+        return self.batch_step_ms(load, load * k_tokens)
 
 
 @dataclass(frozen=True)

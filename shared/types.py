@@ -126,6 +126,10 @@ class ServerLimits:
     max_frame_bytes: int = 4 << 20
     max_verify_tokens: int = 33
     max_question_chars: int = 4096
+    #: KV slots the engine reserved at start-up (0: not reported).
+    kv_slots: int = 0
+    #: Positions per KV slot (prompt + answer).
+    kv_tokens_per_slot: int = 0
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,15 @@
 """The scorer role: what a target engine offers the scheduler.
 
-An engine owns the forward passes and the KV cache layout; the scheduler and the
-verifier only exchange token ids and float32 logits with it. Keeping this a
-``Protocol`` with no transformers import lets the scheduling and verification logic
-be tested against a fake engine, and lets a static-cache CUDA-graph engine replace
-the reference HF engine without touching its callers.
+An engine owns the forward passes and the KV memory; the scheduler and the sampler
+only exchange token ids and float32 logits (on the device) with it. Keeping this a
+``Protocol`` with no transformers import lets the scheduling and sampling logic be
+tested against a fake engine, and lets a static-cache CUDA-graph engine replace the
+reference HF engine without touching its callers.
 
-Cache convention: after ``prefill`` the cache holds the prompt. The caller feeds the
-last committed token plus the drafts to ``step``; the engine appends them all, and
-the caller ``rollback``\\s to the committed length minus one (the newest committed
-token is always fed again at the next step, as vLLM and HF assisted decoding do).
+Cache convention: after ``prefill`` the slot holds the prompt. The scheduler feeds the
+last committed token plus the drafts to ``step``; the newest committed token is always
+fed again at the next step (as vLLM and HF assisted decoding do), at position
+``prompt + len(C) - 1``, which is therefore the step's start position.
 """
 
 from __future__ import annotations
@@ -19,66 +19,6 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
-
-
-@dataclass
-class EngineState:
-    """One session's engine-side state: an opaque cache and how many positions it holds.
-
-    Mutable on purpose: ``step`` and ``rollback`` update it in place. ``cache`` is
-    None once released.
-    """
-
-    cache: object | None
-    length: int
-
-    @property
-    def released(self) -> bool:
-        """True after ``release``: the cache memory has been given back."""
-        return self.cache is None
-
-
-@runtime_checkable
-class TargetEngine(Protocol):
-    """Forward passes of the target over one session's KV cache.
-
-    Calls are synchronous and may take tens of milliseconds; the async server runs
-    them in a worker thread. Logits are float32 on the CPU, unmasked: callers apply
-    ``cloud.verify.mask_non_text`` so speculative and target-only decoding agree.
-    """
-
-    def prefill(
-        self,
-        input_ids: Sequence[int],
-        *,
-        pixel_values_videos: torch.Tensor | None = None,
-        video_features: torch.Tensor | None = None,
-    ) -> tuple[EngineState, torch.Tensor]:
-        """Run the prompt with exactly one visual input; return (state, logits [V]).
-
-        ``pixel_values_videos`` is [1, F, 3, S, S]; ``video_features`` are the video
-        tower's selected-layer features [F, T, D], before the projector (the engine
-        projects and injects them in place of the tower). The logits are for the token
-        after the prompt; the state's cache then holds the prompt.
-        """
-        ...
-
-    def step(self, state: EngineState, tokens: Sequence[int]) -> torch.Tensor:
-        """Append ``tokens`` (at least one) to the cache; return logits [len(tokens), V]."""
-        ...
-
-    def rollback(self, state: EngineState, keep_len: int) -> None:
-        """Keep only the first ``keep_len`` cached positions (0 <= keep_len <= length)."""
-        ...
-
-    def release(self, state: EngineState) -> None:
-        """Free the session's cache; idempotent, and the state may not be stepped again."""
-        ...
-
-    def seq_len(self, state: EngineState) -> int:
-        """How many positions the session's cache holds."""
-        ...
-
 
 # -- the batched engine API (the scheduler's seam) ----------------------------------------
 #

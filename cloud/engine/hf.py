@@ -1,10 +1,12 @@
-"""The reference engine: HF eager forward passes over a ``DynamicCache``.
+"""The reference engine: HF eager forward passes, one ``DynamicCache`` per KV slot.
 
-It is the correctness baseline every faster engine is tested against, so it does
-the simplest thing: one ``DynamicCache`` per session, the model's own forward for
-prefill (pixels) and steps, and an ``inputs_embeds`` prefill for aligned features
-that performs exactly the scatter the model does for pixels. Python overhead, not
-the GPU, bounds it (REFERENCE.md: 20-22 ms per step for any k <= 64 at 7B).
+It is the correctness oracle every faster engine is tested against, so it does the
+simplest thing behind the batched API: it loops over the sessions of a batch, crops
+each slot's cache to the step's start position (rollback is implicit in the API) and
+runs the model's own forward on that session's tokens. Prefill uses the model's forward
+with pixels, or an ``inputs_embeds`` prefill for aligned features that performs exactly
+the scatter the model does for pixels. Python overhead, not the GPU, bounds it
+(REFERENCE.md: 20-22 ms per step for any k <= 64 at 7B), and a batch of B costs B steps.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from cloud.engine.base import EngineState
+from cloud.engine.base import PrefillRequest, StepBatch
 from cloud.target import TargetModel
 from shared.errors import FailedPrecondition, InvalidInput
 
@@ -38,110 +40,141 @@ def crop_cache(cache: DynamicCache, keep_len: int) -> None:
 
 
 class HFEngine:
-    """``TargetEngine`` over a ``TargetModel`` with HF eager forwards.
+    """``BatchedEngine`` over a ``TargetModel`` with HF eager forwards, looping over slots.
 
-    Synchronous; run it in a worker thread. One instance serves many sessions, each
-    with its own ``EngineState``; calls for different sessions must not overlap (the
-    scheduler serialises them), since the model's forward is not re-entrant on GPU.
+    Synchronous; one engine thread calls it (the model's forward is not re-entrant on
+    GPU). ``num_slots`` and ``max_seq_len`` come from the KV plan (``cloud.engine.kv``):
+    a ``DynamicCache`` grows on demand, so the reservation is an admission budget that
+    the scheduler enforces, not preallocated memory.
     """
 
-    def __init__(self, target: TargetModel) -> None:
+    def __init__(self, target: TargetModel, *, num_slots: int = 8,
+                 max_seq_len: int | None = None):
+        if num_slots < 1:
+            raise InvalidInput(f"num_slots must be >= 1, got {num_slots}")
         self.target = target
         self.model = target.model
+        self.device: torch.device = target.device
+        self.num_slots = num_slots
+        self.max_seq_len = min(max_seq_len or target.max_positions, target.max_positions)
+        self._caches: list[DynamicCache | None] = [None] * num_slots
 
-    def prefill(
-        self,
-        input_ids: Sequence[int],
-        *,
-        pixel_values_videos: torch.Tensor | None = None,
-        video_features: torch.Tensor | None = None,
-    ) -> tuple[EngineState, torch.Tensor]:
-        """Run the prompt over a fresh cache; return (state, logits [V] float32, CPU)."""
-        if (pixel_values_videos is None) == (video_features is None):
+    # -- the batched API -----------------------------------------------------------------
+
+    def prefill(self, requests: Sequence[PrefillRequest]) -> torch.Tensor:
+        """Prefill each request into its slot; return [R, V] float32 logits on the device."""
+        if not requests:
+            raise InvalidInput("prefill needs at least one request")
+        rows = [self._prefill_one(r) for r in requests]  # R x [V]
+        return torch.stack(rows)  # [R, V]
+
+    def step(self, batch: StepBatch) -> torch.Tensor:
+        """Write each session's tokens at its start position; return [N, V] float32 logits."""
+        self._check_batch(batch)
+        rows: list[torch.Tensor] = []
+        offset = 0
+        for slot, start, count in zip(batch.slots, batch.start_positions, batch.counts,
+                                      strict=True):
+            cache = self._live(slot)
+            crop_cache(cache, start)  # drop rejected positions: rollback is implicit
+            ids = batch.token_ids[offset : offset + count].unsqueeze(0)  # [1, count]
+            offset += count
+            with torch.inference_mode():
+                out = self.model(input_ids=ids.to(self.device), past_key_values=cache,
+                                 use_cache=True)
+            rows.append(out.logits[0].float())  # [count, V]
+        return torch.cat(rows)  # [N, V]
+
+    def free(self, slot: int) -> None:
+        """Drop the slot's cache so its memory can be reused; idempotent."""
+        self._check_slot(slot)
+        self._caches[slot] = None
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def cached_len(self, slot: int) -> int:
+        """Positions the slot's cache holds (0 when free); for tests and diagnostics."""
+        self._check_slot(slot)
+        cache = self._caches[slot]
+        return 0 if cache is None else int(cache.get_seq_length())
+
+    def _prefill_one(self, req: PrefillRequest) -> torch.Tensor:
+        self._check_slot(req.slot)
+        if (req.pixel_values_videos is None) == (req.video_features is None):
             raise InvalidInput("prefill needs exactly one of pixel_values_videos or video_features")
-        ids = self._check_prompt(input_ids)
-        ids_t = torch.tensor([ids], dtype=torch.long, device=self.target.device)  # [1, L]
+        ids = self._check_prompt(req.input_ids)
+        ids_t = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, L]
         cache = DynamicCache(config=self.model.config)
+        self._caches[req.slot] = None
         with torch.inference_mode():
-            if pixel_values_videos is not None:
-                pix = self._check_pixels(pixel_values_videos)  # [1, F, 3, S, S]
-                out = self.model(
-                    input_ids=ids_t,
-                    pixel_values_videos=pix,
-                    past_key_values=cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
+            if req.pixel_values_videos is not None:
+                pix = self._check_pixels(req.pixel_values_videos)  # [1, F, 3, S, S]
+                out = self.model(input_ids=ids_t, pixel_values_videos=pix, past_key_values=cache,
+                                 use_cache=True, logits_to_keep=1)
             else:
-                assert video_features is not None
-                embeds = self._embed_with_features(ids_t, video_features)  # [1, L, H]
-                out = self.model(
-                    inputs_embeds=embeds, past_key_values=cache, use_cache=True, logits_to_keep=1
+                assert req.video_features is not None
+                embeds = self._embed_with_features(ids_t, req.video_features)  # [1, L, H]
+                out = self.model(inputs_embeds=embeds, past_key_values=cache, use_cache=True,
+                                 logits_to_keep=1)
+        self._caches[req.slot] = cache
+        logger.debug("prefill of %d tokens into slot %d", len(ids), req.slot)
+        row: torch.Tensor = out.logits[0, -1].float()  # [V]
+        return row
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.num_slots:
+            raise InvalidInput(f"slot {slot} outside 0..{self.num_slots - 1}")
+
+    def _live(self, slot: int) -> DynamicCache:
+        self._check_slot(slot)
+        cache = self._caches[slot]
+        if cache is None:
+            raise FailedPrecondition(f"slot {slot} was not prefilled (or was freed)")
+        return cache
+
+    def _check_batch(self, batch: StepBatch) -> None:
+        b = len(batch.slots)
+        if b == 0 or len(batch.start_positions) != b or len(batch.counts) != b:
+            raise InvalidInput(
+                f"StepBatch needs as many slots, start_positions and counts (>= 1), got "
+                f"{b}, {len(batch.start_positions)}, {len(batch.counts)}"
+            )
+        if len(set(batch.slots)) != b:
+            raise InvalidInput(f"StepBatch.slots repeats a slot: {list(batch.slots)}")
+        if any(c < 1 for c in batch.counts):
+            raise InvalidInput(f"StepBatch.counts must each be >= 1, got {list(batch.counts)}")
+        if tuple(batch.token_ids.shape) != (batch.num_tokens,):
+            raise InvalidInput(
+                f"StepBatch.token_ids must be [{batch.num_tokens}], "
+                f"got {list(batch.token_ids.shape)}"
+            )
+        vocab = self.target.text_vocab_size
+        if batch.num_tokens and (
+            int(batch.token_ids.min()) < 0 or int(batch.token_ids.max()) >= vocab
+        ):
+            raise InvalidInput(f"StepBatch.token_ids must be text ids below {vocab}")
+        for slot, start, count in zip(batch.slots, batch.start_positions, batch.counts,
+                                      strict=True):
+            held = int(self._live(slot).get_seq_length())
+            if not 0 <= start <= held:
+                raise InvalidInput(
+                    f"StepBatch.start_positions: slot {slot} starts at {start} but holds {held}"
                 )
-        logits = out.logits[0, -1].float().cpu()  # [V]
-        logger.debug("prefill of %d tokens", len(ids))
-        return EngineState(cache=cache, length=len(ids)), logits
-
-    def step(self, state: EngineState, tokens: Sequence[int]) -> torch.Tensor:
-        """Append ``tokens`` to the cache; return logits [len(tokens), V] float32 on CPU."""
-        cache = self._live_cache(state)
-        toks = [int(t) for t in tokens]
-        if not toks:
-            raise InvalidInput("step needs at least one token")
-        bad = [t for t in toks if not 0 <= t < self.target.text_vocab_size]
-        if bad:
-            raise InvalidInput(
-                f"step tokens must be text ids below {self.target.text_vocab_size}, got {bad[:4]}"
-            )
-        if state.length + len(toks) > self.target.max_positions:
-            raise InvalidInput(
-                f"sequence would reach {state.length + len(toks)} positions, "
-                f"beyond the model's {self.target.max_positions}"
-            )
-        ids_t = torch.tensor([toks], dtype=torch.long, device=self.target.device)  # [1, k]
-        with torch.inference_mode():
-            out = self.model(input_ids=ids_t, past_key_values=cache, use_cache=True)
-        state.length += len(toks)
-        logits: torch.Tensor = out.logits[0].float().cpu()  # [k, V]
-        return logits
-
-    def rollback(self, state: EngineState, keep_len: int) -> None:
-        """Drop cached positions beyond ``keep_len``."""
-        cache = self._live_cache(state)
-        if keep_len > state.length:
-            raise InvalidInput(
-                f"cannot roll back to {keep_len} positions: the cache holds {state.length}"
-            )
-        crop_cache(cache, keep_len)
-        state.length = keep_len
-
-    def release(self, state: EngineState) -> None:
-        """Drop the cache so its memory can be reused; safe to call twice."""
-        state.cache = None
-        state.length = 0
-
-    def seq_len(self, state: EngineState) -> int:
-        """Positions held by the session's cache."""
-        return state.length
-
-    # -- validation helpers --------------------------------------------------------
-
-    def _live_cache(self, state: EngineState) -> DynamicCache:
-        if state.cache is None:
-            raise FailedPrecondition("the engine state was released")
-        if not isinstance(state.cache, DynamicCache):
-            raise FailedPrecondition(
-                f"state holds a {type(state.cache).__name__}, not a DynamicCache"
-            )
-        return state.cache
+            if start + count > self.max_seq_len:
+                raise InvalidInput(
+                    f"StepBatch: slot {slot} would reach {start + count} positions, "
+                    f"beyond max_seq_len {self.max_seq_len}"
+                )
 
     def _check_prompt(self, input_ids: Sequence[int]) -> list[int]:
         t = self.target
         ids = [int(i) for i in input_ids]
         if not ids:
             raise InvalidInput("the prompt is empty")
-        if len(ids) >= t.max_positions:
-            raise InvalidInput(f"prompt of {len(ids)} tokens exceeds {t.max_positions} positions")
+        if len(ids) >= self.max_seq_len:
+            raise InvalidInput(
+                f"prompt of {len(ids)} tokens exceeds the {self.max_seq_len} positions of a slot"
+            )
         n_video = sum(1 for i in ids if i == t.video_token_id)
         if n_video != t.geometry.visual_tokens:
             raise InvalidInput(
@@ -161,7 +194,7 @@ class HFEngine:
                 f"pixel_values_videos must be {list(expected)}, "
                 f"got {list(pixel_values_videos.shape)}"
             )
-        return pixel_values_videos.to(self.target.device, self.target.dtype)
+        return pixel_values_videos.to(self.device, self.target.dtype)
 
     def _embed_with_features(
         self, ids_t: torch.Tensor, video_features: torch.Tensor

@@ -5,29 +5,32 @@ a laptop CPU step in a few milliseconds, while a 7B target on an A100 takes abou
 per token (the design notes' figure). With ``--emulate-step-ms 30`` the verifier paces
 each forward to that floor, calibration measures the paced engine, and the shared
 timing plan sees the ratio c = t_draft / t_step that a real deployment would have.
-The output is unchanged: only the wall time of each call is padded.
+The output is unchanged: only the wall time of each call is padded. A batched step is
+paced once, like one forward of a batching engine.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
-from cloud.engine.base import EngineState, TargetEngine
+from cloud.engine.base import BatchedEngine, PrefillRequest, StepBatch
 
 
 class PacedEngine:
-    """``TargetEngine`` whose prefill and step calls last at least the given times."""
+    """``BatchedEngine`` whose prefill and step calls last at least the given times."""
 
-    def __init__(self, inner: TargetEngine, *, prefill_ms: float, step_ms: float) -> None:
+    def __init__(self, inner: BatchedEngine, *, prefill_ms: float, step_ms: float) -> None:
         if prefill_ms < 0 or step_ms < 0:
             raise ValueError("emulated times must be >= 0 ms")
         self.inner = inner
         self.prefill_ms = prefill_ms
         self.step_ms = step_ms
+        self.device: torch.device = inner.device
+        self.num_slots = inner.num_slots
+        self.max_seq_len = inner.max_seq_len
 
     @staticmethod
     def _pad(started: float, floor_ms: float) -> None:
@@ -35,25 +38,17 @@ class PacedEngine:
         if remaining > 0:
             time.sleep(remaining)
 
-    def prefill(
-        self, input_ids: Sequence[int], **visual: Any
-    ) -> tuple[EngineState, torch.Tensor]:
+    def prefill(self, requests: Sequence[PrefillRequest]) -> torch.Tensor:
         t0 = time.perf_counter()
-        out = self.inner.prefill(input_ids, **visual)
+        out = self.inner.prefill(requests)
         self._pad(t0, self.prefill_ms)
         return out
 
-    def step(self, state: EngineState, tokens: Sequence[int]) -> torch.Tensor:
+    def step(self, batch: StepBatch) -> torch.Tensor:
         t0 = time.perf_counter()
-        out = self.inner.step(state, tokens)
+        out = self.inner.step(batch)
         self._pad(t0, self.step_ms)
         return out
 
-    def rollback(self, state: EngineState, keep_len: int) -> None:
-        self.inner.rollback(state, keep_len)
-
-    def release(self, state: EngineState) -> None:
-        self.inner.release(state)
-
-    def seq_len(self, state: EngineState) -> int:
-        return self.inner.seq_len(state)
+    def free(self, slot: int) -> None:
+        self.inner.free(slot)

@@ -36,10 +36,11 @@ def make_frames(seed: int, n: int = 8, size: int = 40) -> tuple[bytes, ...]:
 
 
 def settings(*, input_timeout_s: float = 5.0, session_ttl_s: float = 600.0,
-             **limits: int) -> CloudSettings:
+             kv_cache_gb: float | None = None, **limits: int) -> CloudSettings:
     return replace(
         CloudSettings(),
         port=0,
+        kv_cache_gb=kv_cache_gb,
         calibrate=False,
         limits=replace(ServerLimits(), **limits),
         input_timeout_s=input_timeout_s,
@@ -53,10 +54,12 @@ async def start_verifier(
     *,
     input_timeout_s: float = 5.0,
     session_ttl_s: float = 600.0,
+    kv_cache_gb: float | None = None,
     **limits: int,
 ) -> VerifierServer:
     server = VerifierServer(
-        settings(input_timeout_s=input_timeout_s, session_ttl_s=session_ttl_s, **limits),
+        settings(input_timeout_s=input_timeout_s, session_ttl_s=session_ttl_s,
+                 kv_cache_gb=kv_cache_gb, **limits),
         target=target or build_tiny_random_target(seed=0),
     )
     await server.start()
@@ -303,9 +306,11 @@ async def expect_failure(port: int, messages: Sequence[verifier_pb2.EdgeMessage]
 
 
 async def wait_for_sessions(server: VerifierServer, n: int = 0, timeout: float = 5.0) -> None:
-    """Poll ``server.live_sessions`` until it is ``n``."""
+    """Poll until ``n`` streams are registered and ``n`` KV slots are held."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while server.live_sessions != n:
-        assert loop.time() < deadline, f"live sessions {server.live_sessions}, expected {n}"
+    while server.live_sessions != n or server.held_slots != n:
+        assert loop.time() < deadline, (
+            f"live sessions {server.live_sessions}, slots held {server.held_slots}, expected {n}"
+        )
         await asyncio.sleep(0.02)

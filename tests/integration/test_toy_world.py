@@ -104,12 +104,13 @@ def test_target_reads_direction_and_shape_from_adapted_event_features(
 ) -> None:
     """The aligned path: the trained adapter's features, injected in place of the video
     tower, let the target answer what events carry."""
+    from cloud.alone import decode_alone
     from cloud.decoding import DecodingSession
     from cloud.engine.hf import HFEngine
     from shared.types import GenerationSettings as Gen
 
     adapter = load_adapter(adapter_dir("toy"))
-    engine = HFEngine(target)
+    engine = HFEngine(target, num_slots=1)
     seeds = list(TEST_SEEDS)[:24]
     clip = draft_clip_features(draft, seeds, workers=1)  # [N, 5, T, D]
     with torch.no_grad():
@@ -119,15 +120,14 @@ def test_target_reads_direction_and_shape_from_adapted_event_features(
         for qa in all_questions(sample_scene(seed)):
             if qa.qtype not in ("direction", "shape"):
                 continue
+            prompt = target.build_prompt_ids(qa.question)
             session = DecodingSession(
-                settings=Gen(max_new_tokens=10), text_vocab_size=target.text_vocab_size,
-                eos_token_id=target.eos_token_id, max_draft_tokens=8, max_verify_tokens=9,
-                decode=target.decode, speculative=False,
+                settings=Gen(max_new_tokens=10), slot=0, prompt_len=len(prompt),
+                max_seq_len=engine.max_seq_len, eos_token_id=target.eos_token_id,
+                max_verify_tokens=9, decode=target.decode, speculative=False,
             )
-            session.run_prefill(engine, target.build_prompt_ids(qa.question),
-                                video_features=feats[i])
-            while session.finish_reason is None:
-                session.apply(session.run_step(engine, []))
-            right[qa.qtype].append(parse_answer(qa.qtype, session.text) == qa.value)
+            decode_alone(engine, session, prompt, video_features=feats[i],
+                         text_vocab_size=target.text_vocab_size)
+            right[qa.qtype].append(parse_answer(qa.qtype, session.text()) == qa.value)
     for kind, results in right.items():
         assert sum(results) / len(results) >= 0.8, (kind, results)

@@ -1,11 +1,13 @@
 """Sampling (temperature > 0): speculation keeps the target's distribution exactly.
 
-The statistical test drives ``DecodingSession`` over the real ``HFEngine`` on the tiny
-target (no gRPC, for speed): it samples the first two answer tokens under many seeds
-with no drafts, with the target's greedy drafts and with plausible wrong drafts, and
-compares the empirical joint distribution of (token 1, token 2) with the exact one
+The statistical test drives the pure ``DecodingSession`` with the real ``HFEngine`` and
+the ``BatchedSampler`` on the tiny target (no gRPC, for speed), exactly as the scheduler
+does: every sampler call is a mixed batch, with a greedy session and another sampling
+session beside the one under test. It samples the first two answer tokens under many
+seeds with no drafts, with the target's greedy drafts and with plausible wrong drafts,
+and compares the empirical joint distribution of (token 1, token 2) with the exact one
 computed from the target's logits (chi-square). The same test is shown to reject a
-verifier that resamples rejected drafts from p without removing the draft (the classic
+sampler that resamples rejected drafts from p without removing the draft (the classic
 rejection-sampling bug), so it has the power to catch a wrong verifier (Leviathan et al.
 2023, Alg. 1; Chen et al. 2023, Alg. 2).
 
@@ -16,20 +18,19 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 import pytest
 import pytest_asyncio
 import torch
 
-import cloud.decoding
 from cloud.decoding import DecodingSession
-from cloud.engine.base import EngineState
+from cloud.engine.base import PrefillRequest, StepBatch
 from cloud.engine.hf import HFEngine
+from cloud.sampler import BatchedSampler, SampleSpec, make_generator, target_probs
 from cloud.server import VerifierServer
 from cloud.target import TargetModel
-from cloud.verify import VerifyResult, mask_non_text, probs_from_logits, sample
 from shared.demoworld.tiny_target import build_tiny_random_target
 from shared.types import DraftTail, GenerationSettings
 from tests.integration import cloud_harness as h
@@ -43,37 +44,14 @@ P_MIN = 1e-3  # seeds are fixed, so the outcome is deterministic, not flaky
 Pair = tuple[int, int]
 
 
-class _SharedPrefill:
-    """An engine whose prefill is computed once and replayed (rolled back) per sample."""
-
-    def __init__(self, engine: HFEngine, state: EngineState, logits: torch.Tensor, n: int):
-        self.engine, self.state, self.logits, self.prompt_len = engine, state, logits, n
-
-    def prefill(self, input_ids: Sequence[int], **_: object) -> tuple[EngineState, torch.Tensor]:
-        assert len(input_ids) == self.prompt_len
-        self.engine.rollback(self.state, self.prompt_len)
-        return self.state, self.logits.clone()
-
-    def step(self, state: EngineState, tokens: Sequence[int]) -> torch.Tensor:
-        return self.engine.step(state, tokens)
-
-    def rollback(self, state: EngineState, keep_len: int) -> None:
-        self.engine.rollback(state, keep_len)
-
-    def release(self, state: EngineState) -> None:  # shared: never released here
-        pass
-
-    def seq_len(self, state: EngineState) -> int:
-        return self.engine.seq_len(state)
-
-
 @dataclass
 class Setup:
     target: TargetModel
-    engine: _SharedPrefill
+    engine: HFEngine
     prompt_ids: list[int]
-    p1: torch.Tensor  # [V] exact distribution of token 1
-    p2: dict[int, torch.Tensor]  # t1 -> [V] exact distribution of token 2 given t1
+    prefill_logits: torch.Tensor  # [1, V] of the prompt, prefilled once into slot 0
+    p1: torch.Tensor  # [Vt] exact distribution of token 1
+    p2: dict[int, torch.Tensor]  # t1 -> [Vt] exact distribution of token 2 given t1
 
     def joint(self) -> dict[Pair, float]:
         out: dict[Pair, float] = {}
@@ -84,24 +62,34 @@ class Setup:
 
 
 def _probs(target: TargetModel, logits: torch.Tensor) -> torch.Tensor:
-    rows = mask_non_text(logits.reshape(1, -1), target.text_vocab_size)  # [1, V]
-    return probs_from_logits(rows, TEMPERATURE, TOP_P)[0].double()  # [V]
+    text = logits.reshape(1, -1)[:, : target.text_vocab_size]  # [1, Vt]
+    return target_probs(text, TEMPERATURE, TOP_P)[0].double()  # [Vt]
 
 
 @pytest.fixture(scope="module")
-def setup() -> Setup:
+def one_thread() -> Iterator[None]:
+    """Tiny forwards on a shared 2-core machine: intra-op threads only add contention
+    (measured 13 ms vs 80-270 ms per sample under load)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def setup(one_thread: None) -> Setup:
     target = build_tiny_random_target(seed=0)
-    engine = HFEngine(target)
+    engine = HFEngine(target, num_slots=1)
     ids = target.build_prompt_ids(QUESTION)
     pix = target.preprocess_frames(h.make_frames(CLIP_SEED))
-    state, logits = engine.prefill(ids, pixel_values_videos=pix)
+    logits = engine.prefill([PrefillRequest(0, ids, pixel_values_videos=pix)])  # [1, V]
     p1 = _probs(target, logits)
     p2: dict[int, torch.Tensor] = {}
     for t1 in torch.nonzero(p1).flatten().tolist():
-        engine.rollback(state, len(ids))
-        p2[t1] = _probs(target, engine.step(state, [t1])[0])
+        batch = StepBatch((0,), (len(ids),), (1,), torch.tensor([t1]))
+        p2[t1] = _probs(target, engine.step(batch)[0])
     assert float(p1.max()) < 0.9, "token 1 must be uncertain for the test to have power"
-    return Setup(target, _SharedPrefill(engine, state, logits, len(ids)), ids, p1, p2)
+    return Setup(target, engine, ids, logits, p1, p2)
 
 
 def _ranked(p: torch.Tensor, rank: int) -> int:
@@ -109,34 +97,49 @@ def _ranked(p: torch.Tensor, rank: int) -> int:
     return int(order[rank])
 
 
-def _sample_pairs(s: Setup, drafts: str, n: int = N_SAMPLES) -> Counter[Pair]:
+def _mixed(sampler: BatchedSampler, rows: torch.Tensor, spec: SampleSpec,
+           noise: torch.Tensor, seed: int) -> tuple[int, list[int]]:
+    """Run ``spec`` over ``rows`` between a greedy and another sampling session."""
+    others = [SampleSpec(2, [3]), SampleSpec(3, [5, 6], 0.7, 0.9, make_generator(seed + 10**6))]
+    logits = torch.cat([noise[:2], rows, noise[2:5]])  # [2 + n + 3, V]
+    verdict = sampler(logits, [others[0], spec, others[1]])[1]
+    return verdict.accepted, verdict.tokens
+
+
+def _sample_pairs(s: Setup, drafts: str, sampler: BatchedSampler,
+                  n: int = N_SAMPLES) -> Counter[Pair]:
     """Sample (t1, t2) n times; ``drafts``: none, greedy (rank 0) or wrong (rank 1)."""
     rank = {"none": None, "greedy": 0, "wrong": 1}[drafts]
     counts: Counter[Pair] = Counter()
+    noise = torch.randn(5, s.prefill_logits.shape[1], generator=torch.Generator().manual_seed(1))
     for seed in range(n):
+        settings = GenerationSettings(max_new_tokens=2, temperature=TEMPERATURE, top_p=TOP_P,
+                                      seed=seed)
         session = DecodingSession(
-            settings=GenerationSettings(max_new_tokens=2, temperature=TEMPERATURE, top_p=TOP_P,
-                                        seed=seed),
-            text_vocab_size=s.target.text_vocab_size,
-            eos_token_id=s.target.eos_token_id,
-            max_draft_tokens=128,
-            max_verify_tokens=33,
-            decode=lambda ids: "",
-            speculative=True,
+            settings=settings, slot=0, prompt_len=len(s.prompt_ids),
+            max_seq_len=s.engine.max_seq_len, eos_token_id=s.target.eos_token_id,
+            max_verify_tokens=33, decode=lambda ids: "", speculative=True,
         )
+        gen = make_generator(seed)
         if rank is not None:  # a hidden draft for token 1, verified against the prefill row
             assert session.offer_drafts(DraftTail(0, (_ranked(s.p1, rank),)))
-        session.run_prefill(s.engine, s.prompt_ids, pixel_values_videos=torch.empty(0))
-        session.mark_prefill_done()
-        for _ in range(2):
-            if session.finish_reason is not None:
-                break
+        session.mark_prefilled(0.0)
+        first = session.drafts_now()
+        a, toks = _mixed(sampler, s.prefill_logits, SampleSpec(1, first, TEMPERATURE, TOP_P, gen),
+                         noise, seed)
+        session.commit(a, toks, len(first), 0.0)
+        if session.finish_reason is None:
             if rank is not None and len(session.committed) == 1:
                 t1 = session.committed[0]
                 assert session.offer_drafts(DraftTail(1, (_ranked(s.p2[t1], rank),)))
-            drafts_now = session.drafts_for_step()
-            assert len(drafts_now) == (0 if rank is None else 1)
-            session.apply(session.run_step(s.engine, drafts_now))
+            step = session.step_input()
+            assert len(step.drafts) == (0 if rank is None else 1)
+            batch = StepBatch((0,), (step.start_position,), (len(step.tokens),),
+                              torch.tensor(step.tokens))
+            rows = s.engine.step(batch)  # [1 + drafts, V]
+            spec = SampleSpec(len(step.tokens), step.drafts, TEMPERATURE, TOP_P, gen)
+            a, toks = _mixed(sampler, rows, spec, noise, seed)
+            session.commit(a, toks, len(step.drafts), 0.0)
         assert len(session.committed) == 2, session.committed
         counts[(session.committed[0], session.committed[1])] += 1
     return counts
@@ -184,7 +187,7 @@ def _tv(counts: Counter[object], exact: dict[object, float], n: int) -> float:
 def test_first_two_tokens_follow_the_target_distribution(setup: Setup, drafts: str) -> None:
     joint = setup.joint()
     assert math.isclose(sum(joint.values()), 1.0, rel_tol=1e-6)
-    counts = _sample_pairs(setup, drafts)
+    counts = _sample_pairs(setup, drafts, BatchedSampler(setup.target.text_vocab_size))
     p_joint = _chi_square_p(counts, joint, N_SAMPLES)  # type: ignore[arg-type]
     second, second_exact = _second(counts), _second_exact(joint)
     p_second = _chi_square_p(second, second_exact, N_SAMPLES)  # type: ignore[arg-type]
@@ -193,29 +196,16 @@ def test_first_two_tokens_follow_the_target_distribution(setup: Setup, drafts: s
     assert p_second > P_MIN, f"{drafts}: token-2 chi-square p={p_second:.2e}, TV {tv:.3f}"
 
 
-def _verify_without_removing_the_draft(
-    logits: torch.Tensor, drafts: Sequence[int], temperature: float, top_p: float,
-    generator: torch.Generator,
-) -> VerifyResult:
+class _ResamplesFromP(BatchedSampler):
     """The classic bug: on rejection, resample from p itself (x not removed)."""
-    probs = probs_from_logits(logits, temperature, top_p)  # [n, V]
-    tokens: list[int] = []
-    for i, x in enumerate(int(d) for d in drafts):
-        if float(torch.rand((), generator=generator)) < float(probs[i, x]):
-            tokens.append(x)
-            continue
-        tokens.append(sample(probs[i], generator))
-        return VerifyResult(accepted=i, tokens=tokens)
-    if probs.shape[0] > len(drafts):
-        tokens.append(sample(probs[len(drafts)], generator))
-    return VerifyResult(accepted=len(drafts), tokens=tokens)
+
+    @staticmethod
+    def _residual(dist: torch.Tensor, draft: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+        return dist
 
 
-def test_the_statistic_catches_a_wrong_rejection_sampler(
-    setup: Setup, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(cloud.decoding, "verify_sampling", _verify_without_removing_the_draft)
-    counts = _sample_pairs(setup, "greedy")
+def test_the_statistic_catches_a_wrong_rejection_sampler(setup: Setup) -> None:
+    counts = _sample_pairs(setup, "greedy", _ResamplesFromP(setup.target.text_vocab_size))
     p = _chi_square_p(counts, setup.joint(), N_SAMPLES)  # type: ignore[arg-type]
     assert p < 1e-6, f"a wrong verifier passed the chi-square test (p={p:.2e})"
 

@@ -18,8 +18,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cloud.decoding import DecodingSession
-from cloud.engine.base import EngineState
+from cloud.alone import decode_alone
+from cloud.decoding import Committed, DecodingSession
+from cloud.engine.base import PrefillRequest, StepBatch
+from cloud.sampler import BatchedSampler, SampleSpec
 from edge.session import EdgeSession, SendDrafts
 from shared.timing import TimingPlan
 from shared.types import CommitEvent, DoneEvent, DraftTail, FinishReason, GenerationSettings
@@ -42,53 +44,65 @@ def decode(ids: Sequence[int]) -> str:
 
 
 class FakeEngine:
-    """``TargetEngine`` whose logits are one-hot at :func:`target_next`."""
+    """A one-slot ``BatchedEngine`` whose logits are one-hot at :func:`target_next`."""
+
+    device = torch.device("cpu")
+    num_slots = 1
+    max_seq_len = 4096
 
     def __init__(self, salt: int) -> None:
         self.salt = salt
+        self.fed: list[int] = []  # tokens after the prompt held in the slot
 
     def _row(self, seq: Sequence[int]) -> torch.Tensor:
         row = torch.full((VOCAB,), -10.0)
         row[target_next(seq, self.salt)] = 10.0
-        return row
+        return row  # [V]
 
-    def prefill(self, input_ids: Sequence[int], **_: object) -> tuple[EngineState, torch.Tensor]:
-        return EngineState(cache=[], length=len(input_ids)), self._row([])
+    def prefill(self, requests: Sequence[PrefillRequest]) -> torch.Tensor:
+        self.fed = []
+        return self._row([]).unsqueeze(0)  # [1, V]
 
-    def step(self, state: EngineState, tokens: Sequence[int]) -> torch.Tensor:
-        fed: list[int] = state.cache  # type: ignore[assignment]
+    def step(self, batch: StepBatch) -> torch.Tensor:
+        del self.fed[batch.start_positions[0] - len(PROMPT):]  # rejected drafts: overwritten
         rows = []
-        for t in tokens:
-            fed.append(int(t))
-            rows.append(self._row(fed))
-        state.length += len(tokens)
+        for t in batch.token_ids.tolist():
+            self.fed.append(int(t))
+            rows.append(self._row(self.fed))
         return torch.stack(rows)  # [k, V]
 
-    def rollback(self, state: EngineState, keep_len: int) -> None:
-        fed: list[int] = state.cache  # type: ignore[assignment]
-        del fed[keep_len - len(PROMPT):]
-        state.length = keep_len
+    def free(self, slot: int) -> None:
+        self.fed = []
 
-    def release(self, state: EngineState) -> None:
-        state.cache = None
 
-    def seq_len(self, state: EngineState) -> int:
-        return state.length
+SAMPLER = BatchedSampler(VOCAB)
 
 
 def cloud_session(gen: GenerationSettings, speculative: bool) -> DecodingSession:
-    return DecodingSession(settings=gen, text_vocab_size=VOCAB, eos_token_id=EOS,
-                           max_draft_tokens=64, max_verify_tokens=9, decode=decode,
-                           speculative=speculative)
+    return DecodingSession(settings=gen, slot=0, prompt_len=len(PROMPT),
+                           max_seq_len=FakeEngine.max_seq_len, eos_token_id=EOS,
+                           max_verify_tokens=9, decode=decode, speculative=speculative)
 
 
 def target_only(gen: GenerationSettings, salt: int) -> DecodingSession:
-    engine = FakeEngine(salt)
-    s = cloud_session(gen, speculative=False)
-    s.run_prefill(engine, PROMPT, pixel_values_videos=torch.zeros(1))
-    while s.finish_reason is None:
-        s.apply(s.run_step(engine, []))
-    return s
+    return decode_alone(FakeEngine(salt), cloud_session(gen, speculative=False), PROMPT,
+                        pixel_values_videos=torch.zeros(1), text_vocab_size=VOCAB)
+
+
+def verify(engine: FakeEngine, cloud: DecodingSession) -> Committed:
+    """One scheduler iteration for this session: prefill (its logits give the first token)
+    or a step over C[-1] + drafts; the batched sampler decides; C grows under the stops."""
+    if not cloud.prefilled:
+        logits = engine.prefill([PrefillRequest(0, PROMPT, torch.zeros(1))])  # [1, V]
+        cloud.mark_prefilled(0.0)
+        drafts = cloud.drafts_now()
+        v = SAMPLER(logits, [SampleSpec(1, drafts)])[0]
+        return cloud.commit(v.accepted, v.tokens, len(drafts), 0.0)
+    inp = cloud.step_input()
+    rows = engine.step(StepBatch((0,), (inp.start_position,), (len(inp.tokens),),
+                                 torch.tensor(inp.tokens)))  # [1 + drafts, V]
+    v = SAMPLER(rows, [SampleSpec(len(inp.tokens), inp.drafts)])[0]
+    return cloud.commit(v.accepted, v.tokens, len(inp.drafts), 0.0)
 
 
 def plan(hidden: int, lookahead: int, cadence: int) -> TimingPlan:
@@ -110,7 +124,6 @@ def run_speculative(gen: GenerationSettings, salt: int, error_pct: int, schedule
     edge = EdgeSession(plan=plan(hidden, lookahead, cadence), max_new_tokens=gen.max_new_tokens,
                        eos_token_id=EOS, speculative=True)
     link = Link()
-    prefilled = False
 
     def draft(ctx: Sequence[int]) -> int:
         right = target_next(ctx, salt)
@@ -119,19 +132,14 @@ def run_speculative(gen: GenerationSettings, salt: int, error_pct: int, schedule
         return (right + 1) % VOCAB if wrong and right != EOS else right
 
     def cloud_step() -> None:
-        nonlocal prefilled
         if cloud.finish_reason is not None:
             return
-        if not prefilled:
-            cloud.run_prefill(engine, PROMPT, pixel_values_videos=torch.zeros(1))
-            cloud.mark_prefill_done()
-            prefilled = True
-            return
-        commit = cloud.apply(cloud.run_step(engine, cloud.drafts_for_step()))
-        if commit is not None:
-            link.down.append(commit)
+        c = verify(engine, cloud)
+        if c.tokens:
+            link.down.append(CommitEvent(c.start, c.tokens, c.verified, c.accepted,
+                                         cloud.text(), 0.0))
         if cloud.finish_reason is not None:
-            link.down.append(DoneEvent(cloud.finish_reason, tuple(cloud.committed), cloud.text,
+            link.down.append(DoneEvent(cloud.finish_reason, tuple(cloud.committed), cloud.text(),
                                        cloud.stats()))
 
     def edge_event(choice: int) -> None:
@@ -187,7 +195,7 @@ def test_any_interleaving_equals_target_only(
     reference = target_only(gen, salt)
     cloud, edge = run_speculative(gen, salt, error_pct, schedule, hidden, lookahead, cadence)
     assert cloud.committed == reference.committed
-    assert cloud.text == reference.text
+    assert cloud.text() == reference.text()
     assert cloud.finish_reason == reference.finish_reason
     assert edge.done is not None and list(edge.done.token_ids) == reference.committed
     assert edge.committed == cloud.committed  # the edge mirrors C exactly
@@ -221,5 +229,5 @@ def test_stop_string_cuts_a_bulk_commit_where_target_only_stops() -> None:
     assert reference.finish_reason == FinishReason.STOP_STRING
     cloud, _ = run_speculative(gen, salt, 0, [0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 4, 4], hidden=8,
                                lookahead=8, cadence=8)
-    assert (cloud.committed, cloud.text, cloud.finish_reason) == (
-        reference.committed, reference.text, reference.finish_reason)
+    assert (cloud.committed, cloud.text(), cloud.finish_reason) == (
+        reference.committed, reference.text(), reference.finish_reason)

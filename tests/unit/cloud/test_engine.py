@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 import torch
 from transformers import DynamicCache
 
-from cloud.engine.base import EngineState, TargetEngine
+from cloud.alone import decode_alone
+from cloud.decoding import DecodingSession
+from cloud.engine.base import BatchedEngine, PrefillRequest, StepBatch
 from cloud.engine.hf import HFEngine, crop_cache
 from cloud.target import TargetModel
-from cloud.verify import mask_non_text, verify_greedy
 from shared.demoworld.tiny_target import build_tiny_random_target
 from shared.errors import FailedPrecondition, InvalidInput
+from shared.types import DraftTail, GenerationSettings
 
 Proposer = Callable[[list[int], int], list[int]]
 
@@ -27,7 +29,7 @@ def target() -> TargetModel:
 
 @pytest.fixture(scope="module")
 def engine(target: TargetModel) -> HFEngine:
-    return HFEngine(target)
+    return HFEngine(target, num_slots=4)
 
 
 def clip(seed: int) -> torch.Tensor:
@@ -42,8 +44,18 @@ def full_logits(target: TargetModel, ids: list[int], pix: torch.Tensor) -> torch
     return logits
 
 
+def step(engine: HFEngine, slot: int, start: int, tokens: list[int]) -> torch.Tensor:
+    """One session's step through the batched API -> logits [len(tokens), V]."""
+    return engine.step(StepBatch((slot,), (start,), (len(tokens),), torch.tensor(tokens)))
+
+
+def prefill(engine: HFEngine, slot: int, ids: list[int], **visual: torch.Tensor) -> torch.Tensor:
+    return engine.prefill([PrefillRequest(slot, ids, **visual)])[0]  # [V]
+
+
 def test_engine_satisfies_protocol(engine: HFEngine) -> None:
-    assert isinstance(engine, TargetEngine)
+    assert isinstance(engine, BatchedEngine)
+    assert engine.num_slots == 4 and engine.max_seq_len == 4096
 
 
 def test_prefill_and_steps_match_full_forward(target: TargetModel, engine: HFEngine) -> None:
@@ -52,43 +64,52 @@ def test_prefill_and_steps_match_full_forward(target: TargetModel, engine: HFEng
     cont = [5, 77, 300, 12, 9]
     ref = full_logits(target, ids + cont, pix)  # [L + 5, V]
     n = len(ids)
-    state, first = engine.prefill(ids, pixel_values_videos=pix)
+    first = prefill(engine, 0, ids, pixel_values_videos=pix)
     assert first.shape == (target.vocab_size,) and first.dtype == torch.float32
-    assert engine.seq_len(state) == n
+    assert engine.cached_len(0) == n
     torch.testing.assert_close(first, ref[n - 1], rtol=0, atol=1e-5)
-    torch.testing.assert_close(engine.step(state, cont[:2]), ref[n : n + 2], rtol=0, atol=1e-5)
-    torch.testing.assert_close(engine.step(state, cont[2:]), ref[n + 2 :], rtol=0, atol=1e-5)
-    assert engine.seq_len(state) == n + 5
+    torch.testing.assert_close(step(engine, 0, n, cont[:2]), ref[n : n + 2], rtol=0, atol=1e-5)
+    torch.testing.assert_close(step(engine, 0, n + 2, cont[2:]), ref[n + 2 :], rtol=0, atol=1e-5)
+    assert engine.cached_len(0) == n + 5
 
 
-def test_rollback_then_restep_matches_fresh(target: TargetModel, engine: HFEngine) -> None:
+def test_start_position_rolls_back_implicitly(target: TargetModel, engine: HFEngine) -> None:
     ids = target.build_prompt_ids("How many cars are there?")
     pix = clip(2)
     n = len(ids)
-    state, _ = engine.prefill(ids, pixel_values_videos=pix)
-    engine.step(state, [5, 77, 300])
-    engine.rollback(state, n + 1)
-    assert engine.seq_len(state) == n + 1
-    again = engine.step(state, [99, 12])
+    prefill(engine, 1, ids, pixel_values_videos=pix)
+    step(engine, 1, n, [5, 77, 300])
+    again = step(engine, 1, n + 1, [99, 12])  # 77 and 300 were rejected
+    assert engine.cached_len(1) == n + 3
 
-    fresh, _ = engine.prefill(ids, pixel_values_videos=pix)
-    want = engine.step(fresh, [5, 99, 12])[1:]
+    prefill(engine, 2, ids, pixel_values_videos=pix)
+    want = step(engine, 2, n, [5, 99, 12])[1:]
     torch.testing.assert_close(again, want, rtol=0, atol=1e-5)
-
-    engine.rollback(state, engine.seq_len(state))  # no-op
-    assert engine.seq_len(state) == n + 3
-    with pytest.raises(InvalidInput):
-        engine.rollback(state, n + 4)
-    with pytest.raises(InvalidInput):
-        engine.rollback(state, -1)
-    engine.rollback(state, 0)
-    assert engine.seq_len(state) == 0
+    with pytest.raises(InvalidInput, match="start_positions"):
+        step(engine, 1, n + 4, [1])  # beyond what the slot holds
 
 
-def test_crop_cache_helper(target: TargetModel, engine: HFEngine) -> None:
-    state, _ = engine.prefill(target.build_prompt_ids("Is it dark?"), pixel_values_videos=clip(3))
-    cache = state.cache
-    assert isinstance(cache, DynamicCache)
+def test_batched_step_equals_each_session_alone(target: TargetModel, engine: HFEngine) -> None:
+    questions = ["What is moving?", "Is it dark?", "Describe the scene."]
+    feeds = [[5], [7, 8, 9, 10], [11, 12]]
+    lens, alone = [], []
+    for slot, (q, feed) in enumerate(zip(questions, feeds, strict=True)):
+        ids = target.build_prompt_ids(q)
+        prefill(engine, slot, ids, pixel_values_videos=clip(20 + slot))
+        lens.append(len(ids))
+        alone.append(step(engine, slot, len(ids), feed))
+    batch = StepBatch((0, 1, 2), tuple(lens), tuple(len(f) for f in feeds),
+                      torch.tensor([t for f in feeds for t in f]))
+    together = engine.step(batch)  # [7, V]
+    torch.testing.assert_close(together, torch.cat(alone), rtol=0, atol=1e-5)
+
+
+def test_crop_cache_helper(target: TargetModel) -> None:
+    cache = DynamicCache(config=target.model.config)
+    ids = target.build_prompt_ids("Is it dark?")
+    with torch.inference_mode():
+        target.model(input_ids=torch.tensor([ids]), pixel_values_videos=clip(3),
+                     past_key_values=cache, use_cache=True)
     length = cache.get_seq_length()
     crop_cache(cache, length)  # equal: no-op
     assert cache.get_seq_length() == length
@@ -106,29 +127,34 @@ def test_engine_errors(target: TargetModel, engine: HFEngine) -> None:
     pix = clip(4)
     feats = target.video_features_from_pixels(pix)
     with pytest.raises(InvalidInput):
-        engine.prefill(ids)
+        prefill(engine, 0, ids)
     with pytest.raises(InvalidInput):
-        engine.prefill(ids, pixel_values_videos=pix, video_features=feats)
+        prefill(engine, 0, ids, pixel_values_videos=pix, video_features=feats)
     with pytest.raises(InvalidInput):
-        engine.prefill(ids[:-20] + ids[-19:], pixel_values_videos=pix)  # one placeholder short
+        prefill(engine, 0, ids[:-20] + ids[-19:], pixel_values_videos=pix)  # one short
     with pytest.raises(InvalidInput):
-        engine.prefill([*ids, target.video_token_id - 1], pixel_values_videos=pix)  # <image>
+        prefill(engine, 0, [*ids, target.video_token_id - 1], pixel_values_videos=pix)
     with pytest.raises(InvalidInput):
-        engine.prefill(ids, pixel_values_videos=pix[:, :7])
+        prefill(engine, 0, ids, pixel_values_videos=pix[:, :7])
     with pytest.raises(InvalidInput):
-        engine.prefill(ids, video_features=feats[:, :, :16])
-    state, _ = engine.prefill(ids, video_features=feats)
-    with pytest.raises(InvalidInput):
-        engine.step(state, [])
-    with pytest.raises(InvalidInput):
-        engine.step(state, [target.video_token_id])
-    engine.release(state)
-    engine.release(state)  # idempotent
-    assert state.released
+        prefill(engine, 0, ids, video_features=feats[:, :, :16])
+    with pytest.raises(InvalidInput, match="slot"):
+        prefill(engine, 4, ids, video_features=feats)
+    prefill(engine, 3, ids, video_features=feats)
+    n = len(ids)
+    with pytest.raises(InvalidInput, match="counts"):
+        engine.step(StepBatch((3,), (n,), (0,), torch.tensor([], dtype=torch.long)))
+    with pytest.raises(InvalidInput, match="text ids"):
+        step(engine, 3, n, [target.video_token_id])
+    with pytest.raises(InvalidInput, match="repeats"):
+        engine.step(StepBatch((3, 3), (n, n), (1, 1), torch.tensor([5, 5])))
+    with pytest.raises(InvalidInput, match="max_seq_len"):
+        step(engine, 3, n, [5] * (engine.max_seq_len - n + 1))
+    engine.free(3)
+    engine.free(3)  # idempotent
+    assert engine.cached_len(3) == 0
     with pytest.raises(FailedPrecondition):
-        engine.step(state, [5])
-    with pytest.raises(FailedPrecondition):
-        engine.rollback(EngineState(cache=None, length=0), 0)
+        step(engine, 3, n, [5])
 
 
 def test_feature_injection_matches_pixel_path(target: TargetModel, engine: HFEngine) -> None:
@@ -136,14 +162,15 @@ def test_feature_injection_matches_pixel_path(target: TargetModel, engine: HFEng
     pix = clip(5)
     feats = target.video_features_from_pixels(pix)  # [F, T, D], before the projector
     assert feats.shape == (8, 17, 32)
-    s_pix, l_pix = engine.prefill(ids, pixel_values_videos=pix)
-    s_feat, l_feat = engine.prefill(ids, video_features=feats)
+    l_pix = prefill(engine, 0, ids, pixel_values_videos=pix)
+    l_feat = prefill(engine, 1, ids, video_features=feats)
     torch.testing.assert_close(l_feat, l_pix, rtol=0, atol=1e-6)
+    n = len(ids)
     torch.testing.assert_close(
-        engine.step(s_feat, [10, 20, 30]), engine.step(s_pix, [10, 20, 30]), rtol=0, atol=1e-6
+        step(engine, 1, n, [10, 20, 30]), step(engine, 0, n, [10, 20, 30]), rtol=0, atol=1e-6
     )
     # Different clips must change the answer's logits, or the test above proves nothing.
-    _, other = engine.prefill(ids, video_features=target.video_features_from_pixels(clip(6)))
+    other = prefill(engine, 2, ids, video_features=target.video_features_from_pixels(clip(6)))
     assert not torch.allclose(other, l_pix, atol=1e-3)
 
 
@@ -179,23 +206,21 @@ def speculative_greedy(
     max_new: int,
     eos: int,
 ) -> list[int]:
-    """The cloud's greedy loop: hidden drafts after prefill, then verify k per step."""
-    n = len(ids)
-    state, first = engine.prefill(ids, **visual)  # first: [V]
-    hidden = propose([], k)
-    # One row after prefill checks the first hidden draft (n == len(drafts)).
-    committed = verify_greedy(mask_non_text(first[None], target.text_vocab_size), hidden[:1]).tokens
-    while len(committed) < max_new and eos not in committed:
-        drafts = propose(committed, k)
-        logits = engine.step(state, [committed[-1], *drafts])  # [k + 1, V]
-        result = verify_greedy(mask_non_text(logits, target.text_vocab_size), drafts)
-        assert result.tokens[: result.accepted] == drafts[: result.accepted]
-        committed += result.tokens
-        engine.rollback(state, n + len(committed) - 1)
-        assert engine.seq_len(state) == n + len(committed) - 1
-    engine.release(state)
-    committed = committed[:max_new]
-    return committed[: committed.index(eos) + 1] if eos in committed else committed
+    """The cloud's greedy loop alone: hidden drafts before prefill, then k per step."""
+    session = DecodingSession(
+        settings=GenerationSettings(max_new_tokens=max_new), slot=0, prompt_len=len(ids),
+        max_seq_len=engine.max_seq_len, eos_token_id=eos, max_verify_tokens=k + 1,
+        decode=lambda _ids: "", speculative=True,
+    )
+
+    def tail(committed: Sequence[int]) -> DraftTail | None:
+        drafts = propose(list(committed), k)
+        return DraftTail(len(committed), tuple(drafts)) if drafts else None
+
+    decode_alone(engine, session, ids, **visual, text_vocab_size=target.text_vocab_size,
+                 propose=tail)
+    assert engine.cached_len(0) == 0  # the slot was freed
+    return session.committed
 
 
 def proposers(ref: list[int], text_vocab: int, seed: int) -> dict[str, Proposer]:
@@ -230,7 +255,7 @@ CASES = [
 @pytest.mark.parametrize(("seed", "question"), CASES)
 def test_speculative_greedy_equals_generate(seed: int, question: str) -> None:
     target = build_tiny_random_target(seed=seed)
-    engine = HFEngine(target)
+    engine = HFEngine(target, num_slots=1)
     ids = target.build_prompt_ids(question)
     pix = clip(100 + seed)
     max_new = 16

@@ -229,6 +229,8 @@ class CloudProfile(_message.Message):
     STEP_BASE_MS_FIELD_NUMBER: _builtins.int
     STEP_MS_PER_TOKEN_FIELD_NUMBER: _builtins.int
     DEVICE_FIELD_NUMBER: _builtins.int
+    STEP_MS_PER_SESSION_FIELD_NUMBER: _builtins.int
+    LOAD_SESSIONS_FIELD_NUMBER: _builtins.int
     prefill_base_ms: _builtins.float
     """Fixed prefill cost."""
     prefill_ms_per_visual_token: _builtins.float
@@ -241,6 +243,10 @@ class CloudProfile(_message.Message):
     """Marginal cost per token verified in one step."""
     device: _builtins.str
     """Device the numbers were measured on, e.g. "cuda:NVIDIA H100" or "cpu"."""
+    step_ms_per_session: _builtins.float
+    """Extra cost of each session beyond the first in one batched step."""
+    load_sessions: _builtins.float
+    """Sessions the cloud is stepping together now (1 = alone; 0 from older servers means 1)."""
     def __init__(
         self,
         *,
@@ -250,10 +256,12 @@ class CloudProfile(_message.Message):
         step_base_ms: _builtins.float = ...,
         step_ms_per_token: _builtins.float = ...,
         device: _builtins.str = ...,
+        step_ms_per_session: _builtins.float = ...,
+        load_sessions: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "prefill_base_ms", b"prefill_base_ms", "prefill_ms_per_text_token", b"prefill_ms_per_text_token", "prefill_ms_per_visual_token", b"prefill_ms_per_visual_token", "step_base_ms", b"step_base_ms", "step_ms_per_token", b"step_ms_per_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "load_sessions", b"load_sessions", "prefill_base_ms", b"prefill_base_ms", "prefill_ms_per_text_token", b"prefill_ms_per_text_token", "prefill_ms_per_visual_token", b"prefill_ms_per_visual_token", "step_base_ms", b"step_base_ms", "step_ms_per_session", b"step_ms_per_session", "step_ms_per_token", b"step_ms_per_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

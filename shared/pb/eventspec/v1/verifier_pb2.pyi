@@ -84,6 +84,8 @@ class Limits(_message.Message):
     MAX_FRAME_BYTES_FIELD_NUMBER: _builtins.int
     MAX_VERIFY_TOKENS_FIELD_NUMBER: _builtins.int
     MAX_QUESTION_CHARS_FIELD_NUMBER: _builtins.int
+    KV_SLOTS_FIELD_NUMBER: _builtins.int
+    KV_TOKENS_PER_SLOT_FIELD_NUMBER: _builtins.int
     max_sessions: _builtins.int
     """Concurrent Generate streams."""
     max_message_bytes: _builtins.int
@@ -102,6 +104,12 @@ class Limits(_message.Message):
     """
     max_question_chars: _builtins.int
     """Longest question accepted, characters."""
+    kv_slots: _builtins.int
+    """KV slots the engine reserved at start-up: concurrent requests past this are
+    refused with RESOURCE_EXHAUSTED.
+    """
+    kv_tokens_per_slot: _builtins.int
+    """Positions per KV slot (prompt plus answer)."""
     def __init__(
         self,
         *,
@@ -113,10 +121,12 @@ class Limits(_message.Message):
         max_frame_bytes: _builtins.int = ...,
         max_verify_tokens: _builtins.int = ...,
         max_question_chars: _builtins.int = ...,
+        kv_slots: _builtins.int = ...,
+        kv_tokens_per_slot: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_draft_tokens", b"max_draft_tokens", "max_frame_bytes", b"max_frame_bytes", "max_message_bytes", b"max_message_bytes", "max_new_tokens", b"max_new_tokens", "max_question_chars", b"max_question_chars", "max_sessions", b"max_sessions", "max_tensor_bytes", b"max_tensor_bytes", "max_verify_tokens", b"max_verify_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kv_slots", b"kv_slots", "kv_tokens_per_slot", b"kv_tokens_per_slot", "max_draft_tokens", b"max_draft_tokens", "max_frame_bytes", b"max_frame_bytes", "max_message_bytes", b"max_message_bytes", "max_new_tokens", b"max_new_tokens", "max_question_chars", b"max_question_chars", "max_sessions", b"max_sessions", "max_tensor_bytes", b"max_tensor_bytes", "max_verify_tokens", b"max_verify_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

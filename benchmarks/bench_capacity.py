@@ -1,0 +1,265 @@
+"""Capacity of one verifier: N concurrent requests through the real server over gRPC.
+
+The cloud is an in-process ``VerifierServer`` (port 0, real gRPC) with the committed toy
+Video-LLaVA (or ``--model DIR``). The same R requests (toy scenes x questions, greedy)
+are served with N = 1, 4, 16 ... concurrent clients. For each N the script reports
+tokens/s, p50/p99 request latency, and the histogram of batch sizes the scheduler ran.
+Then the same with drafts from an **oracle edge client**: it replays each request's
+target-only answer as drafts, each token wrong with probability 1 - alpha (labelled as
+such: it measures the verifier, not an edge). Answers must be identical across N and
+modes, or the script exits 1.
+
+    python benchmarks/bench_capacity.py [--concurrency 1 4 16] [--requests 32]
+        [--alpha 0.8] [--draft-k 4] [--max-new-tokens 32] [--device cpu]
+        [--emulate-prefill-ms 50 --emulate-step-ms 20]
+
+With ``--emulate-*`` the engine is paced (``PacedEngine``): each prefill call and each
+batched step lasts at least the given time whatever the batch, which rehearses an engine
+whose step cost is flat in the batch size (a bandwidth-bound GPU) on a CPU. The HF
+reference engine alone loops over the sessions of a batch, so on CPU its batched step
+costs B single steps.
+
+Writes ``benchmarks/results/capacity-<device>[-paced<P>-<S>].json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+import statistics
+import sys
+import time
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from grpc import aio
+from shared.toyworld.qa import all_questions
+from shared.toyworld.scenes import EVAL_SEED_MIN, clip_frames, sample_scene
+
+from cloud.config import CloudSettings
+from cloud.server import VerifierServer, load_target_for
+from shared import convert
+from shared.imageproc import encode_jpeg
+from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
+from shared.types import (
+    CommitEvent,
+    DoneEvent,
+    GenerationSettings,
+    OpenRequest,
+    ServerLimits,
+)
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SEED0 = EVAL_SEED_MIN + 7000
+
+
+def requests(n: int, max_new: int) -> list[OpenRequest]:
+    """n distinct questions about toy scenes, frames as JPEG like a real edge sends."""
+    out: list[OpenRequest] = []
+    seed = SEED0
+    while len(out) < n:
+        scene = sample_scene(seed)
+        frames = tuple(encode_jpeg(f, 90) for f in clip_frames(scene))
+        for qa in all_questions(scene):
+            if len(out) == n:
+                break
+            out.append(OpenRequest(
+                request_id=f"cap-{len(out)}", question=qa.question,
+                generation=GenerationSettings(max_new_tokens=max_new), frames=frames,
+                speculative=False,
+            ))
+        seed += 1
+    return out
+
+
+def oracle_tail(truth: list[int], base: int, k: int, alpha: float, rng: random.Random,
+                vocab: int) -> list[int]:
+    """The next k tokens of the target-only answer, each wrong with probability 1 - alpha."""
+    tail = [t if rng.random() < alpha else (t + 1 + rng.randrange(vocab - 1)) % vocab
+            for t in truth[base : base + k]]
+    return tail
+
+
+async def one_request(port: int, req: OpenRequest, *, truth: list[int] | None, k: int,
+                      alpha: float, vocab: int, seed: int) -> tuple[list[int], float, int]:
+    """Run one Generate; returns (tokens, latency s, drafts accepted)."""
+    rng = random.Random(seed)
+    t0 = time.perf_counter()
+    async with aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        call = verifier_pb2_grpc.VerifierStub(ch).Generate(timeout=600)
+        await call.write(verifier_pb2.EdgeMessage(open=convert.open_to_pb(req)))
+        if truth is not None:
+            hidden = oracle_tail(truth, 0, k, alpha, rng, vocab)
+            if hidden:
+                await call.write(verifier_pb2.EdgeMessage(
+                    drafts=verifier_pb2.Drafts(base=0, token_ids=hidden)))
+        got: list[int] = []
+        while True:
+            msg = await call.read()
+            if msg is aio.EOF:
+                raise RuntimeError(f"{req.request_id}: the stream ended without Done")
+            event = convert.cloud_message_from_pb(msg)
+            if isinstance(event, DoneEvent):
+                break
+            if isinstance(event, CommitEvent):
+                got.extend(event.token_ids)
+                if truth is not None:
+                    tail = oracle_tail(truth, len(got), k, alpha, rng, vocab)
+                    if tail:
+                        await call.write(verifier_pb2.EdgeMessage(
+                            drafts=verifier_pb2.Drafts(base=len(got), token_ids=tail)))
+        await call.done_writing()
+    return list(event.token_ids), time.perf_counter() - t0, event.stats.accepted
+
+
+async def run_level(server: VerifierServer, reqs: list[OpenRequest], n: int, *,
+                    truths: list[list[int]] | None, k: int, alpha: float,
+                    vocab: int) -> dict[str, object]:
+    """All requests through n concurrent clients; returns the measurements."""
+    assert server.runtime is not None
+    stats = server.runtime.scheduler.stats
+    hist_before, steps_before = Counter(stats.batch_sizes), stats.steps
+    engine_before, overhead_before = stats.engine_ms, stats.overhead_ms
+    sampler_before = stats.sampler_ms
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(len(reqs)):
+        queue.put_nowait(i)
+    answers: list[list[int]] = [[] for _ in reqs]
+    latencies: list[float] = [0.0] * len(reqs)
+    accepted = [0]
+
+    async def client() -> None:
+        while not queue.empty():
+            i = queue.get_nowait()
+            spec_req = replace(reqs[i], speculative=truths is not None)
+            tokens, latency, acc = await one_request(
+                server.port, spec_req, truth=None if truths is None else truths[i], k=k,
+                alpha=alpha, vocab=vocab, seed=i)
+            answers[i], latencies[i] = tokens, latency
+            accepted[0] += acc
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(n)))
+    wall = time.perf_counter() - t0
+    hist = Counter(stats.batch_sizes)
+    hist.subtract(hist_before)
+    tokens = sum(len(a) for a in answers)
+    steps = stats.steps - steps_before
+    lat = sorted(latencies)
+    return {
+        "concurrency": n,
+        "requests": len(reqs),
+        "tokens": tokens,
+        "wall_s": round(wall, 3),
+        "tokens_per_s": round(tokens / wall, 1),
+        "latency_p50_s": round(statistics.median(lat), 3),
+        "latency_p99_s": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 3),
+        "target_steps": steps,
+        "tokens_per_target_step": round(tokens / max(1, steps), 2),
+        "drafts_accepted": accepted[0],
+        "batch_size_histogram": {str(b): c for b, c in sorted(hist.items()) if c},
+        "engine_ms_per_step": round((stats.engine_ms - engine_before) / max(1, steps), 3),
+        "sampler_ms_per_step": round((stats.sampler_ms - sampler_before) / max(1, steps), 3),
+        "scheduler_overhead_ms_per_step": round(
+            (stats.overhead_ms - overhead_before) / max(1, steps), 3),
+        "answers": answers,
+    }
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    top = max(args.concurrency)
+    settings = replace(
+        CloudSettings(), model=args.model, device=args.device, dtype=args.dtype, port=0,
+        calibrate=False, limits=replace(ServerLimits(), max_sessions=top),
+        kv_cache_gb=args.kv_cache_gb, emulate_prefill_ms=args.emulate_prefill_ms,
+        emulate_step_ms=args.emulate_step_ms,
+    )
+    target = load_target_for(settings)
+    server = VerifierServer(settings, target=target)
+    await server.start()
+    try:
+        reqs = requests(args.requests, args.max_new_tokens)
+        await run_level(server, reqs[:2], 1, truths=None, k=0, alpha=0.0,
+                        vocab=target.text_vocab_size)  # warm-up
+        levels: list[dict[str, object]] = []
+        for n in args.concurrency:
+            levels.append({"mode": "target_only",
+                           **await run_level(server, reqs, n, truths=None, k=0, alpha=0.0,
+                                             vocab=target.text_vocab_size)})
+            print(_row(levels[-1]), flush=True)
+        truths = levels[0]["answers"]
+        assert isinstance(truths, list)
+        for n in args.concurrency:
+            levels.append({"mode": f"oracle_edge_alpha{args.alpha:g}_k{args.draft_k}",
+                           **await run_level(server, reqs, n, truths=truths, k=args.draft_k,
+                                             alpha=args.alpha, vocab=target.text_vocab_size)})
+            print(_row(levels[-1]), flush=True)
+    finally:
+        await server.stop(0)
+    identical = all(level["answers"] == truths for level in levels)
+    base = levels[0]["tokens_per_s"]
+    assert isinstance(base, float)
+    result = {
+        "what": "N concurrent Generate streams through one in-process verifier over gRPC; "
+                "oracle_edge rows replay the target-only answer as drafts with errors "
+                "injected at rate 1 - alpha (not a real edge)",
+        "model": target.model_id, "device": args.device, "dtype": args.dtype,
+        "torch_threads": args.threads, "max_new_tokens": args.max_new_tokens,
+        "emulate_prefill_ms": args.emulate_prefill_ms, "emulate_step_ms": args.emulate_step_ms,
+        "answers_identical": identical,
+        "throughput_vs_one_at_a_time": {
+            f"{lv['mode']}@{lv['concurrency']}": round(float(lv["tokens_per_s"]) / base, 2)  # type: ignore[arg-type]
+            for lv in levels
+        },
+        "levels": [{k: v for k, v in lv.items() if k != "answers"} for lv in levels],
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    paced = f"-paced{args.emulate_prefill_ms:g}-{args.emulate_step_ms:g}" if (
+        args.emulate_prefill_ms or args.emulate_step_ms) else ""
+    out = RESULTS / f"capacity-{args.device.replace(':', '')}{paced}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["throughput_vs_one_at_a_time"], indent=2))
+    print(f"answers identical across N and modes: {identical}; wrote {out}")
+    return 0 if identical else 1
+
+
+def _row(level: dict[str, object]) -> str:
+    return (f"{level['mode']:>28} N={level['concurrency']:>3}: {level['tokens_per_s']:>8} tok/s, "
+            f"p50 {level['latency_p50_s']} s, p99 {level['latency_p99_s']} s, "
+            f"{level['tokens_per_target_step']} tok/step, batches {level['batch_size_histogram']}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="toy")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--alpha", type=float, default=0.8)
+    parser.add_argument("--draft-k", type=int, default=4)
+    parser.add_argument("--kv-cache-gb", type=float, default=None)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--emulate-prefill-ms", type=float, default=0.0,
+                        help="pace each prefill call to at least this (PacedEngine)")
+    parser.add_argument("--emulate-step-ms", type=float, default=0.0,
+                        help="pace each batched step to at least this, whatever the batch: "
+                             "rehearses a bandwidth-bound GPU engine whose step cost is flat in B")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    return asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

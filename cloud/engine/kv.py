@@ -1,0 +1,89 @@
+"""How many KV slots fit: the memory budget turned into (slots x positions) at start-up.
+
+Why up front: an engine that lets sessions grow KV on demand fails with an
+out-of-memory error in the middle of someone's answer. Reserving slots from a budget
+instead makes capacity a number the server can advertise (``GetServerInfo.limits``),
+log, and refuse past with RESOURCE_EXHAUSTED (DESIGN.md, "Cloud execution").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from shared.errors import InvalidInput
+
+GIB = 1 << 30
+#: Budget on a CPU device, where "free device memory" is not a useful number.
+CPU_DEFAULT_KV_GB = 2.0
+
+
+@dataclass(frozen=True)
+class KVPlan:
+    """The reservation: ``num_slots`` slots of ``max_seq_len`` positions each."""
+
+    num_slots: int
+    max_seq_len: int
+    bytes_per_token: int
+    budget_bytes: int
+    source: str  # where the budget came from, for the start-up log
+
+    @property
+    def slot_bytes(self) -> int:
+        return self.bytes_per_token * self.max_seq_len
+
+    def describe(self) -> str:
+        return (
+            f"{self.num_slots} KV slots x {self.max_seq_len} tokens "
+            f"({self.slot_bytes / GIB:.3f} GiB each, {self.bytes_per_token} B/token; "
+            f"budget {self.budget_bytes / GIB:.2f} GiB from {self.source})"
+        )
+
+
+def kv_bytes_per_token(text_config: Any, dtype: torch.dtype) -> int:
+    """K and V of every layer for one position: 2 x layers x kv_heads x head_dim x itemsize."""
+    heads = int(text_config.num_attention_heads)
+    kv_heads = int(getattr(text_config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(text_config, "head_dim", None) or text_config.hidden_size // heads)
+    layers = int(text_config.num_hidden_layers)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 2 * layers * kv_heads * head_dim * itemsize
+
+
+def plan_kv(
+    *,
+    bytes_per_token: int,
+    max_seq_len: int,
+    device: torch.device,
+    kv_cache_gb: float | None,
+    memory_fraction: float,
+    max_slots: int,
+) -> KVPlan:
+    """Slots that fit the budget: ``kv_cache_gb``, else a fraction of free device memory
+    (CUDA) or ``CPU_DEFAULT_KV_GB`` (CPU); at most ``max_slots`` (the session cap, since
+    a slot nobody can use is wasted memory). Raises InvalidInput when not one slot fits."""
+    if max_seq_len < 1 or bytes_per_token < 1:
+        raise InvalidInput(f"max_seq_len and bytes_per_token must be >= 1, got "
+                           f"{max_seq_len}, {bytes_per_token}")
+    if kv_cache_gb is not None:
+        if not kv_cache_gb > 0:
+            raise InvalidInput(f"--kv-cache-gb must be > 0, got {kv_cache_gb}")
+        budget, source = int(kv_cache_gb * GIB), "--kv-cache-gb"
+    elif device.type == "cuda":
+        if not 0 < memory_fraction <= 1:
+            raise InvalidInput(f"kv memory fraction must be in (0, 1], got {memory_fraction}")
+        free, _total = torch.cuda.mem_get_info(device)
+        budget = int(free * memory_fraction)
+        source = f"{memory_fraction:.0%} of {free / GIB:.1f} GiB free on {device}"
+    else:
+        budget, source = int(CPU_DEFAULT_KV_GB * GIB), f"the CPU default of {CPU_DEFAULT_KV_GB} GiB"
+    slots = min(budget // (bytes_per_token * max_seq_len), max_slots)
+    if slots < 1:
+        raise InvalidInput(
+            f"the KV budget of {budget / GIB:.3f} GiB ({source}) holds no slot of "
+            f"{max_seq_len} tokens ({bytes_per_token * max_seq_len / GIB:.3f} GiB); raise "
+            "--kv-cache-gb or lower --max-seq-len"
+        )
+    return KVPlan(int(slots), max_seq_len, bytes_per_token, budget, source)

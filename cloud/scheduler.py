@@ -1,0 +1,417 @@
+"""One engine loop for every request: ready sessions -> one batched step -> one sampler call.
+
+vLLM V1's engine core and TGI's batches are the shape (not the code). Generate streams
+talk only to this module: they ``admit`` a request (which takes a KV slot or fails with
+RESOURCE_EXHAUSTED), ``submit_prefill`` once the visual input is ready, ``offer`` draft
+tails, ``cancel``, and ``release``; results come back on the ticket's asyncio queue.
+
+Each iteration of the loop, in a dedicated engine thread:
+
+1. take the commands that arrived (prefills to queue, releases);
+2. **admit at most one prefill** from the FIFO queue, and sample its first token from the
+   prefill's logits (checking one hidden draft);
+3. **step every running session together**: each says what it feeds (C[-1] plus the
+   valid drafts that extend C; zero drafts is a plain decode step), the engine runs one
+   batched forward over the flattened tokens, the sampler accepts or rejects every
+   session's drafts in one call, and each session commits its tokens under its stop
+   rules;
+4. hand every result to the event loop in one ``call_soon_threadsafe``.
+
+Policy: every running session steps every iteration, so none starves and nobody waits
+for drafts; prefills are admitted first come, first served, one per iteration, so a new
+prefill stalls running sessions for at most one prefill. A session that finishes (EOS,
+stop string, token cap, context limit, cancel, deadline) gives its slot back in the same
+iteration; a stream that ends any other way (disconnect, error, TTL) releases it.
+
+Why a thread and not an engine-core process: the loop's own Python work per step is
+tens of microseconds per session (``benchmarks/bench_capacity.py`` reports it as
+``scheduler_overhead_ms``), small beside a forward, and torch releases the GIL inside
+its kernels; a process would add a msgpack round trip per step and a second copy of the
+request state for no measured gain. See docs/scheduler.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from cloud.decoding import Committed, DecodingSession
+from cloud.engine.base import BatchedEngine, PrefillRequest, StepBatch
+from cloud.sampler import BatchedSampler, SampleSpec, make_generator
+from shared.errors import EventSpecError, ResourceExhausted, Unavailable
+from shared.types import DraftTail, FinishReason
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The request failed; the stream raises ``error``."""
+
+    error: EventSpecError
+
+
+SchedulerEvent = Committed | Failure
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One admitted request, shared by its stream (event loop) and the engine thread.
+
+    The stream writes only ``mailbox`` and ``cancel_requested`` (single attribute stores,
+    atomic under the GIL); the engine thread owns ``session`` until it posts a result with
+    a finish reason, after which the stream may read it.
+    """
+
+    request_id: str
+    session: DecodingSession
+    events: asyncio.Queue[SchedulerEvent]
+    generator: torch.Generator | None
+    mailbox: DraftTail | None = None
+    cancel_requested: bool = False
+    slot_held: bool = True
+    submitted: bool = False
+
+    @property
+    def slot(self) -> int:
+        return self.session.slot
+
+
+class SlotPool:
+    """Which KV slots are free. Taken on the event loop, given back on the engine thread."""
+
+    def __init__(self, num_slots: int, max_seq_len: int) -> None:
+        self.num_slots = num_slots
+        self.max_seq_len = max_seq_len
+        self._free = collections.deque(range(num_slots))
+        self._lock = threading.Lock()
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def acquire(self) -> int:
+        with self._lock:
+            if not self._free:
+                raise ResourceExhausted(
+                    f"all {self.num_slots} KV slots are in use ({self.num_slots} slots x "
+                    f"{self.max_seq_len} tokens, GetServerInfo.limits.kv_slots); retry later "
+                    "or raise --kv-cache-gb"
+                )
+            return self._free.popleft()
+
+    def release(self, slot: int) -> None:
+        with self._lock:
+            if slot in self._free:
+                raise RuntimeError(f"KV slot {slot} released twice")
+            self._free.append(slot)
+
+
+@dataclass
+class SchedulerStats:
+    """What the loop did (for the benchmark and the logs)."""
+
+    steps: int = 0
+    prefills: int = 0
+    step_tokens: int = 0
+    batch_sizes: collections.Counter[int] = field(default_factory=collections.Counter)
+    engine_ms: float = 0.0
+    sampler_ms: float = 0.0
+    overhead_ms: float = 0.0  # the loop's own Python work around engine and sampler
+
+    def observe_step(self, sessions: int, tokens: int) -> None:
+        self.steps += 1
+        self.step_tokens += tokens
+        self.batch_sizes[sessions] += 1
+
+
+class Scheduler:
+    """The engine loop. ``start`` it on the event loop that will read the results."""
+
+    def __init__(
+        self,
+        engine: BatchedEngine,
+        *,
+        text_vocab_size: int,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.engine = engine
+        self.sampler = BatchedSampler(text_vocab_size)
+        self.pool = SlotPool(engine.num_slots, engine.max_seq_len)
+        self.stats = SchedulerStats()
+        self._clock = clock
+        self._commands: queue.SimpleQueue[tuple[str, Ticket | None, object]] = queue.SimpleQueue()
+        self._waiting: collections.deque[tuple[Ticket, PrefillRequest]] = collections.deque()
+        self._running: list[Ticket] = []
+        self._outbox: list[tuple[Ticket, SchedulerEvent]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.dead: str | None = None  # why the loop ended, once it has
+        self._on_death: Callable[[str], None] | None = None
+
+    # -- the streams' side (event loop) ------------------------------------------------------
+
+    def start(self, on_death: Callable[[str], None] | None = None) -> None:
+        """Start the engine thread; results are delivered on the running event loop.
+
+        ``on_death(reason)`` runs on that loop if the engine loop itself fails (a bug,
+        not a request's error), so the server can report NOT_SERVING.
+        """
+        self._loop = asyncio.get_running_loop()
+        self._on_death = on_death
+        self._thread = threading.Thread(target=self._run, name="engine-core", daemon=True)
+        self._thread.start()
+
+    def admit(self, request_id: str, make_session: Callable[[int], DecodingSession]) -> Ticket:
+        """Take a KV slot for a new request (RESOURCE_EXHAUSTED when none is free;
+        UNAVAILABLE once the engine loop has ended, never a request that hangs)."""
+        if self.dead is not None:
+            raise Unavailable(f"the verifier's engine loop has stopped ({self.dead})")
+        slot = self.pool.acquire()
+        try:
+            session = make_session(slot)
+        except BaseException:
+            self.pool.release(slot)
+            raise
+        s = session.settings
+        generator = make_generator(s.seed, self.engine.device) if s.temperature > 0 else None
+        return Ticket(request_id, session, asyncio.Queue(), generator)
+
+    def submit_prefill(self, ticket: Ticket, prompt_ids: Sequence[int], *,
+                       pixel_values_videos: torch.Tensor | None = None,
+                       video_features: torch.Tensor | None = None) -> None:
+        """Queue the request's prefill; the first result follows on ``ticket.events``."""
+        ticket.submitted = True
+        if self.dead is not None:
+            ticket.events.put_nowait(Failure(Unavailable(
+                f"the verifier's engine loop has stopped ({self.dead})")))
+            return
+        req = PrefillRequest(ticket.slot, list(prompt_ids), pixel_values_videos, video_features)
+        self._commands.put(("prefill", ticket, req))
+
+    def offer(self, ticket: Ticket, tail: DraftTail) -> None:
+        """Hand the engine thread the edge's latest tail (a newer tail replaces an older)."""
+        ticket.mailbox = tail
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Finish the request as CANCELLED at the next iteration."""
+        ticket.cancel_requested = True
+        self._commands.put(("wake", None, None))
+
+    def release(self, ticket: Ticket) -> None:
+        """Forget the request and give its slot back (idempotent; the stream's last word)."""
+        self._commands.put(("release", ticket, None))
+
+    def stop(self) -> None:
+        """End the loop; requests still in it fail with UNAVAILABLE."""
+        self._commands.put(("stop", None, None))
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    @property
+    def live(self) -> int:
+        """Requests holding a slot."""
+        return self.pool.num_slots - self.pool.free
+
+    # -- the engine thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                self._take_commands(block=not self._running and not self._waiting)
+                if self._stopping:
+                    break
+                self._prefill_one()
+                self._step_all()
+                self._flush()
+        except BaseException as exc:  # a bug in the loop must not leave streams hanging
+            self.dead = f"{type(exc).__name__}: {exc}"
+            log.exception("the engine loop died")
+            if self._on_death is not None and self._loop is not None:
+                with contextlib.suppress(RuntimeError):
+                    self._loop.call_soon_threadsafe(self._on_death, self.dead)
+        finally:
+            if self.dead is None:
+                self.dead = "stopped"
+            down = Unavailable("the verifier's engine loop stopped")
+            for t in [*self._running, *(t for t, _ in self._waiting)]:
+                self._end(t, Failure(down))
+            self._running.clear()
+            self._waiting.clear()
+            while True:  # release what the streams still hold
+                try:
+                    kind, ticket, _ = self._commands.get_nowait()
+                except queue.Empty:
+                    break
+                if ticket is not None and kind == "prefill":
+                    self._end(ticket, Failure(down))
+                elif ticket is not None and kind != "stop":
+                    self._free_slot(ticket)
+            self._flush()
+
+    def _take_commands(self, *, block: bool) -> None:
+        try:
+            cmd = self._commands.get() if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            kind, ticket, payload = cmd
+            if kind == "stop":
+                self._stopping = True
+            elif kind == "prefill" and ticket is not None and ticket.slot_held:
+                assert isinstance(payload, PrefillRequest)
+                self._waiting.append((ticket, payload))
+            elif kind == "release" and ticket is not None:
+                self._forget(ticket)
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _prefill_one(self) -> None:
+        """Run the oldest queued prefill and sample its first token (policy: one per
+        iteration, so running sessions wait for at most one prefill)."""
+        while self._waiting:
+            ticket, req = self._waiting.popleft()
+            if not ticket.slot_held or self._ended_early(ticket):
+                continue
+            t0 = self._clock()
+            try:
+                logits = self.engine.prefill([req])  # [1, V]
+                ms = (self._clock() - t0) * 1e3
+                session = ticket.session
+                self._read_mailbox(ticket)
+                session.mark_prefilled(ms)
+                drafts = session.drafts_now()  # at most one hidden draft
+                verdict = self.sampler(logits, [self._spec(ticket, 1, drafts)])[0]
+            except Exception as exc:  # the request fails, the loop goes on
+                self._end(ticket, Failure(_as_error(exc, "prefill")))
+                return
+            self.stats.prefills += 1
+            done = session.commit(verdict.accepted, verdict.tokens, len(drafts), 0.0)
+            self._post(ticket, done)
+            if done.finish_reason is None:
+                self._running.append(ticket)
+            return
+
+    def _step_all(self) -> None:
+        """One engine step and one sampler call for every running session."""
+        t_start = self._clock()
+        ready = [t for t in list(self._running) if not self._ended_early(t)]
+        if not ready:
+            return
+        inputs = []
+        for t in ready:
+            self._read_mailbox(t)
+            inputs.append(t.session.step_input())
+        flat = [tok for inp in inputs for tok in inp.tokens]
+        batch = StepBatch(
+            slots=tuple(inp.slot for inp in inputs),
+            start_positions=tuple(inp.start_position for inp in inputs),
+            counts=tuple(len(inp.tokens) for inp in inputs),
+            token_ids=torch.tensor(flat, dtype=torch.long, device=self.engine.device),  # [N]
+        )
+        specs = [self._spec(t, len(inp.tokens), inp.drafts) for t, inp in zip(ready, inputs,
+                                                                              strict=True)]
+        t_engine = self._clock()
+        try:
+            logits = self.engine.step(batch)  # [N, V]
+            t_sampler = self._clock()
+            verdicts = self.sampler(logits, specs)
+        except Exception as exc:  # the batch fails, the loop goes on
+            error = _as_error(exc, "step")
+            for t in ready:
+                self._end(t, Failure(error))
+            return
+        t_done = self._clock()
+        step_ms = (t_done - t_engine) * 1e3
+        for t, inp, v in zip(ready, inputs, verdicts, strict=True):
+            done = t.session.commit(v.accepted, v.tokens, len(inp.drafts), step_ms)
+            if done.finish_reason is None:
+                self._post(t, done)
+            else:
+                self._end(t, done)
+        s = self.stats
+        s.observe_step(len(ready), len(flat))
+        s.engine_ms += (t_sampler - t_engine) * 1e3
+        s.sampler_ms += (t_done - t_sampler) * 1e3
+        s.overhead_ms += ((t_engine - t_start) + (self._clock() - t_done)) * 1e3
+
+    def _ended_early(self, ticket: Ticket) -> bool:
+        """Finish a cancelled or overdue request before it takes engine time."""
+        session = ticket.session
+        if ticket.cancel_requested:
+            session.finish(FinishReason.CANCELLED)
+        elif session.deadline_passed():
+            session.finish(FinishReason.DEADLINE)
+        else:
+            return False
+        n = len(session.committed)
+        self._end(ticket, Committed(n, (), 0, 0, session.finish_reason))
+        return True
+
+    def _read_mailbox(self, ticket: Ticket) -> None:
+        tail = ticket.mailbox
+        if tail is not None:
+            ticket.mailbox = None
+            ticket.session.offer_drafts(tail)
+
+    def _spec(self, ticket: Ticket, rows: int, drafts: Sequence[int]) -> SampleSpec:
+        s = ticket.session.settings
+        return SampleSpec(rows, tuple(drafts), s.temperature, s.top_p, ticket.generator)
+
+    def _end(self, ticket: Ticket, event: SchedulerEvent) -> None:
+        """Post the request's last result and give its slot back."""
+        self._forget(ticket)
+        self._post(ticket, event)
+
+    def _forget(self, ticket: Ticket) -> None:
+        if ticket in self._running:
+            self._running.remove(ticket)
+        if any(t is ticket for t, _ in self._waiting):
+            self._waiting = collections.deque((t, r) for t, r in self._waiting if t is not ticket)
+        self._free_slot(ticket)
+
+    def _free_slot(self, ticket: Ticket) -> None:
+        if ticket.slot_held:
+            ticket.slot_held = False
+            self.engine.free(ticket.slot)
+            self.pool.release(ticket.slot)
+
+    def _post(self, ticket: Ticket, event: SchedulerEvent) -> None:
+        self._outbox.append((ticket, event))
+
+    def _flush(self) -> None:
+        """Deliver this iteration's results to the event loop in one wake-up."""
+        if not self._outbox or self._loop is None:
+            self._outbox.clear()
+            return
+        items, self._outbox = self._outbox, []
+        try:
+            self._loop.call_soon_threadsafe(_deliver, items)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            log.debug("dropped %d results: the event loop is closed", len(items))
+
+
+def _as_error(exc: Exception, what: str) -> EventSpecError:
+    """Engine errors reach the request as they are; anything else is logged and reported
+    as UNAVAILABLE (the server is at fault, and a retry elsewhere may succeed)."""
+    if isinstance(exc, EventSpecError):
+        return exc
+    log.exception("engine %s failed", what)
+    return Unavailable(f"the verifier's engine failed during {what}: {type(exc).__name__}")
+
+
+def _deliver(items: list[tuple[Ticket, SchedulerEvent]]) -> None:
+    for ticket, event in items:
+        ticket.events.put_nowait(event)

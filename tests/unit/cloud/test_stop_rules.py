@@ -1,0 +1,73 @@
+"""Stop conditions cut a bulk commit at exactly the token where target-only stops."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from cloud.decoding import DecodingSession
+from shared.types import DraftTail, FinishReason, GenerationSettings
+
+WORDS = {10: "It", 11: " is", 12: " moving", 13: " right", 14: ".", 2: ""}
+EOS = 2
+
+
+def decode(ids: Sequence[int]) -> str:
+    return "".join(WORDS[i] for i in ids)
+
+
+def session(stop: tuple[str, ...] = (), max_new: int = 16, prompt: int = 10,
+            max_seq_len: int = 100) -> DecodingSession:
+    return DecodingSession(
+        settings=GenerationSettings(max_new_tokens=max_new, stop=stop), slot=0,
+        prompt_len=prompt, max_seq_len=max_seq_len, eos_token_id=EOS, max_verify_tokens=9,
+        decode=decode, speculative=True,
+    )
+
+
+def one_at_a_time(tokens: list[int], **kw: object) -> DecodingSession:
+    s = session(**kw)  # type: ignore[arg-type]
+    for tok in tokens:
+        if s.finish_reason is not None:
+            break
+        s.commit(0, [tok], 0, 0.0)
+    return s
+
+
+@pytest.mark.parametrize(
+    ("stop", "max_new", "max_seq_len"),
+    [(("moving",), 16, 100), (("right",), 16, 100), (("It is",), 16, 100), ((), 3, 100),
+     ((), 16, 100), (("zzz",), 5, 100), ((), 16, 13), (("right",), 16, 12)],
+)
+def test_bulk_commit_stops_where_target_only_stops(stop: tuple[str, ...], max_new: int,
+                                                   max_seq_len: int) -> None:
+    """Stop strings, EOS, the token cap and the context limit (prompt 10 + answer)."""
+    answer = [10, 11, 12, 13, 14, EOS]
+    alone = one_at_a_time(answer, stop=stop, max_new=max_new, max_seq_len=max_seq_len)
+    bulk = session(stop=stop, max_new=max_new, max_seq_len=max_seq_len)
+    bulk.commit(len(answer) - 1, answer, len(answer) - 1, 0.0)
+    assert bulk.committed == alone.committed
+    assert bulk.finish_reason == alone.finish_reason
+    assert bulk.text() == alone.text()
+
+
+def test_stop_string_before_eos_in_one_commit() -> None:
+    bulk = session(stop=("moving",))
+    done = bulk.commit(5, [10, 11, 12, 13, 14, EOS], 5, 0.0)
+    assert bulk.finish_reason == done.finish_reason == FinishReason.STOP_STRING
+    assert bulk.committed == list(done.tokens) == [10, 11, 12]
+    assert done.accepted == 3  # only committed drafts count as accepted
+    assert bulk.text() == "It is "
+
+
+def test_context_limit_caps_drafts_and_ends_the_answer() -> None:
+    s = session(prompt=10, max_seq_len=14)
+    s.commit(0, [10], 0, 0.0)
+    s.offer_drafts(DraftTail(1, (11, 12, 13, 14, 13)))
+    step = s.step_input()
+    assert step.start_position == 10
+    assert step.start_position + len(step.tokens) <= 14  # the slot's last position is 13
+    s.commit(len(step.drafts), [*step.drafts, 13], len(step.drafts), 0.0)
+    assert s.finish_reason == FinishReason.MAX_TOKENS
+    assert len(s.committed) == 4
