@@ -44,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "memory, or 2 GiB on CPU)")
     serve.add_argument("--max-seq-len", type=int, default=None,
                        help="positions per KV slot, prompt plus answer (default: the model's)")
+    serve.add_argument("--engine", choices=["auto", "static", "hf"], default="auto",
+                       help="static: static KV slots + CUDA graphs; hf: the HF eager reference; "
+                            "auto: static on CUDA, hf on CPU (default: %(default)s); a model "
+                            "the static engine cannot serve falls back to hf, logged")
     serve.add_argument("--profile", type=Path, default=None,
                        help="calibration profile file (default: ~/.cache/eventspec/...)")
     serve.add_argument("--no-calibrate", action="store_true",
@@ -78,6 +82,7 @@ def settings_from_args(args: argparse.Namespace) -> CloudSettings:
         limits=replace(ServerLimits(), max_sessions=args.max_sessions,
                        max_new_tokens=args.max_new_tokens),
         kv_cache_gb=args.kv_cache_gb,
+        engine=args.engine,
         max_seq_len=args.max_seq_len,
         profile_path=args.profile,
         calibrate=not args.no_calibrate,

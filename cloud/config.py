@@ -30,6 +30,9 @@ class CloudSettings:
     kv_memory_fraction: float = 0.9
     #: Positions per KV slot (prompt + answer); None = the model's maximum.
     max_seq_len: int | None = None
+    #: Target engine: "static" (static KV slots, CUDA graphs), "hf" (the HF eager
+    #: reference), or "auto" (static on CUDA, hf on CPU).
+    engine: str = "auto"
     #: Widest verify forward: C[-1] plus up to this many minus one drafts.
     max_verify_tokens: int = 33
     #: Sessions older than this are released by the sweeper (a leak guard).

@@ -18,12 +18,14 @@ from cloud.engine.base import BatchedEngine
 from cloud.engine.hf import HFEngine
 from cloud.engine.kv import kv_bytes_per_token, plan_kv
 from cloud.engine.paced import PacedEngine
+from cloud.engine.static import build_static_engine, static_unsupported_reason
 from cloud.model_dirs import model_dir
 from cloud.runtime import VerifierRuntime, server_info_for
 from cloud.scheduler import Scheduler
 from cloud.servicer import VerifierServicer
 from cloud.sessions import SessionRegistry
 from cloud.target import TargetModel, load_target
+from shared.errors import InvalidInput
 from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from shared.serving import MODEL_DTYPES
 from shared.timing import CloudCost
@@ -52,8 +54,26 @@ def load_target_for(settings: CloudSettings) -> TargetModel:
     return load_target(model_dir(settings.model), device=settings.device, dtype=dtype)
 
 
+def choose_engine(requested: str, target: TargetModel) -> str:
+    """``static`` or ``hf``: ``auto`` is static on CUDA; a model the static engine cannot
+    serve falls back to the HF reference, with the reason logged."""
+    kind = requested
+    if kind == "auto":
+        kind = "static" if target.device.type == "cuda" else "hf"
+    if kind not in ("static", "hf"):
+        raise InvalidInput(f"--engine must be auto, static or hf, got {requested!r}")
+    if kind == "static":
+        reason = static_unsupported_reason(target)
+        if reason is not None:
+            log.warning("the static engine cannot serve %s (%s); using the hf engine",
+                        target.model_id, reason)
+            return "hf"
+    log.info("target engine: %s", kind)
+    return kind
+
+
 def build_engine(settings: CloudSettings, target: TargetModel) -> BatchedEngine:
-    """The HF reference engine with KV slots reserved from the memory budget (logged)."""
+    """The chosen engine with KV slots reserved from the memory budget (logged)."""
     text_config = target.model.config.get_text_config(decoder=True)
     kv = plan_kv(
         bytes_per_token=kv_bytes_per_token(text_config, target.dtype),
@@ -64,7 +84,12 @@ def build_engine(settings: CloudSettings, target: TargetModel) -> BatchedEngine:
         max_slots=settings.limits.max_sessions,
     )
     log.info("KV capacity: %s", kv.describe())
-    engine: BatchedEngine = HFEngine(target, num_slots=kv.num_slots, max_seq_len=kv.max_seq_len)
+    engine: BatchedEngine
+    if choose_engine(settings.engine, target) == "static":
+        engine = build_static_engine(target, kv_cache_bytes=kv.budget_bytes,
+                                     max_seq_len=kv.max_seq_len, max_slots=kv.num_slots)
+    else:
+        engine = HFEngine(target, num_slots=kv.num_slots, max_seq_len=kv.max_seq_len)
     if settings.emulate_prefill_ms or settings.emulate_step_ms:
         engine = PacedEngine(engine, prefill_ms=settings.emulate_prefill_ms,
                              step_ms=settings.emulate_step_ms)

@@ -1,0 +1,64 @@
+"""``--engine``: the static engine serves through the real server on CPU (same code path
+as on CUDA, minus graphs) and gives the HF reference's tokens; auto picks hf on CPU; a
+model the static engine cannot serve falls back to hf with the reason logged."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import pytest
+
+from cloud.engine.hf import HFEngine
+from cloud.engine.static import StaticEngine
+from cloud.server import VerifierServer, build_engine, choose_engine
+from cloud.target import TargetModel
+from shared.demoworld.tiny_target import build_tiny_random_target
+from tests.integration import cloud_harness as h
+
+QUESTIONS = ["What is moving?", "Which way does the red square go?", "How many objects?"]
+
+
+@pytest.fixture(scope="module")
+def target() -> TargetModel:
+    return build_tiny_random_target(seed=0)
+
+
+def test_auto_is_hf_on_cpu(target: TargetModel) -> None:
+    assert choose_engine("auto", target) == "hf"
+    assert choose_engine("static", target) == "static"
+
+
+def test_unsupported_model_falls_back_with_a_logged_reason(
+    target: TargetModel, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr("cloud.server.static_unsupported_reason", lambda t: "rope type 'yarn'")
+    with caplog.at_level(logging.WARNING, logger="cloud.server"):
+        assert choose_engine("static", target) == "hf"
+    assert "rope type 'yarn'" in caplog.text
+
+
+def test_build_engine_honours_the_choice(target: TargetModel) -> None:
+    settings = replace(h.settings(kv_cache_gb=0.05), engine="static")
+    engine = build_engine(settings, build_tiny_random_target(seed=0))
+    assert isinstance(engine, StaticEngine)
+    assert isinstance(build_engine(replace(settings, engine="hf"), target), HFEngine)
+
+
+async def test_static_engine_serves_what_hf_serves_over_grpc() -> None:
+    answers: dict[str, list[list[int]]] = {}
+    for kind in ("hf", "static"):
+        settings = replace(h.settings(kv_cache_gb=0.05), engine=kind)
+        server = VerifierServer(settings, target=build_tiny_random_target(seed=0))
+        await server.start()
+        try:
+            answers[kind] = []
+            for i, q in enumerate(QUESTIONS):
+                frames = h.make_frames(i)
+                out = await h.run_generate(server.port, h.open_msg(q, frames, max_new_tokens=12),
+                                           hidden=[5, 6])
+                answers[kind].append(out.tokens)
+        finally:
+            await server.stop()
+    assert answers["static"] == answers["hf"]
+    assert all(answers["hf"])
