@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "the static engine cannot serve falls back to hf, logged")
     serve.add_argument("--profile", type=Path, default=None,
                        help="calibration profile file (default: ~/.cache/eventspec/...)")
+    serve.add_argument("--recalibrate", action="store_true",
+                       help="measure the cost model afresh even if a saved profile matches")
     serve.add_argument("--no-calibrate", action="store_true",
                        help="skip warm-up calibration and use a fixed cost model")
     serve.add_argument("--emulate-prefill-ms", type=float, default=0.0,
@@ -83,6 +85,7 @@ def settings_from_args(args: argparse.Namespace) -> CloudSettings:
                        max_new_tokens=args.max_new_tokens),
         kv_cache_gb=args.kv_cache_gb,
         engine=args.engine,
+        recalibrate=args.recalibrate,
         max_seq_len=args.max_seq_len,
         profile_path=args.profile,
         calibrate=not args.no_calibrate,

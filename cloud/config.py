@@ -41,6 +41,8 @@ class CloudSettings:
     input_timeout_s: float = 30.0
     #: Calibration profile file; None = under ~/.cache/eventspec.
     profile_path: Path | None = None
+    #: Measure the cost model afresh even when a matching profile exists.
+    recalibrate: bool = False
     #: Skip calibration and use a fixed cost model (tests).
     calibrate: bool = True
     #: Pace each prefill / step to at least this long (0 = off), to rehearse a slower

@@ -113,7 +113,8 @@ def build_runtime(
     if engine is None:
         engine = build_engine(settings, target)
     if cost is None and settings.calibrate:
-        cost = load_or_calibrate(target, engine, settings.resolved_profile_path(target.model_id))
+        cost = load_or_calibrate(target, engine, settings.resolved_profile_path(target.model_id),
+                                 recalibrate=settings.recalibrate)
     elif cost is None:
         cost = FIXED_TEST_COST
     info = server_info_for(target, cost, settings, engine)
@@ -173,9 +174,12 @@ class VerifierServer:
         )
         await self._host.set_serving(True)
         info = self.runtime.info
-        log.info("verifier SERVING %s (vocab %d, %d visual tokens, step %.1f ms + %.2f ms/token "
-                 "+ %.2f ms/extra session; capacity %d KV slots x %d tokens)",
+        log.info("verifier SERVING %s (vocab %d, %d visual tokens; planning with prefill "
+                 "%.1f ms, step %.1f ms + %.2f ms/token + %.2f ms/extra session; capacity %d "
+                 "KV slots x %d tokens)",
                  info.model_id, info.vocab_size, info.geometry.visual_tokens,
+                 info.cloud_cost.prefill_ms(info.geometry.visual_tokens,
+                                            info.prompt_overhead_tokens),
                  info.cloud_cost.step_base_ms, info.cloud_cost.step_ms_per_token,
                  info.cloud_cost.step_ms_per_session, info.limits.kv_slots,
                  info.limits.kv_tokens_per_slot)
