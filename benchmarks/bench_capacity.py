@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import random
@@ -41,12 +42,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from grpc import aio
-from shared.toyworld.qa import all_questions
-from shared.toyworld.scenes import EVAL_SEED_MIN, clip_frames, sample_scene
 
 from cloud.config import CloudSettings
 from cloud.server import VerifierServer, load_target_for
 from shared import convert
+from shared.demoworld.qa import all_questions
+from shared.demoworld.scenes import EVAL_SEED_MIN, clip_frames, sample_scene
 from shared.imageproc import encode_jpeg
 from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from shared.types import (
@@ -89,8 +90,9 @@ def oracle_tail(truth: list[int], base: int, k: int, alpha: float, rng: random.R
 
 
 async def one_request(port: int, req: OpenRequest, *, truth: list[int] | None, k: int,
-                      alpha: float, vocab: int, seed: int) -> tuple[list[int], float, int]:
-    """Run one Generate; returns (tokens, latency s, drafts accepted)."""
+                      alpha: float, vocab: int, seed: int
+                      ) -> tuple[list[int], float, int, float]:
+    """Run one Generate; returns (tokens, latency s, drafts accepted, TTFT s)."""
     rng = random.Random(seed)
     t0 = time.perf_counter()
     async with aio.insecure_channel(f"127.0.0.1:{port}") as ch:
@@ -102,6 +104,7 @@ async def one_request(port: int, req: OpenRequest, *, truth: list[int] | None, k
                 await call.write(verifier_pb2.EdgeMessage(
                     drafts=verifier_pb2.Drafts(base=0, token_ids=hidden)))
         got: list[int] = []
+        ttft = 0.0
         while True:
             msg = await call.read()
             if msg is aio.EOF:
@@ -110,6 +113,7 @@ async def one_request(port: int, req: OpenRequest, *, truth: list[int] | None, k
             if isinstance(event, DoneEvent):
                 break
             if isinstance(event, CommitEvent):
+                ttft = ttft or time.perf_counter() - t0
                 got.extend(event.token_ids)
                 if truth is not None:
                     tail = oracle_tail(truth, len(got), k, alpha, rng, vocab)
@@ -117,7 +121,7 @@ async def one_request(port: int, req: OpenRequest, *, truth: list[int] | None, k
                         await call.write(verifier_pb2.EdgeMessage(
                             drafts=verifier_pb2.Drafts(base=len(got), token_ids=tail)))
         await call.done_writing()
-    return list(event.token_ids), time.perf_counter() - t0, event.stats.accepted
+    return list(event.token_ids), time.perf_counter() - t0, event.stats.accepted, ttft
 
 
 async def run_level(server: VerifierServer, reqs: list[OpenRequest], n: int, *,
@@ -134,16 +138,17 @@ async def run_level(server: VerifierServer, reqs: list[OpenRequest], n: int, *,
         queue.put_nowait(i)
     answers: list[list[int]] = [[] for _ in reqs]
     latencies: list[float] = [0.0] * len(reqs)
+    ttfts: list[float] = [0.0] * len(reqs)
     accepted = [0]
 
     async def client() -> None:
         while not queue.empty():
             i = queue.get_nowait()
             spec_req = replace(reqs[i], speculative=truths is not None)
-            tokens, latency, acc = await one_request(
+            tokens, latency, acc, ttft = await one_request(
                 server.port, spec_req, truth=None if truths is None else truths[i], k=k,
                 alpha=alpha, vocab=vocab, seed=i)
-            answers[i], latencies[i] = tokens, latency
+            answers[i], latencies[i], ttfts[i] = tokens, latency, ttft
             accepted[0] += acc
 
     t0 = time.perf_counter()
@@ -162,6 +167,11 @@ async def run_level(server: VerifierServer, reqs: list[OpenRequest], n: int, *,
         "tokens_per_s": round(tokens / wall, 1),
         "latency_p50_s": round(statistics.median(lat), 3),
         "latency_p99_s": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 3),
+        "ttft_p50_ms": round(statistics.median(ttfts) * 1e3, 2),
+        # Per answer token after the first, as a client sees it (decode only).
+        "ms_per_token_p50": round(statistics.median(
+            (lt - tt) * 1e3 / max(1, len(a) - 1)
+            for lt, tt, a in zip(latencies, ttfts, answers, strict=True)), 2),
         "target_steps": steps,
         "tokens_per_target_step": round(tokens / max(1, steps), 2),
         "drafts_accepted": accepted[0],
@@ -179,11 +189,18 @@ async def main_async(args: argparse.Namespace) -> int:
     top = max(args.concurrency)
     settings = replace(
         CloudSettings(), model=args.model, device=args.device, dtype=args.dtype, port=0,
-        calibrate=False, limits=replace(ServerLimits(), max_sessions=top),
-        kv_cache_gb=args.kv_cache_gb, emulate_prefill_ms=args.emulate_prefill_ms,
-        emulate_step_ms=args.emulate_step_ms,
+        calibrate=args.calibrate, recalibrate=True, limits=replace(
+            ServerLimits(), max_sessions=top, max_new_tokens=max(512, args.max_new_tokens)),
+        kv_cache_gb=args.kv_cache_gb, max_seq_len=args.max_seq_len, engine=args.engine,
+        emulate_prefill_ms=args.emulate_prefill_ms, emulate_step_ms=args.emulate_step_ms,
+        profile_path=RESULTS / ".capacity-profile.msgpack",
     )
-    target = load_target_for(settings)
+    if args.model == "full-size-random":
+        from benchmarks.fullsize import build_full_target
+
+        target = build_full_target(args.device, getattr(torch, args.dtype))
+    else:
+        target = load_target_for(settings)
     server = VerifierServer(settings, target=target)
     await server.start()
     try:
@@ -203,6 +220,9 @@ async def main_async(args: argparse.Namespace) -> int:
                            **await run_level(server, reqs, n, truths=truths, k=args.draft_k,
                                              alpha=args.alpha, vocab=target.text_vocab_size)})
             print(_row(levels[-1]), flush=True)
+        assert server.runtime is not None
+        info = server.runtime.info
+        engine_name = type(server.runtime.scheduler.engine).__name__
     finally:
         await server.stop(0)
     identical = all(level["answers"] == truths for level in levels)
@@ -215,6 +235,9 @@ async def main_async(args: argparse.Namespace) -> int:
         "model": target.model_id, "device": args.device, "dtype": args.dtype,
         "torch_threads": args.threads, "max_new_tokens": args.max_new_tokens,
         "emulate_prefill_ms": args.emulate_prefill_ms, "emulate_step_ms": args.emulate_step_ms,
+        "engine": engine_name,
+        "kv_slots": info.limits.kv_slots, "kv_tokens_per_slot": info.limits.kv_tokens_per_slot,
+        "published_cost_model": dataclasses.asdict(info.cloud_cost),
         "answers_identical": identical,
         "throughput_vs_one_at_a_time": {
             f"{lv['mode']}@{lv['concurrency']}": round(float(lv["tokens_per_s"]) / base, 2)  # type: ignore[arg-type]
@@ -225,7 +248,9 @@ async def main_async(args: argparse.Namespace) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     paced = f"-paced{args.emulate_prefill_ms:g}-{args.emulate_step_ms:g}" if (
         args.emulate_prefill_ms or args.emulate_step_ms) else ""
-    out = RESULTS / f"capacity-{args.device.replace(':', '')}{paced}.json"
+    tag = (f"-{args.model}" if args.model != "toy" else "") + (
+        f"-{args.engine}" if args.engine != "auto" else "")
+    out = RESULTS / f"capacity-{args.device.replace(':', '')}{tag}{paced}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["throughput_vs_one_at_a_time"], indent=2))
     print(f"answers identical across N and modes: {identical}; wrote {out}")
@@ -235,13 +260,16 @@ async def main_async(args: argparse.Namespace) -> int:
 def _row(level: dict[str, object]) -> str:
     return (f"{level['mode']:>28} N={level['concurrency']:>3}: {level['tokens_per_s']:>8} tok/s, "
             f"p50 {level['latency_p50_s']} s, p99 {level['latency_p99_s']} s, "
+            f"ttft {level['ttft_p50_ms']} ms, {level['ms_per_token_p50']} ms/token, "
             f"{level['tokens_per_target_step']} tok/step, batches {level['batch_size_histogram']}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="toy")
+    parser.add_argument("--model", default="toy",
+                        help="toy, a model directory, or full-size-random (the 7B "
+                             "architecture with random weights, built on --device)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
@@ -250,6 +278,12 @@ def main() -> int:
     parser.add_argument("--alpha", type=float, default=0.8)
     parser.add_argument("--draft-k", type=int, default=4)
     parser.add_argument("--kv-cache-gb", type=float, default=None)
+    parser.add_argument("--max-seq-len", type=int, default=None,
+                        help="positions per KV slot (default: the model's)")
+    parser.add_argument("--engine", choices=["auto", "static", "hf"], default="auto")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="calibrate the cost model on this engine and record what "
+                             "GetServerInfo publishes")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--emulate-prefill-ms", type=float, default=0.0,
                         help="pace each prefill call to at least this (PacedEngine)")

@@ -36,51 +36,22 @@ from typing import Any
 
 import torch
 from transformers import (
-    CLIPVisionConfig,
     DynamicCache,
-    LlamaConfig,
-    VideoLlavaConfig,
-    VideoLlavaForConditionalGeneration,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.fullsize import build_full_target
 from cloud.engine.base import PrefillRequest, StepBatch
 from cloud.engine.hf import crop_cache
 from cloud.engine.static import StaticEngine, build_static_engine, kv_bytes_per_slot
 from cloud.engine.static_attention import HAVE_TRITON, num_splits_for, splitkv_attention
 from cloud.target import TargetModel
 from shared.demoworld.tiny_target import build_tiny_random_target
-from shared.demoworld.tiny_tokenizer import TINY_TEXT_VOCAB_SIZE, tiny_fast_tokenizer
 
 QUESTION = "What is moving in the scene, and which way does it go?"
 SESSIONS = (1, 4, 16, 32, 64)
 DRAFTS = (0, 4, 8, 16)
-
-
-def full_size_config() -> VideoLlavaConfig:
-    """Video-LLaVA-7B's architecture (as in benchmarks/gpu_smoke.py), tiny-tokenizer ids."""
-    vision = CLIPVisionConfig(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
-                              num_attention_heads=16, image_size=224, patch_size=14,
-                              projection_dim=768)  # fmt: skip
-    text = LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                       num_attention_heads=32, num_key_value_heads=32, vocab_size=32064,
-                       max_position_embeddings=4096, bos_token_id=1, eos_token_id=2,
-                       pad_token_id=TINY_TEXT_VOCAB_SIZE + 2)  # fmt: skip
-    return VideoLlavaConfig(vision_config=vision, text_config=text,
-                            image_token_index=TINY_TEXT_VOCAB_SIZE,
-                            video_token_index=TINY_TEXT_VOCAB_SIZE + 1,
-                            vision_feature_layer=-2, vision_feature_select_strategy="default",
-                            image_seq_length=256, video_seq_length=8 * 257)  # fmt: skip
-
-
-def build_full_target(device: str) -> TargetModel:
-    torch.set_default_dtype(torch.bfloat16)
-    with torch.device(device):
-        model = VideoLlavaForConditionalGeneration(full_size_config())
-    torch.set_default_dtype(torch.float32)
-    model.train(False)
-    return TargetModel(model, tiny_fast_tokenizer("target"), "video-llava-7b-shaped-random")
 
 
 def sync() -> None:

@@ -29,47 +29,17 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from transformers import (
-    CLIPVisionConfig,
-    LlamaConfig,
-    VideoLlavaConfig,
-    VideoLlavaForConditionalGeneration,
-)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.fullsize import build_full_target
 from cloud.config import CloudSettings
 from cloud.engine.base import PrefillRequest, StepBatch
 from cloud.engine.hf import HFEngine
 from cloud.server import VerifierServer
 from cloud.target import TargetModel
-from shared.demoworld.tiny_tokenizer import TINY_TEXT_VOCAB_SIZE, tiny_fast_tokenizer
 from shared.types import ServerLimits
 from tests.integration import cloud_harness as h
-
-
-def full_size_config() -> VideoLlavaConfig:
-    vision = CLIPVisionConfig(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
-                              num_attention_heads=16, image_size=224, patch_size=14,
-                              projection_dim=768)
-    text = LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                       num_attention_heads=32, num_key_value_heads=32, vocab_size=32064,
-                       max_position_embeddings=4096, bos_token_id=1, eos_token_id=2,
-                       pad_token_id=TINY_TEXT_VOCAB_SIZE + 2)
-    return VideoLlavaConfig(vision_config=vision, text_config=text,
-                            image_token_index=TINY_TEXT_VOCAB_SIZE,
-                            video_token_index=TINY_TEXT_VOCAB_SIZE + 1,
-                            vision_feature_layer=-2, vision_feature_select_strategy="default",
-                            image_seq_length=256, video_seq_length=8 * 257)
-
-
-def build_target(device: str, dtype: torch.dtype) -> TargetModel:
-    torch.set_default_dtype(dtype)
-    with torch.device(device):
-        model = VideoLlavaForConditionalGeneration(full_size_config())
-    torch.set_default_dtype(torch.float32)
-    model.eval()
-    return TargetModel(model, tiny_fast_tokenizer("target"), "video-llava-7b-shaped-random")
 
 
 def sync() -> None:
@@ -149,7 +119,7 @@ def main() -> int:
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     t0 = time.perf_counter()
-    target = build_target(args.device, dtype)
+    target = build_full_target(args.device, dtype)
     result: dict[str, object] = {
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,
