@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from cloud.config import CloudSettings, SettingsError
 from cloud.model_dirs import TINY_RANDOM
+from shared.helpfmt import DefaultsHelpFormatter
 from shared.serving import LOG_FORMAT, MODEL_DTYPES, run_node
 from shared.types import ServerLimits
 from shared.wire.flags import add_server_security_args, server_security_from_args
@@ -43,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eventspec-cloud", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve eventspec.v1.Verifier over gRPC",
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                           formatter_class=DefaultsHelpFormatter)
     serve.add_argument(
         "--model", default=env.model,
         help="a local Video-LLaVA-7B-hf directory, toy (the embedded toy-world model) or "

@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from edge.config import EdgeSettings, SettingsError
 from edge.model_dirs import TINY_RANDOM
+from shared.helpfmt import DefaultsHelpFormatter
 from shared.serving import LOG_FORMAT, MODEL_DTYPES, run_node
 from shared.wire.flags import (
     add_client_security_args,
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eventspec-edge", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve eventspec.v1.EdgeAgent over gRPC",
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                           formatter_class=DefaultsHelpFormatter)
     serve.add_argument("--cloud", default=env.cloud,
                        help="the cloud verifier: HOST:PORT, dns:///NAME:PORT (every replica "
                             "the name resolves to) or IP:PORT,IP:PORT,... (replicas, balanced "

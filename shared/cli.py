@@ -38,6 +38,7 @@ from shared.ask_args import (
     time_range_us,
 )
 from shared.client import AskError, EdgeClient
+from shared.helpfmt import DefaultsHelpFormatter
 from shared.types import AskSpec, FeatureMode, GenerationSettings, Mode
 from shared.wire.flags import add_client_security_args, client_security_from_args
 
@@ -132,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="eventspec", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     ask = sub.add_parser("ask", help="ask an edge agent a question",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                         formatter_class=DefaultsHelpFormatter)
     ask.add_argument("question", help="the question (the edge caps it at 4096 characters)")
     ask.add_argument("--edge", default="127.0.0.1:50062", help="HOST:PORT of the edge agent")
     ask.add_argument("--mode", choices=sorted(_MODES), default="speculative",

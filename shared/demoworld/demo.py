@@ -37,6 +37,7 @@ from shared.answer_view import (
 from shared.client import AskError, EdgeClient
 from shared.demoworld.qa import QType, all_questions, parse_answer
 from shared.demoworld.scenes import DEMO_SEED, sample_scene
+from shared.helpfmt import DefaultsHelpFormatter
 from shared.launch import start_node, stop_node, wait_for_port
 from shared.types import AskSpec, FinalEvent, GenerationSettings, Mode
 from shared.wire.health import wait_for_serving
@@ -207,7 +208,7 @@ def _same_type(qtype: QType, question: str) -> bool:
 def build_parser() -> argparse.ArgumentParser:
     """The ``eventspec demo`` parser; ``--help`` shows every default."""
     demo = argparse.ArgumentParser(prog="eventspec demo", description=__doc__.split("\n")[0],
-                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                   formatter_class=DefaultsHelpFormatter)
     demo.add_argument("--question", default=DEMO_QUESTION, help="the question asked")
     demo.add_argument("--source", default="toy", help="the edge's --source (toy: the demo "
                                                       "scene)")

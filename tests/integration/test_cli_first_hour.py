@@ -254,3 +254,19 @@ def test_ctrl_c_ends_with_one_line_and_status_130() -> None:
     assert proc.returncode == 130, err
     assert err.strip().splitlines() == ["eventspec ask: interrupted"], err
     assert out == ""
+
+
+def test_the_docs_python_client_runs_as_a_file(nodes: tuple[int, int, Path]) -> None:
+    import re
+    import sys
+
+    _, eport, tmp = nodes
+    doc = (ROOT / "docs" / "first-hour.md").read_text()
+    snippet = re.search(r"```python\n(.*?)```", doc, flags=re.S)
+    assert snippet is not None
+    script = tmp / "ask.py"
+    script.write_text(snippet.group(1).replace("127.0.0.1:50062", f"127.0.0.1:{eport}"))
+    out = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("It is moving "), out.stdout
