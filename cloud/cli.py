@@ -9,35 +9,60 @@ import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+from typing import NoReturn
 
-from cloud.config import CloudSettings
+from cloud.config import CloudSettings, SettingsError
 from cloud.model_dirs import TINY_RANDOM
+from shared.helpfmt import DefaultsHelpFormatter
 from shared.serving import LOG_FORMAT, MODEL_DTYPES, run_node
 from shared.types import ServerLimits
 from shared.wire.flags import add_server_security_args, server_security_from_args
 
+#: Exit status of a refused flag or environment value, as argparse's own.
+EXIT_USAGE = 2
+
+
+def _refuse(message: str) -> NoReturn:
+    """One line on stderr naming the flag or variable, then exit 2 (nothing started)."""
+    print(f"eventspec-cloud: error: {message}", file=sys.stderr)
+    raise SystemExit(EXIT_USAGE)
+
+
 log = logging.getLogger("eventspec.cloud")
 
 
+#: ``--log-level`` names (``logging`` refuses others with a traceback).
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    env = CloudSettings.from_env()
+    """The ``eventspec-cloud`` parser; ``--help`` shows every default and its variable."""
+    try:
+        env = CloudSettings.from_env()
+    except SettingsError as exc:
+        _refuse(str(exc))
     parser = argparse.ArgumentParser(prog="eventspec-cloud", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve eventspec.v1.Verifier over gRPC")
+    serve = sub.add_parser("serve", help="serve eventspec.v1.Verifier over gRPC",
+                           formatter_class=DefaultsHelpFormatter)
     serve.add_argument(
         "--model", default=env.model,
         help="a local Video-LLaVA-7B-hf directory, toy (the embedded toy-world model) or "
-             "tiny-random (default: %(default)s)",
+             "tiny-random ($EVENTSPEC_CLOUD_MODEL)",
     )
-    serve.add_argument("--host", default=env.host, help="bind address (default: %(default)s)")
-    serve.add_argument("--port", type=int, default=env.port, help="port; 0 picks a free one")
-    serve.add_argument("--device", default=env.device, help="cpu, cuda or cuda:N")
-    serve.add_argument("--dtype", default=env.dtype,
-                       choices=list(MODEL_DTYPES))
+    serve.add_argument("--host", default=env.host,
+                       help="bind address ($EVENTSPEC_CLOUD_HOST)")
+    serve.add_argument("--port", type=int, default=env.port,
+                       help="port, 1..65535; 0 picks a free one ($EVENTSPEC_CLOUD_PORT)")
+    serve.add_argument("--device", default=env.device,
+                       help="cpu, cuda or cuda:N ($EVENTSPEC_CLOUD_DEVICE)")
+    serve.add_argument("--dtype", default=env.dtype, choices=list(MODEL_DTYPES),
+                       help="the model's weights ($EVENTSPEC_CLOUD_DTYPE)")
     serve.add_argument("--max-sessions", type=int, default=ServerLimits().max_sessions,
                        help="concurrent Generate streams; more get RESOURCE_EXHAUSTED")
     serve.add_argument("--max-new-tokens", type=int, default=ServerLimits().max_new_tokens,
-                       help="cap on a request's max_new_tokens")
+                       help="cap on a request's max_new_tokens (>= 1; a request's 0 means "
+                            "min(64, this cap))")
     serve.add_argument("--kv-cache-gb", type=float, default=None,
                        help="KV memory budget in GiB; slots = budget / (max-seq-len x KV bytes "
                             "per token), at most --max-sessions (default: 90%% of free GPU "
@@ -46,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="positions per KV slot, prompt plus answer (default: the model's)")
     serve.add_argument("--engine", choices=["auto", "static", "hf"], default="auto",
                        help="static: static KV slots + CUDA graphs; hf: the HF eager reference; "
-                            "auto: static on CUDA, hf on CPU (default: %(default)s); a model "
+                            "auto: static on CUDA, hf on CPU; a model "
                             "the static engine cannot serve falls back to hf, logged")
     serve.add_argument("--profile", type=Path, default=None,
                        help="calibration profile file (default: ~/.cache/eventspec/...)")
@@ -62,19 +87,15 @@ def build_parser() -> argparse.ArgumentParser:
                             "an A100-class 7B step)")
     serve.add_argument("--port-file", type=Path, default=None,
                        help="write the bound port here once SERVING (for --port 0)")
-    serve.add_argument("--log-level", default="INFO")
+    serve.add_argument("--log-level", default="INFO", choices=LOG_LEVELS,
+                       type=str.upper, help="log threshold")
     add_server_security_args(serve, "EVENTSPEC_CLOUD_")
     return parser
 
 
 def settings_from_args(args: argparse.Namespace) -> CloudSettings:
-    if args.max_sessions < 1:
-        raise SystemExit("--max-sessions must be >= 1")
-    if args.kv_cache_gb is not None and not args.kv_cache_gb > 0:
-        raise SystemExit("--kv-cache-gb must be > 0")
-    if args.max_seq_len is not None and args.max_seq_len < 2:
-        raise SystemExit("--max-seq-len must be >= 2")
-    return replace(
+    """The settings the flags describe, checked; a bad value exits with one line."""
+    settings = replace(
         CloudSettings(),
         model=args.model,
         host=args.host,
@@ -93,12 +114,17 @@ def settings_from_args(args: argparse.Namespace) -> CloudSettings:
         emulate_step_ms=args.emulate_step_ms,
         security=server_security_from_args(args, "EVENTSPEC_CLOUD_"),
     )
+    try:
+        settings.check()
+    except SettingsError as exc:
+        _refuse(str(exc))
+    return settings
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     settings = settings_from_args(args)
+    logging.basicConfig(level=args.log_level, format=LOG_FORMAT)
     from cloud.server import VerifierServer
 
     with contextlib.ExitStack() as scratch:

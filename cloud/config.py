@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +13,24 @@ from shared.wire.security import ServerSecurity
 
 def _env(name: str, default: str) -> str:
     return os.environ.get(f"EVENTSPEC_CLOUD_{name}", default)
+
+
+class SettingsError(ValueError):
+    """A flag or environment value the verifier cannot run with; the message names it."""
+
+
+def _env_int(name: str, default: int) -> int:
+    text = _env(name, "")
+    if text == "":
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise SettingsError(f"$EVENTSPEC_CLOUD_{name}={text!r} is not an integer") from None
+
+
+#: The wire's ``GenerationConfig.max_new_tokens`` is an int32.
+_INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -62,10 +81,33 @@ class CloudSettings:
         return CloudSettings(
             model=_env("MODEL", "toy"),
             host=_env("HOST", "127.0.0.1"),
-            port=int(_env("PORT", "50061")),
+            port=_env_int("PORT", 50061),
             device=_env("DEVICE", "cpu"),
             dtype=_env("DTYPE", "float32"),
         )
+
+    def check(self) -> None:
+        """Refuse at start-up what would otherwise fail every request later.
+
+        ``--max-new-tokens -1`` was accepted and then refused every request; the protocol's
+        0 ("the server's default") stays a request-side meaning, never a cap. Raises
+        SettingsError naming the flag.
+        """
+        lim = self.limits
+        if not 1 <= lim.max_new_tokens <= _INT32_MAX:
+            raise SettingsError(f"--max-new-tokens must be in 1..{_INT32_MAX}, got "
+                                f"{lim.max_new_tokens}")
+        if lim.max_sessions < 1:
+            raise SettingsError(f"--max-sessions must be >= 1, got {lim.max_sessions}")
+        if self.kv_cache_gb is not None and not (math.isfinite(self.kv_cache_gb)
+                                                 and self.kv_cache_gb > 0):
+            raise SettingsError(f"--kv-cache-gb must be > 0, got {self.kv_cache_gb:g}")
+        if self.max_seq_len is not None and self.max_seq_len < 2:
+            raise SettingsError(f"--max-seq-len must be >= 2, got {self.max_seq_len}")
+        for flag, value in (("--emulate-prefill-ms", self.emulate_prefill_ms),
+                            ("--emulate-step-ms", self.emulate_step_ms)):
+            if not math.isfinite(value) or value < 0:
+                raise SettingsError(f"{flag} must be >= 0 (0: off), got {value:g}")
 
     def resolved_profile_path(self, model_id: str) -> Path:
         if self.profile_path is not None:

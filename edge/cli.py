@@ -9,9 +9,11 @@ import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+from typing import NoReturn
 
-from edge.config import EdgeSettings
+from edge.config import EdgeSettings, SettingsError
 from edge.model_dirs import TINY_RANDOM
+from shared.helpfmt import DefaultsHelpFormatter
 from shared.serving import LOG_FORMAT, MODEL_DTYPES, run_node
 from shared.wire.flags import (
     add_client_security_args,
@@ -20,24 +22,44 @@ from shared.wire.flags import (
     server_security_from_args,
 )
 
+#: Exit status of a refused flag or environment value, as argparse's own.
+EXIT_USAGE = 2
+
+
+def _refuse(message: str) -> NoReturn:
+    """One line on stderr naming the flag or variable, then exit 2 (nothing started)."""
+    print(f"eventspec-edge: error: {message}", file=sys.stderr)
+    raise SystemExit(EXIT_USAGE)
+
+
 log = logging.getLogger("eventspec.edge")
 
 
+#: ``--log-level`` names (``logging`` refuses others with a traceback).
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    env = EdgeSettings.from_env()
+    """The ``eventspec-edge`` parser; ``--help`` shows every default and its variable."""
+    try:
+        env = EdgeSettings.from_env()
+    except SettingsError as exc:
+        _refuse(str(exc))
     parser = argparse.ArgumentParser(prog="eventspec-edge", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve eventspec.v1.EdgeAgent over gRPC")
+    serve = sub.add_parser("serve", help="serve eventspec.v1.EdgeAgent over gRPC",
+                           formatter_class=DefaultsHelpFormatter)
     serve.add_argument("--cloud", default=env.cloud,
                        help="the cloud verifier: HOST:PORT, dns:///NAME:PORT (every replica "
                             "the name resolves to) or IP:PORT,IP:PORT,... (replicas, balanced "
-                            "round_robin with health checks); omit for draft_only")
+                            "round_robin with health checks); omit for draft_only "
+                            "($EVENTSPEC_EDGE_CLOUD)")
     serve.add_argument("--source", default=env.source,
                        help="PATH (format detected from its header/extension) | KIND:PATH with "
                             "KIND aedat4, raw, evt2, evt3, dat, bin, txt, dsec, npy, npz | "
                             "dv-net:HOST:PORT | dv-camera[:SERIAL] | prophesee-camera[:SERIAL] "
-                            "| toy[:SEED|:A-B] | synthetic[:SEED] (default: %(default)s); "
-                            "see docs/input-formats.md")
+                            "| toy[:SEED|:A-B] (A-B: scenes A..B-1) | synthetic[:SEED]; "
+                            "see docs/input-formats.md ($EVENTSPEC_EDGE_SOURCE)")
     serve.add_argument("--sensor-size", default=None, metavar="WxH",
                        help="sensor size for files that do not state it (e.g. 640x480); a "
                             "size in the file's header wins")
@@ -46,16 +68,20 @@ def build_parser() -> argparse.ArgumentParser:
                             "from the file: only for files you trust)")
     serve.add_argument("--model", default=env.model,
                        help="a local EventGPT-7b directory, toy (the embedded toy-world "
-                            "model, with its adapter) or tiny-random (default: %(default)s)")
+                            "model, with its adapter) or tiny-random ($EVENTSPEC_EDGE_MODEL)")
     serve.add_argument("--adapter", type=Path, default=None,
                        help="feature adapter directory, or toy (enables the aligned "
                             "feature mode)")
-    serve.add_argument("--host", default=env.host)
-    serve.add_argument("--port", type=int, default=env.port, help="port; 0 picks a free one")
-    serve.add_argument("--device", default=env.device, help="cpu, cuda or cuda:N")
-    serve.add_argument("--dtype", default="float32",
-                       choices=list(MODEL_DTYPES))
-    serve.add_argument("--jpeg-quality", type=int, default=90)
+    serve.add_argument("--host", default=env.host,
+                       help="bind address ($EVENTSPEC_EDGE_HOST)")
+    serve.add_argument("--port", type=int, default=env.port,
+                       help="port, 1..65535; 0 picks a free one ($EVENTSPEC_EDGE_PORT)")
+    serve.add_argument("--device", default=env.device,
+                       help="cpu, cuda or cuda:N ($EVENTSPEC_EDGE_DEVICE)")
+    serve.add_argument("--dtype", default="float32", choices=list(MODEL_DTYPES),
+                       help="the draft model's weights")
+    serve.add_argument("--jpeg-quality", type=int, default=90,
+                       help="JPEG quality of frames sent to the cloud, 1..100")
     serve.add_argument("--request-timeout", type=float, default=120.0,
                        help="deadline of one request's stream to the cloud, seconds")
     serve.add_argument("--speculation", choices=["auto", "always"], default="auto",
@@ -63,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "always: draft regardless, e.g. to measure acceptance")
     serve.add_argument("--port-file", type=Path, default=None,
                        help="write the bound port here once SERVING (for --port 0)")
-    serve.add_argument("--log-level", default="INFO")
+    serve.add_argument("--log-level", default="INFO", choices=LOG_LEVELS,
+                       type=str.upper, help="log threshold")
     add_server_security_args(serve, "EVENTSPEC_EDGE_")
     add_client_security_args(serve, prefix="cloud-", env_prefix="EVENTSPEC_EDGE_CLOUD_",
                              peer="cloud verifier")
@@ -71,9 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
-    if not 1 <= args.jpeg_quality <= 100:
-        raise SystemExit("--jpeg-quality must be in 1..100")
-    return replace(
+    """The settings the flags describe, checked; a bad value exits with one line."""
+    settings = replace(
         EdgeSettings(),
         cloud=args.cloud,
         source=args.source,
@@ -92,6 +118,11 @@ def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
         cloud_security=client_security_from_args(args, prefix="cloud-",
                                                  env_prefix="EVENTSPEC_EDGE_CLOUD_"),
     )
+    try:
+        settings.check()
+    except SettingsError as exc:
+        _refuse(str(exc))
+    return settings
 
 
 def _sensor_size(text: str | None) -> tuple[int, int] | None:
@@ -103,13 +134,13 @@ def _sensor_size(text: str | None) -> tuple[int, int] | None:
     try:
         return parse_sensor_size(text)
     except InvalidInput as exc:
-        raise SystemExit(f"--sensor-size: {exc}") from None
+        _refuse(f"--sensor-size: {exc}")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     settings = settings_from_args(args)
+    logging.basicConfig(level=args.log_level, format=LOG_FORMAT)
     from edge.server import EdgeServer
 
     with contextlib.ExitStack() as scratch:

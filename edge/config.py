@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,13 +48,63 @@ class EdgeSettings:
 
     @staticmethod
     def from_env() -> EdgeSettings:
-        """Defaults overridden by EVENTSPEC_EDGE_* environment variables."""
+        """Defaults overridden by EVENTSPEC_EDGE_* environment variables.
+
+        Raises SettingsError naming the variable when one is not a number.
+        """
         env = os.environ.get
         return EdgeSettings(
-            cloud=env("EVENTSPEC_EDGE_CLOUD"),
+            cloud=env("EVENTSPEC_EDGE_CLOUD") or None,
             source=env("EVENTSPEC_EDGE_SOURCE", "toy"),
             model=env("EVENTSPEC_EDGE_MODEL", "toy"),
             host=env("EVENTSPEC_EDGE_HOST", "127.0.0.1"),
-            port=int(env("EVENTSPEC_EDGE_PORT", "50062")),
+            port=env_int("EVENTSPEC_EDGE_PORT", 50062),
             device=env("EVENTSPEC_EDGE_DEVICE", "cpu"),
         )
+
+    def check(self) -> None:
+        """Refuse at start-up what would otherwise fail every request later.
+
+        A negative request timeout, for one, was accepted and then expired every
+        request's cloud stream at once. Raises SettingsError naming the flag.
+        """
+        if not math.isfinite(self.request_timeout_s) or self.request_timeout_s <= 0:
+            raise SettingsError(
+                f"--request-timeout must be > 0 seconds, got {self.request_timeout_s:g}")
+        if not 1 <= self.default_jpeg_quality <= 100:
+            raise SettingsError(
+                f"--jpeg-quality must be in 1..100, got {self.default_jpeg_quality}")
+        if self.cloud is not None:
+            check_cloud_address(self.cloud)
+
+
+class SettingsError(ValueError):
+    """A flag or environment value the node cannot run with; the message names it."""
+
+
+#: Cloud addresses with one of these schemes go to gRPC's resolver as they are.
+_SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:", "xds:")
+
+
+def check_cloud_address(text: str) -> None:
+    """HOST:PORT, a comma list of them, or a scheme address; a bare host would dial 443."""
+    if text.startswith(_SCHEMES):
+        return
+    for item in text.split(","):
+        host, sep, port = item.strip().rpartition(":")
+        if not sep or not host or (":" in host and not host.startswith("[")):
+            raise SettingsError(f"--cloud {item.strip()!r} needs a port: HOST:PORT (the "
+                                "verifier's default is 50061)")
+        if not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise SettingsError(f"--cloud {item.strip()!r}: the port must be in 1..65535")
+
+
+def env_int(name: str, default: int) -> int:
+    """An integer environment variable, or SettingsError naming it."""
+    text = os.environ.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise SettingsError(f"${name}={text!r} is not an integer") from None

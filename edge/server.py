@@ -40,6 +40,25 @@ def load_draft_for(settings: EdgeSettings) -> DraftModel:
     return load_draft(draft_dir(settings.model), device=settings.device, dtype=dtype)
 
 
+def warn_on_vocab_mismatch(cloud: str, cloud_fingerprint: str, draft_fingerprint: str) -> bool:
+    """Log a loud WARNING when the cloud's text vocabulary is not the draft's.
+
+    Such a cloud still answers target_only requests, so it is "reachable"; but every
+    speculative request to it is refused (drafts in another vocabulary would be
+    meaningless), which an operator must learn at start-up, not from clients. Returns
+    whether they differ.
+    """
+    if cloud_fingerprint == draft_fingerprint:
+        return False
+    log.warning(
+        "VOCABULARY MISMATCH: the cloud %s's text vocabulary (fingerprint %s) differs from "
+        "the draft model's (%s); speculative requests will be refused, only target_only "
+        "(and draft_only) work. Pair the draft with a target of the same tokenizer.",
+        cloud, cloud_fingerprint[:12], draft_fingerprint[:12],
+    )
+    return True
+
+
 @dataclass
 class EdgeServer:
     """A running edge agent: ``await start()``, then ``port``; ``await stop()``."""
@@ -105,6 +124,8 @@ class EdgeServer:
             try:
                 info = await self._link.server_info(s.rpc_timeout_s)
                 log.info("cloud %s reachable: %s", s.cloud, info.model_id)
+                warn_on_vocab_mismatch(s.cloud or "", info.vocab_fingerprint,
+                                       draft.vocab_fingerprint)
             except EventSpecError as exc:
                 log.warning("cloud not reachable yet (%s); will retry per request", exc)
         await host.set_serving(True)

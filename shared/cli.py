@@ -12,10 +12,33 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import sys
+from typing import NoReturn
 
-from shared.answer_view import final_to_json, stats_table, stream_answer
+from shared.answer_view import (
+    AnswerView,
+    LiveView,
+    PlainView,
+    final_to_json,
+    stats_table,
+    stream_answer,
+    wants_colour,
+    wants_live,
+)
+from shared.ask_args import (
+    INT32_MAX,
+    MAX_EVENT_WINDOW_MS,
+    UINT64_MAX,
+    ArgumentProblem,
+    check_address,
+    check_float_range,
+    check_int_range,
+    check_temperature,
+    time_range_us,
+)
 from shared.client import AskError, EdgeClient
+from shared.helpfmt import DefaultsHelpFormatter
 from shared.types import AskSpec, FeatureMode, GenerationSettings, Mode
 from shared.wire.flags import add_client_security_args, client_security_from_args
 
@@ -28,12 +51,37 @@ _DEMO_WORLD = {
     "demo": "run cloud + edge locally and ask one question about the demo scene",
     "toy": "train or evaluate the embedded toy-world models",
 }
+#: Exit status when stdout's reader went away (``| head -1``), as a SIGPIPE death reads.
+EXIT_PIPE_CLOSED = 141
 
 
-def _spec_from_args(args: argparse.Namespace) -> AskSpec:
+class OneLineParser(argparse.ArgumentParser):
+    """Argument errors as one line (``eventspec ask: error: ...``) and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def spec_from_args(args: argparse.Namespace) -> AskSpec:
+    """Check every ``ask`` argument and build the request; ArgumentProblem names a flag."""
+    if not args.question.strip():
+        raise ArgumentProblem("the question is empty")
+    check_address("--edge", args.edge)
+    if args.clip_ms is not None:
+        check_int_range("--clip-ms", args.clip_ms, 1, INT32_MAX)
+    window = time_range_us(args.from_ms, args.to_ms, args.clip_ms)
+    check_int_range("--event-window-ms", args.event_window_ms, 1, MAX_EVENT_WINDOW_MS - 1,
+                    why="EventGPT refuses 100 ms or more")
+    check_int_range("--max-new-tokens", args.max_new_tokens, 1, INT32_MAX)
+    check_temperature(args.temperature)
+    check_float_range("--top-p", args.top_p, 0.0, 1.0, lo_open=True)
+    check_int_range("--seed", args.seed, 0, UINT64_MAX)
+    check_float_range("--timeout", args.timeout, 0.0, 1e9, lo_open=True, why="seconds")
     return AskSpec(
         question=args.question,
         latest_ms=args.clip_ms,
+        t0_us=window[0] if window else None,
+        t1_us=window[1] if window else None,
         event_window_ms=args.event_window_ms,
         mode=_MODES[args.mode],
         generation=GenerationSettings(
@@ -44,43 +92,79 @@ def _spec_from_args(args: argparse.Namespace) -> AskSpec:
     )
 
 
-async def _ask(args: argparse.Namespace) -> int:
+def view_for(args: argparse.Namespace) -> AnswerView | None:
+    """Live redraws in a terminal, plain streaming elsewhere, nothing for ``--json``."""
+    if args.json:
+        return None
+    if wants_live(sys.stdout, os.environ):
+        return LiveView(colour=wants_colour(args.no_color, os.environ))
+    return PlainView()
+
+
+async def _ask(args: argparse.Namespace, spec: AskSpec, view: AnswerView | None) -> int:
     security = client_security_from_args(args, prefix="", env_prefix="EVENTSPEC_")
     async with EdgeClient(args.edge, timeout_s=args.timeout, security=security) as client:
         try:
-            live = sys.stdout.isatty() and not args.json
-            final = await stream_answer(client, _spec_from_args(args), sys.stdout, live=live)
+            if view is None:
+                final = await client.ask_final(spec)
+            else:
+                label = (" [draft_only: unverified edge output]"
+                         if spec.mode == Mode.DRAFT_ONLY else "")
+                waiting = ("waiting for the edge…" if spec.mode == Mode.DRAFT_ONLY
+                           else "waiting for the cloud…")
+                final = await stream_answer(client, spec, sys.stdout, view,
+                                            waiting=waiting, suffix=label)
         except AskError as exc:
+            if view is not None:
+                sys.stdout.write(view.interrupt())
+                sys.stdout.flush()
             print(f"error: {exc}", file=sys.stderr)
-            return 2
-    if args.json:
+            return 2 if exc.code.name == "INVALID_ARGUMENT" else 1
+    if view is None:
         print(json.dumps(final_to_json(final)))
     else:
-        label = " [draft_only: unverified edge output]" if final.mode == Mode.DRAFT_ONLY else ""
-        print(f"{final.answer}{label}")
         print(stats_table(final))
+    sys.stdout.flush()
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="eventspec", description=__doc__.split("\n")[0])
+    """The ``eventspec`` parser; ``--help`` shows every default."""
+    parser = OneLineParser(prog="eventspec", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    ask = sub.add_parser("ask", help="ask an edge agent a question")
-    ask.add_argument("question")
+    ask = sub.add_parser("ask", help="ask an edge agent a question",
+                         formatter_class=DefaultsHelpFormatter)
+    ask.add_argument("question", help="the question (the edge caps it at 4096 characters)")
     ask.add_argument("--edge", default="127.0.0.1:50062", help="HOST:PORT of the edge agent")
-    ask.add_argument("--mode", choices=sorted(_MODES), default="speculative")
-    ask.add_argument("--feature-mode", choices=sorted(_FEATURES), default="auto")
+    ask.add_argument("--mode", choices=sorted(_MODES), default="speculative",
+                     help="who answers: speculative (edge drafts, cloud verifies), "
+                          "target_only (the cloud alone), draft_only (the edge alone, "
+                          "unverified)")
+    ask.add_argument("--feature-mode", choices=sorted(_FEATURES), default="auto",
+                     help="visual path to the cloud: frames (8 JPEGs), aligned (adapted "
+                          "event features), auto (frames when the source has RGB)")
     ask.add_argument("--clip-ms", type=int, default=None,
-                     help="the latest N ms form the clip (default: 1000, or the whole "
-                          "recording if it is shorter)")
+                     help="the clip is the latest N ms of the source (unset: 1000); a "
+                          "source holding less is used whole")
+    ask.add_argument("--from-ms", type=float, default=None,
+                     help="clip start in the source's clock, ms (with --to-ms; the clock "
+                          "--json's window reports)")
+    ask.add_argument("--to-ms", type=float, default=None,
+                     help="clip end in the source's clock, ms, exclusive (with --from-ms)")
     ask.add_argument("--event-window-ms", type=int, default=50,
-                     help="event window at the clip's end, ms (< 100)")
-    ask.add_argument("--max-new-tokens", type=int, default=64)
-    ask.add_argument("--temperature", type=float, default=0.0)
-    ask.add_argument("--top-p", type=float, default=1.0)
-    ask.add_argument("--seed", type=int, default=0)
-    ask.add_argument("--timeout", type=float, default=300.0, help="seconds")
+                     help="event window at the clip's end, ms, 1..99 (EventGPT refuses "
+                          "100 or more)")
+    ask.add_argument("--max-new-tokens", type=int, default=64,
+                     help="answer tokens at most (>= 1; the cloud caps it, 512 by default)")
+    ask.add_argument("--temperature", type=float, default=0.0,
+                     help="0 is greedy; > 0 samples (same distribution as the target's)")
+    ask.add_argument("--top-p", type=float, default=1.0, help="nucleus mass, in (0, 1]")
+    ask.add_argument("--seed", type=int, default=0,
+                     help="seed of the sampling generator, 0..2^64-1")
+    ask.add_argument("--timeout", type=float, default=300.0, help="deadline of the call, s")
     ask.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    ask.add_argument("--no-color", action="store_true",
+                     help="no styling in the live view (also: a non-empty $NO_COLOR)")
     add_client_security_args(ask, prefix="", env_prefix="EVENTSPEC_", peer="edge agent")
     for name, help_text in _DEMO_WORLD.items():
         # Listed here for --help; ``main`` hands their arguments over before parsing.
@@ -98,11 +182,28 @@ def main(argv: list[str] | None = None) -> int:
         from shared.demoworld.cli import main as toy_main
 
         return toy_main(argv[1:])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        spec = spec_from_args(args)
+    except ArgumentProblem as exc:
+        parser.exit(2, f"eventspec ask: error: {exc}\n")
     logging.basicConfig(level=logging.WARNING)
-    with contextlib.suppress(KeyboardInterrupt):
-        return asyncio.run(_ask(args))
-    return 130
+    view = view_for(args)
+    try:
+        return asyncio.run(_ask(args, spec, view))
+    except KeyboardInterrupt:
+        with contextlib.suppress(BrokenPipeError):
+            sys.stdout.write(view.interrupt() if view is not None else "")
+            sys.stdout.flush()
+        print("eventspec ask: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (``| head -1``): no traceback, and no second error when
+        # the interpreter flushes stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_PIPE_CLOSED
 
 
 if __name__ == "__main__":

@@ -34,6 +34,23 @@ class AskError(Exception):
         self.details = details
 
 
+def _translated(address: str, exc: aio.AioRpcError) -> AskError:
+    """The call's status as an AskError whose text says what to do about it.
+
+    gRPC's own text for two common mistakes names no cause: "Method not found!" when the
+    address serves another service (usually the cloud verifier's port), and a socket
+    error when nothing listens there.
+    """
+    code, details = exc.code(), exc.details() or ""
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        details = (f"{address} does not serve the eventspec.v1.EdgeAgent service (is it "
+                   f"the cloud verifier's port? point the client at the edge agent) "
+                   f"[{details}]")
+    elif code == grpc.StatusCode.UNAVAILABLE:
+        details = f"cannot reach the edge agent at {address}: {details}"
+    return AskError(code, details)
+
+
 class EdgeClient:
     """Talks to one edge agent over a reused channel."""
 
@@ -64,7 +81,7 @@ class EdgeClient:
             async for msg in call:
                 yield convert.ask_event_from_pb(msg)
         except aio.AioRpcError as exc:
-            raise AskError(exc.code(), exc.details() or "") from None
+            raise _translated(self.address, exc) from None
 
     async def ask_final(self, spec: AskSpec) -> FinalEvent:
         """Just the final answer and statistics."""
@@ -83,7 +100,7 @@ class EdgeClient:
             )
             return status
         except aio.AioRpcError as exc:
-            raise AskError(exc.code(), exc.details() or "") from None
+            raise _translated(self.address, exc) from None
 
     async def close(self) -> None:
         await self._channel.close()

@@ -67,14 +67,20 @@ class DsecSource:
         self.meta = SourceMeta(
             "DSEC HDF5", "format (DSEC's Gen3.1 camera)", "µs, t + t_offset (the images' clock)"
         )
-        try:
-            group = self._file["events"]
-            self._x, self._y, self._t, self._p = (group[k] for k in ("x", "y", "t", "p"))
-        except KeyError as exc:
+        group = self._file.get("events")
+        missing = ["x", "y", "t", "p"] if group is None else [
+            k for k in ("x", "y", "t", "p") if k not in group]
+        if missing:
+            # List what the file holds before closing it: a closed file has no names.
+            where = "/" if group is None else "/events"
+            held = sorted(self._file if group is None else group)
             self._file.close()
+            what = "no /events group" if group is None else f"no /events/{{{','.join(missing)}}}"
             raise InvalidInput(
-                f"{events_path} lacks /events/{{x,y,t,p}} (has {list(self._file)})"
-            ) from exc
+                f"{events_path} is not a DSEC events file: it has {what} ({where} holds "
+                f"{held or 'nothing'})"
+            )
+        self._x, self._y, self._t, self._p = (group[k] for k in ("x", "y", "t", "p"))
         self._n = int(self._t.shape[0])
         if self._n == 0:
             self._file.close()

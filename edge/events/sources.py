@@ -83,12 +83,30 @@ class NpzSource(ArraySource):
         else:
             data = loaded
         events = coerce_events(data)
+        _require_time_order(events, path)
         super().__init__(
             events, sensor_size, name=f"{path.suffix.lstrip('.')}:{path}",
             meta=SourceMeta(
                 path.suffix.lstrip(".") or "npz",
                 "flag" if sensor_size else "inferred from events", "µs as stored in the file",
             ),
+        )
+
+
+def _require_time_order(events: np.ndarray, path: Path) -> None:
+    """Refuse a file whose timestamps go backwards (the README promises it).
+
+    Sorting silently would hide a broken export (shuffled rows, concatenated
+    recordings, a wrapped clock) behind plausible-looking answers.
+    """
+    t = events["t"]
+    back = np.flatnonzero(t[1:] < t[:-1]) if t.size > 1 else np.empty(0, np.intp)
+    if back.size:
+        i = int(back[0]) + 1
+        raise InvalidInput(
+            f"{path}: timestamps are not in time order ({back.size} steps back; the first "
+            f"at event {i}: t={int(t[i])} µs after t={int(t[i - 1])} µs); sort the file "
+            "by t"
         )
 
 

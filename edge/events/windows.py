@@ -64,9 +64,14 @@ def select_window(
     """The clip is the source's latest ``latest_ms`` or ``[t0_us, t1_us)``; the event
     window is its last ``event_window_ms``.
 
-    With neither given, the latest ``DEFAULT_CLIP_MS``. Raises InvalidInput for an
-    event window of 100 ms or more (EventGPT's limit), a clip shorter than the event
-    window, inverted/empty ranges, or ranges outside what the source holds.
+    The rule (the README states it): with neither given the clip is the latest
+    ``DEFAULT_CLIP_MS``. A latest-N clip longer than what the source holds is the whole
+    recording, whether N was asked for or not. When the clip is the whole recording and
+    is shorter than the event window, the event window is the whole recording too. An
+    explicit range must lie inside the source and hold the event window. Raises
+    InvalidInput for an event window outside (0, 100) ms (EventGPT refuses 100 ms or
+    more), a non-positive latest_ms, a clip shorter than the event window, and
+    inverted, empty or outside ranges.
     """
     if not 0 < event_window_ms < MAX_EVENT_WINDOW_MS:
         raise InvalidInput(
@@ -84,20 +89,16 @@ def select_window(
         raise InvalidInput("give either latest_ms or t0_us/t1_us, not both")
     if (t0_us is None) != (t1_us is None):
         raise InvalidInput("a time range needs both t0_us and t1_us")
+    whole = False
     if t0_us is None or t1_us is None:
         clip_ms = DEFAULT_CLIP_MS if latest_ms is None else latest_ms
         if clip_ms <= 0:
             raise InvalidInput(f"latest_ms must be positive, got {clip_ms}")
         t1_us = s1
         t0_us = s1 - clip_ms * 1000
-        if latest_ms is None and t0_us < s0:
-            # No clip asked for: a recording shorter than the default clip is used whole.
-            t0_us = s0
-        elif t0_us < s0:
-            raise InvalidInput(
-                f"the source holds {(s1 - s0) / 1000:.1f} ms, less than the requested "
-                f"latest {clip_ms} ms"
-            )
+        if t0_us <= s0:
+            # The source holds less than the clip: the clip is the whole recording.
+            t0_us, whole = s0, True
     else:
         if t1_us <= t0_us:
             raise InvalidInput(f"clip range [{t0_us}, {t1_us}) µs is empty or inverted")
@@ -106,9 +107,9 @@ def select_window(
                 f"clip range [{t0_us}, {t1_us}) µs lies outside the source's [{s0}, {s1}) µs"
             )
     event_us = event_window_ms * 1000
-    if latest_ms is None and t0_us == s0 and t1_us - t0_us < event_us:
-        # No clip asked for and the whole recording is shorter than the event window
-        # (an 8.8 ms EVT3 sample, a 5-event excerpt): the event window is all of it.
+    if whole and t1_us - t0_us < event_us:
+        # The whole recording is shorter than the event window (an 8.8 ms EVT3 sample,
+        # a 5-event excerpt): the event window is all of it.
         event_us = t1_us - t0_us
     if t1_us - t0_us < event_us:
         raise InvalidInput(

@@ -2,9 +2,12 @@
 
 Starts a cloud verifier and an edge agent as separate processes on free loopback
 ports (through their console entry points, :mod:`shared.launch`), waits for their
-health, asks one question speculatively and once target-only, prints both answers,
-the ground truth of the toy scene and the statistics, and stops both processes.
-Exits 3 if the two answers' token ids differ (speculation must be lossless).
+health, warms both modes with one request each, then asks the question ``--runs``
+times per mode (alternating which goes first). It prints both answers, the ground truth
+of the toy scene, the median total time per mode with its spread (min-max), the speedup
+as the ratio of the medians and the drafts summed over the runs, and stops both
+processes. One cold request against one warm one is no measurement: that is why.
+Exits 3 if any two answers' token ids differ (speculation must be lossless).
 """
 
 from __future__ import annotations
@@ -14,15 +17,27 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
-from shared.answer_view import final_to_json, stats_table, stream_answer
+from shared.answer_view import (
+    LiveView,
+    final_to_json,
+    stats_table,
+    stream_answer,
+    wants_colour,
+    wants_live,
+)
 from shared.client import AskError, EdgeClient
 from shared.demoworld.qa import QType, all_questions, parse_answer
 from shared.demoworld.scenes import DEMO_SEED, sample_scene
+from shared.helpfmt import DefaultsHelpFormatter
 from shared.launch import start_node, stop_node, wait_for_port
 from shared.types import AskSpec, FinalEvent, GenerationSettings, Mode
 from shared.wire.health import wait_for_serving
@@ -30,8 +45,44 @@ from shared.wire.health import wait_for_serving
 DEMO_QUESTION = "Which way is the object moving?"
 
 
-async def _run(args: argparse.Namespace) -> tuple[FinalEvent, FinalEvent] | None:
-    """Start both nodes, ask speculatively then target-only, stop both. None on failure."""
+@dataclass(frozen=True)
+class DemoRuns:
+    """The measured requests of both modes (the warm-up pair is not among them)."""
+
+    speculative: list[FinalEvent]
+    target_only: list[FinalEvent]
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Median, min and max of ``values`` (ms), rounded for printing and JSON."""
+    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2),
+            "max": round(max(values), 2)}
+
+
+async def _ask_runs(client: EdgeClient, args: argparse.Namespace) -> DemoRuns:
+    """Warm both modes once, then ``--runs`` requests per mode, alternating which goes
+    first so neither mode always meets the warmer cache."""
+    gen = GenerationSettings(max_new_tokens=args.max_new_tokens, seed=args.seed)
+    spec = AskSpec(question=args.question, mode=Mode.SPECULATIVE, generation=gen)
+    base = AskSpec(question=args.question, mode=Mode.TARGET_ONLY, generation=gen)
+    live = not args.json and wants_live(sys.stdout, os.environ)
+    if live:
+        view = LiveView(colour=wants_colour(False, os.environ))
+        await stream_answer(client, spec, sys.stdout, view)
+    else:
+        await client.ask_final(spec)
+    await client.ask_final(base)
+    runs = DemoRuns([], [])
+    for i in range(args.runs):
+        order = (spec, base) if i % 2 == 0 else (base, spec)
+        for s in order:
+            final = await client.ask_final(s)
+            (runs.speculative if s is spec else runs.target_only).append(final)
+    return runs
+
+
+async def _run(args: argparse.Namespace) -> DemoRuns | None:
+    """Start both nodes, warm them, measure both modes, stop both. None on failure."""
     with tempfile.TemporaryDirectory(prefix="eventspec-demo-") as tmp:
         t = Path(tmp)
 
@@ -57,56 +108,79 @@ async def _run(args: argparse.Namespace) -> tuple[FinalEvent, FinalEvent] | None
                 "--port-file", str(t / "edge.port")], t / "edge.log")
             eport = await wait_for_port(edge, t / "edge.port", t / "edge.log", args.timeout)
             await wait_for_serving(f"127.0.0.1:{eport}", timeout_s=args.timeout)
-            say(f"edge SERVING on 127.0.0.1:{eport}; asking: {args.question!r}\n")
+            say(f"edge SERVING on 127.0.0.1:{eport}; asking: {args.question!r} (one warm-up "
+                f"per mode, then {args.runs} each)\n")
             async with EdgeClient(f"127.0.0.1:{eport}", timeout_s=args.timeout) as client:
-                gen = GenerationSettings(max_new_tokens=args.max_new_tokens, seed=args.seed)
-                spec = AskSpec(question=args.question, mode=Mode.SPECULATIVE, generation=gen)
-                live = sys.stdout.isatty() and not args.json
-                spec_final = await stream_answer(client, spec, sys.stdout, live=live)
-                base_final = await client.ask_final(
-                    AskSpec(question=args.question, mode=Mode.TARGET_ONLY, generation=gen)
-                )
+                return await _ask_runs(client, args)
         except (AskError, RuntimeError, TimeoutError) as exc:
             print(f"demo failed: {exc}", file=sys.stderr)
             return None
         finally:
             stop_node(edge)
             stop_node(cloud)
-    return spec_final, base_final
 
 
-def _report(args: argparse.Namespace, spec_final: FinalEvent, base_final: FinalEvent) -> int:
-    identical = spec_final.token_ids == base_final.token_ids
+def _median_run(finals: list[FinalEvent]) -> FinalEvent:
+    """The request whose total time is the median (the lower one for an even count)."""
+    ordered = sorted(finals, key=lambda f: f.stats.total_ms)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def _report(args: argparse.Namespace, runs: DemoRuns) -> int:
+    spec_final, base_final = _median_run(runs.speculative), _median_run(runs.target_only)
+    answers = {f.token_ids for f in runs.speculative + runs.target_only}
+    identical = len(answers) == 1
     truth = scene_truth(args.source, args.question)
     correct = truth is not None and parse_answer(truth[0], spec_final.answer) == truth[1]
-    speedup = (base_final.stats.total_ms / spec_final.stats.total_ms
-               if spec_final.stats.total_ms else 0.0)
+    spec_ms = spread([f.stats.total_ms for f in runs.speculative])
+    base_ms = spread([f.stats.total_ms for f in runs.target_only])
+    speedup = base_ms["median"] / spec_ms["median"] if spec_ms["median"] else 0.0
+    drafted = sum(f.stats.drafted for f in runs.speculative)
+    accepted = sum(f.stats.accepted for f in runs.speculative)
+    hidden = sum(f.stats.hidden_drafted for f in runs.speculative)
+    hidden_ok = sum(f.stats.hidden_accepted for f in runs.speculative)
+    drafting = sum(bool(f.stats.drafted) for f in runs.speculative)
     if args.json:
         out = final_to_json(spec_final)
         out["question"] = args.question
         out["target_only"] = {
             "answer": base_final.answer,
             "token_ids": list(base_final.token_ids),
-            "total_ms": round(base_final.stats.total_ms, 2),
+            "total_ms": base_ms["median"],
         }
         out["identical"] = identical
         out["speedup"] = round(speedup, 4)
+        out["runs"] = args.runs
+        out["speculative_total_ms"] = spec_ms
+        out["target_only_total_ms"] = base_ms
+        out["drafted_total"], out["accepted_total"] = drafted, accepted
+        out["hidden_drafted_total"], out["hidden_accepted_total"] = hidden, hidden_ok
+        out["runs_drafting"] = drafting
         if truth is not None:
             out["truth"], out["correct"] = truth[1], correct
         print(json.dumps(out))
+        return 0 if identical else 3
+    print(f"question:     {args.question}")
+    if truth is not None:
+        print(f"scene:        {truth[2]}")
+    print(f"speculative:  {spec_final.answer!r}")
+    print(f"target-only:  {base_final.answer!r}")
+    if truth is not None:
+        print(f"correct:      {'yes' if correct else 'no'} (ground truth: {truth[1]})")
+    print(f"identical token ids: {identical} (all {2 * args.runs} measured requests)")
+    print(f"total time, median of {args.runs} after one warm-up each (min-max):")
+    print(f"  speculative  {spec_ms['median']:7.1f} ms  ({spec_ms['min']:.1f}-"
+          f"{spec_ms['max']:.1f})")
+    print(f"  target-only  {base_ms['median']:7.1f} ms  ({base_ms['min']:.1f}-"
+          f"{base_ms['max']:.1f})")
+    print(f"  speedup (ratio of medians)  {speedup:.2f}x")
+    if drafted:
+        print(f"drafted / accepted, all {args.runs} speculative runs: {drafted} / {accepted}"
+              f" (hidden {hidden} / {hidden_ok}); {drafting} of {args.runs} runs drafted")
     else:
-        print(f"question:     {args.question}")
-        if truth is not None:
-            print(f"scene:        {truth[2]}")
-        print(f"speculative:  {spec_final.answer!r}")
-        print(f"target-only:  {base_final.answer!r}")
-        if truth is not None:
-            print(f"correct:      {'yes' if correct else 'no'} (ground truth: {truth[1]})")
-        print(f"identical token ids: {identical}   speedup (target-only / speculative total "
-              f"time): {speedup:.2f}x")
-        print(stats_table(spec_final))
-        if spec_final.plan is not None:
-            print(f"  plan: {spec_final.plan.reason}")
+        print(f"no speculation: the plan drafted in none of the {args.runs} runs")
+    print("median speculative run:")
+    print(stats_table(spec_final))
     return 0 if identical else 3
 
 
@@ -132,26 +206,53 @@ def _same_type(qtype: QType, question: str) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    demo = argparse.ArgumentParser(prog="eventspec demo", description=__doc__.split("\n")[0])
-    demo.add_argument("--question", default=DEMO_QUESTION)
-    demo.add_argument("--source", default="toy", help="edge source (default: the toy scene)")
-    demo.add_argument("--cloud-model", default="toy")
-    demo.add_argument("--edge-model", default="toy")
+    """The ``eventspec demo`` parser; ``--help`` shows every default."""
+    demo = argparse.ArgumentParser(prog="eventspec demo", description=__doc__.split("\n")[0],
+                                   formatter_class=DefaultsHelpFormatter)
+    demo.add_argument("--question", default=DEMO_QUESTION, help="the question asked")
+    demo.add_argument("--source", default="toy", help="the edge's --source (toy: the demo "
+                                                      "scene)")
+    demo.add_argument("--cloud-model", default="toy", help="the cloud's --model")
+    demo.add_argument("--edge-model", default="toy", help="the edge's --model")
     demo.add_argument("--cloud-prefill-ms", type=float, default=200.0,
                       help="pace the cloud's prefill like an A100-class 7B (0: unpaced)")
     demo.add_argument("--cloud-step-ms", type=float, default=30.0,
                       help="pace the cloud's steps like an A100-class 7B (0: unpaced)")
-    demo.add_argument("--max-new-tokens", type=int, default=32)
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--timeout", type=float, default=180.0, help="seconds")
+    demo.add_argument("--max-new-tokens", type=int, default=32, help="answer tokens at most")
+    demo.add_argument("--seed", type=int, default=0, help="sampling seed")
+    demo.add_argument("--runs", type=int, default=5,
+                      help="measured requests per mode, after one warm-up each")
+    demo.add_argument("--timeout", type=float, default=180.0,
+                      help="start-up and per-request deadline, s")
     demo.add_argument("--json", action="store_true", help="print one JSON object at the end")
     return demo
 
 
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse values the nodes would refuse later, before starting any process."""
+    if args.runs < 1:
+        parser.error(f"--runs must be >= 1, got {args.runs}")
+    if not 1 <= args.max_new_tokens <= 512:
+        parser.error(f"--max-new-tokens must be in 1..512 (the cloud's cap), got "
+                     f"{args.max_new_tokens}")
+    if not 0 <= args.seed < 2**64:
+        parser.error(f"--seed must be in 0..2^64-1, got {args.seed}")
+    for flag, value in (("--cloud-prefill-ms", args.cloud_prefill_ms),
+                        ("--cloud-step-ms", args.cloud_step_ms)):
+        if not math.isfinite(value) or value < 0:
+            parser.error(f"{flag} must be >= 0, got {value:g}")
+    if not math.isfinite(args.timeout) or args.timeout <= 0:
+        parser.error(f"--timeout must be > 0 s, got {args.timeout:g}")
+    if not args.question.strip():
+        parser.error("--question is empty")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check(parser, args)
     logging.basicConfig(level=logging.WARNING)
     with contextlib.suppress(KeyboardInterrupt):
-        finals = asyncio.run(_run(args))
-        return 1 if finals is None else _report(args, *finals)
+        runs = asyncio.run(_run(args))
+        return 1 if runs is None else _report(args, runs)
     return 130

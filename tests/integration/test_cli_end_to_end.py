@@ -9,6 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from shared.launch import entry_point_command
 from tests.integration.test_end_to_end import _write_dsec
 
@@ -95,3 +97,16 @@ def test_demo_json_reports_identical_answers() -> None:
     # plan's call from measured costs, which a loaded CI machine can change.)
     assert result["correct"] is True, result
     assert result["answer"] == "It is moving right."
+    # Medians of several warm requests per mode, with their spread; the speedup is the
+    # ratio of the medians, and drafts are counted over all speculative runs.
+    assert result["runs"] == 5
+    for mode in ("speculative_total_ms", "target_only_total_ms"):
+        spread = result[mode]
+        assert spread["min"] <= spread["median"] <= spread["max"]
+    assert result["target_only"]["total_ms"] == result["target_only_total_ms"]["median"]
+    assert result["speedup"] == pytest.approx(
+        result["target_only_total_ms"]["median"] / result["speculative_total_ms"]["median"],
+        rel=1e-3)
+    assert result["accepted_total"] <= result["drafted_total"]
+    assert 0 <= result["runs_drafting"] <= 5
+    assert (result["runs_drafting"] == 0) == (result["drafted_total"] == 0)

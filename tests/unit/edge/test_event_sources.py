@@ -148,6 +148,21 @@ def test_dsec_errors(tmp_path: Path, dsec_events: np.ndarray) -> None:
         DsecSource(tmp_path)
 
 
+def test_dsec_file_without_events_says_so(tmp_path: Path) -> None:
+    import h5py
+
+    path = tmp_path / "events.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("t_offset", data=np.int64(0))
+    with pytest.raises(InvalidInput, match=r"no /events group \(/ holds \['t_offset'\]\)"):
+        DsecSource(path)
+    with h5py.File(path, "a") as f:
+        f.create_dataset("events/x", data=np.zeros(3, np.uint16))
+        f.create_dataset("events/t", data=np.zeros(3, np.int64))
+    with pytest.raises(InvalidInput, match=r"no /events/\{y,p\}"):
+        DsecSource(path)
+
+
 def test_npz_and_structured_npy_round_trip(tmp_path: Path) -> None:
     ev = _random_events(300, 50_000, seed=2, size=(32, 24))
     np.savez(tmp_path / "a.npz", x=ev["x"].astype(np.int32), y=ev["y"], t=ev["t"], p=ev["p"])
@@ -163,10 +178,13 @@ def test_npz_and_structured_npy_round_trip(tmp_path: Path) -> None:
     assert NpzSource(tmp_path / "a.npz", sensor_size=(640, 480)).sensor_size == (640, 480)
 
 
-def test_npz_sorts_unsorted_events(tmp_path: Path) -> None:
+def test_npz_refuses_unsorted_timestamps(tmp_path: Path) -> None:
     np.savez(tmp_path / "u.npz", x=[1, 2, 3], y=[0, 0, 0], t=[30, 10, 20], p=[1, 0, 1])
-    src = NpzSource(tmp_path / "u.npz")
-    assert src.events_between(0, 100)["x"].tolist() == [2, 3, 1]
+    with pytest.raises(InvalidInput, match=r"not in time order .*event 1: t=10 µs after t=30"):
+        NpzSource(tmp_path / "u.npz")
+    # Equal timestamps are in order.
+    np.savez(tmp_path / "s.npz", x=[1, 2, 3], y=[0, 0, 0], t=[10, 10, 20], p=[1, 0, 1])
+    assert NpzSource(tmp_path / "s.npz").events_between(0, 100)["x"].tolist() == [1, 2, 3]
 
 
 def test_eventgpt_pickled_npy_needs_opt_in(tmp_path: Path) -> None:

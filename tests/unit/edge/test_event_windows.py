@@ -58,7 +58,6 @@ def test_latest_window_takes_the_last_ms(synth: SyntheticSource) -> None:
     [
         ({"latest_ms": 1000, "event_window_ms": 100}, "EventGPT refuses"),
         ({"latest_ms": 1000, "event_window_ms": 0}, "event window"),
-        ({"latest_ms": 2000}, "less than"),
         ({"latest_ms": 0}, "positive"),
         ({"latest_ms": 30}, "shorter than"),
         ({"t0_us": 300_000, "t1_us": 200_000}, "inverted"),
@@ -119,5 +118,19 @@ def test_default_clip_uses_a_short_recording_whole() -> None:
     s0, s1 = short.time_range_us()
     assert (w.t0_us, w.t1_us) == (s0, s1)
     assert w.event_t1_us == s1 and w.event_ms == 50
-    with pytest.raises(InvalidInput, match="less than"):
-        select_window(short, latest_ms=1000)
+    # An explicit clip longer than the recording falls back to it whole as well.
+    for latest_ms in (601, 1000, 2**31 - 1):
+        w = select_window(short, latest_ms=latest_ms)
+        assert (w.t0_us, w.t1_us, w.event_t1_us) == (s0, s1, s1) and w.event_ms == 50
+    w = select_window(short, latest_ms=599)
+    assert (w.t0_us, w.t1_us) == (s1 - 599_000, s1)
+
+
+def test_whole_recording_shorter_than_the_event_window_is_the_event_window() -> None:
+    tiny = SyntheticSource(seed=1, duration_ms=30)
+    s0, s1 = tiny.time_range_us()
+    for latest_ms in (None, 31, 5000):
+        w = select_window(tiny, latest_ms=latest_ms)
+        assert (w.t0_us, w.t1_us, w.event_t0_us, w.event_t1_us) == (s0, s1, s0, s1)
+    with pytest.raises(InvalidInput, match="shorter than"):
+        select_window(tiny, latest_ms=20)

@@ -1,0 +1,16 @@
+"""``--help`` that shows every default that exists, and none that does not."""
+
+from __future__ import annotations
+
+import argparse
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" to each option's help, except where X is None or a switch's
+    False: "(default: None)" says nothing the help text does not say better."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_text = action.help or ""
+        if action.default is None or action.default is False or action.default == []:
+            return help_text
+        return super()._get_help_string(action) or help_text

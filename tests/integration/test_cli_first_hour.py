@@ -1,0 +1,272 @@
+"""A newcomer's first hour (issue 13), as processes: what the commands say when used wrong.
+
+Every argument is checked before any network call (one line, exit 2, no traceback);
+the servers refuse flags that would fail every request; a closed pipe ends quietly;
+a wrong address or vocabulary says what is wrong; ranges and short recordings follow
+the README's window rule.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shared.launch import entry_point_command
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(script: str, args: list[str], timeout: float = 120,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(entry_point_command(script, args), cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def _one_clear_line(out: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert "Traceback" not in out.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--seed", "-1"], "--seed must be in 0.."),
+        (["--clip-ms", "99999999999"], "--clip-ms must be in 1..2147483647"),
+        (["--clip-ms", "0"], "--clip-ms"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be in 1.."),
+        (["--top-p", "0"], "--top-p must be in (0, 1]"),
+        (["--event-window-ms", "0"], "--event-window-ms must be in 1..99"),
+        (["--event-window-ms", "100"], "EventGPT refuses"),
+        (["--temperature", "inf"], "--temperature"),
+        (["--edge", "127.0.0.1"], "needs a port"),
+        (["--edge", "127.0.0.1:99999"], "1..65535"),
+        (["--from-ms", "10"], "--from-ms and --to-ms go together"),
+        (["--from-ms", "20", "--to-ms", "10"], "must be before"),
+        (["--from-ms", "-1", "--to-ms", "10"], "--from-ms must be >= 0"),
+        (["--clip-ms", "500", "--from-ms", "0", "--to-ms", "10"], "not both"),
+        (["--seed", "x"], "invalid int value"),
+    ],
+)
+def test_ask_refuses_bad_arguments_before_the_network(args: list[str], needle: str) -> None:
+    # Port 9 (discard) on loopback: a network call would fail differently and slowly.
+    out = _run("eventspec", ["ask", "--edge", "127.0.0.1:9", *args, "What?"], timeout=30)
+    _one_clear_line(out, "eventspec ask: error:", needle)
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "env", "needle"),
+    [
+        ("eventspec-cloud", ["--max-new-tokens", "-1"], {}, "--max-new-tokens must be in 1.."),
+        ("eventspec-cloud", ["--max-new-tokens", "0"], {}, "--max-new-tokens must be in 1.."),
+        ("eventspec-cloud", ["--max-sessions", "0"], {}, "--max-sessions"),
+        ("eventspec-cloud", ["--emulate-step-ms", "-1"], {}, "--emulate-step-ms"),
+        ("eventspec-cloud", [], {"EVENTSPEC_CLOUD_PORT": "fifty"}, "$EVENTSPEC_CLOUD_PORT"),
+        ("eventspec-edge", ["--request-timeout", "-1"], {}, "--request-timeout must be > 0"),
+        ("eventspec-edge", ["--request-timeout", "nan"], {}, "--request-timeout"),
+        ("eventspec-edge", ["--cloud", "127.0.0.1"], {}, "needs a port"),
+        ("eventspec-edge", ["--cloud", "127.0.0.1:1,10.0.0.2"], {}, "'10.0.0.2' needs a port"),
+        ("eventspec-edge", ["--jpeg-quality", "0"], {}, "--jpeg-quality"),
+        ("eventspec-edge", [], {"EVENTSPEC_EDGE_PORT": "x"}, "$EVENTSPEC_EDGE_PORT"),
+    ],
+)
+def test_servers_refuse_bad_flags_and_variables_at_start_up(
+    script: str, args: list[str], env: dict[str, str], needle: str
+) -> None:
+    started = time.monotonic()
+    out = _run(script, ["serve", "--port", "0", *args], timeout=60,
+               env=dict(os.environ, **env))
+    _one_clear_line(out, f"{script}: error:", needle)
+    # Refused before any model is loaded.
+    assert time.monotonic() - started < 30
+
+
+def _spawn(script: str, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as f:
+        return subprocess.Popen(entry_point_command(script, args), cwd=ROOT, stdout=f,
+                                stderr=subprocess.STDOUT,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+def _port(proc: subprocess.Popen[bytes], port_file: Path, log: Path) -> int:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"exited {proc.returncode}: {log.read_text()[-3000:]}")
+        if port_file.exists() and port_file.read_text():
+            return int(port_file.read_text())
+        time.sleep(0.1)
+    raise AssertionError(f"no port: {log.read_text()[-3000:]}")
+
+
+def _stop(*procs: subprocess.Popen[bytes] | None) -> None:
+    for proc in procs:
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        if proc is not None:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int, Path]]:
+    """A toy cloud and a toy edge over two 1 s toy scenes (source time [0, 2 s))."""
+    tmp = tmp_path_factory.mktemp("firsthour")
+    cloud = _spawn("eventspec-cloud", ["serve", "--model", "toy", "--port", "0", "--port-file",
+                                       str(tmp / "c"), "--no-calibrate"], tmp / "c.log")
+    edge = None
+    try:
+        cport = _port(cloud, tmp / "c", tmp / "c.log")
+        edge = _spawn("eventspec-edge", ["serve", "--cloud", f"127.0.0.1:{cport}", "--source",
+                                         "toy:0-2", "--model", "toy", "--port", "0",
+                                         "--port-file", str(tmp / "e")], tmp / "e.log")
+        eport = _port(edge, tmp / "e", tmp / "e.log")
+        yield cport, eport, tmp
+    finally:
+        _stop(edge, cloud)
+
+
+def _ask_json(eport: int, *args: str) -> dict[str, object]:
+    out = _run("eventspec", ["ask", "--edge", f"127.0.0.1:{eport}", "--json",
+                             "--max-new-tokens", "8", *args, "Which way is the object moving?"])
+    assert out.returncode == 0, out.stderr
+    result: dict[str, object] = json.loads(out.stdout)
+    return result
+
+
+def test_edge_pointed_at_the_cloud_says_which_service_it_is(
+    nodes: tuple[int, int, Path],
+) -> None:
+    cport, _, _ = nodes
+    out = _run("eventspec", ["ask", "--edge", f"127.0.0.1:{cport}", "What?"], timeout=60)
+    assert out.returncode == 1, out.stderr
+    assert "does not serve the eventspec.v1.EdgeAgent service" in out.stderr
+    assert "cloud verifier" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_json_carries_plan_window_and_null_rates_for_target_only(
+    nodes: tuple[int, int, Path],
+) -> None:
+    _, eport, _ = nodes
+    result = _ask_json(eport, "--mode", "target_only")
+    stats = result["stats"]
+    assert isinstance(stats, dict)
+    assert stats["drafted"] == 0 and stats["acceptance_rate"] is None
+    assert stats["mean_accepted_length"] is None and stats["hidden_acceptance_rate"] is None
+    window = result["window"]
+    assert window == {"clip_t0_us": 1_000_000, "clip_t1_us": 2_000_000,
+                      "event_t0_us": 1_950_000, "event_t1_us": 2_000_000,
+                      "num_events": window["num_events"]}  # type: ignore[index]
+    assert isinstance(result["plan"], dict) and "reason" in result["plan"]
+
+
+def test_a_time_range_and_a_clip_longer_than_the_recording(
+    nodes: tuple[int, int, Path],
+) -> None:
+    _, eport, _ = nodes
+    first = _ask_json(eport, "--from-ms", "0", "--to-ms", "1000", "--event-window-ms", "40")
+    assert first["window"]["clip_t0_us"] == 0  # type: ignore[index]
+    assert first["window"]["clip_t1_us"] == 1_000_000  # type: ignore[index]
+    assert first["window"]["event_t0_us"] == 960_000  # type: ignore[index]
+    # The recording holds 2000 ms: 2001 ms (and anything longer) is the whole of it.
+    for clip in ("2001", "2147483647"):
+        whole = _ask_json(eport, "--clip-ms", clip)
+        assert whole["window"]["clip_t0_us"] == 0  # type: ignore[index]
+        assert whole["window"]["clip_t1_us"] == 2_000_000  # type: ignore[index]
+    outside = _run("eventspec", ["ask", "--edge", f"127.0.0.1:{eport}", "--from-ms", "1500",
+                                 "--to-ms", "2500", "What?"])
+    assert outside.returncode == 2 and "INVALID_ARGUMENT" in outside.stderr
+    assert "outside the source" in outside.stderr
+
+
+def test_a_closed_pipe_ends_quietly(nodes: tuple[int, int, Path]) -> None:
+    _, eport, _ = nodes
+    proc = subprocess.Popen(
+        entry_point_command("eventspec", ["ask", "--edge", f"127.0.0.1:{eport}",
+                                          "--max-new-tokens", "8", "What is moving?"]),
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first byte (``| head -0``)
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_plain_streaming_off_a_terminal(nodes: tuple[int, int, Path]) -> None:
+    _, eport, _ = nodes
+    out = _run("eventspec", ["ask", "--edge", f"127.0.0.1:{eport}", "--max-new-tokens", "12",
+                             "Which way is the object moving?"])
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("It is moving")
+    assert "\x1b" not in out.stdout and "\r" not in out.stdout
+    assert any(ln.strip().startswith("acceptance rate") for ln in lines)
+
+
+def test_a_cloud_of_another_vocabulary_is_a_loud_warning(
+    nodes: tuple[int, int, Path],
+) -> None:
+    cport, _, tmp = nodes
+    log = tmp / "mismatch.log"
+    edge = _spawn("eventspec-edge", ["serve", "--cloud", f"127.0.0.1:{cport}", "--source",
+                                     "toy", "--model", "tiny-random", "--port", "0",
+                                     "--port-file", str(tmp / "m")], log)
+    try:
+        eport = _port(edge, tmp / "m", log)
+        text = log.read_text()
+        assert "WARNING" in text and "VOCABULARY MISMATCH" in text, text[-3000:]
+        # Target-only still works against it.
+        result = _ask_json(eport, "--mode", "target_only")
+        assert result["mode"] == "target_only"
+    finally:
+        _stop(edge)
+
+
+def test_ctrl_c_ends_with_one_line_and_status_130() -> None:
+    import socket
+
+    with socket.socket() as silent:  # accepts, never answers: the ask hangs until ^C
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        proc = subprocess.Popen(
+            entry_point_command("eventspec", ["ask", "--edge", f"127.0.0.1:{port}", "What?"]),
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        time.sleep(3)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == ["eventspec ask: interrupted"], err
+    assert out == ""
+
+
+def test_the_docs_python_client_runs_as_a_file(nodes: tuple[int, int, Path]) -> None:
+    import re
+    import sys
+
+    _, eport, tmp = nodes
+    doc = (ROOT / "docs" / "first-hour.md").read_text()
+    snippet = re.search(r"```python\n(.*?)```", doc, flags=re.S)
+    assert snippet is not None
+    script = tmp / "ask.py"
+    script.write_text(snippet.group(1).replace("127.0.0.1:50062", f"127.0.0.1:{eport}"))
+    out = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("It is moving "), out.stdout
