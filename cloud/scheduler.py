@@ -15,13 +15,19 @@ Each iteration of the loop, in a dedicated engine thread:
    batched forward over the flattened tokens, the sampler accepts or rejects every
    session's drafts in one call, and each session commits its tokens under its stop
    rules;
-4. hand every result to the event loop in one ``call_soon_threadsafe``.
+4. hand every result to the event loop in one ``call_soon_threadsafe`` (a prefilled
+   session's first token is handed over right after its prefill, before the step, so a
+   busy batch does not add a step to its time to first token).
 
 Policy: every running session steps every iteration, so none starves and nobody waits
 for drafts; prefills are admitted first come, first served, one per iteration, so a new
 prefill stalls running sessions for at most one prefill. A session that finishes (EOS,
 stop string, token cap, context limit, cancel, deadline) gives its slot back in the same
 iteration; a stream that ends any other way (disconnect, error, TTL) releases it.
+The price of whole prefills: every running session waits for each prefill admitted while
+it decodes, so under a stream of new requests its per-token time is the step plus
+(prefills per second x prefill ms) per second of decoding; chunked prefill would bound
+that and is not done here (docs/scheduler.md has the measured numbers).
 
 Why a thread and not an engine-core process: the loop's own Python work per step is
 tens of microseconds per session (``benchmarks/bench_capacity.py`` reports it as
@@ -80,6 +86,7 @@ class Ticket:
     cancel_requested: bool = False
     slot_held: bool = True
     submitted: bool = False
+    submitted_at: float = 0.0  # the scheduler's clock when the prefill was queued
 
     @property
     def slot(self) -> int:
@@ -127,6 +134,8 @@ class SchedulerStats:
     engine_ms: float = 0.0
     sampler_ms: float = 0.0
     overhead_ms: float = 0.0  # the loop's own Python work around engine and sampler
+    prefill_ms: float = 0.0  # engine prefill calls plus their first-token sampling
+    prefill_wait_ms: float = 0.0  # queued prefills waiting for the loop (steps, prefills)
 
     def observe_step(self, sessions: int, tokens: int) -> None:
         self.steps += 1
@@ -192,6 +201,7 @@ class Scheduler:
                        video_features: torch.Tensor | None = None) -> None:
         """Queue the request's prefill; the first result follows on ``ticket.events``."""
         ticket.submitted = True
+        ticket.submitted_at = self._clock()
         if self.dead is not None:
             ticket.events.put_nowait(Failure(Unavailable(
                 f"the verifier's engine loop has stopped ({self.dead})")))
@@ -232,6 +242,7 @@ class Scheduler:
                 if self._stopping:
                     break
                 self._prefill_one()
+                self._flush()  # the first token goes out now, not after the next step
                 self._step_all()
                 self._flush()
         except BaseException as exc:  # a bug in the loop must not leave streams hanging
@@ -286,6 +297,7 @@ class Scheduler:
             if not ticket.slot_held or self._ended_early(ticket):
                 continue
             t0 = self._clock()
+            self.stats.prefill_wait_ms += (t0 - ticket.submitted_at) * 1e3
             try:
                 logits = self.engine.prefill([req])  # [1, V]
                 ms = (self._clock() - t0) * 1e3
@@ -298,6 +310,7 @@ class Scheduler:
                 self._end(ticket, Failure(_as_error(exc, "prefill")))
                 return
             self.stats.prefills += 1
+            self.stats.prefill_ms += (self._clock() - t0) * 1e3
             done = session.commit(verdict.accepted, verdict.tokens, len(drafts), 0.0)
             self._post(ticket, done)
             if done.finish_reason is None:
