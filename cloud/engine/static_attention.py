@@ -48,13 +48,16 @@ def reference_attention(
     """Dense masked attention over whole slots (the oracle and the CPU path).
 
     q: [Bp, Q, H, D]; k_cache, v_cache: [S, Hkv, T, D]; slots, starts, seq_lens: [Bp].
-    Returns [Bp, Q, H, D] in q's dtype. Reads all T positions of each slot, so it is
-    only for CPU and tests.
+    Returns [Bp, Q, H, D] in q's dtype. On CUDA it reads all T positions of each slot
+    (no host read, so it stays graph-safe), so there it is only for tests; on CPU it
+    reads the first max(seq_lens) positions.
     """
     nq, nh = q.shape[1], q.shape[2]
     n_kv, t = k_cache.shape[1], k_cache.shape[2]
-    k = k_cache.index_select(0, slots)  # [Bp, Hkv, T, D]
-    v = v_cache.index_select(0, slots)  # [Bp, Hkv, T, D]
+    if q.device.type == "cpu":  # read only the positions in use (a host read is free here)
+        t = max(1, min(t, int(seq_lens.max())))
+    k = k_cache[:, :, :t].index_select(0, slots)  # [Bp, Hkv, T, D]
+    v = v_cache[:, :, :t].index_select(0, slots)  # [Bp, Hkv, T, D]
     if n_kv != nh:
         k = k.repeat_interleave(nh // n_kv, dim=1)  # [Bp, H, T, D]
         v = v.repeat_interleave(nh // n_kv, dim=1)  # [Bp, H, T, D]
