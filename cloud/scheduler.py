@@ -8,8 +8,9 @@ tails, ``cancel``, and ``release``; results come back on the ticket's asyncio qu
 Each iteration of the loop, in a dedicated engine thread:
 
 1. take the commands that arrived (prefills to queue, releases);
-2. **admit at most one prefill** from the FIFO queue, and sample its first token from the
-   prefill's logits (checking one hidden draft);
+2. **run one prefill call** for the oldest waiting requests (first come, first served,
+   as many as fit ``prefill_token_budget`` prompt tokens, at least one), and sample each
+   one's first token from the prefill's logits (checking one hidden draft);
 3. **step every running session together**: each says what it feeds (C[-1] plus the
    valid drafts that extend C; zero drafts is a plain decode step), the engine runs one
    batched forward over the flattened tokens, the sampler accepts or rejects every
@@ -20,8 +21,8 @@ Each iteration of the loop, in a dedicated engine thread:
    busy batch does not add a step to its time to first token).
 
 Policy: every running session steps every iteration, so none starves and nobody waits
-for drafts; prefills are admitted first come, first served, one per iteration, so a new
-prefill stalls running sessions for at most one prefill. A session that finishes (EOS,
+for drafts; prefills are admitted first come, first served, one call per iteration, so a
+new request stalls running sessions for at most one prefill call. A session that finishes (EOS,
 stop string, token cap, context limit, cancel, deadline) gives its slot back in the same
 iteration; a stream that ends any other way (disconnect, error, TTL) releases it.
 The price of whole prefills: every running session waits for each prefill admitted while
@@ -123,6 +124,14 @@ class SlotPool:
             self._free.append(slot)
 
 
+#: Prompt tokens one prefill call may take when several requests wait. One 2,103-token
+#: Video-LLaVA prompt already exceeds it, so on a GPU prefills stay one per call (each
+#: fills the device; grouping two would double the stall of running sessions for little
+#: gain); the toy's ~150-token prompts go up to 13 per call, where per-call overhead
+#: dominates. The oldest waiting request is always taken, whatever its length.
+DEFAULT_PREFILL_TOKEN_BUDGET = 2048
+
+
 @dataclass
 class SchedulerStats:
     """What the loop did (for the benchmark and the logs)."""
@@ -151,9 +160,13 @@ class Scheduler:
         engine: BatchedEngine,
         *,
         text_vocab_size: int,
+        prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        if prefill_token_budget < 1:
+            raise ValueError(f"prefill_token_budget must be >= 1, got {prefill_token_budget}")
         self.engine = engine
+        self.prefill_token_budget = prefill_token_budget
         self.sampler = BatchedSampler(text_vocab_size)
         self.pool = SlotPool(engine.num_slots, engine.max_seq_len)
         self.stats = SchedulerStats()
@@ -290,32 +303,74 @@ class Scheduler:
                 return
 
     def _prefill_one(self) -> None:
-        """Run the oldest queued prefill and sample its first token (policy: one per
-        iteration, so running sessions wait for at most one prefill)."""
+        """Run the oldest queued prefills in one engine call and sample their first tokens.
+
+        Policy: one prefill call per iteration, so running sessions wait for at most one
+        call; the call takes the oldest waiting request plus those after it (first come,
+        first served) while their prompts fit ``prefill_token_budget``. A failing call
+        is retried one request at a time, so a bad request fails alone.
+        """
+        group: list[tuple[Ticket, PrefillRequest]] = []
+        tokens = 0
         while self._waiting:
-            ticket, req = self._waiting.popleft()
+            ticket, req = self._waiting[0]
+            if group and tokens + len(req.input_ids) > self.prefill_token_budget:
+                break
+            self._waiting.popleft()  # before _ended_early, whose _end rebuilds the queue
             if not ticket.slot_held or self._ended_early(ticket):
                 continue
-            t0 = self._clock()
+            group.append((ticket, req))
+            tokens += len(req.input_ids)
+        if not group:
+            return
+        t0 = self._clock()
+        for ticket, _ in group:
             self.stats.prefill_wait_ms += (t0 - ticket.submitted_at) * 1e3
-            try:
-                logits = self.engine.prefill([req])  # [1, V]
-                ms = (self._clock() - t0) * 1e3
-                session = ticket.session
-                self._read_mailbox(ticket)
-                session.mark_prefilled(ms)
-                drafts = session.drafts_now()  # at most one hidden draft
-                verdict = self.sampler(logits, [self._spec(ticket, 1, drafts)])[0]
-            except Exception as exc:  # the request fails, the loop goes on
+        if not self._prefill_group(group, t0, fail_alone=len(group) == 1):
+            log.warning("a prefill of %d requests failed; retrying them one by one", len(group))
+            for one in group:
+                self._prefill_group([one], self._clock(), fail_alone=True)
+
+    def _prefill_group(self, group: list[tuple[Ticket, PrefillRequest]], t0: float, *,
+                       fail_alone: bool) -> bool:
+        """One engine prefill call for the group; False when it failed and ``fail_alone``
+        is off (the caller retries each request), else the requests fail with the error."""
+        try:
+            logits = self.engine.prefill([req for _, req in group])  # [R, V]
+        except Exception as exc:  # the requests fail, the loop goes on
+            if not fail_alone:
+                return False
+            for ticket, _ in group:
                 self._end(ticket, Failure(_as_error(exc, "prefill")))
-                return
-            self.stats.prefills += 1
-            self.stats.prefill_ms += (self._clock() - t0) * 1e3
-            done = session.commit(verdict.accepted, verdict.tokens, len(drafts), 0.0)
+            return True
+        self._finish_prefills(group, logits, t0)
+        return True
+
+    def _finish_prefills(self, group: list[tuple[Ticket, PrefillRequest]],
+                         logits: torch.Tensor, t0: float) -> None:
+        """Sample each prefilled request's first token (checking one hidden draft)."""
+        ms = (self._clock() - t0) * 1e3
+        specs, drafts_of = [], []
+        for ticket, _ in group:
+            self._read_mailbox(ticket)
+            ticket.session.mark_prefilled(ms)
+            drafts = ticket.session.drafts_now()  # at most one hidden draft
+            drafts_of.append(drafts)
+            specs.append(self._spec(ticket, 1, drafts))
+        try:
+            verdicts = self.sampler(logits, specs)
+        except Exception as exc:
+            error = _as_error(exc, "prefill")
+            for ticket, _ in group:
+                self._end(ticket, Failure(error))
+            return
+        self.stats.prefills += len(group)
+        self.stats.prefill_ms += (self._clock() - t0) * 1e3
+        for (ticket, _), verdict, drafts in zip(group, verdicts, drafts_of, strict=True):
+            done = ticket.session.commit(verdict.accepted, verdict.tokens, len(drafts), 0.0)
             self._post(ticket, done)
             if done.finish_reason is None:
                 self._running.append(ticket)
-            return
 
     def _step_all(self) -> None:
         """One engine step and one sampler call for every running session."""

@@ -205,11 +205,22 @@ class StaticEngine:
 
     @torch.inference_mode()
     def prefill(self, requests: Sequence[PrefillRequest]) -> torch.Tensor:
-        """Prefill each request into its slot; return [R, V] float32 last-position logits."""
+        """Prefill every request into its slot in one pass; return [R, V] float32
+        last-position logits.
+
+        The requests' tokens are concatenated into one [sum L, H] activation, so every
+        GEMM of every layer runs once for all of them; attention is causal SDPA per
+        request. On a GPU a single 2k-token prompt already fills the device, so the
+        scheduler's token budget sends them one at a time; small prompts (and CPU, where
+        per-call overhead dominates) gain the most. Every request is checked before any
+        model work: one bad request fails the call with nothing written.
+        """
         if not requests:
             raise InvalidInput("prefill needs at least one request")
-        out = [self._prefill_one(r) for r in requests]  # each [V]
-        return torch.stack(out)  # [R, V]
+        if len({r.slot for r in requests}) != len(requests):
+            raise InvalidInput("a prefill names a slot twice")
+        video_rows = [self._check_prefill(r) for r in requests]  # each [F*T] row indices
+        return self._prefill_many(requests, video_rows)  # [R, V]
 
     @torch.inference_mode()
     def step(self, batch: StepBatch) -> torch.Tensor:
@@ -454,8 +465,8 @@ class StaticEngine:
         o = attend(i, q)  # [M, Hq D]
         return layers.attention_out_and_mlp(h, o, lw.wo, lw.ln_mlp, lw.w_gate_up, lw.w_down, w.eps)
 
-    def _prefill_one(self, req: PrefillRequest) -> torch.Tensor:
-        """Tower + projector, scatter into <video> rows, causal SDPA over the prompt."""
+    def _check_prefill(self, req: PrefillRequest) -> list[int]:
+        """Validate one prefill request; returns the rows of its <video> placeholders."""
         self._check_slot(req.slot)
         t = self.target
         ids_list = [int(i) for i in req.input_ids]
@@ -470,37 +481,58 @@ class StaticEngine:
             )
         if (req.pixel_values_videos is None) == (req.video_features is None):
             raise InvalidInput("prefill needs exactly one of pixel_values_videos or video_features")
-        if req.pixel_values_videos is not None:
-            feats = t.video_features_from_pixels(req.pixel_values_videos)  # [F, T, Dv]
-        else:
-            assert req.video_features is not None
-            feats = req.video_features
-        projected = t.project_video_features(feats)  # [F, T, H]
-        w = self.weights
+        return video_rows
+
+    def _prefill_many(self, requests: Sequence[PrefillRequest],
+                      video_rows: Sequence[list[int]]) -> torch.Tensor:
+        """Tower + projector per request, scatter into <video> rows, then the decoder
+        layers once over all requests' tokens with causal SDPA per request."""
+        t, w = self.target, self.weights
         d, hq, hkv = w.head_dim, w.num_heads, w.num_kv_heads
-        ids = torch.tensor(ids_list, device=self.device)  # [L]
-        h = w.embed.index_select(0, ids)  # [L, H]
-        rows_v = torch.tensor(video_rows, device=self.device)  # [F*T]
-        h = h.index_copy(0, rows_v, projected.reshape(-1, w.hidden).to(h.dtype))  # [L, H]
-        cos, sin = self.cos[:n], self.sin[:n]  # [L, D]
-        write_slot = torch.full((n,), req.slot, device=self.device)  # [L]
-        write_pos = torch.arange(n, device=self.device)  # [L]
+        lengths = [len(r.input_ids) for r in requests]
+        offsets = [0]
+        for n in lengths:
+            offsets.append(offsets[-1] + n)
+        hs: list[torch.Tensor] = []
+        rows: list[int] = []
+        for req, vrows, off in zip(requests, video_rows, offsets, strict=False):
+            if req.pixel_values_videos is not None:
+                feats = t.video_features_from_pixels(req.pixel_values_videos)  # [F, T, Dv]
+            else:
+                assert req.video_features is not None
+                feats = req.video_features
+            hs.append(t.project_video_features(feats).reshape(-1, w.hidden))  # [F*T, H]
+            rows.extend(off + r for r in vrows)
+        ids = torch.tensor([int(i) for r in requests for i in r.input_ids],
+                           device=self.device)  # [M]
+        h = w.embed.index_select(0, ids)  # [M, H]
+        rows_v = torch.tensor(rows, device=self.device)  # [R*F*T]
+        h = h.index_copy(0, rows_v, torch.cat(hs).to(h.dtype))  # [M, H]
+        pos = torch.cat([torch.arange(n, device=self.device) for n in lengths])  # [M]
+        cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)  # [M, D]
+        write_slot = torch.cat([torch.full((n,), r.slot, device=self.device)
+                                for r, n in zip(requests, lengths, strict=True)])  # [M]
 
         def attend(i: int, q: torch.Tensor) -> torch.Tensor:
-            """Causal SDPA over the prompt (flash on CUDA), reading its K/V back."""
-            k = self.k_cache[i, req.slot, :, :n]  # [Hkv, L, D]
-            v = self.v_cache[i, req.slot, :, :n]  # [Hkv, L, D]
-            o = F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None], k[None], v[None], is_causal=True, enable_gqa=hq != hkv
-            )  # [1, Hq, L, D]
-            return o[0].transpose(0, 1).reshape(n, hq * d)  # [L, Hq D]
+            """Causal SDPA over each request's prompt (flash on CUDA), reading its K/V back."""
+            outs = []
+            for r, n, off in zip(requests, lengths, offsets, strict=False):
+                k = self.k_cache[i, r.slot, :, :n]  # [Hkv, L, D]
+                v = self.v_cache[i, r.slot, :, :n]  # [Hkv, L, D]
+                o = F.scaled_dot_product_attention(
+                    q[off : off + n].transpose(0, 1)[None], k[None], v[None], is_causal=True,
+                    enable_gqa=hq != hkv,
+                )  # [1, Hq, L, D]
+                outs.append(o[0].transpose(0, 1).reshape(n, hq * d))  # [L, Hq D]
+            return torch.cat(outs)  # [M, Hq D]
 
         for i in range(len(w.layers)):
-            h = self._layer(i, h, cos, sin, write_slot, write_pos, attend)  # [L, H]
-        x = self._norm(h[-1:], w.norm, w.eps)  # [1, H]
-        self._live.add(req.slot)
-        first: torch.Tensor = (x @ w.lm_head.t())[0].float()  # [V]
-        return first
+            h = self._layer(i, h, cos, sin, write_slot, pos, attend)  # [M, H]
+        last = torch.tensor([off - 1 for off in offsets[1:]], device=self.device)  # [R]
+        x = self._norm(h.index_select(0, last), w.norm, w.eps)  # [R, H]
+        self._live.update(r.slot for r in requests)
+        logits: torch.Tensor = (x @ w.lm_head.t()).float()  # [R, V]
+        return logits
 
 
 def build_static_engine(

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 
 import torch
 
-from cloud.decoding import DecodingSession
+from cloud.decoding import Committed, DecodingSession
 from cloud.engine.base import PrefillRequest, StepBatch
-from cloud.scheduler import Committed, Scheduler
+from cloud.scheduler import Scheduler
 from shared.types import GenerationSettings
 from tests.unit.cloud.test_scheduler_property import EOS, TEXT_VOCAB, FakeEngine
 

@@ -321,3 +321,19 @@ def test_fused_kernels_match_torch() -> None:
     x = torch.randn(m, 4096, device="cuda", generator=gen, dtype=torch.bfloat16)
     w = torch.randn(4096, device="cuda", generator=gen, dtype=torch.bfloat16)
     torch.testing.assert_close(rms_norm(x, w, 1e-5), rms_norm_ref(x, w, 1e-5))
+
+
+def test_one_bad_request_fails_a_batched_prefill_before_any_model_work(tiny: TargetModel) -> None:
+    engine = engine_for(tiny, slots=3)
+    good = PrefillRequest(slot=0, input_ids=tiny.build_prompt_ids(QUESTIONS[0]),
+                          pixel_values_videos=clip(tiny, 0))
+    no_video = PrefillRequest(slot=1, input_ids=[1, 2, 3], pixel_values_videos=clip(tiny, 1))
+    with pytest.raises(InvalidInput, match="placeholders"):
+        engine.prefill([good, no_video])
+    with pytest.raises(InvalidInput, match="slot twice"):
+        engine.prefill([good, good])
+    with pytest.raises(InvalidInput, match="does not fit"):
+        engine.prefill([good, PrefillRequest(slot=2, input_ids=[1] * 300,
+                                             pixel_values_videos=clip(tiny, 2))])
+    with pytest.raises(InvalidInput, match="no prefilled session"):  # nothing became live
+        engine.step(StepBatch((0,), (5,), (1,), torch.tensor([1])))
