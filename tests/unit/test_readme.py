@@ -1,0 +1,190 @@
+"""README.md stays true: its commands parse, its flags exist, its tables match the JSON.
+
+What this checks, cheaply (no server is started):
+
+- every Python block parses as a file (no top-level ``async with``), and the client
+  snippet is the one ``docs/first-hour.md`` has, which
+  ``tests/integration/test_cli_first_hour.py`` runs against a live toy edge;
+- every ``eventspec`` / ``eventspec-cloud`` / ``eventspec-edge`` command in an ``sh`` block
+  parses with that command's real argparse parser;
+- every ``--flag`` the README names belongs to one of the user's commands, a benchmark
+  script or the health probe;
+- the ``--source`` table lists every kind ``edge/events/sources.py`` accepts;
+- the H200 engine table is ``benchmarks/results/engine_h200.json`` formatted as
+  ``bench_engine.py --table`` does, and the CPU capacity rows are the capacity JSONs;
+- the pasted demo run is self-consistent (speedup = ratio of the medians);
+- relative links and their anchors exist, and every ``make`` target named exists.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+sys.path.insert(0, str(ROOT / "tools"))
+
+import flag_docs  # noqa: E402
+
+
+def _blocks(text: str, lang: str | None = None) -> list[str]:
+    """Fenced code blocks (``lang`` None: every block)."""
+    found = re.findall(r"^```([a-z]*)\n(.*?)^```", text, flags=re.M | re.S)
+    return [body for tag, body in found if lang is None or tag == lang]
+
+
+def _commands(text: str) -> list[list[str]]:
+    """Command lines in ``sh`` code blocks (continuations joined, comments and env
+    prefixes dropped) that start with one of the user's commands."""
+    out = []
+    for body in _blocks(text, "sh"):
+        for line in body.replace("\\\n", " ").splitlines():
+            try:
+                words = shlex.split(line, comments=True)
+            except ValueError:
+                continue
+            while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):
+                words = words[1:]
+            if words and words[-1] == "&":
+                words = words[:-1]
+            if words and words[0] in ("eventspec", "eventspec-cloud", "eventspec-edge"):
+                out.append(words)
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _no_eventspec_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in [n for n in os.environ if n.startswith("EVENTSPEC_")]:
+        monkeypatch.delenv(name)
+
+
+def test_python_blocks_run_as_files() -> None:
+    blocks = _blocks(README, "python")
+    assert blocks
+    for body in blocks:
+        ast.parse(body)  # a top-level ``async with`` / ``await`` is a SyntaxError
+
+
+def test_the_client_snippet_is_the_one_a_test_runs() -> None:
+    docs = (ROOT / "docs" / "first-hour.md").read_text()
+    assert _blocks(README, "python")[0] == _blocks(docs, "python")[0]
+
+
+def test_every_command_parses_with_its_parser() -> None:
+    parsers = flag_docs.commands()
+    commands = _commands(README)
+    assert len(commands) >= 6
+    for words in commands:
+        n = 3 if words[1:2] == ["toy"] else 2
+        name = " ".join(words[:n])
+        assert name in parsers, f"README runs an unknown command: {' '.join(words)}"
+        parsers[name]().parse_args(words[n:])  # SystemExit(2) on an unknown flag
+
+
+def _known_flags() -> set[str]:
+    known = {"--help"}
+    for build in flag_docs.commands().values():
+        for action in flag_docs.flags(build()):
+            known.update(action.option_strings)
+    scripts = [*ROOT.glob("benchmarks/*.py"), ROOT / "deploy/docker/grpc_health_probe.py"]
+    for path in scripts:
+        known.update(re.findall(r"[\"'](--[a-z0-9][a-z0-9-]*)[\"']", path.read_text()))
+    return known
+
+
+def test_every_flag_named_exists() -> None:
+    named = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", README))
+    unknown = sorted(named - _known_flags())
+    assert unknown == [], f"README names flags no command has: {unknown}"
+
+
+def test_the_source_table_lists_every_kind() -> None:
+    tree = ast.parse((ROOT / "edge" / "events" / "sources.py").read_text())
+    kinds: list[str] = ["toy", "synthetic"]
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and (
+                node.targets[0].id in ("FILE_KINDS", "LIVE_KINDS")):
+            kinds += list(ast.literal_eval(node.value))
+    section = README.split("## Input formats", 1)[1].split("\n## ", 1)[0]
+    first_cells = re.findall(r"^\| (.*?) \|", section, flags=re.M)
+    for kind in kinds:
+        spelled = re.compile(rf"`{re.escape(kind)}[:`\[]")
+        assert any(spelled.search(cell) for cell in first_cells), f"--source {kind} missing"
+    # toy:A-B is half-open, as parse_toy_spec says.
+    assert "half-open" in section and "A..B-1" in section
+
+
+def test_the_engine_table_is_the_json() -> None:
+    result = json.loads((ROOT / "benchmarks/results/engine_h200.json").read_text())
+    replay = result["replay_only_ms"]
+    rows = []
+    for s in result["steps"]:
+        alone = replay["B{}_q{}".format(s["B"], s["k"] + 1)]
+        rows.append(f"| {s['B']} | {s['k']} | {s['ms']:.2f} | {alone:.2f} "
+                    f"| {s['floor_ms']:.2f} | {s['ratio']:.2f} |")
+    assert "\n".join(rows) in README
+    assert f"{result['prefill_ms']:.1f} ms" in README
+    assert f"{result['hf_eager']['hf_step_k0_ms']:.1f} ms (k = 0)" in README
+    assert f"{result['warm_up']['seconds']:.1f} s" in README
+
+
+@pytest.mark.parametrize("name, label", [
+    ("capacity-cpu.json", "HF reference"),
+    ("capacity-cpu-paced50-20.json", "paced 50 ms / 20 ms per step"),
+])
+def test_the_cpu_capacity_rows_are_the_json(name: str, label: str) -> None:
+    result = json.loads((ROOT / "benchmarks/results" / name).read_text())
+    assert result["answers_identical"] is True
+    ratios = result["throughput_vs_one_at_a_time"]
+    for mode, text in (("target_only", "target-only"),
+                       ("oracle_edge_alpha0.8_k4", "oracle edge α 0.8")):
+        levels = {lv["concurrency"]: lv for lv in result["levels"] if lv["mode"] == mode}
+        cells = [f"{levels[n]['tokens_per_s']:.1f} ({ratios[f'{mode}@{n}']:.2f}×)"
+                 for n in (1, 4, 16)]
+        top = levels[16]
+        row = (f"| {label} | {text} | {' | '.join(cells)} | "
+               f"{top['latency_p50_s']:.3f} / {top['latency_p99_s']:.3f} |")
+        assert row in README, row
+
+
+def test_the_demo_run_is_consistent() -> None:
+    block = next(b for b in _blocks(README) if "speedup (ratio of medians)" in b)
+    spec = float(re.search(r"^  speculative\s+([\d.]+) ms", block, re.M).group(1))  # type: ignore[union-attr]
+    base = float(re.search(r"^  target-only\s+([\d.]+) ms", block, re.M).group(1))  # type: ignore[union-attr]
+    speedup = float(re.search(r"ratio of medians\)\s+([\d.]+)x", block).group(1))  # type: ignore[union-attr]
+    assert abs(base / spec - speedup) < 0.006
+    assert "identical token ids: True" in block
+    assert f"from {base} ms to {spec} ms" in README.replace("\n", " ")
+
+
+def _slug(heading: str) -> str:
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_links_and_anchors_exist() -> None:
+    for target in re.findall(r"\]\(([^)\s]+)\)", README):
+        if target.startswith(("http://", "https://")):
+            continue
+        path, _, anchor = target.partition("#")
+        file = ROOT / path if path else ROOT / "README.md"
+        assert file.exists(), target
+        if anchor:
+            headings = re.findall(r"^#+ (.*)$", file.read_text(), flags=re.M)
+            assert anchor in {_slug(h) for h in headings}, target
+
+
+def test_make_targets_named_exist() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    targets = set(re.findall(r"^([a-z][a-z-]*):", makefile, flags=re.M))
+    for target in set(re.findall(r"`make ([a-z-]+)", README)):
+        assert target in targets, f"make {target}"
