@@ -45,8 +45,8 @@ COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY cloud ./cloud
 COPY edge ./edge
-RUN /opt/venv/bin/pip install . \
- && /opt/venv/bin/python -c "import torch, cloud.cli; print('torch', torch.__version__)" \
+RUN /opt/venv/bin/pip install ".[cloud]" \
+ && /opt/venv/bin/python -c "import torch, transformers, cloud.cli; print('torch', torch.__version__)" \
  && /opt/venv/bin/eventspec-cloud serve --help >/dev/null
 
 # ---- runtime --------------------------------------------------------------------------

@@ -20,7 +20,7 @@
 
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 
-# ---- build: torch (explicit CPU wheel) + eventspec[dsec] into /opt/venv ---------------
+# ---- build: torch (explicit CPU wheel) + eventspec[edge] into /opt/venv ---------------
 FROM ${BASE_IMAGE} AS build
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
@@ -34,7 +34,7 @@ COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY edge ./edge
 COPY cloud ./cloud
-RUN /opt/venv/bin/pip install ".[dsec]" \
+RUN /opt/venv/bin/pip install ".[edge]" \
  && /opt/venv/bin/python -c "import torch, h5py, hdf5plugin, edge.cli; print('torch', torch.__version__)" \
  && /opt/venv/bin/eventspec-edge serve --help >/dev/null
 
