@@ -67,6 +67,9 @@ def test_ask_refuses_bad_arguments_before_the_network(args: list[str], needle: s
 @pytest.mark.parametrize(
     ("script", "args", "env", "needle"),
     [
+        ("eventspec-cloud", ["--port", "70000"], {}, "--port must be in 0..65535"),
+        ("eventspec-cloud", ["--port", "-1"], {}, "--port must be in 0..65535"),
+        ("eventspec-edge", ["--port", "65536"], {}, "--port must be in 0..65535"),
         ("eventspec-cloud", ["--max-new-tokens", "-1"], {}, "--max-new-tokens must be in 1.."),
         ("eventspec-cloud", ["--max-new-tokens", "0"], {}, "--max-new-tokens must be in 1.."),
         ("eventspec-cloud", ["--max-sessions", "0"], {}, "--max-sessions"),
@@ -156,6 +159,19 @@ def test_edge_pointed_at_the_cloud_says_which_service_it_is(
     assert out.returncode == 1, out.stderr
     assert "does not serve the eventspec.v1.EdgeAgent service" in out.stderr
     assert "cloud verifier" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_an_edge_started_on_the_clouds_port_names_the_busy_port(
+    nodes: tuple[int, int, Path],
+) -> None:
+    """Binds are exclusive (no SO_REUSEPORT): a second server on a taken port must fail
+    at start-up, saying which port, instead of sharing it and splitting the traffic."""
+    cport, _, _ = nodes
+    out = _run("eventspec-edge", ["serve", "--cloud", f"127.0.0.1:{cport}", "--source", "toy",
+                                  "--model", "toy", "--port", str(cport)], timeout=120)
+    assert out.returncode == 1, (out.stdout, out.stderr)
+    assert f"cannot listen on 127.0.0.1:{cport}: the port is in use" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
 
 
 def test_json_carries_plan_window_and_null_rates_for_target_only(
