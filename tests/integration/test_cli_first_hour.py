@@ -234,6 +234,50 @@ def test_plain_streaming_off_a_terminal(nodes: tuple[int, int, Path]) -> None:
     assert any(ln.strip().startswith("acceptance rate") for ln in lines)
 
 
+def _ask_on_a_terminal(eport: int, *flags: str, **env: str) -> str:
+    """What ``eventspec ask`` writes to a pseudo-terminal (TERM=xterm), escapes and all."""
+    import pty
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        entry_point_command("eventspec", ["ask", "--edge", f"127.0.0.1:{eport}",
+                                          "--max-new-tokens", "8", *flags,
+                                          "Which way is the object moving?"]),
+        cwd=ROOT, stdin=subprocess.DEVNULL, stdout=follower, stderr=subprocess.PIPE,
+        env={**{k: v for k, v in os.environ.items() if k != "NO_COLOR"}, "TERM": "xterm",
+             **env},
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 4096)
+        except OSError:  # EIO: the command closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(leader)
+    assert proc.wait(timeout=120) == 0, proc.stderr.read() if proc.stderr else ""
+    return b"".join(chunks).decode()
+
+
+def test_a_terminal_gets_the_live_view_and_no_color_turns_styling_off(
+    nodes: tuple[int, int, Path],
+) -> None:
+    _, eport, _ = nodes
+    muted, redraw = "\x1b[2m", "\r\x1b[J"
+    styled = _ask_on_a_terminal(eport)
+    assert styled.startswith(f"{redraw}{muted}waiting for the cloud…"), styled[:80]
+    assert styled.count(redraw) >= 3  # waiting, then each commit redrawn in place
+    assert "It is moving" in styled and "acceptance rate" in styled
+    for plain in (_ask_on_a_terminal(eport, "--no-color"),
+                  _ask_on_a_terminal(eport, NO_COLOR="1")):
+        assert plain.startswith(f"{redraw}waiting for the cloud…"), plain[:80]
+        assert muted not in plain and "\x1b[0m" not in plain
+        assert plain.count(redraw) >= 3 and "It is moving" in plain
+
+
 def test_a_cloud_of_another_vocabulary_is_a_loud_warning(
     nodes: tuple[int, int, Path],
 ) -> None:
