@@ -94,6 +94,36 @@ def test_servers_refuse_bad_flags_and_variables_at_start_up(
     assert time.monotonic() - started < 30
 
 
+def _bad_recording(kind: str, where: Path) -> Path:
+    import h5py
+    import numpy as np
+
+    if kind == "dsec":
+        path = where / "no-events.h5"
+        with h5py.File(path, "w") as f:
+            f["t_offset"] = np.array([0])
+        return path
+    path = where / "unsorted.npz"
+    np.savez(path, t=np.array([5, 3, 9]), x=np.array([1, 2, 3]), y=np.array([1, 2, 3]),
+             p=np.array([0, 1, 0]))
+    return path
+
+
+@pytest.mark.parametrize(("kind", "needle"), [
+    ("dsec", "is not a DSEC events file: it has no /events group"),
+    ("npz", "timestamps are not in time order"),
+])
+def test_edge_refuses_a_broken_recording_in_one_line(kind: str, needle: str,
+                                                     tmp_path: Path) -> None:
+    path = _bad_recording(kind, tmp_path)
+    out = _run("eventspec-edge", ["serve", "--port", "0", "--source", str(path), "--model",
+                                  "tiny-random", "--cloud", "127.0.0.1:9"], timeout=120)
+    assert out.returncode == 1, (out.stdout, out.stderr)
+    errors = [ln for ln in out.stderr.splitlines() if " ERROR " in ln]
+    assert len(errors) == 1 and needle in errors[0] and str(path) in errors[0], out.stderr
+    assert "Traceback" not in out.stderr
+
+
 def _spawn(script: str, args: list[str], log: Path) -> subprocess.Popen[bytes]:
     with open(log, "wb") as f:
         return subprocess.Popen(entry_point_command(script, args), cwd=ROOT, stdout=f,
