@@ -239,6 +239,26 @@ def test_a_time_range_and_a_clip_longer_than_the_recording(
     assert "outside the source" in outside.stderr
 
 
+def test_a_real_ask_loads_no_torch_and_nothing_of_the_nodes(
+    nodes: tuple[int, int, Path],
+) -> None:
+    """The whole of ``eventspec ask`` against live nodes, not only its imports: any lazy
+    import on the way (streaming, the table, --json) would show up here."""
+    import sys
+
+    _, eport, _ = nodes
+    probe = ("import sys\nfrom shared.cli import main\ncode = main(['ask', '--edge', "
+             f"'127.0.0.1:{eport}', '--json', '--max-new-tokens', '4', 'What is moving?'])\n"
+             "heavy = sorted(m for m in ('torch', 'transformers', 'edge', 'cloud', "
+             "'shared.demoworld') if m in sys.modules)\n"
+             "print(repr(heavy), file=sys.stderr)\nraise SystemExit(code)")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["answer"]
+    assert out.stderr.strip().splitlines()[-1] == "[]", out.stderr
+
+
 def test_a_closed_pipe_ends_quietly(nodes: tuple[int, int, Path]) -> None:
     _, eport, _ = nodes
     proc = subprocess.Popen(
