@@ -93,6 +93,8 @@ class CloudSettings:
         0 ("the server's default") stays a request-side meaning, never a cap. Raises
         SettingsError naming the flag.
         """
+        if not 0 <= self.port <= 65535:
+            raise SettingsError(f"--port must be in 0..65535 (0 picks one), got {self.port}")
         lim = self.limits
         if not 1 <= lim.max_new_tokens <= _INT32_MAX:
             raise SettingsError(f"--max-new-tokens must be in 1..{_INT32_MAX}, got "

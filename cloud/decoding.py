@@ -206,17 +206,24 @@ class DecodingSession:
             new.append(int(tok))
             self.committed.append(int(tok))
             self.finish_reason = self._stop_after_token(int(tok))
+        used = min(accepted, len(new))
+        # A stop rule that fired inside the accepted drafts leaves the drafts after it
+        # unused: the target agreed with them, so they are no rejection, and they are not
+        # in the answer, so they are no acceptance either. They are left out of the
+        # verified count; counting them would report a step that accepted fewer drafts
+        # than it verified without rejecting any, which the acceptance estimate refuses.
+        counted = verified if used == accepted else used
         c = self.counters
-        c.drafted += verified
-        c.accepted += min(accepted, len(new))
+        c.drafted += counted
+        c.accepted += used
         c.steps += 1
-        c.rejections += accepted < verified
+        c.rejections += used < counted
         c.add_stage("verify" if verified else "decode", ms)
         if self.first_token_at is None and new:
             self.first_token_at = self._clock()
         if self.finish_reason is None and self.deadline_passed():
             self.finish_reason = FinishReason.DEADLINE
-        return Committed(start, tuple(new), verified, min(accepted, len(new)), self.finish_reason)
+        return Committed(start, tuple(new), counted, used, self.finish_reason)
 
     def _stop_after_token(self, tok: int) -> FinishReason | None:
         """The stop rule that fires once ``tok`` is the newest committed token, if any.

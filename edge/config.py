@@ -68,6 +68,8 @@ class EdgeSettings:
         A negative request timeout, for one, was accepted and then expired every
         request's cloud stream at once. Raises SettingsError naming the flag.
         """
+        if not 0 <= self.port <= 65535:
+            raise SettingsError(f"--port must be in 0..65535 (0 picks one), got {self.port}")
         if not math.isfinite(self.request_timeout_s) or self.request_timeout_s <= 0:
             raise SettingsError(
                 f"--request-timeout must be > 0 seconds, got {self.request_timeout_s:g}")

@@ -47,6 +47,7 @@ from transformers.initialization import no_init_weights
 from transformers.models.llama.modeling_llama import LlamaPreTrainedModel
 
 from shared.errors import InvalidInput
+from shared.kvcache import crop_cache
 from shared.vocab import text_vocab_fingerprint
 
 log = logging.getLogger(__name__)
@@ -317,18 +318,9 @@ class DraftModel:
     def rollback(self, state: DraftState, keep_len: int) -> None:
         """Cut the cache back to its first ``keep_len`` positions (never into the prompt).
 
-        ``DynamicCache.crop`` takes a negative count of positions to drop: that reads
-        the same on transformers 4.x and 5.x, while a positive argument means an
-        absolute length in 4.x and raises in 5.23.
+        Through ``shared.kvcache.crop_cache``, the crop the cloud's engine uses too.
         """
-        current = self.seq_len(state)
-        if not state.prompt_len <= keep_len <= current:
-            raise InvalidInput(
-                f"cannot roll back to {keep_len}: the cache holds {current} positions, "
-                f"{state.prompt_len} of them prompt"
-            )
-        if keep_len < current:
-            state.cache.crop(keep_len - current)
+        crop_cache(state.cache, keep_len, floor=state.prompt_len)
 
     def seq_len(self, state: DraftState) -> int:
         """Positions held in the cache (prompt incl. event tokens, plus fed tokens)."""

@@ -37,7 +37,6 @@ from shared.types import (
 T = TypeVar("T")
 
 
-
 def _copy_fields(src: Any, cls: type[T]) -> T:
     """Build dataclass ``cls`` from same-named attributes of ``src``."""
     return cls(**{f.name: getattr(src, f.name) for f in dataclasses.fields(cls)})  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from urllib.parse import unquote
 
 DEFAULT_SPEC = "torch==2.13.0"
 
@@ -33,7 +34,8 @@ def _is_cuda_build(report: dict[str, object]) -> tuple[bool, str]:
             continue
         url = str(item["download_info"]["url"])
         requires = [str(r).lower() for r in meta.get("requires_dist", []) or []]
-        cuda = any(r.startswith("nvidia-") for r in requires) or "+cu" in url
+        # The local version arrives URL-encoded (``torch-2.6.0%2Bcu124-...``).
+        cuda = any(r.startswith("nvidia-") for r in requires) or "+cu" in unquote(url)
         return cuda, url.rsplit("/", 1)[-1]
     return False, "(already satisfied)"
 

@@ -20,23 +20,9 @@ from transformers import DynamicCache
 from cloud.engine.base import PrefillRequest, StepBatch
 from cloud.target import TargetModel
 from shared.errors import FailedPrecondition, InvalidInput
+from shared.kvcache import crop_cache
 
 logger = logging.getLogger(__name__)
-
-
-def crop_cache(cache: DynamicCache, keep_len: int) -> None:
-    """Keep the first ``keep_len`` positions of ``cache``, on transformers 5.17 and 5.23.
-
-    In 5.x ``Cache.crop(n)`` takes a negative ``n``: the count of positions to drop
-    (5.23 raises on a positive one; 4.x read it as an absolute length). So the count
-    is always computed here, and equal lengths are a no-op.
-    """
-    length = cache.get_seq_length()
-    if keep_len < 0 or keep_len > length:
-        raise InvalidInput(f"cannot roll back to {keep_len} positions: the cache holds {length}")
-    if keep_len == length:
-        return
-    cache.crop(keep_len - length)
 
 
 class HFEngine:

@@ -23,8 +23,9 @@ from shared.imageproc import encode_png
 from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from shared.types import CommitEvent, DoneEvent, GenerationSettings, OpenRequest, ServerLimits
 
-#: (base, committed so far, truth) -> the tail to send, or None for no message.
-DraftPolicy = Callable[[int, Sequence[int]], list[int] | None]
+#: (committed length, committed so far) -> the tail to send after it, a (base, tail) pair
+#: for a tail from another base, or None for no message.
+DraftPolicy = Callable[[int, Sequence[int]], list[int] | tuple[int, list[int]] | None]
 
 
 def make_frames(seed: int, n: int = 8, size: int = 40) -> tuple[bytes, ...]:
@@ -68,14 +69,14 @@ async def start_verifier(
 
 def open_msg(question: str, frames: Sequence[bytes], *, max_new_tokens: int = 16,
              speculative: bool = True, temperature: float = 0.0, seed: int = 0,
-             deadline_ms: int = 0) -> verifier_pb2.EdgeMessage:
+             deadline_ms: int = 0, stop: Sequence[str] = ()) -> verifier_pb2.EdgeMessage:
     from shared.timing import EdgeCost
 
     req = OpenRequest(
         request_id=f"test-{question[:8]}",
         question=question,
         generation=GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature,
-                                      seed=seed),
+                                      seed=seed, stop=tuple(stop)),
         frames=tuple(frames),
         edge_cost=EdgeCost(5.0, 1.0, 0.0, 0.0, 0.5) if speculative else None,
         deadline_ms=deadline_ms,
@@ -126,10 +127,11 @@ async def run_generate(
                 committed.extend(event.token_ids)
                 commits.append(event)
                 if policy is not None:
-                    tail = policy(len(committed), committed)
-                    if tail is not None:
+                    sent = policy(len(committed), committed)
+                    if sent is not None:
+                        base, tail = sent if isinstance(sent, tuple) else (len(committed), sent)
                         with contextlib.suppress(grpc.RpcError, aio.UsageError):
-                            await call.write(drafts_msg(len(committed), tail))
+                            await call.write(drafts_msg(base, tail))
         await call.done_writing()
         assert list(event.token_ids) == committed
         return Outcome(committed, event, commits)

@@ -67,6 +67,9 @@ def test_ask_refuses_bad_arguments_before_the_network(args: list[str], needle: s
 @pytest.mark.parametrize(
     ("script", "args", "env", "needle"),
     [
+        ("eventspec-cloud", ["--port", "70000"], {}, "--port must be in 0..65535"),
+        ("eventspec-cloud", ["--port", "-1"], {}, "--port must be in 0..65535"),
+        ("eventspec-edge", ["--port", "65536"], {}, "--port must be in 0..65535"),
         ("eventspec-cloud", ["--max-new-tokens", "-1"], {}, "--max-new-tokens must be in 1.."),
         ("eventspec-cloud", ["--max-new-tokens", "0"], {}, "--max-new-tokens must be in 1.."),
         ("eventspec-cloud", ["--max-sessions", "0"], {}, "--max-sessions"),
@@ -89,6 +92,36 @@ def test_servers_refuse_bad_flags_and_variables_at_start_up(
     _one_clear_line(out, f"{script}: error:", needle)
     # Refused before any model is loaded.
     assert time.monotonic() - started < 30
+
+
+def _bad_recording(kind: str, where: Path) -> Path:
+    import h5py
+    import numpy as np
+
+    if kind == "dsec":
+        path = where / "no-events.h5"
+        with h5py.File(path, "w") as f:
+            f["t_offset"] = np.array([0])
+        return path
+    path = where / "unsorted.npz"
+    np.savez(path, t=np.array([5, 3, 9]), x=np.array([1, 2, 3]), y=np.array([1, 2, 3]),
+             p=np.array([0, 1, 0]))
+    return path
+
+
+@pytest.mark.parametrize(("kind", "needle"), [
+    ("dsec", "is not a DSEC events file: it has no /events group"),
+    ("npz", "timestamps are not in time order"),
+])
+def test_edge_refuses_a_broken_recording_in_one_line(kind: str, needle: str,
+                                                     tmp_path: Path) -> None:
+    path = _bad_recording(kind, tmp_path)
+    out = _run("eventspec-edge", ["serve", "--port", "0", "--source", str(path), "--model",
+                                  "tiny-random", "--cloud", "127.0.0.1:9"], timeout=120)
+    assert out.returncode == 1, (out.stdout, out.stderr)
+    errors = [ln for ln in out.stderr.splitlines() if " ERROR " in ln]
+    assert len(errors) == 1 and needle in errors[0] and str(path) in errors[0], out.stderr
+    assert "Traceback" not in out.stderr
 
 
 def _spawn(script: str, args: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -158,6 +191,19 @@ def test_edge_pointed_at_the_cloud_says_which_service_it_is(
     assert "cloud verifier" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_an_edge_started_on_the_clouds_port_names_the_busy_port(
+    nodes: tuple[int, int, Path],
+) -> None:
+    """Binds are exclusive (no SO_REUSEPORT): a second server on a taken port must fail
+    at start-up, saying which port, instead of sharing it and splitting the traffic."""
+    cport, _, _ = nodes
+    out = _run("eventspec-edge", ["serve", "--cloud", f"127.0.0.1:{cport}", "--source", "toy",
+                                  "--model", "toy", "--port", str(cport)], timeout=120)
+    assert out.returncode == 1, (out.stdout, out.stderr)
+    assert f"cannot listen on 127.0.0.1:{cport}: the port is in use" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
 def test_json_carries_plan_window_and_null_rates_for_target_only(
     nodes: tuple[int, int, Path],
 ) -> None:
@@ -193,6 +239,26 @@ def test_a_time_range_and_a_clip_longer_than_the_recording(
     assert "outside the source" in outside.stderr
 
 
+def test_a_real_ask_loads_no_torch_and_nothing_of_the_nodes(
+    nodes: tuple[int, int, Path],
+) -> None:
+    """The whole of ``eventspec ask`` against live nodes, not only its imports: any lazy
+    import on the way (streaming, the table, --json) would show up here."""
+    import sys
+
+    _, eport, _ = nodes
+    probe = ("import sys\nfrom shared.cli import main\ncode = main(['ask', '--edge', "
+             f"'127.0.0.1:{eport}', '--json', '--max-new-tokens', '4', 'What is moving?'])\n"
+             "heavy = sorted(m for m in ('torch', 'transformers', 'edge', 'cloud', "
+             "'shared.demoworld') if m in sys.modules)\n"
+             "print(repr(heavy), file=sys.stderr)\nraise SystemExit(code)")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["answer"]
+    assert out.stderr.strip().splitlines()[-1] == "[]", out.stderr
+
+
 def test_a_closed_pipe_ends_quietly(nodes: tuple[int, int, Path]) -> None:
     _, eport, _ = nodes
     proc = subprocess.Popen(
@@ -216,6 +282,50 @@ def test_plain_streaming_off_a_terminal(nodes: tuple[int, int, Path]) -> None:
     assert lines[0].startswith("It is moving")
     assert "\x1b" not in out.stdout and "\r" not in out.stdout
     assert any(ln.strip().startswith("acceptance rate") for ln in lines)
+
+
+def _ask_on_a_terminal(eport: int, *flags: str, **env: str) -> str:
+    """What ``eventspec ask`` writes to a pseudo-terminal (TERM=xterm), escapes and all."""
+    import pty
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        entry_point_command("eventspec", ["ask", "--edge", f"127.0.0.1:{eport}",
+                                          "--max-new-tokens", "8", *flags,
+                                          "Which way is the object moving?"]),
+        cwd=ROOT, stdin=subprocess.DEVNULL, stdout=follower, stderr=subprocess.PIPE,
+        env={**{k: v for k, v in os.environ.items() if k != "NO_COLOR"}, "TERM": "xterm",
+             **env},
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 4096)
+        except OSError:  # EIO: the command closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(leader)
+    assert proc.wait(timeout=120) == 0, proc.stderr.read() if proc.stderr else ""
+    return b"".join(chunks).decode()
+
+
+def test_a_terminal_gets_the_live_view_and_no_color_turns_styling_off(
+    nodes: tuple[int, int, Path],
+) -> None:
+    _, eport, _ = nodes
+    muted, redraw = "\x1b[2m", "\r\x1b[J"
+    styled = _ask_on_a_terminal(eport)
+    assert styled.startswith(f"{redraw}{muted}waiting for the cloud…"), styled[:80]
+    assert styled.count(redraw) >= 3  # waiting, then each commit redrawn in place
+    assert "It is moving" in styled and "acceptance rate" in styled
+    for plain in (_ask_on_a_terminal(eport, "--no-color"),
+                  _ask_on_a_terminal(eport, NO_COLOR="1")):
+        assert plain.startswith(f"{redraw}waiting for the cloud…"), plain[:80]
+        assert muted not in plain and "\x1b[0m" not in plain
+        assert plain.count(redraw) >= 3 and "It is moving" in plain
 
 
 def test_a_cloud_of_another_vocabulary_is_a_loud_warning(

@@ -47,3 +47,20 @@ def test_installer_tells_cpu_from_cuda_builds() -> None:
                    ["filelock", "nvidia-cublas-cu12==12.8; platform_system == 'Linux'"])
     assert is_cuda(cpu) == (False, "torch-2.13.0%2Bcpu-cp311-cp311-manylinux_2_28_x86_64.whl")
     assert is_cuda(cuda)[0] is True
+
+
+def test_installer_reads_a_cuda_local_version_as_cuda() -> None:
+    is_cuda = _installer()._is_cuda_build  # type: ignore[attr-defined]
+    cu = _report("https://h/torch-2.6.0%2Bcu124-cp311-cp311-linux_x86_64.whl", ["filelock"])
+    assert is_cuda(cu)[0] is True
+
+
+def test_make_installs_cpu_torch_before_the_project(tmp_path: Path) -> None:
+    """``make test`` on a fresh checkout: the CPU-torch installer runs before the editable
+    install, so the extras' bare ``torch`` requirement finds torch already satisfied."""
+    plan = subprocess.run(["make", "-n", "test", f"VENV={tmp_path / 'venv'}"], cwd=ROOT,
+                          capture_output=True, text=True, check=True).stdout.splitlines()
+    installer = next(i for i, line in enumerate(plan) if "tools/install_cpu_torch.py" in line)
+    project = next(i for i, line in enumerate(plan) if "pip install -q -e" in line)
+    assert installer < project
+    assert plan[-1].endswith("-m pytest -q")

@@ -5,13 +5,16 @@ loaded machine made a fresh cloud plan with a 260 ms step that really took 3-11 
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
 import pytest
 
 from cloud import calibrate
+from cloud.cli import build_parser, settings_from_args
 from cloud.engine.hf import HFEngine
+from cloud.server import VerifierServer
 from cloud.target import TargetModel
 from shared.demoworld.tiny_target import build_tiny_random_target
 from shared.profile import CalibrationProfile, load_profile, save_profile
@@ -111,3 +114,33 @@ def test_recalibrate_forces_a_fresh_measurement(
                         lambda *a, **k: (fresh, {"load_avg_1m": [0.1]}))
     assert calibrate.load_or_calibrate(target, HFEngine(target, num_slots=2), path,
                                        recalibrate=True) == fresh
+
+
+@pytest.mark.parametrize("recalibrate", [False, True], ids=["profile", "recalibrate"])
+async def test_serve_flags_reach_calibration_and_the_log_names_the_cost_model(
+    target: TargetModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture, recalibrate: bool,
+) -> None:
+    """``serve --profile P [--recalibrate]`` through the real parser and server: the
+    profile is used (spot check passed) or re-measured, and the start-up log states the
+    cost model the server then plans with."""
+    path = tmp_path / "cloud.msgpack"
+    _write(path, target, cost(3.0))
+    monkeypatch.setattr(calibrate, "spot_check", lambda *a: 1.0)
+    monkeypatch.setattr(calibrate, "measure_cloud_cost",
+                        lambda *a, **k: (cost(7.0), {"load_avg_1m": [0.1]}))
+    args = build_parser().parse_args(["serve", "--port", "0", "--profile", str(path),
+                                      *(["--recalibrate"] if recalibrate else [])])
+    server = VerifierServer(settings_from_args(args), target=target)
+    caplog.set_level(logging.INFO, logger="cloud")
+    await server.start()
+    try:
+        planned = server.runtime.info.cloud_cost.step_base_ms
+    finally:
+        await server.stop(0)
+    expected = 7.0 if recalibrate else 3.0
+    assert planned == expected
+    (line,) = [r.getMessage() for r in caplog.records if "verifier SERVING" in r.getMessage()]
+    assert f"planning with prefill 1.6 ms, step {expected:.1f} ms" in line, line
+    measuring = any("calibrating the cost model" in r.getMessage() for r in caplog.records)
+    assert measuring == recalibrate

@@ -8,12 +8,11 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import DynamicCache
 
 from cloud.alone import decode_alone
 from cloud.decoding import DecodingSession
 from cloud.engine.base import BatchedEngine, PrefillRequest, StepBatch
-from cloud.engine.hf import HFEngine, crop_cache
+from cloud.engine.hf import HFEngine
 from cloud.target import TargetModel
 from shared.demoworld.tiny_target import build_tiny_random_target
 from shared.errors import FailedPrecondition, InvalidInput
@@ -102,24 +101,6 @@ def test_batched_step_equals_each_session_alone(target: TargetModel, engine: HFE
                       torch.tensor([t for f in feeds for t in f]))
     together = engine.step(batch)  # [7, V]
     torch.testing.assert_close(together, torch.cat(alone), rtol=0, atol=1e-5)
-
-
-def test_crop_cache_helper(target: TargetModel) -> None:
-    cache = DynamicCache(config=target.model.config)
-    ids = target.build_prompt_ids("Is it dark?")
-    with torch.inference_mode():
-        target.model(input_ids=torch.tensor([ids]), pixel_values_videos=clip(3),
-                     past_key_values=cache, use_cache=True)
-    length = cache.get_seq_length()
-    crop_cache(cache, length)  # equal: no-op
-    assert cache.get_seq_length() == length
-    crop_cache(cache, length - 3)
-    assert cache.get_seq_length() == length - 3
-    for bad in (-1, length - 2):  # negative, or longer than what is cached
-        with pytest.raises(InvalidInput):
-            crop_cache(cache, bad)
-    crop_cache(cache, 0)
-    assert cache.get_seq_length() == 0
 
 
 def test_engine_errors(target: TargetModel, engine: HFEngine) -> None:

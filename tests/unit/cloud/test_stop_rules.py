@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import pytest
 
 from cloud.decoding import DecodingSession
+from shared.estimators import AcceptanceEstimator
 from shared.types import DraftTail, FinishReason, GenerationSettings
 
 WORDS = {10: "It", 11: " is", 12: " moving", 13: " right", 14: ".", 2: ""}
@@ -58,7 +59,33 @@ def test_stop_string_before_eos_in_one_commit() -> None:
     assert bulk.finish_reason == done.finish_reason == FinishReason.STOP_STRING
     assert bulk.committed == list(done.tokens) == [10, 11, 12]
     assert done.accepted == 3  # only committed drafts count as accepted
+    assert done.verified == 3  # the two accepted drafts past the stop are not counted
     assert bulk.text() == "It is "
+
+
+@pytest.mark.parametrize(("stop", "max_new"), [(("moving",), 16), ((), 2), ((), 16)])
+def test_drafts_past_the_end_feed_the_acceptance_estimate(stop: tuple[str, ...],
+                                                          max_new: int) -> None:
+    """All drafts accepted, the answer ending inside them (a stop string, the cap, EOS):
+    the counts must still be a valid observation (no rejection, accepted == verified),
+    since Done's plan and the server-wide estimate fold them in."""
+    s = session(stop=stop, max_new=max_new)
+    s.commit(0, [10], 0, 0.0)
+    done = s.commit(6, [11, 12, 13, 14, EOS, 11, 12], 6, 0.0)
+    assert s.finish_reason is not None
+    assert done.accepted == done.verified == len(done.tokens)
+    stats = s.stats()
+    assert s.counters.rejections == 0 and stats.accepted == stats.drafted
+    estimate = AcceptanceEstimator(prior=0.5)
+    estimate.observe(stats.accepted, stats.drafted, rejections=s.counters.rejections)
+    assert estimate.value > 0.5
+
+
+def test_a_rejection_before_the_end_still_counts() -> None:
+    s = session()
+    s.commit(0, [10], 0, 0.0)
+    done = s.commit(1, [11, 13], 3, 0.0)  # 3 drafts, the second one rejected
+    assert (done.verified, done.accepted) == (3, 1) and s.counters.rejections == 1
 
 
 def test_context_limit_caps_drafts_and_ends_the_answer() -> None:

@@ -148,3 +148,31 @@ async def test_vocabulary_mismatch_refuses_speculation_but_not_target_only(
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ask ")]
     assert len(lines) == 1 and "target_only, EOS, 3 tokens" in lines[0]
     assert "What is moving" not in lines[0]
+
+
+def _ask_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "edge.agent" and r.getMessage().startswith("ask ")]
+
+
+async def test_a_refused_ask_is_one_line_with_its_code(
+    draft: DraftModel, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="edge.agent")
+    agent, _ = agent_for(draft, info_for(draft))
+    with pytest.raises(InvalidInput):
+        await collect(agent, AskSpec(question="x" * 65))
+    (line,) = _ask_lines(caplog)
+    assert "mode speculative, INVALID_ARGUMENT, 0 tokens" in line and "xxx" not in line
+
+
+async def test_an_ask_the_client_abandons_is_one_cancelled_line(
+    draft: DraftModel, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="edge.agent")
+    agent, _ = agent_for(draft, info_for(draft))
+    events = agent.ask(AskSpec(question="What is moving?", mode=Mode.TARGET_ONLY))
+    await anext(events)  # the first Commit arrives, then the client goes away
+    await events.aclose()
+    (line,) = _ask_lines(caplog)
+    assert "mode target_only, CANCELLED, 0 tokens" in line

@@ -1,0 +1,72 @@
+"""Every request leaves exactly one log line on the cloud: finished, refused or cancelled.
+
+An operator reading the cloud's log must see the requests it refused (with the code and
+reason) and the ones the edge abandoned, not only those that reached Done (issue 13).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+from grpc import aio
+
+from cloud.server import VerifierServer
+from shared.pb.eventspec.v1 import verifier_pb2_grpc
+from tests.integration import cloud_harness as h
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def server() -> AsyncIterator[VerifierServer]:
+    srv = await h.start_verifier(max_sessions=2, max_new_tokens=32)
+    yield srv
+    await srv.stop(0)
+
+
+def request_lines(caplog: pytest.LogCaptureFixture, question: str) -> list[str]:
+    """The cloud's lines about the request ``h.open_msg(question, ...)`` opened."""
+    prefix = f"request test-{question[:8]}:"
+    return [r.getMessage() for r in caplog.records
+            if r.name.startswith("cloud") and r.getMessage().startswith(prefix)]
+
+
+async def test_a_finished_request_is_one_line(server: VerifierServer,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="cloud")
+    await h.run_generate(server.port, h.open_msg("Finished?", h.make_frames(1), max_new_tokens=4,
+                                                 speculative=False))
+    (line,) = request_lines(caplog, "Finished?")
+    assert "4 tokens, MAX_TOKENS" in line
+
+
+async def test_a_refused_request_is_one_line_with_code_and_reason(
+    server: VerifierServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="cloud")
+    failure = await h.expect_failure(server.port, [
+        h.open_msg("Refused?", h.make_frames(1), max_new_tokens=33)])
+    assert failure.code.name == "INVALID_ARGUMENT"
+    await asyncio.sleep(0.2)  # the handler's finally runs after the status is sent
+    (line,) = request_lines(caplog, "Refused?")
+    assert "INVALID_ARGUMENT: max_new_tokens 33 exceeds this server's cap of 32" in line
+
+
+async def test_a_request_the_edge_abandons_is_one_cancelled_line(
+    server: VerifierServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="cloud")
+    async with aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        call = verifier_pb2_grpc.VerifierStub(ch).Generate(timeout=30)
+        await call.write(h.open_msg("Abandoned?", h.make_frames(1), max_new_tokens=32))
+        first = await call.read()
+        assert first.HasField("plan")
+        call.cancel()
+    await h.wait_for_sessions(server, 0)
+    await asyncio.sleep(0.2)
+    (line,) = request_lines(caplog, "Abandoned?")
+    assert ": CANCELLED after" in line
