@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the model's weights ($EVENTSPEC_CLOUD_DTYPE)")
     serve.add_argument("--max-sessions", type=int, default=ServerLimits().max_sessions,
                        help="concurrent Generate streams; more get RESOURCE_EXHAUSTED")
+    serve.add_argument("--max-sessions-per-principal", type=int, default=0,
+                       help="concurrent Generate streams one authenticated caller (token name "
+                            "or certificate) may hold; more get RESOURCE_EXHAUSTED. 0: all but "
+                            "one of --max-sessions, so one caller always leaves a slot free")
     serve.add_argument("--max-new-tokens", type=int, default=ServerLimits().max_new_tokens,
                        help="cap on a request's max_new_tokens (>= 1; a request's 0 means "
                             "min(64, this cap))")
@@ -104,6 +108,7 @@ def settings_from_args(args: argparse.Namespace) -> CloudSettings:
         dtype=args.dtype,
         limits=replace(ServerLimits(), max_sessions=args.max_sessions,
                        max_new_tokens=args.max_new_tokens),
+        max_sessions_per_principal=args.max_sessions_per_principal,
         kv_cache_gb=args.kv_cache_gb,
         engine=args.engine,
         recalibrate=args.recalibrate,

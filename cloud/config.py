@@ -7,6 +7,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cloud.timeouts import (
+    FEATURES_BASE_TIMEOUT_S,
+    FEATURES_MAX_TIMEOUT_S,
+    FIRST_MESSAGE_TIMEOUT_S,
+)
 from shared.types import ServerLimits
 from shared.wire.security import ServerSecurity
 
@@ -56,8 +61,16 @@ class CloudSettings:
     max_verify_tokens: int = 33
     #: Sessions older than this are released by the sweeper (a leak guard).
     session_ttl_s: float = 600.0
-    #: How long to wait for aligned features after Open.
-    input_timeout_s: float = 30.0
+    #: How long a Generate call may take to send its Open (``cloud.timeouts``).
+    first_message_timeout_s: float = FIRST_MESSAGE_TIMEOUT_S
+    #: Aligned features get this long plus their declared size over the edge's measured
+    #: uplink (``cloud.timeouts.features_timeout_s``) ...
+    features_base_timeout_s: float = FEATURES_BASE_TIMEOUT_S
+    #: ... but never longer than this after Open.
+    input_timeout_s: float = FEATURES_MAX_TIMEOUT_S
+    #: Concurrent Generate streams one principal may hold; 0 = all but one of
+    #: ``limits.max_sessions`` (at least 1), so one caller always leaves a slot free.
+    max_sessions_per_principal: int = 0
     #: Calibration profile file; None = under ~/.cache/eventspec.
     profile_path: Path | None = None
     #: Measure the cost model afresh even when a matching profile exists.
@@ -101,6 +114,9 @@ class CloudSettings:
                                 f"{lim.max_new_tokens}")
         if lim.max_sessions < 1:
             raise SettingsError(f"--max-sessions must be >= 1, got {lim.max_sessions}")
+        if self.max_sessions_per_principal < 0:
+            raise SettingsError("--max-sessions-per-principal must be >= 0 (0: all but one of "
+                                f"--max-sessions), got {self.max_sessions_per_principal}")
         if self.kv_cache_gb is not None and not (math.isfinite(self.kv_cache_gb)
                                                  and self.kv_cache_gb > 0):
             raise SettingsError(f"--kv-cache-gb must be > 0, got {self.kv_cache_gb:g}")
@@ -110,6 +126,13 @@ class CloudSettings:
                             ("--emulate-step-ms", self.emulate_step_ms)):
             if not math.isfinite(value) or value < 0:
                 raise SettingsError(f"{flag} must be >= 0 (0: off), got {value:g}")
+
+    @property
+    def per_principal_cap(self) -> int:
+        """Sessions one principal may hold: the flag, or all but one of --max-sessions."""
+        if self.max_sessions_per_principal > 0:
+            return self.max_sessions_per_principal
+        return max(1, self.limits.max_sessions - 1)
 
     def resolved_profile_path(self, model_id: str) -> Path:
         if self.profile_path is not None:

@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from cloud.decoding import Committed, DecodingSession, check_tail, stopped_text
+from cloud.request_log import RequestRecord
 from cloud.runtime import VerifierRuntime
 from cloud.scheduler import Failure, Ticket
+from cloud.timeouts import features_timeout_s
 from shared.codec import TensorAssembler, TensorHeaderInfo, WireDtype
 from shared.convert import CloudOutbound, EdgeInbound
 from shared.errors import (
@@ -32,6 +35,9 @@ from shared.errors import (
     InvalidInput,
     ResourceExhausted,
 )
+from shared.imageproc import frame_size
+from shared.logsafe import safe_request_id
+from shared.principal import current_principal
 from shared.types import (
     VIDEO_FEATURES_TENSOR,
     CancelRequest,
@@ -183,6 +189,10 @@ def validate_open(open_req: OpenRequest, rt: VerifierRuntime) -> OpenRequest:
                     f"frame {i} is {len(frame)} bytes, over the cap of "
                     f"{info.limits.max_frame_bytes}"
                 )
+            try:
+                frame_size(frame)  # the header alone: pixel count and aspect ratio
+            except InvalidInput as exc:
+                raise InvalidInput(f"frame {i}: {exc.message}") from exc
     if open_req.aligned is not None:
         if tuple(open_req.aligned.shape) != info.geometry.feature_shape:
             raise InvalidInput(
@@ -195,7 +205,7 @@ def validate_open(open_req: OpenRequest, rt: VerifierRuntime) -> OpenRequest:
                 f"not {open_req.aligned.dtype}"
             )
     return OpenRequest(
-        request_id=open_req.request_id,
+        request_id=safe_request_id(open_req.request_id),
         question=open_req.question,
         generation=settings,
         frames=open_req.frames,
@@ -209,17 +219,75 @@ def validate_open(open_req: OpenRequest, rt: VerifierRuntime) -> OpenRequest:
 async def run_generate(
     rt: VerifierRuntime, messages: AsyncIterator[EdgeInbound], counter: ByteCounter
 ) -> AsyncIterator[CloudOutbound]:
-    """Serve one Generate stream: yields a Plan, Commits, then Done."""
+    """Serve one Generate stream: yields a Plan, Commits, then Done.
+
+    Whatever happens, one INFO line records the request (``cloud.request_log``):
+    answers, refusals, failures and cancellations alike, never the question.
+    """
+    record = RequestRecord(principal=str(current_principal()))
     try:
-        first = await anext(messages)
+        async with contextlib.aclosing(_serve(rt, messages, counter, record)) as events:
+            async for event in events:
+                yield event
+    except EventSpecError as exc:
+        record.fail(exc.code.name, exc.message)
+        raise
+    except (asyncio.CancelledError, GeneratorExit):
+        record.fail("CANCELLED", "the edge went away")
+        raise
+    except Exception as exc:
+        record.fail("INTERNAL", type(exc).__name__)
+        raise
+    finally:
+        record.log()
+
+
+async def _first_message(rt: VerifierRuntime, messages: AsyncIterator[EdgeInbound]) -> OpenRequest:
+    """The stream's Open, within ``first_message_timeout_s`` of the call's start."""
+    timeout = rt.settings.first_message_timeout_s
+    try:
+        first = await asyncio.wait_for(anext(messages), timeout=timeout)
     except StopAsyncIteration:
         raise InvalidInput("the Generate stream ended before its Open message") from None
+    except TimeoutError:
+        raise DeadlineExceeded(
+            f"no Open message within {timeout:g} s of the Generate call (the first-message "
+            "timeout); send Open first"
+        ) from None
     if not isinstance(first, OpenRequest):
         raise FailedPrecondition(f"the first message must be Open, got {_describe(first)}")
-    open_req = validate_open(first, rt)
+    return first
+
+
+def clamp_to_context(open_req: OpenRequest, prompt_len: int, max_seq_len: int) -> OpenRequest:
+    """``open_req`` with ``max_new_tokens`` no larger than the positions a KV slot has
+    left after the prompt, so the Plan states the cap the answer will really meet."""
+    room = max_seq_len - prompt_len
+    if room < 1:
+        raise InvalidInput(
+            f"the prompt takes {prompt_len} of this verifier's {max_seq_len} positions per "
+            "request, leaving none for the answer; shorten Open.question"
+        )
     settings = open_req.generation
+    if settings.max_new_tokens <= room:
+        return open_req
+    return dataclasses.replace(
+        open_req, generation=dataclasses.replace(settings, max_new_tokens=room)
+    )
+
+
+async def _serve(
+    rt: VerifierRuntime, messages: AsyncIterator[EdgeInbound], counter: ByteCounter,
+    record: RequestRecord,
+) -> AsyncGenerator[CloudOutbound, None]:
+    first = await _first_message(rt, messages)
+    record.request_id = safe_request_id(first.request_id)
+    record.mode = _mode(first)
+    open_req = validate_open(first, rt)
     prompt_ids = rt.target.build_prompt_ids(open_req.question)
     sched = rt.scheduler
+    open_req = clamp_to_context(open_req, len(prompt_ids), sched.engine.max_seq_len)
+    settings = open_req.generation
 
     def make_session(slot: int) -> DecodingSession:
         return DecodingSession(
@@ -234,7 +302,8 @@ async def run_generate(
             deadline_ms=open_req.deadline_ms,
         )
 
-    key = rt.registry.open(open_req.request_id, _nothing_to_release)  # the session cap
+    key = rt.registry.open(open_req.request_id, _nothing_to_release,  # the session caps
+                           principal=current_principal())
     try:
         ticket = sched.admit(open_req.request_id, make_session)  # a KV slot
     except BaseException:
@@ -246,6 +315,7 @@ async def run_generate(
     reader = asyncio.create_task(inbox.consume(messages))
     try:
         plan, plan_inputs = rt.plan_for(open_req)
+        plan = dataclasses.replace(plan, max_new_tokens=settings.max_new_tokens)
         yield plan
 
         visual = await _visual_input(rt, open_req, inbox)
@@ -263,6 +333,7 @@ async def run_generate(
             if event.tokens:
                 received.extend(event.tokens)
                 inbox.received = len(received)
+                record.tokens = len(received)
                 yield _commit_event(event, received, rt, settings.stop, session)
             finish = event.finish_reason
         inbox.finished = True
@@ -277,15 +348,12 @@ async def run_generate(
             token_ids=tuple(received),
             text=stopped_text(rt.target.decode(received), settings.stop),
             stats=stats,
-            final_plan=rt.replan(plan, plan_inputs, stats, session.counters.rejections),
+            final_plan=dataclasses.replace(
+                rt.replan(plan, plan_inputs, stats, session.counters.rejections),
+                max_new_tokens=settings.max_new_tokens,
+            ),
         )
-        log.info(
-            "request %s: %d tokens, %s, drafted %d accepted %d (rate %.2f, tau %.2f), "
-            "hidden %d/%d, ttft %.1f ms, total %.1f ms",
-            open_req.request_id, stats.new_tokens, done.finish_reason.name, stats.drafted,
-            stats.accepted, stats.acceptance_rate, stats.mean_accepted_length,
-            stats.hidden_accepted, stats.hidden_drafted, stats.ttft_ms, stats.total_ms,
-        )
+        record.finish(done.finish_reason.name, stats)
         yield done
         # Keep the stream open until the edge half-closes (bounded), so a Drafts message
         # it wrote while Done was in flight is drained here instead of failing its write
@@ -331,14 +399,19 @@ async def _visual_input(
         frames = open_req.frames
         pixels = await asyncio.to_thread(rt.target.preprocess_frames, frames)  # [1,F,3,S,S]
         return {"pixel_values_videos": pixels}
-    timeout = rt.settings.input_timeout_s
+    declared = _declared_feature_bytes(open_req)
+    uplink = open_req.edge_cost.uplink_bytes_per_s if open_req.edge_cost is not None else 0.0
+    timeout = features_timeout_s(declared, uplink, base_s=rt.settings.features_base_timeout_s,
+                                 max_s=rt.settings.input_timeout_s)
     if open_req.deadline_ms > 0:
         timeout = min(timeout, open_req.deadline_ms / 1e3)
     try:
         await asyncio.wait_for(inbox.features_ready.wait(), timeout=timeout)
     except TimeoutError:
         raise DeadlineExceeded(
-            f"aligned features did not arrive within {timeout:.1f} s of Open"
+            f"aligned features did not arrive within {timeout:.1f} s of Open (the "
+            f"features timeout for {declared} declared bytes at an uplink of "
+            f"{uplink:.0f} B/s; 0 = unknown)"
         ) from None
     if inbox.error is not None:
         raise inbox.error
@@ -350,3 +423,17 @@ async def _visual_input(
     if not math.isfinite(float(feats.abs().max())):
         raise InvalidInput("aligned features contain NaN or inf values")
     return {"video_features": feats}
+
+
+def _declared_feature_bytes(open_req: OpenRequest) -> int:
+    """The aligned tensor's size on the wire, from the shape and dtype Open declared."""
+    spec = open_req.aligned
+    if spec is None:
+        return 0
+    return math.prod(spec.shape) * WireDtype[spec.dtype.upper()].itemsize
+
+
+def _mode(open_req: OpenRequest) -> str:
+    """``speculative`` or ``target_only``, and the visual path, for the request's log."""
+    visual = "aligned" if open_req.aligned is not None else "frames"
+    return f"{'speculative' if open_req.speculative else 'target_only'}/{visual}"

@@ -122,7 +122,8 @@ def build_runtime(
         settings=settings,
         target=target,
         scheduler=Scheduler(engine, text_vocab_size=target.text_vocab_size),
-        registry=SessionRegistry(settings.limits.max_sessions, settings.session_ttl_s),
+        registry=SessionRegistry(settings.limits.max_sessions, settings.session_ttl_s,
+                                 per_principal=settings.per_principal_cap),
         info=info,
     )
 

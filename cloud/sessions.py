@@ -1,6 +1,10 @@
-"""Registry of live requests: the concurrency cap, KV release and a TTL sweep.
+"""Registry of live requests: the concurrency caps, KV release and a TTL sweep.
 
-Every Generate stream registers a session here for its lifetime. The KV cache is
+Every Generate stream registers a session here for its lifetime. Besides the server's
+cap, each authenticated principal may hold at most ``per_principal`` sessions, so one
+caller (one edge, one token) cannot take every slot from the others; anonymous callers
+(a loopback server without authentication) cannot be told apart and share the server
+cap only. The KV cache is
 released exactly once, whichever way the stream ends (Done, Cancel, disconnect,
 deadline, error) or, as a safety net, when the TTL sweep finds a session older than
 its time to live.
@@ -15,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from shared.errors import ResourceExhausted
+from shared.principal import ANONYMOUS_PRINCIPAL, Principal
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +31,7 @@ class SessionHandle:
     request_id: str
     created: float
     release: Callable[[], Awaitable[None]]
+    principal: Principal = ANONYMOUS_PRINCIPAL
     task: asyncio.Task[object] | None = None
     #: Ends the stream itself with a clear status (cancelling a gRPC handler's task
     #: from outside leaves the client waiting for a status until its deadline).
@@ -46,11 +52,14 @@ class SessionRegistry:
     """Caps concurrent sessions and guarantees their KV is released."""
 
     def __init__(
-        self, max_sessions: int, ttl_s: float, clock: Callable[[], float] = time.monotonic
+        self, max_sessions: int, ttl_s: float, clock: Callable[[], float] = time.monotonic,
+        *, per_principal: int | None = None,
     ) -> None:
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
         self.max_sessions = max_sessions
+        self.per_principal = per_principal or max_sessions
+        self._held: dict[Principal, int] = {}
         self.ttl_s = ttl_s
         self._clock = clock
         self._sessions: dict[int, SessionHandle] = {}
@@ -60,13 +69,18 @@ class SessionRegistry:
     def __len__(self) -> int:
         return len(self._sessions)
 
+    def held_by(self, principal: Principal) -> int:
+        """Sessions ``principal`` holds now."""
+        return self._held.get(principal, 0)
+
     def open(
         self,
         request_id: str,
         release: Callable[[], Awaitable[None]],
         expire: Callable[[str], None] | None = None,
+        principal: Principal = ANONYMOUS_PRINCIPAL,
     ) -> int:
-        """Register a session or raise RESOURCE_EXHAUSTED at the cap. Returns its key.
+        """Register a session or raise RESOURCE_EXHAUSTED at a cap. Returns its key.
 
         ``expire(message)``, if given, is how the sweep ends the session's stream;
         without it the sweep cancels the registering task.
@@ -76,11 +90,20 @@ class SessionRegistry:
                 f"the verifier is at its cap of {self.max_sessions} concurrent sessions; "
                 "retry later or raise --max-sessions"
             )
+        held = self.held_by(principal)
+        if principal.method != ANONYMOUS_PRINCIPAL.method and held >= self.per_principal:
+            raise ResourceExhausted(
+                f"principal {principal.name!r} already holds {held} concurrent sessions, the "
+                f"per-principal cap (--max-sessions-per-principal {self.per_principal}); "
+                "retry when one ends"
+            )
         key = self._next_key
         self._next_key += 1
         self._sessions[key] = SessionHandle(
-            request_id, self._clock(), release, asyncio.current_task(), expire
+            request_id, self._clock(), release, task=asyncio.current_task(), expire=expire,
+            principal=principal,
         )
+        self._held[principal] = held + 1
         return key
 
     def attach(
@@ -97,6 +120,11 @@ class SessionRegistry:
         """Release the session's KV (once) and forget it."""
         handle = self._sessions.pop(key, None)
         if handle is not None:
+            left = self._held.get(handle.principal, 0) - 1
+            if left > 0:
+                self._held[handle.principal] = left
+            else:
+                self._held.pop(handle.principal, None)
             await handle.release_once()
 
     async def sweep(self) -> int:

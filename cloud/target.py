@@ -29,7 +29,7 @@ from transformers import (
 )
 
 from shared.errors import InvalidInput, NotFound
-from shared.imageproc import clip_preprocess, decode_image
+from shared.imageproc import frames_to_pixels
 from shared.types import VisualGeometry
 from shared.vocab import text_vocab_fingerprint
 
@@ -161,8 +161,9 @@ class TargetModel:
             raise InvalidInput("no frames in the clip")
         if len(frames) != g.num_frames:
             raise InvalidInput(f"the target needs {g.num_frames} frames, got {len(frames)}")
-        images = [decode_image(bytes(f)) for f in frames]  # each [H, W, 3] uint8
-        pixels = clip_preprocess(images, g.image_size)  # [F, 3, S, S]
+        # One frame decoded at a time, each held to the frame caps before decoding
+        # (shared.imageproc.preprocess_memory_bound); errors name the frame.
+        pixels = frames_to_pixels(frames, g.image_size)  # [F, 3, S, S]
         return pixels.unsqueeze(0)  # [1, F, 3, S, S]
 
     @torch.inference_mode()

@@ -31,6 +31,7 @@ from shared import convert
 from shared.convert import CloudOutbound, EdgeInbound
 from shared.errors import DeadlineExceeded, EventSpecError, InvalidInput, Unavailable
 from shared.estimators import RttEstimator
+from shared.logsafe import scrub_addresses
 from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from shared.types import ServerInfo
 from shared.wire.channel import call_metadata, open_channel
@@ -97,10 +98,10 @@ def rpc_error(exc: grpc.RpcError, address: str, what: str) -> EventSpecError:
     the cloud's address with the same message in the edge's log.
     """
     code = exc.code() if isinstance(exc, aio.AioRpcError) else None
-    details = exc.details() if isinstance(exc, aio.AioRpcError) else str(exc)
-    message = f"cloud verifier: {what} failed: {details}"
+    details = (exc.details() if isinstance(exc, aio.AioRpcError) else str(exc)) or ""
     log.warning("cloud verifier at %s: %s failed: %s %s", address, what,
                 code.name if code else "", details)
+    message = f"cloud verifier: {what} failed: {_for_clients(code, details)}"
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return DeadlineExceeded(message)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
@@ -114,6 +115,20 @@ def rpc_error(exc: grpc.RpcError, address: str, what: str) -> EventSpecError:
                   "and --cloud-token-file against its --allow-principal", address, code.name)
         return Unavailable(f"cloud verifier: {what} failed: it refused this edge ({code.name})")
     return EventSpecError(message, from_grpc(code))
+
+
+#: Statuses the channel itself raises for a cloud it cannot reach; their details name
+#: the address it tried, so clients get this text instead.
+_TRANSPORT_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
+                    grpc.StatusCode.UNKNOWN, None)
+
+
+def _for_clients(code: grpc.StatusCode | None, details: str) -> str:
+    """What an Ask caller may read of the cloud's error: no internal address, no hint
+    meant for the edge's operator (who has the full detail in the edge's log)."""
+    if code in _TRANSPORT_CODES:
+        return f"the cloud verifier is unreachable ({code.name if code else 'UNAVAILABLE'})"
+    return scrub_addresses(details)
 
 
 class CloudStream:

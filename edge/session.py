@@ -141,8 +141,11 @@ class EdgeSession:
     # -- events ------------------------------------------------------------------------
 
     def on_plan(self, plan: TimingPlan) -> None:
-        """The cloud's Plan: the same function on the same facts; its copy wins."""
+        """The cloud's Plan: the same function on the same facts; its copy wins. Its
+        token cap (clamped to the cloud's context) bounds drafting too."""
         self.plan = self._adopt(plan)
+        if plan.max_new_tokens > 0:
+            self.max_new_tokens = min(self.max_new_tokens, plan.max_new_tokens)
 
     def on_prefill_done(self) -> None:
         self.prefilled = True

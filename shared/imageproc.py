@@ -32,25 +32,98 @@ from shared.errors import InvalidInput
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
-#: Refuse images with more pixels than this (decompression bombs).
+#: Refuse local images (dataset files) with more pixels than this (decompression bombs).
 MAX_IMAGE_PIXELS = 40_000_000
 
+#: Frames that arrive over the network (the cloud's frames clip) are held to tighter
+#: bounds, checked from the header before any pixel is decoded: at most 4K UHD ...
+MAX_FRAME_PIXELS = 3840 * 2160
+#: ... and at most this long side / short side, since the resize keeps the aspect ratio:
+#: a 1 x 8 M-pixel strip would otherwise resize to 224 x 1.8 G pixels.
+MAX_FRAME_ASPECT = 4.0
+#: Formats a network frame may use (the edge sends JPEG; PNG for lossless tests).
+FRAME_FORMATS = ("JPEG", "PNG")
+#: Bytes per pixel alive at most while one frame is decoded: Pillow's decoded image
+#: (<= 4: CMYK, RGBA, 32-bit), its RGB conversion (3) and the numpy copy (3).
+DECODE_BYTES_PER_PIXEL = 10
 
-def decode_image(data: bytes) -> np.ndarray:
-    """Decode JPEG/PNG bytes to an RGB array [H, W, 3] uint8, or raise InvalidInput."""
+
+def preprocess_memory_bound(num_frames: int, size: int) -> int:
+    """Most bytes ``frames_to_pixels`` holds for one request: one frame decoding at a time
+    (``DECODE_BYTES_PER_PIXEL * MAX_FRAME_PIXELS``), its resize (short side ``size``,
+    long side at most ``MAX_FRAME_ASPECT`` times that), and the finished float32 crops."""
+    decode = DECODE_BYTES_PER_PIXEL * MAX_FRAME_PIXELS
+    resized = 3 * size * int(size * MAX_FRAME_ASPECT)
+    return decode + resized + num_frames * 3 * size * size * 4
+
+
+def check_image_size(width: int, height: int, *, max_pixels: int = MAX_FRAME_PIXELS,
+                     max_aspect: float | None = MAX_FRAME_ASPECT) -> None:
+    """Raise InvalidInput if a ``width`` x ``height`` image is empty, too large or too
+    elongated to decode and resize within the stated memory bound."""
+    if width <= 0 or height <= 0:
+        raise InvalidInput(f"image has zero extent: {width}x{height}")
+    if width * height > max_pixels:
+        raise InvalidInput(f"image of {width}x{height} exceeds {max_pixels} pixels")
+    aspect = max(width, height) / min(width, height)
+    if max_aspect is not None and aspect > max_aspect:
+        raise InvalidInput(f"image of {width}x{height} has aspect ratio {aspect:.1f}, over "
+                           f"the cap of {max_aspect:g}")
+
+
+def frame_size(data: bytes) -> tuple[int, int]:
+    """(width, height) of a network frame from its header alone, checked against the
+    frame caps; raises InvalidInput for an empty, undecodable or oversized frame."""
     if not data:
         raise InvalidInput("image is empty (0 bytes)")
     try:
-        with Image.open(io.BytesIO(data)) as img:
-            if img.width * img.height > MAX_IMAGE_PIXELS:
-                raise InvalidInput(
-                    f"image of {img.width}x{img.height} exceeds {MAX_IMAGE_PIXELS} pixels"
-                )
+        with Image.open(io.BytesIO(data), formats=FRAME_FORMATS) as img:
+            width, height = img.size
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise InvalidInput(f"could not decode image ({len(data)} bytes) as "
+                           f"{' or '.join(FRAME_FORMATS)}: {exc}") from exc
+    check_image_size(width, height)
+    return width, height
+
+
+def decode_image(data: bytes, *, max_pixels: int = MAX_IMAGE_PIXELS,
+                 max_aspect: float | None = None,
+                 formats: tuple[str, ...] | None = None) -> np.ndarray:
+    """Decode image bytes to an RGB array [H, W, 3] uint8, or raise InvalidInput.
+
+    The size is checked from the header, before the pixels are decoded.
+    """
+    if not data:
+        raise InvalidInput("image is empty (0 bytes)")
+    try:
+        with Image.open(io.BytesIO(data), formats=formats) as img:
+            check_image_size(img.width, img.height, max_pixels=max_pixels,
+                             max_aspect=max_aspect)
             rgb = img.convert("RGB")
             rgb.load()
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         raise InvalidInput(f"could not decode image ({len(data)} bytes): {exc}") from exc
     return np.asarray(rgb, dtype=np.uint8)
+
+
+def frames_to_pixels(frames: Sequence[bytes], size: int) -> torch.Tensor:
+    """Network frames -> CLIP-preprocessed float32 [F, 3, size, size], one frame at a
+    time so at most one decoded frame is alive (``preprocess_memory_bound``).
+
+    Each frame is held to the frame caps before decoding; errors name the frame index.
+    """
+    if len(frames) == 0:
+        raise InvalidInput("no images to preprocess")
+    crops = []
+    for i, data in enumerate(frames):
+        try:
+            image = decode_image(bytes(data), max_pixels=MAX_FRAME_PIXELS,
+                                 max_aspect=MAX_FRAME_ASPECT, formats=FRAME_FORMATS)
+            crops.append(resize_center_crop(image, size))  # [S, S, 3] uint8
+        except InvalidInput as exc:
+            raise InvalidInput(f"frame {i}: {exc.message}") from exc
+        del image
+    return _normalise(np.stack(crops))
 
 
 def encode_jpeg(image: np.ndarray, quality: int = 90) -> bytes:
@@ -123,7 +196,11 @@ def clip_preprocess(images: Sequence[np.ndarray], size: int) -> torch.Tensor:
     """CLIP preprocessing of RGB uint8 images -> float32 tensor [N, 3, size, size]."""
     if len(images) == 0:
         raise InvalidInput("no images to preprocess")
-    batch = np.stack([resize_center_crop(img, size) for img in images])  # [N, S, S, 3]
+    return _normalise(np.stack([resize_center_crop(img, size) for img in images]))
+
+
+def _normalise(batch: np.ndarray) -> torch.Tensor:
+    """[N, S, S, 3] uint8 crops -> CLIP-normalised float32 [N, 3, S, S]."""
     pixels = torch.from_numpy(batch).permute(0, 3, 1, 2).float().div_(255.0)  # [N, 3, S, S]
     mean = torch.tensor(CLIP_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(CLIP_STD).view(1, 3, 1, 1)

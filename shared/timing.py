@@ -218,6 +218,9 @@ class TimingPlan:
     predicted_step_ms: float
     predicted_speedup: float
     reason: str
+    #: The answer's token cap as the cloud honours it (clamped to the context left after
+    #: the prompt); 0 where the cloud has not said (the edge's own plans).
+    max_new_tokens: int = 0
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:

@@ -167,7 +167,9 @@ async def test_unreachable_cloud_is_unavailable_and_edge_keeps_serving() -> None
         with pytest.raises(AskError) as err:
             await ask(address, "What is moving?", Mode.TARGET_ONLY)
         assert err.value.code == grpc.StatusCode.UNAVAILABLE
-        assert "127.0.0.1:1" in err.value.details
+        # The caller learns the cloud is unreachable, not where it lives (issue 11).
+        assert "cloud verifier is unreachable" in err.value.details
+        assert "127.0.0.1:1" not in err.value.details
         final = await ask(address, "What is moving?", Mode.DRAFT_ONLY, max_new=4)
         assert final.token_ids
     finally:

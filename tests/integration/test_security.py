@@ -423,3 +423,52 @@ async def test_edge_refused_by_the_cloud_is_unavailable_to_its_client(
     finally:
         await edge.stop(0)
         await cloud.stop(0)
+
+
+# -- SIGHUP reloads certificates on both servers ------------------------------------------
+
+async def _health_status(port: int, sec: ClientSecurity) -> grpc.StatusCode:
+    async with open_channel(f"127.0.0.1:{port}", sec) as channel:
+        try:
+            await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
+                                                            timeout=CALL_TIMEOUT)
+        except aio.AioRpcError as exc:
+            return exc.code()
+    return grpc.StatusCode.OK
+
+
+@pytest.mark.parametrize("node", ["cloud", "edge"])
+async def test_sighup_reloads_a_certificate_whose_file_times_did_not_change(
+    pki: Pki, tmp_path: Path, node: str
+) -> None:
+    """A real SIGHUP to the process: the replaced files keep their old modification
+    times, so only the signal can make the server read them."""
+    import signal
+
+    live = th.Leaf(tmp_path / "live.pem", tmp_path / "live.key")
+    live.cert.write_bytes(pki.server.cert.read_bytes())
+    live.key.write_bytes(pki.server.key.read_bytes())
+    security = th.server_security(pki, leaf=live, insecure=True)
+    server: VerifierServer | EdgeServer
+    if node == "cloud":
+        server = await start_cloud(security)
+    else:
+        _, draft = eh.shared_models()
+        server = EdgeServer(replace(EdgeSettings(), port=0, security=security), draft=draft)
+        await server.start()
+    try:
+        renewed = pki.issue_server(f"sighup-{node}", other_ca=True)
+        new_ca = pki.root / f"sighup-{node}-ca.pem"
+        stamps = {p: os.stat(p) for p in (live.cert, live.key)}
+        live.cert.write_bytes(renewed.cert.read_bytes())
+        live.key.write_bytes(renewed.key.read_bytes())
+        for path, st in stamps.items():
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        new_client = th.client_security(pki, ca=new_ca)
+        assert await _health_status(server.port, new_client) == grpc.StatusCode.UNAVAILABLE
+        os.kill(os.getpid(), signal.SIGHUP)
+        await asyncio.sleep(0.1)  # the loop runs the handler
+        assert await _health_status(server.port, new_client) == grpc.StatusCode.OK
+        assert await _health_status(server.port, th.client_security(pki)) != grpc.StatusCode.OK
+    finally:
+        await server.stop(0)

@@ -185,8 +185,14 @@ def test_plan_is_deterministic_and_mirrors_proto_fields() -> None:
         "predicted_step_ms",
         "predicted_speedup",
         "reason",
+        "max_new_tokens",
     ]
+    from shared.pb.eventspec.v1 import common_pb2
+
+    assert [f.name for f in common_pb2.Plan.DESCRIPTOR.fields] == [
+        f.name for f in dataclasses.fields(TimingPlan)]
     assert first.acceptance_estimate == 0.55
+    assert first.max_new_tokens == 0  # only the cloud's Plan states the clamped cap
 
 
 def test_replan_uses_observations() -> None:

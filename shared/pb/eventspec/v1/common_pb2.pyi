@@ -321,6 +321,7 @@ class Plan(_message.Message):
     PREDICTED_STEP_MS_FIELD_NUMBER: _builtins.int
     PREDICTED_SPEEDUP_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    MAX_NEW_TOKENS_FIELD_NUMBER: _builtins.int
     speculate: _builtins.bool
     """False: drafting does not pay; the edge stops drafting and the request decodes target-only."""
     hidden_draft_budget: _builtins.int
@@ -341,6 +342,11 @@ class Plan(_message.Message):
     """Predicted speedup over target-only decoding (1.0 = none)."""
     reason: _builtins.str
     """Human-readable reason for the decision."""
+    max_new_tokens: _builtins.int
+    """The request's max_new_tokens as the cloud will honour it: the asked value (or the
+    server's default for 0), clamped to the context left after the prompt. 0 = not set
+    (plans the edge computes itself).
+    """
     def __init__(
         self,
         *,
@@ -354,10 +360,11 @@ class Plan(_message.Message):
         predicted_step_ms: _builtins.float = ...,
         predicted_speedup: _builtins.float = ...,
         reason: _builtins.str = ...,
+        max_new_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_estimate", b"acceptance_estimate", "aligned_fits_uplink", b"aligned_fits_uplink", "chunk_cadence_tokens", b"chunk_cadence_tokens", "hidden_draft_budget", b"hidden_draft_budget", "lookahead_tokens", b"lookahead_tokens", "predicted_prefill_ms", b"predicted_prefill_ms", "predicted_speedup", b"predicted_speedup", "predicted_step_ms", b"predicted_step_ms", "reason", b"reason", "speculate", b"speculate"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_estimate", b"acceptance_estimate", "aligned_fits_uplink", b"aligned_fits_uplink", "chunk_cadence_tokens", b"chunk_cadence_tokens", "hidden_draft_budget", b"hidden_draft_budget", "lookahead_tokens", b"lookahead_tokens", "max_new_tokens", b"max_new_tokens", "predicted_prefill_ms", b"predicted_prefill_ms", "predicted_speedup", b"predicted_speedup", "predicted_step_ms", b"predicted_step_ms", "reason", b"reason", "speculate", b"speculate"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

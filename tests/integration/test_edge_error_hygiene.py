@@ -1,0 +1,79 @@
+"""What an Ask caller learns when the cloud fails: the status and what happened, never
+the cloud's internal address or an operator's hint; the edge's log keeps the detail."""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+from dataclasses import replace
+
+import grpc
+import pytest
+from grpc import aio
+
+from edge.config import EdgeSettings
+from edge.server import EdgeServer
+from shared import convert
+from shared.logsafe import scrub_addresses
+from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
+from shared.types import AskSpec, Mode
+from tests.integration import edge_harness as eh
+
+HOST_PORT = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}:\d+|localhost:\d+|\[[0-9a-f:]+\]:\d+")
+
+
+def _closed_port() -> int:
+    """A loopback port with nothing listening on it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("cloud_host", ["127.0.0.1", "localhost"])
+async def test_ask_against_a_dead_cloud_hides_the_address_but_logs_it(
+    cloud_host: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, draft = eh.shared_models()
+    cloud = f"{cloud_host}:{_closed_port()}"
+    edge = EdgeServer(replace(EdgeSettings(), cloud=cloud, port=0, rpc_timeout_s=2.0),
+                      draft=draft)
+    await edge.start()
+    try:
+        spec = AskSpec("What is moving?", mode=Mode.TARGET_ONLY)
+        with caplog.at_level(logging.WARNING, logger="edge"):
+            async with aio.insecure_channel(f"127.0.0.1:{edge.port}") as channel:
+                call = edge_pb2_grpc.EdgeAgentStub(channel).Ask(
+                    convert.ask_spec_to_pb(spec), timeout=30)
+                with pytest.raises(aio.AioRpcError) as err:
+                    async for _ in call:
+                        pass
+                status = await edge_pb2_grpc.EdgeAgentStub(channel).GetStatus(
+                    edge_pb2.GetStatusRequest(), timeout=10)
+        details = err.value.details() or ""
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "unreachable" in details, details
+        assert not HOST_PORT.search(details), details
+        assert "--" not in details, details  # no flag hints for the operator
+        assert not HOST_PORT.search(status.link.last_error), status.link.last_error
+        assert cloud in caplog.text  # the operator's copy names the cloud
+    finally:
+        await edge.stop(0)
+
+
+@pytest.mark.parametrize("text", [
+    "failed to connect to all addresses; last error: UNKNOWN: ipv4:10.1.2.3:50061: refused",
+    "cloud 10.1.2.3:50061 unreachable",
+    "dns:///verifier.ns.svc.cluster.local:50061 failed",
+    "ipv6:[fd00::1]:50061: Connection refused",
+    "peer 10.0.0.7 reset the stream",
+])
+def test_scrub_addresses_leaves_no_address(text: str) -> None:
+    out = scrub_addresses(text)
+    assert "<address>" in out
+    assert not re.search(r"\d+\.\d+\.\d+\.\d+|:\d{4,5}\b|cluster\.local", out), out
+
+
+def test_scrub_addresses_keeps_plain_messages() -> None:
+    text = "frame 3: image of 9000x10 has aspect ratio 900.0, over the cap of 4"
+    assert scrub_addresses(text) == text
