@@ -15,6 +15,7 @@ import pytest_asyncio
 from grpc import aio
 
 from cloud.server import VerifierServer
+from shared.logsafe import safe_request_id
 from shared.pb.eventspec.v1 import verifier_pb2_grpc
 from tests.integration import cloud_harness as h
 
@@ -30,7 +31,7 @@ async def server() -> AsyncIterator[VerifierServer]:
 
 def request_lines(caplog: pytest.LogCaptureFixture, question: str) -> list[str]:
     """The cloud's lines about the request ``h.open_msg(question, ...)`` opened."""
-    prefix = f"request test-{question[:8]}:"
+    prefix = f"generate {safe_request_id(f'test-{question[:8]}')}:"
     return [r.getMessage() for r in caplog.records
             if r.name.startswith("cloud") and r.getMessage().startswith(prefix)]
 
@@ -40,8 +41,12 @@ async def test_a_finished_request_is_one_line(server: VerifierServer,
     caplog.set_level(logging.INFO, logger="cloud")
     await h.run_generate(server.port, h.open_msg("Finished?", h.make_frames(1), max_new_tokens=4,
                                                  speculative=False))
+    for _ in range(60):  # the line is written when the stream closes, just after Done
+        if request_lines(caplog, "Finished?"):
+            break
+        await asyncio.sleep(0.05)
     (line,) = request_lines(caplog, "Finished?")
-    assert "4 tokens, MAX_TOKENS" in line
+    assert "MAX_TOKENS, 4 tokens" in line
 
 
 async def test_a_refused_request_is_one_line_with_code_and_reason(
@@ -53,7 +58,8 @@ async def test_a_refused_request_is_one_line_with_code_and_reason(
     assert failure.code.name == "INVALID_ARGUMENT"
     await asyncio.sleep(0.2)  # the handler's finally runs after the status is sent
     (line,) = request_lines(caplog, "Refused?")
-    assert "INVALID_ARGUMENT: max_new_tokens 33 exceeds this server's cap of 32" in line
+    assert "INVALID_ARGUMENT, 0 tokens" in line
+    assert "max_new_tokens 33 exceeds this server's cap of 32" in line
 
 
 async def test_a_request_the_edge_abandons_is_one_cancelled_line(
@@ -69,4 +75,4 @@ async def test_a_request_the_edge_abandons_is_one_cancelled_line(
     await h.wait_for_sessions(server, 0)
     await asyncio.sleep(0.2)
     (line,) = request_lines(caplog, "Abandoned?")
-    assert ": CANCELLED after" in line
+    assert ", CANCELLED, 0 tokens" in line
