@@ -314,8 +314,7 @@ async def _serve(
     rt.registry.attach(key, _releaser(rt, ticket), inbox.expire)
     reader = asyncio.create_task(inbox.consume(messages))
     try:
-        plan, plan_inputs = rt.plan_for(open_req)
-        plan = dataclasses.replace(plan, max_new_tokens=settings.max_new_tokens)
+        plan, plan_inputs = rt.plan_for(open_req)  # states the clamped max_new_tokens
         yield plan
 
         visual = await _visual_input(rt, open_req, inbox)

@@ -13,6 +13,7 @@ move a prefill of ~2k visual tokens, and agreement matters more than the last to
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -112,8 +113,13 @@ def target_only_plan(info: ServerInfo, facts: RequestFacts, reason: str) -> Timi
 def request_plan(
     info: ServerInfo, edge: EdgeCost | None, facts: RequestFacts
 ) -> tuple[TimingPlan, PlanInputs | None]:
-    """The request's plan and the inputs it came from (None for target-only requests)."""
+    """The request's plan and the inputs it came from (None for target-only requests).
+
+    The plan states ``facts.max_new_tokens``: on the cloud that is the value clamped to
+    its context, so the edge learns the cap the answer will meet.
+    """
     if not facts.speculative or edge is None:
-        return target_only_plan(info, facts, "target-only request: no drafts expected"), None
+        chosen = target_only_plan(info, facts, "target-only request: no drafts expected")
+        return dataclasses.replace(chosen, max_new_tokens=facts.max_new_tokens), None
     inputs = plan_inputs(info, edge, facts)
-    return plan(inputs), inputs
+    return dataclasses.replace(plan(inputs), max_new_tokens=facts.max_new_tokens), inputs
