@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -58,7 +59,11 @@ def test_installer_reads_a_cuda_local_version_as_cuda() -> None:
 def test_make_installs_cpu_torch_before_the_project(tmp_path: Path) -> None:
     """``make test`` on a fresh checkout: the CPU-torch installer runs before the editable
     install, so the extras' bare ``torch`` requirement finds torch already satisfied."""
-    plan = subprocess.run(["make", "-n", "test", f"VENV={tmp_path / 'venv'}"], cwd=ROOT,
+    # Under an outer make (CI runs `make test`), MAKEFLAGS/MAKELEVEL would make the inner
+    # make print "Entering/Leaving directory" lines: run it as a top-level make.
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MAKELEVEL", "MFLAGS"}}
+    plan = subprocess.run(["make", "--no-print-directory", "-n", "test",
+                           f"VENV={tmp_path / 'venv'}"], cwd=ROOT, env=env,
                           capture_output=True, text=True, check=True).stdout.splitlines()
     installer = next(i for i, line in enumerate(plan) if "tools/install_cpu_torch.py" in line)
     project = next(i for i, line in enumerate(plan) if "pip install -q -e" in line)
