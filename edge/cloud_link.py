@@ -31,7 +31,7 @@ from shared import convert
 from shared.convert import CloudOutbound, EdgeInbound
 from shared.errors import DeadlineExceeded, EventSpecError, InvalidInput, Unavailable
 from shared.estimators import RttEstimator
-from shared.logsafe import scrub_addresses
+from shared.logsafe import scrub_addresses, scrub_operator_hints
 from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from shared.types import ServerInfo
 from shared.wire.channel import call_metadata, open_channel
@@ -128,7 +128,7 @@ def _for_clients(code: grpc.StatusCode | None, details: str) -> str:
     meant for the edge's operator (who has the full detail in the edge's log)."""
     if code in _TRANSPORT_CODES:
         return f"the cloud verifier is unreachable ({code.name if code else 'UNAVAILABLE'})"
-    return scrub_addresses(details)
+    return scrub_operator_hints(scrub_addresses(details))
 
 
 class CloudStream:

@@ -6,8 +6,10 @@ Both nodes pass such ids through ``safe_request_id`` before anything logs them.
 
 Errors relayed to end users must not reveal where the internal services live: gRPC's own
 UNAVAILABLE details name the address it tried ("ipv4:10.1.2.3:50061: Connection
-refused"). ``scrub_addresses`` replaces host:port forms with a neutral word; the full
-detail stays in the operator's log.
+refused"). ``scrub_addresses`` replaces host:port forms with a neutral word, and
+``scrub_operator_hints`` drops advice meant for whoever runs the server ("raise
+--max-sessions"): an end user cannot act on it. The full detail stays in the operator's
+log.
 """
 
 from __future__ import annotations
@@ -28,6 +30,16 @@ _ADDRESS = re.compile(
     r"|[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)*)"  # host name
     r":\d{1,5}\b"
 )
+#: A parenthesis that names a flag: "(--max-sessions-per-principal 2)".
+_FLAG_PARENTHESIS = re.compile(r"\s*\([^()]*--[a-z][^()]*\)")
+#: Advice to change a flag, with what joins it to the sentence: "or raise --kv-cache-gb",
+#: "or lower --max-seq-len".
+_FLAG_ADVICE = re.compile(
+    r"\s*(?:\bor\s+|\band\s+)?\b(?:raise|lower|increase|decrease)\s+"
+    r"--[a-z][a-z0-9-]*(?:\s+(?:or|and)\s+(?:raise|lower|increase|decrease)\s+"
+    r"--[a-z][a-z0-9-]*)*(?:\s+\d+)?"
+)
+_FLAG = re.compile(r"--[a-z][a-z0-9-]*")
 _BARE_IP = re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}\b|\[[0-9A-Fa-f:.%]+\]")
 
 
@@ -48,3 +60,12 @@ def scrub_addresses(text: str) -> str:
     """``text`` with every host:port, gRPC target and bare IP address replaced by
     ``<address>``."""
     return _BARE_IP.sub("<address>", _ADDRESS.sub("<address>", text))
+
+
+def scrub_operator_hints(text: str) -> str:
+    """``text`` without advice about server flags: parentheses naming a flag and "or raise
+    --flag" clauses are dropped, and any flag left is called "a server setting"."""
+    text = _FLAG_PARENTHESIS.sub("", text)
+    text = _FLAG_ADVICE.sub("", text)
+    text = _FLAG.sub("a server setting", text)
+    return re.sub(r"\s+([;,.])", r"\1", text).strip().rstrip(";,")

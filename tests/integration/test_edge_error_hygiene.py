@@ -15,9 +15,10 @@ from grpc import aio
 from edge.config import EdgeSettings
 from edge.server import EdgeServer
 from shared import convert
-from shared.logsafe import scrub_addresses
-from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
+from shared.logsafe import scrub_addresses, scrub_operator_hints
+from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc, verifier_pb2_grpc
 from shared.types import AskSpec, Mode
+from tests.integration import cloud_harness as ch
 from tests.integration import edge_harness as eh
 
 HOST_PORT = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}:\d+|localhost:\d+|\[[0-9a-f:]+\]:\d+")
@@ -77,3 +78,56 @@ def test_scrub_addresses_leaves_no_address(text: str) -> None:
 def test_scrub_addresses_keeps_plain_messages() -> None:
     text = "frame 3: image of 9000x10 has aspect ratio 900.0, over the cap of 4"
     assert scrub_addresses(text) == text
+
+
+@pytest.mark.parametrize(("text", "kept"), [
+    ("the verifier is at its cap of 8 concurrent sessions; retry later or raise "
+     "--max-sessions", "the verifier is at its cap of 8 concurrent sessions; retry later"),
+    ("principal 'edge-a' already holds 2 concurrent sessions, the per-principal cap "
+     "(--max-sessions-per-principal 2); retry when one ends",
+     "principal 'edge-a' already holds 2 concurrent sessions, the per-principal cap; retry "
+     "when one ends"),
+    ("all 3 KV slots are in use (3 slots x 512 tokens, GetServerInfo.limits.kv_slots); "
+     "retry later or raise --kv-cache-gb",
+     "all 3 KV slots are in use (3 slots x 512 tokens, GetServerInfo.limits.kv_slots); "
+     "retry later"),
+    ("no slot fits; raise --kv-cache-gb or lower --max-seq-len", "no slot fits"),
+    ("max_new_tokens 33 exceeds this server's cap of 32",
+     "max_new_tokens 33 exceeds this server's cap of 32"),
+])
+def test_operator_hints_are_dropped_and_the_message_kept(text: str, kept: str) -> None:
+    assert scrub_operator_hints(text) == kept
+
+
+async def test_a_full_cloud_tells_the_asker_it_is_full_without_the_operators_flag(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The cloud's refusal ("retry later or raise --max-sessions") reaches the Ask caller
+    as RESOURCE_EXHAUSTED without the flag; the edge's log keeps the cloud's words."""
+    target, draft = eh.shared_models()
+    cloud = await ch.start_verifier(target, max_sessions=1)
+    edge = EdgeServer(replace(EdgeSettings(), cloud=f"127.0.0.1:{cloud.port}", port=0),
+                      draft=draft)
+    await edge.start()
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{cloud.port}") as direct:
+            call = verifier_pb2_grpc.VerifierStub(direct).Generate(timeout=30)
+            await call.write(ch.open_msg("Holding?", ch.make_frames(1), max_new_tokens=32))
+            assert (await call.read()).HasField("plan")  # the only session is taken
+            spec = AskSpec("What is moving?", mode=Mode.TARGET_ONLY)
+            with caplog.at_level(logging.WARNING, logger="edge"):
+                async with aio.insecure_channel(f"127.0.0.1:{edge.port}") as channel:
+                    ask = edge_pb2_grpc.EdgeAgentStub(channel).Ask(
+                        convert.ask_spec_to_pb(spec), timeout=30)
+                    with pytest.raises(aio.AioRpcError) as err:
+                        async for _ in ask:
+                            pass
+            call.cancel()
+        details = err.value.details() or ""
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+        assert "cap of 1 concurrent sessions" in details, details
+        assert "--" not in details, details
+        assert "raise --max-sessions" in caplog.text  # the operator's copy keeps the hint
+    finally:
+        await edge.stop(0)
+        await cloud.stop(0)
