@@ -68,6 +68,8 @@ PayloadMode = Literal["frames", "aligned"]
 MIN_MS = 1e-3
 MAX_MS = 3.6e6
 #: Up to 1 Tbit/s of uplink.
+#: Slowest uplink that counts as a measurement (below it, 0 means unknown).
+MIN_BYTES_PER_S = 1.0
 MAX_BYTES_PER_S = 1.25e11
 
 _FLOOR_EPS = 1e-9
@@ -153,6 +155,12 @@ class EdgeCost:
         check_range("EdgeCost", "draft_ms_per_token", self.draft_ms_per_token, MIN_MS, MAX_MS)
         check_range("EdgeCost", "rtt_ms", self.rtt_ms, 0.0, MAX_MS)
         check_range("EdgeCost", "uplink_bytes_per_s", self.uplink_bytes_per_s, 0.0, MAX_BYTES_PER_S)
+        if 0.0 < self.uplink_bytes_per_s < MIN_BYTES_PER_S:
+            # 5e-324 B/s makes every upload take forever (an OverflowError downstream).
+            raise InvalidInput(
+                f"EdgeCost.uplink_bytes_per_s must be 0 (unknown) or at least "
+                f"{MIN_BYTES_PER_S:g} B/s, got {self.uplink_bytes_per_s!r}"
+            )
         check_probability("EdgeCost", "acceptance_prior", self.acceptance_prior)
 
 

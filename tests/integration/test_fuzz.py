@@ -258,7 +258,8 @@ def test_servers_still_answer_after_fuzzing(nodes: Nodes) -> None:
 
 
 @pytest.mark.parametrize("field", ["temperature=1e-300", "temperature=1e300",
-                                   "draft_ms_per_token=5e-324"])
+                                   "draft_ms_per_token=5e-324",
+                                   "uplink_bytes_per_s=5e-324"])
 def test_known_extremes(nodes: Nodes, field: str) -> None:
     name, value = field.split("=")
     gen = common_pb2.GenerationConfig(max_new_tokens=4, seed=1)

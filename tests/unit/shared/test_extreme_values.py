@@ -29,6 +29,16 @@ def test_edge_profile_extremes_name_the_field(field: str, value: float) -> None:
         edge(**{field: value})
 
 
+@pytest.mark.parametrize("value", [5e-324, 1e-9, 0.5])
+def test_a_vanishing_uplink_is_refused_and_zero_still_means_unknown(value: float) -> None:
+    """The slow fuzz run sent uplink_bytes_per_s=5e-324: upload time became infinite and
+    the plan's int() raised OverflowError (INTERNAL). Below 1 B/s is no measurement."""
+    with pytest.raises(InvalidInput, match="EdgeCost.uplink_bytes_per_s must be 0"):
+        edge(uplink_bytes_per_s=value)
+    assert edge(uplink_bytes_per_s=0.0).uplink_bytes_per_s == 0.0
+    assert edge(uplink_bytes_per_s=1.0).uplink_bytes_per_s == 1.0
+
+
 def test_edge_profile_extremes_from_the_wire() -> None:
     pb = common_pb2.EdgeProfile(draft_prefill_ms=30, draft_ms_per_token=5e-324, rtt_ms=1,
                                 uplink_bytes_per_s=0, acceptance_prior=0.5)
