@@ -46,6 +46,9 @@ def _translated(address: str, exc: aio.AioRpcError) -> AskError:
         details = (f"{address} does not serve the eventspec.v1.EdgeAgent service (is it "
                    f"the cloud verifier's port? point the client at the edge agent) "
                    f"[{details}]")
+    elif code == grpc.StatusCode.UNAVAILABLE and details.startswith("cloud verifier:"):
+        # The edge answered: it is its cloud that is down (the edge's status says which).
+        details = f"the edge agent at {address} cannot use its cloud verifier: {details}"
     elif code == grpc.StatusCode.UNAVAILABLE:
         details = f"cannot reach the edge agent at {address}: {details}"
     return AskError(code, details)

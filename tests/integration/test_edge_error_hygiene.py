@@ -15,6 +15,7 @@ from grpc import aio
 from edge.config import EdgeSettings
 from edge.server import EdgeServer
 from shared import convert
+from shared.client import AskError, EdgeClient
 from shared.logsafe import scrub_addresses, scrub_operator_hints
 from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc, verifier_pb2_grpc
 from shared.types import AskSpec, Mode
@@ -131,3 +132,22 @@ async def test_a_full_cloud_tells_the_asker_it_is_full_without_the_operators_fla
     finally:
         await edge.stop(0)
         await cloud.stop(0)
+
+
+async def test_the_client_blames_the_cloud_not_the_edge_when_the_cloud_is_down() -> None:
+    """The edge answered with "cloud verifier: ... unreachable": `eventspec ask` used to
+    say it could not reach the edge agent, which sent users to debug the wrong hop."""
+    _, draft = eh.shared_models()
+    edge = EdgeServer(replace(EdgeSettings(), cloud=f"127.0.0.1:{_closed_port()}", port=0,
+                              rpc_timeout_s=2.0), draft=draft)
+    await edge.start()
+    try:
+        async with EdgeClient(f"127.0.0.1:{edge.port}", timeout_s=30) as client:
+            with pytest.raises(AskError) as err:
+                await client.ask_final(AskSpec("What is moving?", mode=Mode.TARGET_ONLY))
+        text = str(err.value)
+        assert err.value.code == grpc.StatusCode.UNAVAILABLE
+        assert f"the edge agent at 127.0.0.1:{edge.port} cannot use its cloud verifier" in text
+        assert "cannot reach the edge agent" not in text
+    finally:
+        await edge.stop(0)
