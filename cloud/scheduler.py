@@ -127,8 +127,9 @@ class SlotPool:
 #: Prompt tokens one prefill call may take when several requests wait. One 2,103-token
 #: Video-LLaVA prompt already exceeds it, so on a GPU prefills stay one per call (each
 #: fills the device; grouping two would double the stall of running sessions for little
-#: gain); the toy's ~150-token prompts go up to 13 per call, where per-call overhead
-#: dominates. The oldest waiting request is always taken, whatever its length.
+#: gain); the toy's ~150-token prompts go up to 13 per call, so requests that arrive
+#: together start together and step in full batches. The oldest waiting request is
+#: always taken, whatever its length.
 DEFAULT_PREFILL_TOKEN_BUDGET = 2048
 
 

@@ -210,10 +210,12 @@ class StaticEngine:
 
         The requests' tokens are concatenated into one [sum L, H] activation, so every
         GEMM of every layer runs once for all of them; attention is causal SDPA per
-        request. On a GPU a single 2k-token prompt already fills the device, so the
-        scheduler's token budget sends them one at a time; small prompts (and CPU, where
-        per-call overhead dominates) gain the most. Every request is checked before any
-        model work: one bad request fails the call with nothing written.
+        request. What the scheduler gains is sessions that start together and so step
+        in full batches; the prefill compute itself does not shrink (on CPU a call of 4
+        toy prompts costs 4 single ones, docs/scheduler.md), and on a GPU one 2k-token
+        prompt already fills the device, so the scheduler's token budget sends those one
+        at a time. Every request is checked before any model work: one bad request fails
+        the call with nothing written.
         """
         if not requests:
             raise InvalidInput("prefill needs at least one request")
