@@ -271,7 +271,9 @@ async def main_async(args: argparse.Namespace) -> int:
             f"{lv['mode']}@{lv['concurrency']}": round(float(lv["tokens_per_s"]) / base, 2)  # type: ignore[arg-type]
             for lv in levels
         },
-        "levels": [{k: v for k, v in lv.items() if k != "answers"} for lv in levels],
+        "levels": [{**{k: v for k, v in lv.items() if k != "answers"},
+                    "agreeing_with_target_only_N1": _agreement(truths, [lv])}
+                   for lv in levels],
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     paced = f"-paced{args.emulate_prefill_ms:g}-{args.emulate_step_ms:g}" if (
