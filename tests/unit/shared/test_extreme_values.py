@@ -33,7 +33,7 @@ def test_edge_profile_extremes_name_the_field(field: str, value: float) -> None:
 def test_a_vanishing_uplink_is_refused_and_zero_still_means_unknown(value: float) -> None:
     """The slow fuzz run sent uplink_bytes_per_s=5e-324: upload time became infinite and
     the plan's int() raised OverflowError (INTERNAL). Below 1 B/s is no measurement."""
-    with pytest.raises(InvalidInput, match="EdgeCost.uplink_bytes_per_s must be 0"):
+    with pytest.raises(InvalidInput, match=r"EdgeCost\.uplink_bytes_per_s must be 0"):
         edge(uplink_bytes_per_s=value)
     assert edge(uplink_bytes_per_s=0.0).uplink_bytes_per_s == 0.0
     assert edge(uplink_bytes_per_s=1.0).uplink_bytes_per_s == 1.0
