@@ -89,6 +89,7 @@ def server_info_for(
         limits=dataclasses.replace(
             settings.limits, max_verify_tokens=settings.max_verify_tokens,
             kv_slots=engine.num_slots, kv_tokens_per_slot=engine.max_seq_len,
+            max_sessions_per_principal=settings.per_principal_cap,
         ),
         prompt_overhead_tokens=len(prompt) - geometry.visual_tokens,
     )

@@ -130,6 +130,8 @@ class ServerLimits:
     kv_slots: int = 0
     #: Positions per KV slot (prompt + answer).
     kv_tokens_per_slot: int = 0
+    #: Concurrent sessions one authenticated principal may hold (0: not reported).
+    max_sessions_per_principal: int = 0
 
 
 @dataclass(frozen=True)

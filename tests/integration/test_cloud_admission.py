@@ -161,6 +161,18 @@ async def test_one_principal_cannot_take_every_slot(
     assert registry._held == {}  # every count given back
 
 
+async def test_server_info_advertises_the_per_principal_cap(
+    two_principals: VerifierServer,
+) -> None:
+    """A client can plan around the cap before it hits it (GetServerInfo.limits)."""
+    async with aio.insecure_channel(f"127.0.0.1:{two_principals.port}") as channel:
+        info = await verifier_pb2_grpc.VerifierStub(channel).GetServerInfo(
+            verifier_pb2.GetServerInfoRequest(), timeout=10,
+            metadata=(("authorization", f"Bearer {TOKEN_B}"),))
+    assert info.limits.max_sessions_per_principal == 2
+    assert convert.server_info_from_pb(info).limits.max_sessions_per_principal == 2
+
+
 def test_the_per_principal_default_leaves_a_slot_free() -> None:
     limits = replace(CloudSettings().limits, max_sessions=8)
     assert replace(CloudSettings(), limits=limits).per_principal_cap == 7
