@@ -71,6 +71,18 @@ class SourceMeta:
     time_base: str
 
 
+def describe_recording(label: str, num_events: int, sensor_size: tuple[int, int],
+                       meta: SourceMeta, time_range_us: tuple[int, int]) -> str:
+    """The one-line summary of a recorded event source, the same for every file format:
+    ``label (N events, WxH [where the size came from], seconds, t: clock)``."""
+    t0, t1 = time_range_us
+    w, h = sensor_size
+    return (
+        f"{label} ({num_events} events, {w}x{h} [{meta.size_from}], "
+        f"{(t1 - t0) / 1e6:.3f} s, t: {meta.time_base})"
+    )
+
+
 @runtime_checkable
 class RgbIndex(Protocol):
     """Optional extension: list frame timestamps without decoding the frames.
@@ -135,12 +147,8 @@ class ArraySource:
         return int(self._events.size)
 
     def describe(self) -> str:
-        t0, t1 = self.time_range_us()
-        w, h = self._sensor_size
-        return (
-            f"{self._name} ({self.num_events} events, {w}x{h} [{self.meta.size_from}], "
-            f"{(t1 - t0) / 1e6:.3f} s, t: {self.meta.time_base})"
-        )
+        return describe_recording(self._name, self.num_events, self._sensor_size, self.meta,
+                                  self.time_range_us())
 
     def time_range_us(self) -> tuple[int, int]:
         t = self._events["t"]

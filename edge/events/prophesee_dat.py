@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.events.base import SourceMeta, check_range
+from edge.events.base import SourceMeta, check_range, describe_recording
 from edge.events.types import EVENT_DTYPE
 from shared.errors import InvalidInput, NotFound
 
@@ -101,12 +101,8 @@ class PropheseeDatSource:
         return int(self._t.size)
 
     def describe(self) -> str:
-        t0, t1 = self.time_range_us()
-        w, h = self._sensor_size
-        return (
-            f"dat:{self._path} ({self.num_events} events, {w}x{h} [{self.meta.size_from}], "
-            f"{(t1 - t0) / 1e6:.3f} s, t: {self.meta.time_base})"
-        )
+        return describe_recording(f"dat:{self._path}", self.num_events, self._sensor_size,
+                                  self.meta, self.time_range_us())
 
     def time_range_us(self) -> tuple[int, int]:
         return int(self._t[0]), int(self._t[-1]) + 1

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.events.base import SourceMeta, check_range
+from edge.events.base import SourceMeta, check_range, describe_recording
 from edge.events.evt2 import Evt2State, decode_evt2
 from edge.events.evt3 import Evt3State, decode_evt3
 from edge.events.types import EVENT_DTYPE, empty_events
@@ -239,12 +239,8 @@ class PropheseeRawSource:
         return self._n
 
     def describe(self) -> str:
-        t0, t1 = self.time_range_us()
-        w, h = self._sensor_size
-        return (
-            f"{self._enc}:{self._path} ({self._n} events, {w}x{h} [{self.meta.size_from}], "
-            f"{(t1 - t0) / 1e6:.3f} s, t: {self.meta.time_base})"
-        )
+        return describe_recording(f"{self._enc}:{self._path}", self._n, self._sensor_size,
+                                  self.meta, self.time_range_us())
 
     def time_range_us(self) -> tuple[int, int]:
         return int(self._firsts[0]), int(self._lasts[-1]) + 1
