@@ -212,9 +212,9 @@ class StaticEngine:
         GEMM of every layer runs once for all of them; attention is causal SDPA per
         request. What the scheduler gains is sessions that start together and so step
         in full batches; the prefill compute itself does not shrink (on CPU a call of 4
-        toy prompts costs 4 single ones, docs/scheduler.md), and on a GPU one 2k-token
-        prompt already fills the device, so the scheduler's token budget sends those one
-        at a time. Every request is checked before any model work: one bad request fails
+        toy prompts costs about 4 single ones, benchmarks/bench_prefill.py), and on a
+        GPU one 2k-token prompt already fills the device, so the scheduler's token
+        budget sends those one at a time. Every request is checked before any model work: one bad request fails
         the call with nothing written.
         """
         if not requests:

@@ -61,4 +61,4 @@ async def test_first_token_is_delivered_while_the_next_step_is_still_running() -
     finally:
         engine.gate.set()
         await asyncio.to_thread(sched.stop)
-    assert sched.stats.prefills == 2 and sched.stats.prefill_ms >= 0.0
+    assert sched.stats.prefills == 2 and sched.stats.prefill_ms > 0.0
