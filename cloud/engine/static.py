@@ -214,8 +214,8 @@ class StaticEngine:
         in full batches; the prefill compute itself does not shrink (on CPU a call of 4
         toy prompts costs about 4 single ones, benchmarks/bench_prefill.py), and on a
         GPU one 2k-token prompt already fills the device, so the scheduler's token
-        budget sends those one at a time. Every request is checked before any model work: one bad request fails
-        the call with nothing written.
+        budget sends those one at a time. Every request is checked before any model
+        work: one bad request fails the call with nothing written.
         """
         if not requests:
             raise InvalidInput("prefill needs at least one request")
