@@ -21,7 +21,7 @@ Implements ``cloud.engine.base.BatchedEngine`` for Video-LLaVA's LLaMA language 
   forward eagerly.
 - **Prefill** runs the video tower and projector as HF does, scatters the features
   into the ``<video>`` rows, and runs the same layer functions with causal SDPA
-  (flash attention on CUDA), one request at a time.
+  (flash attention on CUDA) per request, over all the call's requests' tokens at once.
 
 On CPU the same engine runs the plain torch layer functions without graphs, which is
 what the equality tests against the HF reference exercise. ``docs/engine.md`` has the
@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from cloud.engine import static_kernels
 from cloud.engine import static_layers as layers
 from cloud.engine.base import PrefillRequest, StepBatch
+from cloud.engine.kv import kv_bytes_per_token
 from cloud.engine.static_attention import (
     HAVE_TRITON,
     num_splits_for,
@@ -116,11 +117,8 @@ class _MetaLayout:
 
 def kv_bytes_per_slot(target: TargetModel, max_seq_len: int) -> int:
     """K and V bytes of one slot of ``max_seq_len`` positions across all layers."""
-    cfg: Any = target.model.config.get_text_config(decoder=True)
-    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
-    elem = torch.empty((), dtype=target.dtype).element_size()
-    per_pos = 2 * int(cfg.num_hidden_layers) * int(cfg.num_key_value_heads) * head_dim * elem
-    return per_pos * max_seq_len
+    text_config = target.model.config.get_text_config(decoder=True)
+    return kv_bytes_per_token(text_config, target.dtype) * max_seq_len
 
 
 def _bucket(n: int, buckets: Sequence[int]) -> int | None:
