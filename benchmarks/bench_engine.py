@@ -43,8 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.fullsize import build_full_target
 from cloud.engine.base import PrefillRequest, StepBatch
-from cloud.engine.static import StaticEngine, build_static_engine, kv_bytes_per_slot
+from cloud.engine.static import StaticEngine
 from cloud.engine.static_attention import HAVE_TRITON, num_splits_for, splitkv_attention
+from cloud.engine.static_build import build_static_engine, kv_bytes_per_slot
 from cloud.target import TargetModel
 from shared.demoworld.tiny_target import build_tiny_random_target
 from shared.kvcache import crop_cache

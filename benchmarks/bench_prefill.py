@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench_capacity import requests
 from cloud.config import CloudSettings
 from cloud.engine.base import PrefillRequest
-from cloud.engine.static import build_static_engine
+from cloud.engine.static_build import build_static_engine
 from cloud.server import load_target_for
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -18,7 +18,8 @@ from cloud.engine.base import BatchedEngine
 from cloud.engine.hf import HFEngine
 from cloud.engine.kv import kv_bytes_per_token, plan_kv
 from cloud.engine.paced import PacedEngine
-from cloud.engine.static import build_static_engine, static_unsupported_reason
+from cloud.engine.static_build import build_static_engine
+from cloud.engine.static_weights import static_unsupported_reason
 from cloud.model_dirs import model_dir
 from cloud.runtime import VerifierRuntime, server_info_for
 from cloud.scheduler import Scheduler

@@ -33,7 +33,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,12 +42,18 @@ import torch.nn.functional as F
 from cloud.engine import static_kernels
 from cloud.engine import static_layers as layers
 from cloud.engine.base import PrefillRequest, StepBatch
-from cloud.engine.kv import kv_bytes_per_token
 from cloud.engine.static_attention import (
     HAVE_TRITON,
     num_splits_for,
     reference_attention,
     splitkv_attention,
+)
+from cloud.engine.static_buckets import (
+    SESSION_BUCKETS,
+    TOKEN_BUCKETS,
+    MetaLayout,
+    StepInputs,
+    bucket,
 )
 from cloud.engine.static_kernels import rope_and_write_kv, silu_mul
 from cloud.engine.static_weights import (
@@ -61,71 +66,7 @@ from shared.errors import InvalidInput
 
 logger = logging.getLogger(__name__)
 
-SESSION_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
-TOKEN_BUCKETS: tuple[int, ...] = (1, 2, 3, 5, 9, 17, 33)
-#: Device memory kept free when the KV budget is "what is free": graphs, activations.
-_CUDA_RESERVE_BYTES = 6 * 2**30
-
-__all__ = [
-    "SESSION_BUCKETS",
-    "TOKEN_BUCKETS",
-    "StaticEngine",
-    "build_static_engine",
-    "kv_bytes_per_slot",
-    "static_unsupported_reason",
-]
-
-
-@dataclass(frozen=True)
-class _StepInputs:
-    """Device tensors one padded step reads (views of static buffers under graphs)."""
-
-    ids: torch.Tensor  # [M] token ids, M = Bp * Qp
-    pos: torch.Tensor  # [M] positions (RoPE rows)
-    write_slot: torch.Tensor  # [M] slot each row's K/V goes to (scratch for padding)
-    write_pos: torch.Tensor  # [M] position in that slot
-    slots: torch.Tensor  # [Bp]
-    starts: torch.Tensor  # [Bp]
-    seq_lens: torch.Tensor  # [Bp] start + count: what attention may read
-    sessions: int  # Bp
-    tokens: int  # Qp
-
-
-@dataclass(frozen=True)
-class _MetaLayout:
-    """Where each index array sits in one int64 block (fixed offsets per capacity)."""
-
-    cap_m: int
-    cap_b: int
-
-    @property
-    def size(self) -> int:
-        return 3 * self.cap_m + 3 * self.cap_b
-
-    def views(self, meta: torch.Tensor, bp: int, qp: int) -> tuple[torch.Tensor, ...]:
-        """(pos, write_slot, write_pos, slots, starts, seq_lens) prefixes for (Bp, Qp)."""
-        m, cm, cb = bp * qp, self.cap_m, self.cap_b
-        return (
-            meta[:m],
-            meta[cm : cm + m],
-            meta[2 * cm : 2 * cm + m],
-            meta[3 * cm : 3 * cm + bp],
-            meta[3 * cm + cb : 3 * cm + cb + bp],
-            meta[3 * cm + 2 * cb : 3 * cm + 2 * cb + bp],
-        )
-
-
-def kv_bytes_per_slot(target: TargetModel, max_seq_len: int) -> int:
-    """K and V bytes of one slot of ``max_seq_len`` positions across all layers."""
-    text_config = target.model.config.get_text_config(decoder=True)
-    return kv_bytes_per_token(text_config, target.dtype) * max_seq_len
-
-
-def _bucket(n: int, buckets: Sequence[int]) -> int | None:
-    for b in buckets:
-        if b >= n:
-            return b
-    return None
+__all__ = ["StaticEngine"]
 
 
 class StaticEngine:
@@ -192,7 +133,7 @@ class StaticEngine:
         max_b = max(self.session_buckets)
         # Static step buffers: one int64 block holding every index array at fixed
         # offsets, so each bucket's views keep their addresses across replays.
-        self._layout = _MetaLayout(cap_m=max_m, cap_b=max_b)
+        self._layout = MetaLayout(cap_m=max_m, cap_b=max_b)
         self._meta = torch.zeros(self._layout.size, device=self.device, dtype=torch.long)
         self._ids = torch.zeros(max_m, device=self.device, dtype=torch.long)  # [Mmax]
         self._logits = torch.zeros(max_m, w.vocab, device=self.device, dtype=self.dtype)
@@ -243,8 +184,8 @@ class StaticEngine:
             raise InvalidInput(f"token_ids must be [{n}], got {list(batch.token_ids.shape)}")
 
         q_max = max(batch.counts)
-        bp = _bucket(b, self.session_buckets) if self.use_graphs else b
-        qp = _bucket(q_max, self.token_buckets) if self.use_graphs else q_max
+        bp = bucket(b, self.session_buckets) if self.use_graphs else b
+        qp = bucket(q_max, self.token_buckets) if self.use_graphs else q_max
         graph = self._graphs.get((bp, qp)) if bp is not None and qp is not None else None
         if graph is None:  # beyond the buckets (or CPU): exact padding, eager forward
             bp, qp = b, q_max
@@ -318,24 +259,24 @@ class StaticEngine:
         if not 0 <= slot < self.num_slots:
             raise InvalidInput(f"slot {slot} outside 0..{self.num_slots - 1}")
 
-    def _buffers(self, bp: int, qp: int) -> tuple[_MetaLayout, torch.Tensor, torch.Tensor]:
+    def _buffers(self, bp: int, qp: int) -> tuple[MetaLayout, torch.Tensor, torch.Tensor]:
         """(layout, index block, ids) for a (Bp, Qp) step: the static ones when they fit."""
         m = bp * qp
         if m <= self._layout.cap_m and bp <= self._layout.cap_b:
             return self._layout, self._meta, self._ids[:m]
-        layout = _MetaLayout(cap_m=m, cap_b=bp)
+        layout = MetaLayout(cap_m=m, cap_b=bp)
         meta = torch.zeros(layout.size, device=self.device, dtype=torch.long)
         return layout, meta, torch.zeros(m, device=self.device, dtype=torch.long)
 
     def _inputs(
-        self, layout: _MetaLayout, meta: torch.Tensor, ids: torch.Tensor, bp: int, qp: int
-    ) -> _StepInputs:
+        self, layout: MetaLayout, meta: torch.Tensor, ids: torch.Tensor, bp: int, qp: int
+    ) -> StepInputs:
         pos, wslot, wpos, slots, starts, lens = layout.views(meta, bp, qp)
-        return _StepInputs(ids, pos, wslot, wpos, slots, starts, lens, bp, qp)
+        return StepInputs(ids, pos, wslot, wpos, slots, starts, lens, bp, qp)
 
     def _host_meta(
         self,
-        layout: _MetaLayout,
+        layout: MetaLayout,
         slots: Sequence[int],
         starts: Sequence[int],
         counts: Sequence[int],
@@ -381,7 +322,7 @@ class StaticEngine:
             return host
         return host.pin_memory().to(self.device, non_blocking=True)
 
-    def _load_step(self, batch: StepBatch, bp: int, qp: int) -> tuple[_StepInputs, torch.Tensor]:
+    def _load_step(self, batch: StepBatch, bp: int, qp: int) -> tuple[StepInputs, torch.Tensor]:
         """Fill a (Bp, Qp) step's inputs from ``batch``; return them and dest [N]."""
         layout, meta, ids = self._buffers(bp, qp)
         block, dest_np = self._host_meta(
@@ -393,14 +334,14 @@ class StaticEngine:
         ids.index_copy_(0, dest, batch.token_ids.to(self.device, torch.long))  # [M]
         return self._inputs(layout, meta, ids, bp, qp), dest
 
-    def _dummy_inputs(self, bp: int, qp: int) -> _StepInputs:
+    def _dummy_inputs(self, bp: int, qp: int) -> StepInputs:
         """A valid all-padding step for capture: every row in the scratch slot."""
         layout, meta, ids = self._buffers(bp, qp)
         block, _ = self._host_meta(layout, [], [], [], bp, qp)
         meta.copy_(torch.from_numpy(block))
         return self._inputs(layout, meta, ids, bp, qp)
 
-    def _forward(self, inp: _StepInputs, out: torch.Tensor | None) -> torch.Tensor:
+    def _forward(self, inp: StepInputs, out: torch.Tensor | None) -> torch.Tensor:
         """The padded step: [M] ids -> [M, V] logits (into ``out`` when given).
 
         Everything here is device work on static addresses, so it is what the CUDA
@@ -533,62 +474,3 @@ class StaticEngine:
         self._live.update(r.slot for r in requests)
         logits: torch.Tensor = (x @ w.lm_head.t()).float()  # [R, V]
         return logits
-
-
-def build_static_engine(
-    target_model: TargetModel,
-    *,
-    kv_cache_bytes: int | None,
-    max_seq_len: int,
-    max_slots: int | None = None,
-    use_graphs: bool = True,
-    compile_layers: bool = False,
-    session_buckets: Sequence[int] = SESSION_BUCKETS,
-    token_buckets: Sequence[int] = TOKEN_BUCKETS,
-    warm_up: bool = True,
-) -> StaticEngine:
-    """Reserve KV slots from a byte budget, build the engine, capture its graphs.
-
-    ``kv_cache_bytes`` None means: on CUDA, what is free now minus a reserve for
-    graphs and activations; on CPU, room for 8 slots. ``compile_layers`` swaps the
-    Triton RMSNorm for an Inductor-compiled one (measured slower; kept for comparison).
-    Build it before serving: graph capture must not overlap other CUDA work. The
-    scratch slot for padding comes out of the budget too.
-    Raises ``InvalidInput`` when the model is unsupported
-    (:func:`static_unsupported_reason`) or not even one slot fits.
-    """
-    reason = static_unsupported_reason(target_model)
-    if reason is not None:
-        raise InvalidInput(f"the static engine cannot serve this model: {reason}")
-    per_slot = kv_bytes_per_slot(target_model, max_seq_len)
-    device = target_model.device
-    if kv_cache_bytes is None:
-        if device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(device)
-            kv_cache_bytes = max(0, free - _CUDA_RESERVE_BYTES)
-        else:
-            kv_cache_bytes = 9 * per_slot
-    slots = kv_cache_bytes // per_slot - 1
-    if max_slots is not None:
-        slots = min(slots, max_slots)
-    if slots < 1:
-        raise InvalidInput(
-            f"a KV budget of {kv_cache_bytes / 2**30:.2f} GiB holds no slot of "
-            f"{max_seq_len} positions ({per_slot / 2**20:.1f} MiB each, plus one for padding)"
-        )
-    engine = StaticEngine(
-        target_model,
-        num_slots=slots,
-        max_seq_len=max_seq_len,
-        use_graphs=use_graphs,
-        compile_layers=compile_layers,
-        session_buckets=session_buckets,
-        token_buckets=token_buckets,
-    )
-    logger.info(
-        "static engine: %d KV slots x %d positions (%.2f GiB), device %s",
-        slots, max_seq_len, (slots + 1) * per_slot / 2**30, device,
-    )  # fmt: skip
-    if warm_up:
-        engine.warm_up()
-    return engine

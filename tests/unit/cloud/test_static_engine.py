@@ -17,8 +17,9 @@ import torch
 from transformers import DynamicCache
 
 from cloud.engine.base import BatchedEngine, PrefillRequest, StepBatch
-from cloud.engine.static import StaticEngine, build_static_engine, kv_bytes_per_slot
+from cloud.engine.static import StaticEngine
 from cloud.engine.static_attention import num_splits_for, reference_attention
+from cloud.engine.static_build import build_static_engine, kv_bytes_per_slot
 from cloud.engine.static_weights import static_unsupported_reason
 from cloud.target import TargetModel, load_target
 from shared.demoworld.tiny_target import build_tiny_random_target
