@@ -3,16 +3,19 @@
 Times real prefills and batched verify steps of the loaded engine on dummy inputs and
 fits the linear cost model that ``shared.timing`` uses: prefill = per-visual-token *
 visual + per-text-token * text, and a step over B sessions feeding N tokens = base +
-per-session * (B - 1) + per-token * N (least squares over a small grid of B and tokens
-per session). The result is saved with the model identity and device, and reused at the
-next start if they match.
+per-session * (B - 1) + per-token * N (non-negative least squares over the medians of a
+grid of B and tokens per session, with the worst outliers set aside). The result is
+saved with the model identity and device, and reused at the next start if they match.
 
 Timings taken on a busy machine can be nonsense (a negative slope clamped to 0 with a
 huge intercept once made a fresh cloud believe a 3-11 ms step cost 260 ms). So a fit is
-checked before it is trusted (no negative slopes, no point far from the fit) and
-re-measured when it fails; the machine's load average is recorded with the samples; and
-a reused profile is spot-checked against a few real steps and re-measured when it is off
-by more than 2x. ``--recalibrate`` forces a fresh measurement.
+checked before it is trusted (no point far from the fit once at most a quarter of the
+points are set aside as outliers) and re-measured when it fails; a fit that never passes
+is used for this run only, labelled unreliable in GetServerInfo, and never saved. The
+machine's load average is recorded with the samples, and a reused profile is
+spot-checked against a few real steps and re-measured when it is off by more than 2x.
+``--recalibrate`` forces a fresh measurement. Progress goes to ``progress`` (the server
+shows it in its log and in its warming-up status).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -37,12 +41,24 @@ log = logging.getLogger(__name__)
 
 STEP_WIDTHS = (1, 4, 8, 16)
 BATCH_SIZES = (1, 2, 4, 8, 16)
+#: Timings per prefill and per (B, k) point in one round; each point's median is fitted.
+REPEATS = 5
 #: A fit may miss a measured point by at most this fraction of it.
 MAX_RELATIVE_RESIDUAL = 0.5
-#: Measuring rounds before the best (least bad) fit is taken with a warning.
+#: At most this share of the points may be set aside as outliers (a step that met a
+#: busy moment) before a round counts as failed.
+MAX_OUTLIER_FRACTION = 0.25
+#: Measuring rounds before the best (least bad) fit is used for this run only.
 MAX_ATTEMPTS = 3
 #: A reused profile whose one-token step is off by more than this factor is re-measured.
 SPOT_CHECK_FACTOR = 2.0
+
+#: Receives one line per calibration stage ("round 2 of 3: steps, B = 4").
+Progress = Callable[[str], None]
+
+
+def no_progress(_: str) -> None:
+    """The default progress sink: say nothing."""
 
 
 def fit_problems(
@@ -54,45 +70,102 @@ def fit_problems(
     problems = [f"{name} {value:.3g} ms < 0" for name, value in
                 (("base", base), ("per-session slope", per_session),
                  ("per-token slope", per_token)) if value < -1e-6]
-    for b, n, ms in points:
-        predicted = base + per_session * (b - 1) + per_token * n
-        if ms > 0 and abs(predicted - ms) > MAX_RELATIVE_RESIDUAL * ms:
-            problems.append(f"B={b}, N={n}: measured {ms:.2f} ms, fit {predicted:.2f} ms")
+    problems += [f"B={b}, N={n}: measured {ms:.2f} ms, fit {_predict(fit, b, n):.2f} ms"
+                 for b, n, ms in _far_points(fit, points)]
     return problems
 
 
+def _predict(fit: tuple[float, float, float], sessions: int, tokens: int) -> float:
+    base, per_session, per_token = fit
+    return base + per_session * (sessions - 1) + per_token * tokens
+
+
+def _far_points(
+    fit: tuple[float, float, float], points: list[tuple[int, int, float]]
+) -> list[tuple[int, int, float]]:
+    """Points the fit misses by more than ``MAX_RELATIVE_RESIDUAL`` of their value,
+    worst first."""
+    far = [(abs(_predict(fit, b, n) - ms) / ms, (b, n, ms)) for b, n, ms in points
+           if ms > 0 and abs(_predict(fit, b, n) - ms) > MAX_RELATIVE_RESIDUAL * ms]
+    return [p for _, p in sorted(far, reverse=True)]
+
+
+def robust_step_fit(
+    points: list[tuple[int, int, float]],
+) -> tuple[tuple[float, float, float], list[str], int]:
+    """Fit, set aside the worst outliers (at most ``MAX_OUTLIER_FRACTION`` of the points,
+    one at a time, refitting after each), and check what is left.
+
+    Returns (fit, problems, outliers set aside). Each point is already the median of
+    ``REPEATS`` timings, so one slow timing cannot move it; a whole point taken while the
+    machine was busy is what the outlier step removes.
+    """
+    kept = list(points)
+    fit = fit_step_cost(kept)
+    budget = int(MAX_OUTLIER_FRACTION * len(points))
+    dropped = 0
+    while dropped < budget and len(kept) > 3:
+        far = _far_points(fit, kept)
+        if not far:
+            break
+        kept.remove(far[0])
+        dropped += 1
+        fit = fit_step_cost(kept)
+    return fit, fit_problems(fit, kept), dropped
+
+
 def measure_cloud_cost(
-    target: TargetModel, engine: BatchedEngine, *, repeats: int = 3
+    target: TargetModel, engine: BatchedEngine, *, repeats: int = REPEATS,
+    progress: Progress = no_progress,
 ) -> tuple[CloudCost, dict[str, list[float]]]:
-    """Measure until the step fit makes physical sense (at most ``MAX_ATTEMPTS`` rounds;
-    then the round with the fewest problems, with a warning). Returns the cost model and
-    the raw samples, which include the 1-minute load average seen while measuring."""
-    best: tuple[int, CloudCost, dict[str, list[float]]] | None = None
+    """Measure until the step fit makes physical sense (at most ``MAX_ATTEMPTS`` rounds).
+
+    When every round fails its sanity check, the round with the fewest problems is
+    returned marked ``unreliable`` (the caller uses it for this run only and never saves
+    it). Returns the cost model and the raw samples, which include the 1-minute load
+    average seen while measuring.
+    """
+    best: tuple[int, CloudCost, dict[str, list[float]], list[str]] | None = None
+    started = time.perf_counter()
     for attempt in range(1, MAX_ATTEMPTS + 1):
-        cost, samples, problems = _measure_once(target, engine, repeats=repeats)
+        round_started = time.perf_counter()
+        cost, samples, problems = _measure_once(
+            target, engine, repeats=repeats,
+            progress=lambda stage, a=attempt: progress(  # type: ignore[misc]
+                f"calibrating, round {a} of {MAX_ATTEMPTS}: {stage}"),
+        )
+        took = time.perf_counter() - round_started
         if not problems:
-            return cost, samples
-        log.warning("calibration round %d: the step fit makes no sense (%s); measuring again",
-                    attempt, "; ".join(problems[:3]))
+            log.info("calibration round %d of %d passed its sanity check in %.1f s",
+                     attempt, MAX_ATTEMPTS, took)
+            return replace(cost, calibration=f"measured at warm-up (round {attempt})"), samples
+        log.warning("calibration round %d of %d failed its sanity check in %.1f s (%s); %s",
+                    attempt, MAX_ATTEMPTS, took, "; ".join(problems[:3]),
+                    "measuring again" if attempt < MAX_ATTEMPTS else "giving up")
         if best is None or len(problems) < best[0]:
-            best = (len(problems), cost, samples)
+            best = (len(problems), cost, samples, problems)
     assert best is not None
-    log.warning("calibration: keeping the least bad of %d rounds; the machine may be busy "
-                "(load %.1f); rerun with --recalibrate when it is idle", MAX_ATTEMPTS,
-                best[2]["load_avg_1m"][0])
-    return best[1], best[2]
+    _, cost, samples, problems = best
+    load = samples["load_avg_1m"][0]
+    log.warning("CALIBRATION UNRELIABLE after %d rounds (%.0f s; load average %.1f): using "
+                "the least bad fit for this run only, not saving it; plans may be off. Rerun "
+                "with --recalibrate when the machine is idle.", MAX_ATTEMPTS,
+                time.perf_counter() - started, load)
+    label = f"unreliable, this run only ({problems[0]}; load average {load:.1f})"
+    return replace(cost, calibration=label, unreliable=True), samples
 
 
 def _measure_once(
-    target: TargetModel, engine: BatchedEngine, *, repeats: int
+    target: TargetModel, engine: BatchedEngine, *, repeats: int, progress: Progress = no_progress,
 ) -> tuple[CloudCost, dict[str, list[float]], list[str]]:
-    """One round: prefill and batched step timings, the fit, and its problems."""
+    """One round: prefill and batched step timings, the robust fit, and its problems."""
     g = target.geometry
     s = g.image_size
     pixels = torch.zeros(1, g.num_frames, 3, s, s, dtype=target.dtype, device=target.device)
     short_q = target.build_prompt_ids("What is moving?")
     long_q = target.build_prompt_ids("What is moving? " * 16)
     samples: dict[str, list[float]] = {"prefill_short_ms": [], "prefill_long_ms": []}
+    progress("prefill")
     for _ in range(repeats + 1):  # the first round warms kernels and is discarded
         for key, ids in (("prefill_short_ms", short_q), ("prefill_long_ms", long_q)):
             request = PrefillRequest(0, ids, pixel_values_videos=pixels)
@@ -103,7 +176,8 @@ def _measure_once(
     for slot in range(max(batches)):
         engine.prefill([PrefillRequest(slot, short_q, pixel_values_videos=pixels)])
     points: list[tuple[int, int, float]] = []  # (sessions, tokens, median ms)
-    for b in batches:
+    for i, b in enumerate(batches, 1):
+        progress(f"steps of {b} session(s) ({i} of {len(batches)} batch sizes)")
         for k in STEP_WIDTHS:
             batch = StepBatch(
                 slots=tuple(range(b)), start_positions=(len(short_q),) * b, counts=(k,) * b,
@@ -121,9 +195,10 @@ def _measure_once(
     p_long = statistics.median(samples["prefill_long_ms"])
     per_text = max(0.0, (p_long - p_short) / max(1, long_text - short_text))
     per_visual = max(0.0, (p_short - per_text * short_text) / visual)
-    fit = fit_step_cost(points)
+    fit, problems, outliers = robust_step_fit(points)
     base, per_session, per_token = fit
     samples["load_avg_1m"] = [_load_average()]
+    samples["step_outliers_set_aside"] = [float(outliers)]
     cost = CloudCost(
         prefill_base_ms=0.0,
         prefill_ms_per_visual_token=per_visual,
@@ -133,7 +208,7 @@ def _measure_once(
         device=_device_name(target),
         step_ms_per_session=max(per_session, 0.0),
     )
-    return cost, samples, fit_problems(fit, points)
+    return cost, samples, problems
 
 
 def spot_check(target: TargetModel, engine: BatchedEngine, cost: CloudCost) -> float:
@@ -161,19 +236,38 @@ def _load_average() -> float:
 
 
 def fit_step_cost(points: list[tuple[int, int, float]]) -> tuple[float, float, float]:
-    """Least squares ms = base + per_session * (B - 1) + per_token * N over (B, N, ms)
-    points -> (base, per_session, per_token). With a single batch size the session term
-    cannot be told apart from the base and is 0."""
+    """Non-negative least squares ms = base + per_session * (B - 1) + per_token * N over
+    (B, N, ms) points -> (base, per_session, per_token).
+
+    Costs cannot be negative, so instead of clamping an unconstrained fit (which once
+    gave a negative slope and a huge intercept on a busy machine), every subset of the
+    three terms is fitted and the best fit with no negative coefficient wins: with three
+    unknowns that is exact NNLS (Lawson and Hanson 1974) in 7 small solves. With a single
+    batch size the session term cannot be told apart from the base and is 0.
+    """
+    if not points:
+        raise ValueError("no step timings to fit")
     sessions = {b for b, _, _ in points}
-    cols = [[1.0, float(b - 1), float(n)] for b, n, _ in points]
-    if len(sessions) < 2:
-        cols = [[c[0], c[2]] for c in cols]
-    a = torch.tensor(cols, dtype=torch.float64)  # [P, 2 or 3]
-    y = torch.tensor([[ms] for _, _, ms in points], dtype=torch.float64)  # [P, 1]
-    sol = torch.linalg.lstsq(a, y).solution.flatten().tolist()
-    if len(sessions) < 2:
-        return sol[0], 0.0, sol[1]
-    return sol[0], sol[1], sol[2]
+    rows = torch.tensor([[1.0, float(b - 1), float(n)] for b, n, _ in points],
+                        dtype=torch.float64)  # [P, 3]
+    y = torch.tensor([ms for _, _, ms in points], dtype=torch.float64)  # [P]
+    usable = [0, 1, 2] if len(sessions) > 1 else [0, 2]
+    best: tuple[float, list[float]] | None = None
+    for mask in range(1, 1 << len(usable)):
+        cols = [c for i, c in enumerate(usable) if mask >> i & 1]
+        a = rows[:, cols]  # [P, len(cols)]
+        sol = torch.linalg.lstsq(a, y.unsqueeze(1)).solution.flatten()  # [len(cols)]
+        if bool((sol < 0).any()):
+            continue
+        residual = float(((a @ sol - y) ** 2).sum())
+        if best is None or residual < best[0] - 1e-12:
+            coef = [0.0, 0.0, 0.0]
+            for c, v in zip(cols, sol.tolist(), strict=True):
+                coef[c] = v
+            best = (residual, coef)
+    assert best is not None  # the base alone always fits with a non-negative mean
+    base, per_session, per_token = best[1]
+    return base, per_session, per_token
 
 
 def _timed(target: TargetModel, fn: Callable[[], object]) -> float:
@@ -185,9 +279,14 @@ def _timed(target: TargetModel, fn: Callable[[], object]) -> float:
 
 
 def load_or_calibrate(
-    target: TargetModel, engine: BatchedEngine, path: Path, *, recalibrate: bool = False
+    target: TargetModel, engine: BatchedEngine, path: Path, *, recalibrate: bool = False,
+    progress: Progress = no_progress,
 ) -> CloudCost:
-    """Reuse a matching profile file, or measure and save a new one."""
+    """Reuse a matching profile file, or measure and save a new one.
+
+    A measurement that failed its own sanity check is used for this run only: it is
+    never saved, so the next start measures again instead of trusting it.
+    """
     device = _device_name(target)
     if not recalibrate and path.exists():
         try:
@@ -196,17 +295,22 @@ def load_or_calibrate(
                 expected_device=device,
             )
             if profile.cloud is not None:
+                progress("checking the saved calibration profile")
                 ratio = spot_check(target, engine, profile.cloud)
                 if 1 / SPOT_CHECK_FACTOR <= ratio <= SPOT_CHECK_FACTOR:
                     log.info("using calibration profile %s (a real step took %.2fx its "
                              "prediction)", path, ratio)
-                    return profile.cloud
+                    return replace(profile.cloud, calibration=f"profile file {path.name}")
                 log.warning("calibration profile %s is stale: a real step took %.2fx its "
                             "prediction; measuring again", path, ratio)
         except EventSpecError as exc:
             log.warning("ignoring calibration profile %s: %s", path, exc)
-    log.info("calibrating the cost model on %s ...", device)
-    cost, samples = measure_cloud_cost(target, engine)
+    log.info("calibrating the cost model on %s (up to %d rounds of %d prefills and %d steps; "
+             "about a minute on a 2-core CPU with the toy models) ...", device, MAX_ATTEMPTS,
+             2 * REPEATS, len(BATCH_SIZES) * len(STEP_WIDTHS) * REPEATS)
+    cost, samples = measure_cloud_cost(target, engine, progress=progress)
+    if cost.unreliable:
+        return cost
     profile = CalibrationProfile(
         role="cloud", model_id=target.model_id, device=device, created_unix=time.time(),
         cloud=cost, edge=None, samples=samples,

@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="pace each decode/verify step to at least this long (e.g. 30, "
                             "an A100-class 7B step)")
     serve.add_argument("--port-file", type=Path, default=None,
-                       help="write the bound port here once SERVING (for --port 0)")
+                       help="write the bound port here as soon as it is bound (for --port "
+                            "0; NOT_SERVING until warm: wait with eventspec wait)")
     serve.add_argument("--log-level", default="INFO", choices=LOG_LEVELS,
                        type=str.upper, help="log threshold")
     add_server_security_args(serve, "EVENTSPEC_CLOUD_")

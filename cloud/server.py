@@ -12,7 +12,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-from cloud.calibrate import load_or_calibrate
+from cloud.calibrate import Progress, load_or_calibrate, no_progress
 from cloud.config import CloudSettings
 from cloud.engine.base import BatchedEngine
 from cloud.engine.hf import HFEngine
@@ -44,7 +44,12 @@ FIXED_TEST_COST = CloudCost(
     step_base_ms=2.0,
     step_ms_per_token=0.1,
     device="fixed",
+    calibration="fixed test constants (--no-calibrate)",
 )
+
+
+class WarmUpStopped(Exception):
+    """The server was told to stop while it was still warming up."""
 
 
 def load_target_for(settings: CloudSettings) -> TargetModel:
@@ -103,19 +108,27 @@ def build_runtime(
     *,
     engine: BatchedEngine | None = None,
     cost: CloudCost | None = None,
+    progress: Progress = no_progress,
 ) -> VerifierRuntime:
     """Load (or take) the target, reserve KV, calibrate, and assemble the runtime. Blocking.
 
     ``engine`` and ``cost`` let tests inject a test double (e.g. a slowed engine that
-    stands in for a loaded cloud) together with the cost model that describes it. The
-    scheduler's engine loop is started later, on the serving event loop.
+    stands in for a loaded cloud) together with the cost model that describes it. A
+    paced engine plans with the costs it is paced to. ``progress`` hears each warm-up
+    phase (the server reports it while NOT_SERVING). The scheduler's engine loop is
+    started later, on the serving event loop.
     """
-    target = target if target is not None else load_target_for(settings)
+    if target is None:
+        progress("loading the target model")
+        target = load_target_for(settings)
     if engine is None:
+        progress("reserving KV memory and building the engine")
         engine = build_engine(settings, target)
-    if cost is None and settings.calibrate:
+    if cost is None and isinstance(engine, PacedEngine) and engine.step_ms > 0:
+        cost = engine.known_cost()
+    elif cost is None and settings.calibrate:
         cost = load_or_calibrate(target, engine, settings.resolved_profile_path(target.model_id),
-                                 recalibrate=settings.recalibrate)
+                                 recalibrate=settings.recalibrate, progress=progress)
     elif cost is None:
         cost = FIXED_TEST_COST
     info = server_info_for(target, cost, settings, engine)
@@ -143,6 +156,7 @@ class VerifierServer:
     _servicer: VerifierServicer = field(default_factory=VerifierServicer)
     _sweeper: asyncio.Task[None] | None = None
     _engine_down: asyncio.Task[None] | None = None
+    _stopping: bool = False
 
     async def start(self, *, warm: bool = True) -> int:
         """Bind, report NOT_SERVING, warm up, report SERVING. Returns the bound port."""
@@ -167,7 +181,8 @@ class VerifierServer:
         """Load the model and calibrate off the loop, then report SERVING."""
         assert self._host is not None
         self.runtime = await asyncio.to_thread(
-            build_runtime, self.settings, self.target, engine=self.engine, cost=self.cost
+            build_runtime, self.settings, self.target, engine=self.engine, cost=self.cost,
+            progress=self._warming,
         )
         self.runtime.scheduler.start(on_death=self._engine_died)
         self._servicer.attach(self.runtime)
@@ -177,14 +192,27 @@ class VerifierServer:
         await self._host.set_serving(True)
         info = self.runtime.info
         log.info("verifier SERVING %s (vocab %d, %d visual tokens; planning with prefill "
-                 "%.1f ms, step %.1f ms + %.2f ms/token + %.2f ms/extra session; capacity %d "
-                 "KV slots x %d tokens)",
+                 "%.1f ms, step %.1f ms + %.2f ms/token + %.2f ms/extra session [%s]; "
+                 "capacity %d KV slots x %d tokens)",
                  info.model_id, info.vocab_size, info.geometry.visual_tokens,
                  info.cloud_cost.prefill_ms(info.geometry.visual_tokens,
                                             info.prompt_overhead_tokens),
                  info.cloud_cost.step_base_ms, info.cloud_cost.step_ms_per_token,
-                 info.cloud_cost.step_ms_per_session, info.limits.kv_slots,
+                 info.cloud_cost.step_ms_per_session, info.cloud_cost.calibration,
+                 info.limits.kv_slots,
                  info.limits.kv_tokens_per_slot)
+
+    def _warming(self, phase: str) -> None:
+        """A warm-up phase began: log it, and let callers see it while NOT_SERVING.
+
+        Runs on the warm-up thread, which nothing else can interrupt: a server told to
+        stop meanwhile ends warm-up here, at the next phase, so a signal during a long
+        calibration does not wait for all of it.
+        """
+        if self._stopping:
+            raise WarmUpStopped(f"stopped while warming up (before: {phase})")
+        log.info("warming up: %s", phase)
+        self._servicer.phase = phase
 
     def _engine_died(self, reason: str) -> None:
         """The engine loop failed: report NOT_SERVING so load balancers move on."""
@@ -194,6 +222,7 @@ class VerifierServer:
 
     async def stop(self, grace_s: float | None = None) -> None:
         """NOT_SERVING, then stop with a grace period for in-flight requests."""
+        self._stopping = True
         if self._host is None:
             return
         await self._host.stop(self.settings.grace_s if grace_s is None else grace_s)

@@ -14,7 +14,7 @@ from cloud.generation import ByteCounter, run_generate
 from cloud.runtime import VerifierRuntime
 from shared import convert
 from shared.convert import EdgeInbound
-from shared.errors import Unavailable
+from shared.errors import WarmingUp
 from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 
 
@@ -23,6 +23,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
 
     def __init__(self, runtime: VerifierRuntime | None = None) -> None:
         self._rt = runtime
+        #: What warm-up is doing now; callers see it until the runtime is attached.
+        self.phase = "starting"
 
     def attach(self, runtime: VerifierRuntime) -> None:
         """Start serving requests once warm-up has built the runtime."""
@@ -31,7 +33,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     @property
     def rt(self) -> VerifierRuntime:
         if self._rt is None:
-            raise Unavailable("the verifier is still warming up; retry when health is SERVING")
+            raise WarmingUp(self.phase)
         return self._rt
 
     async def GetServerInfo(

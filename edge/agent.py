@@ -25,6 +25,7 @@ from edge.drafter import Drafter
 from edge.events.base import EventSource
 from edge.failover import ask_event_is_committed, with_failover
 from edge.link import VerifierLink, VerifierStream
+from edge.readiness import CloudState, CloudView, Readiness
 from edge.session import Action, EdgeSession, SendDrafts, ShowPreview
 from edge.visual_input import (
     PreparedVisual,
@@ -33,7 +34,13 @@ from edge.visual_input import (
     send_features,
 )
 from shared.codec import WireDtype
-from shared.errors import EventSpecError, FailedPrecondition, InvalidInput, Unavailable
+from shared.errors import (
+    ErrorCode,
+    EventSpecError,
+    FailedPrecondition,
+    InvalidInput,
+    Unavailable,
+)
 from shared.estimators import AcceptanceEstimator, Ewma, ThroughputEstimator
 from shared.planning import RequestFacts, facts_from_open, plan_inputs, request_plan
 from shared.timing import EdgeCost, TimingPlan, plan
@@ -51,6 +58,7 @@ from shared.types import (
     Mode,
     OpenRequest,
     PreviewEvent,
+    ProgressEvent,
     RequestStats,
     ServerInfo,
     ServerLimits,
@@ -58,6 +66,9 @@ from shared.types import (
 from shared.worker import ModelWorker
 
 log = logging.getLogger(__name__)
+
+#: How often an Ask that waits for the cloud asks it again, s.
+CLOUD_POLL_S = 0.5
 
 
 class EdgeCostMeter:
@@ -112,6 +123,8 @@ class EdgeAgent:
         rpc_timeout_s: float = 5.0,
         preview_every: int = 4,
         force_speculation: bool = False,
+        readiness: Readiness | None = None,
+        cloud_wait_s: float = 60.0,
     ) -> None:
         self.source = source
         self.draft = draft
@@ -127,6 +140,11 @@ class EdgeAgent:
         self.preview_every = max(1, preview_every)
         self.force_speculation = force_speculation
         self.requests_served = 0
+        if readiness is None:  # built from loaded models, with nobody else to tell
+            readiness = Readiness(needs_cloud=link is not None)
+            readiness.set_edge_phase(None)
+        self.readiness = readiness
+        self.cloud_wait_s = cloud_wait_s
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -170,8 +188,11 @@ class EdgeAgent:
 
     # -- one request ----------------------------------------------------------------------
 
-    async def ask(self, spec: AskSpec) -> AsyncIterator[AskEvent]:
-        """Answer ``spec``; yields previews, committed text and one FinalEvent.
+    async def ask(self, spec: AskSpec, *, deadline_s: float | None = None
+                  ) -> AsyncIterator[AskEvent]:
+        """Answer ``spec``; yields progress while waiting for the cloud, previews,
+        committed text and one FinalEvent. ``deadline_s`` is the call's time left (the
+        wait for a warming cloud ends before it).
 
         Logs one line per request (id, mode, outcome or error code, tokens, ms), never
         the question text at INFO.
@@ -180,7 +201,7 @@ class EdgeAgent:
         request_id = uuid.uuid4().hex[:12]
         outcome, tokens = "CANCELLED", 0
         try:
-            async for event in self._answer(spec, request_id):
+            async for event in self._answer(spec, request_id, deadline_s):
                 if isinstance(event, FinalEvent):
                     outcome, tokens = event.finish_reason.name, len(event.token_ids)
                 yield event
@@ -195,7 +216,8 @@ class EdgeAgent:
                      spec.mode.name.lower(), outcome, tokens,
                      (time.perf_counter() - started) * 1e3)
 
-    async def _answer(self, spec: AskSpec, request_id: str) -> AsyncIterator[AskEvent]:
+    async def _answer(self, spec: AskSpec, request_id: str, deadline_s: float | None
+                      ) -> AsyncIterator[AskEvent]:
         if spec.mode == Mode.DRAFT_ONLY:
             check_ask(spec, ServerLimits())
             async for event in self._draft_only(spec):
@@ -206,7 +228,15 @@ class EdgeAgent:
                 f"mode {spec.mode.name.lower()} needs a cloud verifier, and this edge runs "
                 "without one; use mode draft_only"
             )
-        info = await self._server_info()
+        info: ServerInfo | None = None
+        wait_s = self.cloud_wait_s if deadline_s is None else min(self.cloud_wait_s,
+                                                                   max(0.0, deadline_s - 1.0))
+        async for item in self._cloud_info_when_ready(wait_s):
+            if isinstance(item, ProgressEvent):
+                yield item
+            else:
+                info = item
+        assert info is not None
         check_ask(spec, info.limits)  # before any model work
         if spec.mode == Mode.SPECULATIVE and info.vocab_fingerprint != self.draft.vocab_fingerprint:
             raise FailedPrecondition(
@@ -231,12 +261,40 @@ class EdgeAgent:
         ):
             yield event
 
-    async def _server_info(self) -> ServerInfo:
+    async def _cloud_info_when_ready(
+        self, wait_s: float
+    ) -> AsyncIterator[ProgressEvent | ServerInfo]:
+        """The cloud's GetServerInfo, waiting up to ``wait_s`` for a cloud that is warming
+        up or briefly unreachable; yields a ProgressEvent whenever the reason changes,
+        then the info. A cloud that is not a Verifier, or a wait that runs out, gets its
+        own clear error."""
         assert self.link is not None
-        try:
-            return await self.link.server_info(self.rpc_timeout_s)
-        except EventSpecError as exc:
-            raise Unavailable(exc.message) from exc
+        started = time.monotonic()
+        shown = None
+        while True:
+            try:
+                info = await self.link.server_info(self.rpc_timeout_s)
+            except EventSpecError as exc:
+                if exc.code != ErrorCode.UNAVAILABLE:
+                    raise
+                view = await self.link.diagnose(self.rpc_timeout_s)
+            else:
+                self.readiness.set_cloud(CloudView(CloudState.READY))
+                yield info
+                return
+            self.readiness.set_cloud(view)
+            waited = time.monotonic() - started
+            refusal = self.readiness.refusal(needs_cloud=True)
+            if refusal is not None:
+                raise refusal
+            if waited >= wait_s:
+                raise self.readiness.timeout_error(needs_cloud=True, waited_s=waited)
+            waiting = self.readiness.waiting(needs_cloud=True)
+            if waiting is not None and waiting != shown:
+                shown = waiting
+                log.info("ask waits: %s", waiting.message)
+                yield ProgressEvent(waiting.stage, waiting.message, round(waited, 3))
+            await asyncio.sleep(min(CLOUD_POLL_S, wait_s - waited))
 
     async def _prepare(
         self, spec: AskSpec, *, need_frames: bool, need_features: bool,

@@ -84,11 +84,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="JPEG quality of frames sent to the cloud, 1..100")
     serve.add_argument("--request-timeout", type=float, default=120.0,
                        help="deadline of one request's stream to the cloud, seconds")
+    serve.add_argument("--cloud-wait-s", type=float, default=env.cloud_wait_s,
+                       help="how long an Ask waits for a cloud verifier that is warming up "
+                            "or briefly unreachable, streaming progress, before it fails "
+                            "(never past the Ask's deadline) ($EVENTSPEC_EDGE_CLOUD_WAIT_S)")
     serve.add_argument("--speculation", choices=["auto", "always"], default="auto",
                        help="auto: draft when the timing plan says it pays (default); "
                             "always: draft regardless, e.g. to measure acceptance")
     serve.add_argument("--port-file", type=Path, default=None,
-                       help="write the bound port here once SERVING (for --port 0)")
+                       help="write the bound port here as soon as it is bound (for --port "
+                            "0; the edge is NOT_SERVING until warm: wait with eventspec wait)")
     serve.add_argument("--log-level", default="INFO", choices=LOG_LEVELS,
                        type=str.upper, help="log threshold")
     add_server_security_args(serve, "EVENTSPEC_EDGE_")
@@ -113,6 +118,7 @@ def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
         dtype=args.dtype,
         default_jpeg_quality=args.jpeg_quality,
         request_timeout_s=args.request_timeout,
+        cloud_wait_s=args.cloud_wait_s,
         speculation=args.speculation,
         security=server_security_from_args(args, "EVENTSPEC_EDGE_"),
         cloud_security=client_security_from_args(args, prefix="cloud-",

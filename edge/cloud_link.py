@@ -27,6 +27,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
+from edge.readiness import CloudState, CloudView
 from shared import convert
 from shared.convert import CloudOutbound, EdgeInbound
 from shared.errors import DeadlineExceeded, EventSpecError, InvalidInput, Unavailable
@@ -35,6 +36,7 @@ from shared.logsafe import scrub_addresses, scrub_operator_hints
 from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from shared.types import ServerInfo
 from shared.wire.channel import call_metadata, open_channel
+from shared.wire.interceptors import WARMING_UP_KEY
 from shared.wire.options import channel_options
 from shared.wire.security import ClientSecurity, SecurityConfigError
 from shared.wire.status import from_grpc
@@ -59,6 +61,10 @@ SERVICE_CONFIG = json.dumps({
         },
     }],
 })
+
+#: The probe channel's config: round_robin over the replicas with no health checking,
+#: so a probe reaches a replica that reports NOT_SERVING and hears why.
+PROBE_SERVICE_CONFIG = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
 
 
 def _ip_family(host: str) -> int | None:
@@ -199,6 +205,10 @@ class CloudLink:
         self._metadata = call_metadata(security)
         self._channel = open_channel(target, security, options)
         self._stub = verifier_pb2_grpc.VerifierStub(self._channel)
+        self._probe_channel = open_channel(target, security, [
+            *channel_options(max_message_bytes), ("grpc.service_config", PROBE_SERVICE_CONFIG),
+        ])
+        self._probe = verifier_pb2_grpc.VerifierStub(self._probe_channel)
         self.rtt = RttEstimator()
         self.reachable = False
         self.last_error = ""
@@ -220,6 +230,29 @@ class CloudLink:
         self.info = convert.server_info_from_pb(pb)
         return self.info
 
+    async def diagnose(self, timeout_s: float = 5.0) -> CloudView:
+        """Why the cloud does not answer through the balanced channel.
+
+        That channel hides a replica whose health is NOT_SERVING (client-side health
+        checking), so its calls fail with a bare UNAVAILABLE whether the cloud is warming
+        up, down, or not a Verifier at all. The probe channel calls GetServerInfo
+        without health checking and reads the answer: the warming-up phase from the
+        trailing metadata, UNIMPLEMENTED from a server that is not a Verifier, or a
+        transport failure.
+        """
+        try:
+            await self._probe.GetServerInfo(verifier_pb2.GetServerInfoRequest(),
+                                            timeout=timeout_s, metadata=self._metadata)
+        except aio.AioRpcError as exc:
+            view = _view_of(exc)
+        else:  # it answers, yet its health says NOT_SERVING (or it just turned SERVING)
+            view = CloudView(CloudState.UNREACHABLE, "it answers but reports NOT_SERVING")
+        if view.state == CloudState.NOT_A_VERIFIER:
+            log.error("the server at %s is not an eventspec Verifier (GetServerInfo: "
+                      "UNIMPLEMENTED); check --cloud", self.address)
+        self.reachable, self.last_error = False, view.describe()
+        return view
+
     def open_stream(self, timeout_s: float) -> CloudStream:
         """Start a Generate call with a deadline of ``timeout_s``."""
         call = self._stub.Generate(timeout=timeout_s, metadata=self._metadata)
@@ -230,3 +263,18 @@ class CloudLink:
 
     async def close(self) -> None:
         await self._channel.close()
+        await self._probe_channel.close()
+
+
+def _view_of(exc: aio.AioRpcError) -> CloudView:
+    """The cloud's state from a failed probe call."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == WARMING_UP_KEY:
+            return CloudView(CloudState.WARMING_UP, str(value))
+    code = exc.code()
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return CloudView(CloudState.NOT_A_VERIFIER)
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        return CloudView(CloudState.UNREACHABLE, f"it refused this edge's credentials "
+                                                 f"({code.name})")
+    return CloudView(CloudState.UNREACHABLE, f"{code.name}" if code else "")

@@ -31,6 +31,9 @@ class EdgeSettings:
     request_timeout_s: float = 120.0
     #: Deadline for GetServerInfo and other unary calls.
     rpc_timeout_s: float = 5.0
+    #: How long an Ask waits for a cloud that is warming up or briefly unreachable
+    #: (never past the Ask's own deadline).
+    cloud_wait_s: float = 60.0
     #: Acceptance prior before any request has been observed.
     acceptance_prior: float = 0.5
     #: Send a Preview to the client every N drafted tokens.
@@ -60,6 +63,7 @@ class EdgeSettings:
             host=env("EVENTSPEC_EDGE_HOST", "127.0.0.1"),
             port=env_int("EVENTSPEC_EDGE_PORT", 50062),
             device=env("EVENTSPEC_EDGE_DEVICE", "cpu"),
+            cloud_wait_s=env_float("EVENTSPEC_EDGE_CLOUD_WAIT_S", 60.0),
         )
 
     def check(self) -> None:
@@ -73,6 +77,8 @@ class EdgeSettings:
         if not math.isfinite(self.request_timeout_s) or self.request_timeout_s <= 0:
             raise SettingsError(
                 f"--request-timeout must be > 0 seconds, got {self.request_timeout_s:g}")
+        if not math.isfinite(self.cloud_wait_s) or self.cloud_wait_s < 0:
+            raise SettingsError(f"--cloud-wait-s must be >= 0 seconds, got {self.cloud_wait_s:g}")
         if not 1 <= self.default_jpeg_quality <= 100:
             raise SettingsError(
                 f"--jpeg-quality must be in 1..100, got {self.default_jpeg_quality}")
@@ -92,6 +98,10 @@ def check_cloud_address(text: str) -> None:
     """HOST:PORT, a comma list of them, or a scheme address; a bare host would dial 443."""
     if text.startswith(_SCHEMES):
         return
+    scheme, sep, rest = text.partition("://")
+    if sep and scheme.lower() in ("http", "https", "grpc", "grpcs"):
+        raise SettingsError(f"--cloud {text!r}: drop the scheme: gRPC takes HOST:PORT "
+                            f"({rest.rstrip('/')!r}); TLS is set with --cloud-tls-ca")
     for item in text.split(","):
         host, sep, port = item.strip().rpartition(":")
         if not sep or not host or (":" in host and not host.startswith("[")):
@@ -99,6 +109,17 @@ def check_cloud_address(text: str) -> None:
                                 "verifier's default is 50061)")
         if not port.isdigit() or not 1 <= int(port) <= 65535:
             raise SettingsError(f"--cloud {item.strip()!r}: the port must be in 1..65535")
+
+
+def env_float(name: str, default: float) -> float:
+    """A number from the environment, or SettingsError naming it."""
+    text = os.environ.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        return float(text)
+    except ValueError:
+        raise SettingsError(f"${name}={text!r} is not a number") from None
 
 
 def env_int(name: str, default: int) -> int:

@@ -47,7 +47,7 @@ from transformers.initialization import no_init_weights
 from transformers.models.llama.modeling_llama import LlamaPreTrainedModel
 
 from shared.errors import InvalidInput
-from shared.kvcache import crop_cache
+from shared.kvcache import cache_kwarg, crop_cache
 from shared.vocab import text_vocab_fingerprint
 
 log = logging.getLogger(__name__)
@@ -297,7 +297,8 @@ class DraftModel:
         embeds = self.model.embed_with_events(ids, events)  # [1, L', H]
         cache = DynamicCache(config=self.model.config)
         out = self.model(
-            inputs_embeds=embeds, past_key_values=cache, use_cache=True, logits_to_keep=1
+            inputs_embeds=embeds, use_cache=True, logits_to_keep=1,
+            **{cache_kwarg(self.model): cache},
         )
         return DraftState(cache, int(embeds.shape[1])), out.logits[0, -1].float()
 
@@ -311,7 +312,7 @@ class DraftModel:
         if bad:
             raise InvalidInput(f"token ids out of range: {bad[:5]}")
         ids = torch.tensor([toks], dtype=torch.long, device=self.device)  # [1, k]
-        out = self.model(input_ids=ids, past_key_values=state.cache, use_cache=True)
+        out = self.model(input_ids=ids, use_cache=True, **{cache_kwarg(self.model): state.cache})
         logits: torch.Tensor = out.logits[0].float()  # [k, V]
         return logits
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+from edge.readiness import CloudView
 from shared.convert import CloudOutbound, EdgeInbound
 from shared.errors import EventSpecError
 from shared.estimators import RttEstimator
@@ -42,6 +43,11 @@ class VerifierLink(Protocol):
     info: ServerInfo | None
 
     async def server_info(self, timeout_s: float = 5.0) -> ServerInfo: ...
+
+    async def diagnose(self, timeout_s: float = 5.0) -> CloudView:
+        """Why the verifier does not answer: warming up (with its phase), unreachable,
+        or not a Verifier."""
+        ...
 
     def open_stream(self, timeout_s: float) -> VerifierStream: ...
 

@@ -1,14 +1,16 @@
 """The edge process: source, draft model, cloud link, and the EdgeAgent gRPC server.
 
 Like the cloud: bind and report NOT_SERVING, load the draft model and measure its
-costs, then SERVING; on shutdown NOT_SERVING and ``stop(grace)``.
+costs, then SERVING while the cloud verifier answers; on shutdown NOT_SERVING and
+``stop(grace)``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from edge.agent import EdgeAgent
@@ -20,8 +22,9 @@ from edge.draft_checkpoint import load_draft
 from edge.events.base import EventSource
 from edge.events.sources import open_source
 from edge.model_dirs import TOY, adapter_dir, draft_dir
+from edge.readiness import CloudState, CloudView, Readiness
 from edge.servicer import EdgeAgentServicer
-from shared.errors import EventSpecError
+from shared.errors import ErrorCode, EventSpecError
 from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
 from shared.serving import MODEL_DTYPES
 from shared.wire.host import GrpcHost
@@ -59,9 +62,21 @@ def warn_on_vocab_mismatch(cloud: str, cloud_fingerprint: str, draft_fingerprint
     return True
 
 
+#: How often the edge asks the cloud how it is: while it is ready, and while it is not.
+WATCH_READY_S = 5.0
+WATCH_WAITING_S = 0.5
+
+
 @dataclass
 class EdgeServer:
-    """A running edge agent: ``await start()``, then ``port``; ``await stop()``."""
+    """A running edge agent: ``await start()``, then ``port``; ``await stop()``.
+
+    ``start`` binds at once and reports NOT_SERVING (with the reason in GetStatus and
+    the log) while the source opens, the draft model loads and its costs are measured;
+    Asks that arrive meanwhile wait, with progress. After warm-up, health follows the
+    cloud verifier: SERVING while it answers, NOT_SERVING with the reason while it is
+    warming up or unreachable (an edge without ``--cloud`` serves draft_only at once).
+    """
 
     settings: EdgeSettings
     source: EventSource | None = None
@@ -69,25 +84,53 @@ class EdgeServer:
     adapter: FeatureAdapter | None = None
     port: int = 0
     agent: EdgeAgent | None = None
+    readiness: Readiness | None = None
     _host: GrpcHost | None = None
+    _servicer: EdgeAgentServicer | None = None
     _link: CloudLink | None = None
     _owned_source: EventSource | None = None
+    _watcher: asyncio.Task[None] | None = None
+    _health: set[asyncio.Task[None]] = field(default_factory=set)
+    _last_reason: str | None = None
 
-    async def start(self) -> int:
+    async def start(self, *, warm: bool = True) -> int:
+        """Bind and report NOT_SERVING; then (``warm``) warm up. Returns the bound port."""
         s = self.settings
+        check_server_start(s.host, s.port, s.security)  # refuse before loading models
         host = GrpcHost(SERVICE_NAME, max_message_bytes=s.max_message_bytes, max_rpcs=64,
                         security=s.security,
                         unlimited_methods=frozenset({f"/{SERVICE_NAME}/GetStatus"}))
-        check_server_start(s.host, s.port, s.security)  # refuse before loading models
-        await host.set_serving(False)
+        self.readiness = Readiness(needs_cloud=bool(s.cloud), on_change=self._health_follows)
+        self._servicer = EdgeAgentServicer(self.readiness, wait_s=s.cloud_wait_s)
+        edge_pb2_grpc.add_EdgeAgentServicer_to_server(self._servicer, host.server)
+        self.port = await host.start(s.host, s.port)
+        self._host = host
+        log.info("edge agent listening on %s:%d (NOT_SERVING while warming up)", s.host,
+                 self.port)
+        if warm:
+            try:
+                await self.warm_up()
+            except BaseException:
+                await self.stop(0)
+                raise
+        return self.port
+
+    async def warm_up(self) -> None:
+        """Open the source, load the models, measure the draft's costs; then watch the
+        cloud, whose readiness health follows from here on."""
+        s = self.settings
+        assert self.readiness is not None and self._servicer is not None
+        readiness = self.readiness
         source = self.source
         if source is None:
+            readiness.set_edge_phase("opening the event source")
             source = await asyncio.to_thread(
                 open_source, s.source, allow_pickle=s.allow_pickle, sensor_size=s.sensor_size
             )
             self._owned_source = source  # opened here, so closed here (live readers, files)
         draft = self.draft
         if draft is None:
+            readiness.set_edge_phase("loading the draft model")
             draft = await asyncio.to_thread(load_draft_for, s)
         adapter = self.adapter
         # The toy draft brings its adapter unless told otherwise.
@@ -95,6 +138,7 @@ class EdgeServer:
         if adapter_name is None and s.model == TOY and self.draft is None:
             adapter_name = Path(TOY)
         if adapter is None and adapter_name is not None:
+            readiness.set_edge_phase("loading the feature adapter")
             adapter = await asyncio.to_thread(load_adapter, adapter_dir(adapter_name))
         self._link = (
             CloudLink(s.cloud, max_message_bytes=s.max_message_bytes, security=s.cloud_security)
@@ -111,31 +155,71 @@ class EdgeServer:
             rpc_timeout_s=s.rpc_timeout_s,
             preview_every=s.preview_every,
             force_speculation=s.speculation == "always",
+            readiness=readiness,
+            cloud_wait_s=s.cloud_wait_s,
         )
-        servicer = EdgeAgentServicer(
+        readiness.set_edge_phase("measuring the draft model's costs")
+        await self.agent.warm_up()
+        self._servicer.attach(
             self.agent, draft_model_id=draft.model_id,
             adapter_id=str(s.adapter) if s.adapter else ("in-memory" if adapter else ""),
         )
-        edge_pb2_grpc.add_EdgeAgentServicer_to_server(servicer, host.server)
-        self.port = await host.start(s.host, s.port)
-        self._host = host
-        await self.agent.warm_up()
         if self._link is not None:
-            try:
-                info = await self._link.server_info(s.rpc_timeout_s)
-                log.info("cloud %s reachable: %s", s.cloud, info.model_id)
-                warn_on_vocab_mismatch(s.cloud or "", info.vocab_fingerprint,
+            await self._check_cloud(self._link, draft, first=True)
+            self._watcher = asyncio.create_task(self._watch_cloud(self._link, draft))
+        readiness.set_edge_phase(None)
+        log.info("edge agent warm on %s:%d, source %s, draft %s%s", s.host, self.port,
+                 source.describe(), draft.model_id,
+                 "" if readiness.serving else f"; NOT_SERVING: {readiness.not_serving_reason()}")
+
+    async def _check_cloud(self, link: CloudLink, draft: DraftModel, *, first: bool) -> None:
+        """Ask the cloud how it is once, and tell readiness (and health) what it said."""
+        assert self.readiness is not None
+        was_ready = self.readiness.cloud.state == CloudState.READY
+        try:
+            info = await link.server_info(self.settings.rpc_timeout_s)
+        except EventSpecError as exc:
+            view = (await link.diagnose(self.settings.rpc_timeout_s)
+                    if exc.code == ErrorCode.UNAVAILABLE
+                    else CloudView(CloudState.UNREACHABLE, exc.message))
+        else:
+            view = CloudView(CloudState.READY)
+            if first or not was_ready:
+                log.info("cloud %s ready: %s", link.address, info.model_id)
+                warn_on_vocab_mismatch(link.address, info.vocab_fingerprint,
                                        draft.vocab_fingerprint)
-            except EventSpecError as exc:
-                log.warning("cloud not reachable yet (%s); will retry per request", exc)
-        await host.set_serving(True)
-        log.info("edge agent SERVING on %s:%d, source %s, draft %s", s.host, self.port,
-                 source.describe(), draft.model_id)
-        return self.port
+        self.readiness.set_cloud(view)
+
+    async def _watch_cloud(self, link: CloudLink, draft: DraftModel) -> None:
+        """Keep the view of the cloud fresh: often while it is not ready, seldom after."""
+        assert self.readiness is not None
+        while True:
+            ready = self.readiness.cloud.state == CloudState.READY
+            await self.readiness.next_change(WATCH_READY_S if ready else WATCH_WAITING_S)
+            await self._check_cloud(link, draft, first=False)
+
+    def _health_follows(self, serving: bool) -> None:
+        """Readiness changed: report it on grpc.health.v1, and log each new reason."""
+        assert self.readiness is not None
+        if self._host is not None:
+            task = asyncio.get_running_loop().create_task(self._host.set_serving(serving))
+            self._health.add(task)
+            task.add_done_callback(self._health.discard)
+        reason = self.readiness.not_serving_reason()
+        if reason != self._last_reason:
+            if serving:
+                log.info("edge agent SERVING")
+            else:
+                log.info("edge agent NOT_SERVING: %s", reason)
+            self._last_reason = reason
 
     async def stop(self, grace_s: float | None = None) -> None:
         if self._host is None:
             return
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
         await self._host.stop(self.settings.grace_s if grace_s is None else grace_s)
         if self._link is not None:
             await self._link.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -10,15 +11,28 @@ from edge.agent import EdgeAgent
 from edge.events.base import SourceMeta
 from edge.events.live import LiveSource
 from edge.events.live_sources import StreamHealth
+from edge.readiness import Readiness
 from shared import convert
 from shared.errors import EventSpecError
 from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
+from shared.types import ProgressEvent
 
 
 class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
-    """``eventspec.v1.EdgeAgent`` over an ``EdgeAgent``."""
+    """``eventspec.v1.EdgeAgent`` over an ``EdgeAgent`` (attached once it is warm).
 
-    def __init__(self, agent: EdgeAgent, *, draft_model_id: str, adapter_id: str = "") -> None:
+    Before then Asks wait for warm-up, at most ``wait_s`` and the call's deadline, with
+    progress; GetStatus reports NOT_SERVING and why.
+    """
+
+    def __init__(self, readiness: Readiness, *, wait_s: float = 60.0) -> None:
+        self.readiness = readiness
+        self.wait_s = wait_s
+        self.agent: EdgeAgent | None = None
+        self.draft_model_id = ""
+        self.adapter_id = ""
+
+    def attach(self, agent: EdgeAgent, *, draft_model_id: str, adapter_id: str = "") -> None:
         self.agent = agent
         self.draft_model_id = draft_model_id
         self.adapter_id = adapter_id
@@ -27,13 +41,34 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
         self, request: edge_pb2.AskRequest, context: Any
     ) -> AsyncIterator[edge_pb2.AskResponse]:
         spec = convert.ask_spec_from_pb(request)
-        async for event in self.agent.ask(spec):
+        left = context.time_remaining()
+        started = time.monotonic()
+        budget = self.wait_s if left is None else min(self.wait_s, max(0.0, left - 1.0))
+        shown = None
+        while self.agent is None:
+            waited = time.monotonic() - started
+            if waited >= budget:
+                raise self.readiness.timeout_error(needs_cloud=False, waited_s=waited)
+            waiting = self.readiness.waiting(needs_cloud=False)
+            if waiting is not None and waiting != shown:
+                shown = waiting
+                yield convert.ask_event_to_pb(ProgressEvent(waiting.stage, waiting.message,
+                                                            round(waited, 3)))
+            await self.readiness.next_change(budget - waited)
+        left = context.time_remaining()
+        async for event in self.agent.ask(spec, deadline_s=left):
             yield convert.ask_event_to_pb(event)
 
     async def GetStatus(
         self, request: edge_pb2.GetStatusRequest, context: Any
     ) -> edge_pb2.EdgeStatus:
+        readiness = edge_pb2.EdgeStatus(
+            serving=self.readiness.serving,
+            not_serving_reason=self.readiness.not_serving_reason(),
+        )
         agent = self.agent
+        if agent is None:  # still warming up: only the readiness is known
+            return readiness
         src = agent.source
         width, height = src.sensor_size
         try:
@@ -51,8 +86,9 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
                 rtt_ms=agent.link.rtt.value,
                 last_error=agent.link.last_error,
                 cloud_model_id=agent.link.info.model_id if agent.link.info else "",
+                cloud_state=self.readiness.cloud.describe(),
             )
-        return edge_pb2.EdgeStatus(
+        status = edge_pb2.EdgeStatus(
             source=src.describe(),
             sensor_width=width,
             sensor_height=height,
@@ -66,6 +102,8 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
             acceptance_ewma=agent.acceptance.value,
             **source_status(src),
         )
+        status.MergeFrom(readiness)
+        return status
 
 
 def source_status(src: object) -> dict[str, Any]:

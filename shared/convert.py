@@ -26,6 +26,7 @@ from shared.types import (
     Mode,
     OpenRequest,
     PreviewEvent,
+    ProgressEvent,
     RequestStats,
     ServerInfo,
     ServerLimits,
@@ -416,6 +417,10 @@ def ask_spec_from_pb(m: edge_pb2.AskRequest) -> AskSpec:
 
 
 def ask_event_to_pb(e: AskEvent) -> edge_pb2.AskResponse:
+    if isinstance(e, ProgressEvent):
+        return edge_pb2.AskResponse(
+            progress=edge_pb2.Progress(stage=e.stage, message=e.message, waited_s=e.waited_s)
+        )
     if isinstance(e, PreviewEvent):
         return edge_pb2.AskResponse(
             preview=edge_pb2.Preview(base=e.base, token_ids=list(e.token_ids), text=e.text)
@@ -446,6 +451,8 @@ def ask_event_from_pb(m: edge_pb2.AskResponse) -> AskEvent:
     if kind == "committed":
         c = m.committed
         return CommittedEvent(c.start, tuple(c.token_ids), c.text)
+    if kind == "progress":
+        return ProgressEvent(m.progress.stage, m.progress.message, m.progress.waited_s)
     if kind != "final":
         raise InvalidInput("AskResponse has no content")
     f = m.final

@@ -75,6 +75,16 @@ class Unavailable(EventSpecError):
     code = ErrorCode.UNAVAILABLE
 
 
+class WarmingUp(Unavailable):
+    """The server is up but not ready yet (loading a model, calibrating); ``phase`` says
+    what it is doing, so a caller can wait and show progress instead of failing."""
+
+    def __init__(self, phase: str) -> None:
+        super().__init__(f"the server is still warming up ({phase}); retry when its health "
+                         "is SERVING")
+        self.phase = phase
+
+
 class DeadlineExceeded(EventSpecError):
     """The request's deadline passed before it finished."""
 

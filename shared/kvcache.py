@@ -14,6 +14,9 @@ module loads wherever the nodes' shared code does.
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from typing import Protocol
 
 from shared.errors import InvalidInput
@@ -40,3 +43,17 @@ def crop_cache(cache: CroppableCache, keep_len: int, *, floor: int = 0) -> None:
         raise InvalidInput(f"cannot roll back to {keep_len} positions: {held}")
     if keep_len < length:
         cache.crop(keep_len - length)
+
+
+def cache_kwarg(model: object) -> str:
+    """The name ``model.forward`` takes its KV cache under: ``cache`` from the
+    transformers release that renamed it (``past_key_values`` then warns a FutureWarning
+    at every call), ``past_key_values`` before (5.17 on the GPU machines)."""
+    forward = type(model).forward  # type: ignore[attr-defined]
+    return _cache_kwarg_of(forward)
+
+
+@functools.cache
+def _cache_kwarg_of(forward: Callable[..., object]) -> str:
+    params = inspect.signature(forward).parameters
+    return "cache" if "cache" in params else "past_key_values"

@@ -158,7 +158,8 @@ def _parse(doc: Any, path: Path) -> CalibrationProfile:
             device = cloud_doc.get("device", "")
             if not isinstance(device, str):
                 raise _corrupt(path, "field 'cloud.device' is not a string")
-            cloud = CloudCost(**_numbers(cloud_doc, _CLOUD_FIELDS, path), device=device)
+            numbers: dict[str, Any] = _numbers(cloud_doc, _CLOUD_FIELDS, path)
+            cloud = CloudCost(**numbers, device=device)
         edge = None
         if edge_doc is not None:
             if not isinstance(edge_doc, dict):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from pathlib import Path
@@ -21,7 +22,9 @@ class NodeServer(Protocol):
 
     port: int
 
-    async def start(self) -> int: ...
+    async def start(self, *, warm: bool = True) -> int: ...
+
+    async def warm_up(self) -> None: ...
 
     async def stop(self, grace_s: float | None = None) -> None: ...
 
@@ -29,15 +32,36 @@ class NodeServer(Protocol):
 async def serve_until_signalled(
     server: NodeServer, port_file: Path | None, log: logging.Logger, grace_s: float
 ) -> None:
-    """Start, write the bound port (for ``--port 0``), wait for a signal, stop gracefully."""
+    """Bind, write the bound port (for ``--port 0``) at once, warm up, wait for a signal,
+    stop gracefully.
+
+    The port is written before warm-up (loading models, calibrating) because the server
+    answers from then on: health says NOT_SERVING and why, and a client waits with
+    ``eventspec wait HOST:PORT``. A signal during warm-up stops the server too.
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await server.start()
+    await server.start(warm=False)
     if port_file is not None:
         port_file.write_text(str(server.port))
-    await stop.wait()
+    warming = asyncio.ensure_future(server.warm_up())
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((warming, stopping), return_when=asyncio.FIRST_COMPLETED)
+        if warming.done():
+            warming.result()  # a failed warm-up fails the node
+        else:
+            log.info("stopped while warming up")
+            warming.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await warming
+    except BaseException:
+        stopping.cancel()
+        await server.stop(0)
+        raise
+    await stopping
     log.info("shutting down (grace %.0f s)", grace_s)
     await server.stop()
 

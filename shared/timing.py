@@ -98,6 +98,10 @@ class CloudCost:
     device: str = ""
     step_ms_per_session: float = 0.0
     load_sessions: float = 1.0
+    #: Where the numbers come from ("measured at warm-up", "profile file", ...).
+    calibration: str = ""
+    #: The measurement failed its own sanity check: used for this run only, never saved.
+    unreliable: bool = False
 
     def __post_init__(self) -> None:
         for name in (

@@ -307,4 +307,13 @@ class FinalEvent:
     window: WindowInfo | None
 
 
-AskEvent = PreviewEvent | CommittedEvent | FinalEvent
+@dataclass(frozen=True)
+class ProgressEvent:
+    """What the edge waits for before the answer can start (no answer content)."""
+
+    stage: str
+    message: str
+    waited_s: float
+
+
+AskEvent = PreviewEvent | CommittedEvent | FinalEvent | ProgressEvent

@@ -20,7 +20,7 @@ from transformers import DynamicCache
 from cloud.engine.base import PrefillRequest, StepBatch
 from cloud.target import TargetModel
 from shared.errors import FailedPrecondition, InvalidInput
-from shared.kvcache import crop_cache
+from shared.kvcache import cache_kwarg, crop_cache
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +44,7 @@ class HFEngine:
         self.num_slots = num_slots
         self.max_seq_len = min(max_seq_len or target.max_positions, target.max_positions)
         self._caches: list[DynamicCache | None] = [None] * num_slots
+        self._cache_kw = cache_kwarg(self.model)
 
     # -- the batched API -----------------------------------------------------------------
 
@@ -66,8 +67,8 @@ class HFEngine:
             ids = batch.token_ids[offset : offset + count].unsqueeze(0)  # [1, count]
             offset += count
             with torch.inference_mode():
-                out = self.model(input_ids=ids.to(self.device), past_key_values=cache,
-                                 use_cache=True)
+                out = self.model(input_ids=ids.to(self.device), use_cache=True,
+                                 **{self._cache_kw: cache})
             rows.append(out.logits[0].float())  # [count, V]
         return torch.cat(rows)  # [N, V]
 
@@ -95,13 +96,13 @@ class HFEngine:
         with torch.inference_mode():
             if req.pixel_values_videos is not None:
                 pix = self._check_pixels(req.pixel_values_videos)  # [1, F, 3, S, S]
-                out = self.model(input_ids=ids_t, pixel_values_videos=pix, past_key_values=cache,
-                                 use_cache=True, logits_to_keep=1)
+                out = self.model(input_ids=ids_t, pixel_values_videos=pix, use_cache=True,
+                                 logits_to_keep=1, **{self._cache_kw: cache})
             else:
                 assert req.video_features is not None
                 embeds = self._embed_with_features(ids_t, req.video_features)  # [1, L, H]
-                out = self.model(inputs_embeds=embeds, past_key_values=cache, use_cache=True,
-                                 logits_to_keep=1)
+                out = self.model(inputs_embeds=embeds, use_cache=True, logits_to_keep=1,
+                                 **{self._cache_kw: cache})
         self._caches[req.slot] = cache
         logger.debug("prefill of %d tokens into slot %d", len(ids), req.slot)
         row: torch.Tensor = out.logits[0, -1].float()  # [V]

@@ -3,10 +3,20 @@
 This rehearses a slower cloud on a fast or small machine: for example the toy models on
 a laptop CPU step in a few milliseconds, while a 7B target on an A100 takes about 30 ms
 per token (the design notes' figure). With ``--emulate-step-ms 30`` the verifier paces
-each forward to that floor, calibration measures the paced engine, and the shared
-timing plan sees the ratio c = t_draft / t_step that a real deployment would have.
-The output is unchanged: only the wall time of each call is padded. A batched step is
-paced once, like one forward of a batching engine.
+each forward to that floor, and the shared timing plan sees the ratio c = t_draft /
+t_step that a real deployment would have. The output is unchanged: only the wall time of
+each call is padded.
+
+A batched step costs what a real GPU step of that shape costs, scaled: ``step_ms`` is the
+one-session, one-token step, and each extra session and each extra token fed adds the
+fraction of it that the static engine measured on an H200
+(``benchmarks/results/engine_h200.json``: a least-squares fit of its 20 (B, k) steps
+gives 5% of the single step per extra session and 0.47% per token). A flat floor would
+let B = 16 sessions with 8 drafts each step as fast as one token alone and flatter
+every toy-world speedup.
+
+The costs are known by construction, so the verifier plans with :meth:`known_cost`
+instead of timing the paced engine (timings on a busy machine only add noise to them).
 """
 
 from __future__ import annotations
@@ -17,6 +27,12 @@ from collections.abc import Sequence
 import torch
 
 from cloud.engine.base import BatchedEngine, PrefillRequest, StepBatch
+from shared.timing import CloudCost
+
+#: Extra cost of each session beyond the first, as a fraction of the single-token step.
+SESSION_FRACTION = 0.05
+#: Extra cost of each token fed, as a fraction of the single-token step.
+TOKEN_FRACTION = 0.0047
 
 
 class PacedEngine:
@@ -44,10 +60,31 @@ class PacedEngine:
         self._pad(t0, self.prefill_ms)
         return out
 
+    def known_cost(self) -> CloudCost:
+        """The cost model this engine is paced to (what the plan should use)."""
+        per_token = self.step_ms * TOKEN_FRACTION
+        return CloudCost(
+            prefill_base_ms=self.prefill_ms,
+            prefill_ms_per_visual_token=0.0,
+            prefill_ms_per_text_token=0.0,
+            step_base_ms=max(self.step_ms - per_token, 1e-3),
+            step_ms_per_token=per_token,
+            step_ms_per_session=self.step_ms * SESSION_FRACTION,
+            device="paced",
+            calibration=f"paced engine, known costs ({self.prefill_ms:g} ms prefill, "
+                        f"{self.step_ms:g} ms per single-token step)",
+        )
+
+    def step_floor_ms(self, sessions: int, tokens: int) -> float:
+        """The paced time of one step over ``sessions`` sessions feeding ``tokens``."""
+        if self.step_ms <= 0:
+            return 0.0
+        return self.known_cost().batch_step_ms(sessions, tokens)
+
     def step(self, batch: StepBatch) -> torch.Tensor:
         t0 = time.perf_counter()
         out = self.inner.step(batch)
-        self._pad(t0, self.step_ms)
+        self._pad(t0, self.step_floor_ms(len(batch.slots), sum(batch.counts)))
         return out
 
     def free(self, slot: int) -> None:

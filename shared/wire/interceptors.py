@@ -17,14 +17,21 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc import aio
 
-from shared.errors import EventSpecError
+from shared.errors import EventSpecError, WarmingUp
 from shared.wire.handlers import wrap_handler
 from shared.wire.status import to_grpc
 
 log = logging.getLogger(__name__)
 
+#: Trailing metadata key on UNAVAILABLE from a server that is warming up: its phase
+#: ("calibrating, round 2 of 3"), so a client tells "warming" from "down".
+WARMING_UP_KEY = "eventspec-warming-up"
+
 
 async def _abort_for(exc: BaseException, context: aio.ServicerContext[Any, Any]) -> None:
+    if isinstance(exc, WarmingUp):
+        await context.abort(to_grpc(exc.code), exc.message,
+                            trailing_metadata=((WARMING_UP_KEY, exc.phase),))
     if isinstance(exc, EventSpecError):
         await context.abort(to_grpc(exc.code), exc.message)
     if isinstance(exc, DecodeError):  # the peer sent bytes that are not the request type

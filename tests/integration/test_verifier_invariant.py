@@ -31,6 +31,7 @@ from shared.demoworld.qa import all_questions
 from shared.demoworld.scenes import EVAL_SEED_MIN, clip_frames, sample_scene
 from shared.demoworld.tiny_target import build_tiny_random_target
 from shared.imageproc import encode_png
+from shared.kvcache import cache_kwarg
 from shared.pb.eventspec.v1 import verifier_pb2
 from shared.types import FinishReason
 from tests.integration import cloud_harness as h
@@ -116,13 +117,14 @@ def greedy_past_the_end(target: TargetModel, question: str, frames: Sequence[byt
     pix = target.preprocess_frames(frames)  # [1, F, 3, S, S]
     cache = DynamicCache(config=target.model.config)
     out: list[int] = []
+    kv = {cache_kwarg(target.model): cache}
     with torch.inference_mode():
         logits = target.model(input_ids=torch.tensor([ids]), pixel_values_videos=pix,
-                              past_key_values=cache, use_cache=True).logits[0, -1]  # [V]
+                              use_cache=True, **kv).logits[0, -1]  # [V]
         for _ in range(n):
             out.append(int(torch.argmax(logits[: target.text_vocab_size])))
-            logits = target.model(input_ids=torch.tensor([[out[-1]]]), past_key_values=cache,
-                                  use_cache=True).logits[0, -1]  # [V]
+            logits = target.model(input_ids=torch.tensor([[out[-1]]]), use_cache=True,
+                                  **kv).logits[0, -1]  # [V]
     return out
 
 

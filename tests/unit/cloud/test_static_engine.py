@@ -24,7 +24,7 @@ from cloud.engine.static_weights import static_unsupported_reason
 from cloud.target import TargetModel, load_target
 from shared.demoworld.tiny_target import build_tiny_random_target
 from shared.errors import InvalidInput
-from shared.kvcache import crop_cache
+from shared.kvcache import cache_kwarg, crop_cache
 
 TOY_DIR = Path(__file__).resolve().parents[3] / "cloud" / "models" / "toy-video-llava"
 QUESTIONS = (
@@ -46,7 +46,7 @@ class HFSession:
             out = self.model(
                 input_ids=torch.tensor([ids]),
                 pixel_values_videos=pix,
-                past_key_values=self.cache,
+                **{cache_kwarg(self.model): self.cache},
                 use_cache=True,
             )
         self.first: torch.Tensor = out.logits[0, -1].float()  # [V]
@@ -54,7 +54,8 @@ class HFSession:
     def step(self, start: int, tokens: list[int]) -> torch.Tensor:
         crop_cache(self.cache, start)
         with torch.inference_mode():
-            out = self.model(input_ids=torch.tensor([tokens]), past_key_values=self.cache)
+            out = self.model(input_ids=torch.tensor([tokens]),
+                             **{cache_kwarg(self.model): self.cache})
         logits: torch.Tensor = out.logits[0].float()  # [k, V]
         return logits
 

@@ -19,7 +19,7 @@ from edge.draft import DraftModel
 from shared.demoworld.tiny_draft import build_tiny_random_draft
 from shared.demoworld.tiny_target import build_tiny_random_target
 from shared.errors import InvalidInput
-from shared.kvcache import CroppableCache, crop_cache
+from shared.kvcache import CroppableCache, cache_kwarg, crop_cache
 
 QUESTION = "Is it dark?"
 
@@ -77,7 +77,7 @@ def _target_logits(target: TargetModel, ids: list[int], pix: torch.Tensor,
                    cache: DynamicCache | None) -> torch.Tensor:
     with torch.inference_mode():
         out = target.model(input_ids=torch.tensor([ids]), pixel_values_videos=pix,
-                           past_key_values=cache, use_cache=cache is not None)
+                           **{cache_kwarg(target.model): cache}, use_cache=cache is not None)
     logits: torch.Tensor = out.logits[0].float()  # [len(ids), V]
     return logits
 
@@ -92,7 +92,7 @@ def test_target_logits_after_crop_equal_a_fresh_prefill(target: TargetModel,
     _target_logits(target, prompt + fed, pix, cache)
     crop_cache(cache, len(prompt) + keep_extra, floor=len(prompt))
     with torch.inference_mode():
-        after = target.model(input_ids=torch.tensor([new]), past_key_values=cache,
+        after = target.model(input_ids=torch.tensor([new]), **{cache_kwarg(target.model): cache},
                              use_cache=True).logits[0].float()  # [2, V]
     fresh = _target_logits(target, prompt + fed[:keep_extra] + new, pix, None)  # [L, V]
     torch.testing.assert_close(after, fresh[-len(new):], rtol=1e-5, atol=1e-5)

@@ -231,6 +231,8 @@ class CloudProfile(_message.Message):
     DEVICE_FIELD_NUMBER: _builtins.int
     STEP_MS_PER_SESSION_FIELD_NUMBER: _builtins.int
     LOAD_SESSIONS_FIELD_NUMBER: _builtins.int
+    CALIBRATION_FIELD_NUMBER: _builtins.int
+    UNRELIABLE_FIELD_NUMBER: _builtins.int
     prefill_base_ms: _builtins.float
     """Fixed prefill cost."""
     prefill_ms_per_visual_token: _builtins.float
@@ -247,6 +249,14 @@ class CloudProfile(_message.Message):
     """Extra cost of each session beyond the first in one batched step."""
     load_sessions: _builtins.float
     """Sessions the cloud is stepping together now (1 = alone; 0 from older servers means 1)."""
+    calibration: _builtins.str
+    """Where these numbers come from, e.g. "measured at warm-up", "profile file",
+    "paced engine (known costs)", "fixed test constants".
+    """
+    unreliable: _builtins.bool
+    """True when the measurement failed its own sanity check: the numbers are used for
+    this run only (never saved), and plans made from them may be off.
+    """
     def __init__(
         self,
         *,
@@ -258,10 +268,12 @@ class CloudProfile(_message.Message):
         device: _builtins.str = ...,
         step_ms_per_session: _builtins.float = ...,
         load_sessions: _builtins.float = ...,
+        calibration: _builtins.str = ...,
+        unreliable: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "load_sessions", b"load_sessions", "prefill_base_ms", b"prefill_base_ms", "prefill_ms_per_text_token", b"prefill_ms_per_text_token", "prefill_ms_per_visual_token", b"prefill_ms_per_visual_token", "step_base_ms", b"step_base_ms", "step_ms_per_session", b"step_ms_per_session", "step_ms_per_token", b"step_ms_per_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calibration", b"calibration", "device", b"device", "load_sessions", b"load_sessions", "prefill_base_ms", b"prefill_base_ms", "prefill_ms_per_text_token", b"prefill_ms_per_text_token", "prefill_ms_per_visual_token", b"prefill_ms_per_visual_token", "step_base_ms", b"step_base_ms", "step_ms_per_session", b"step_ms_per_session", "step_ms_per_token", b"step_ms_per_token", "unreliable", b"unreliable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -294,30 +294,68 @@ class Final(_message.Message):
 Global___Final: _TypeAlias = Final  # noqa: Y015
 
 @_typing.final
+class Progress(_message.Message):
+    """What the edge is waiting for before it can start the answer (e.g. the cloud
+    verifier warming up: "waiting for the cloud verifier: calibrating, round 2 of 3").
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STAGE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    WAITED_S_FIELD_NUMBER: _builtins.int
+    stage: _builtins.str
+    """A short machine-readable stage: "edge_warming_up", "cloud_warming_up",
+    "cloud_unreachable".
+    """
+    message: _builtins.str
+    """One line for people."""
+    waited_s: _builtins.float
+    """Seconds waited so far in this request."""
+    def __init__(
+        self,
+        *,
+        stage: _builtins.str = ...,
+        message: _builtins.str = ...,
+        waited_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "stage", b"stage", "waited_s", b"waited_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Progress: _TypeAlias = Progress  # noqa: Y015
+
+@_typing.final
 class AskResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     PREVIEW_FIELD_NUMBER: _builtins.int
     COMMITTED_FIELD_NUMBER: _builtins.int
     FINAL_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def preview(self) -> Global___Preview: ...
     @_builtins.property
     def committed(self) -> Global___Committed: ...
     @_builtins.property
     def final(self) -> Global___Final: ...
+    @_builtins.property
+    def progress(self) -> Global___Progress: ...
     def __init__(
         self,
         *,
         preview: Global___Preview | None = ...,
         committed: Global___Committed | None = ...,
         final: Global___Final | None = ...,
+        progress: Global___Progress | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["committed", b"committed", "final", b"final", "kind", b"kind", "preview", b"preview"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["committed", b"committed", "final", b"final", "kind", b"kind", "preview", b"preview", "progress", b"progress"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed", b"committed", "final", b"final", "kind", b"kind", "preview", b"preview"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed", b"committed", "final", b"final", "kind", b"kind", "preview", b"preview", "progress", b"progress"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["preview", "committed", "final"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["preview", "committed", "final", "progress"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -349,6 +387,7 @@ class LinkStatus(_message.Message):
     RTT_MS_FIELD_NUMBER: _builtins.int
     LAST_ERROR_FIELD_NUMBER: _builtins.int
     CLOUD_MODEL_ID_FIELD_NUMBER: _builtins.int
+    CLOUD_STATE_FIELD_NUMBER: _builtins.int
     cloud_address: _builtins.str
     """Cloud address, HOST:PORT."""
     reachable: _builtins.bool
@@ -359,6 +398,10 @@ class LinkStatus(_message.Message):
     """Last error text, if any."""
     cloud_model_id: _builtins.str
     """Cloud model identity, if known."""
+    cloud_state: _builtins.str
+    """The cloud as the edge last saw it: "ready", "warming up: <phase>",
+    "unreachable", "not an eventspec Verifier".
+    """
     def __init__(
         self,
         *,
@@ -367,10 +410,11 @@ class LinkStatus(_message.Message):
         rtt_ms: _builtins.float = ...,
         last_error: _builtins.str = ...,
         cloud_model_id: _builtins.str = ...,
+        cloud_state: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cloud_address", b"cloud_address", "cloud_model_id", b"cloud_model_id", "last_error", b"last_error", "reachable", b"reachable", "rtt_ms", b"rtt_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cloud_address", b"cloud_address", "cloud_model_id", b"cloud_model_id", "cloud_state", b"cloud_state", "last_error", b"last_error", "reachable", b"reachable", "rtt_ms", b"rtt_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -395,6 +439,8 @@ class EdgeStatus(_message.Message):
     SENSOR_SIZE_FROM_FIELD_NUMBER: _builtins.int
     TIME_BASE_FIELD_NUMBER: _builtins.int
     LIVE_FIELD_NUMBER: _builtins.int
+    SERVING_FIELD_NUMBER: _builtins.int
+    NOT_SERVING_REASON_FIELD_NUMBER: _builtins.int
     source: _builtins.str
     """Source description, e.g. "dsec:/data/zurich_city_00_a"."""
     sensor_width: _builtins.int
@@ -421,6 +467,12 @@ class EdgeStatus(_message.Message):
     """
     time_base: _builtins.str
     """What source times mean, e.g. "µs since the Unix epoch (camera clock)"."""
+    serving: _builtins.bool
+    """Whether the edge can answer now in its default mode (what its health reports)."""
+    not_serving_reason: _builtins.str
+    """Why not, when not serving: "loading the draft model", "the cloud verifier is
+    warming up: calibrating, round 2 of 3", ...
+    """
     @_builtins.property
     def link(self) -> Global___LinkStatus: ...
     @_builtins.property
@@ -445,10 +497,12 @@ class EdgeStatus(_message.Message):
         sensor_size_from: _builtins.str = ...,
         time_base: _builtins.str = ...,
         live: Global___LiveStatus | None = ...,
+        serving: _builtins.bool = ...,
+        not_serving_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["link", b"link", "live", b"live"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_ewma", b"acceptance_ewma", "adapter_id", b"adapter_id", "draft_model_id", b"draft_model_id", "has_rgb", b"has_rgb", "link", b"link", "live", b"live", "requests_served", b"requests_served", "sensor_height", b"sensor_height", "sensor_size_from", b"sensor_size_from", "sensor_width", b"sensor_width", "source", b"source", "source_format", b"source_format", "source_t0_us", b"source_t0_us", "source_t1_us", b"source_t1_us", "time_base", b"time_base"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_ewma", b"acceptance_ewma", "adapter_id", b"adapter_id", "draft_model_id", b"draft_model_id", "has_rgb", b"has_rgb", "link", b"link", "live", b"live", "not_serving_reason", b"not_serving_reason", "requests_served", b"requests_served", "sensor_height", b"sensor_height", "sensor_size_from", b"sensor_size_from", "sensor_width", b"sensor_width", "serving", b"serving", "source", b"source", "source_format", b"source_format", "source_t0_us", b"source_t0_us", "source_t1_us", b"source_t1_us", "time_base", b"time_base"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
