@@ -14,7 +14,7 @@ from typing import NoReturn
 from edge.config import EdgeSettings, SettingsError
 from edge.model_dirs import TINY_RANDOM
 from shared.helpfmt import DefaultsHelpFormatter
-from shared.serving import LOG_FORMAT, MODEL_DTYPES, run_node
+from shared.serving import LOG_FORMAT, MODEL_DTYPES, quiet_progress_bars, run_node
 from shared.wire.flags import (
     add_client_security_args,
     add_server_security_args,
@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = settings_from_args(args)
     logging.basicConfig(level=args.log_level, format=LOG_FORMAT)
+    quiet_progress_bars()
     from edge.server import EdgeServer
 
     with contextlib.ExitStack() as scratch:

@@ -101,7 +101,7 @@ def check_cloud_address(text: str) -> None:
     scheme, sep, rest = text.partition("://")
     if sep and scheme.lower() in ("http", "https", "grpc", "grpcs"):
         raise SettingsError(f"--cloud {text!r}: drop the scheme: gRPC takes HOST:PORT "
-                            f"({rest.rstrip('/')!r}); TLS is set with --cloud-tls-ca")
+                            f"({rest.rstrip('/')!r}); for TLS add --cloud-tls")
     for item in text.split(","):
         host, sep, port = item.strip().rpartition(":")
         if not sep or not host or (":" in host and not host.startswith("[")):

@@ -128,17 +128,20 @@ class Readiness:
         return None
 
     def timeout_error(self, *, needs_cloud: bool, waited_s: float) -> EventSpecError:
-        """The distinct error for an Ask whose wait ran out."""
+        """The distinct error for an Ask whose wait ran out (UNAVAILABLE, with a message
+        that says whose fault it is: the client keys on its ``edge agent:`` and
+        ``cloud verifier:`` prefixes)."""
         waiting = self.waiting(needs_cloud=needs_cloud)
-        if waiting is None:  # became ready at the last moment; the caller re-checks
-            return Unavailable("the edge agent's wait ended")
-        if waiting.stage == "edge_warming_up":
-            return WarmingUp(f"edge agent: {self.edge_phase}; waited {waited_s:.1f} s")
-        if waiting.stage == "cloud_warming_up":
-            return WarmingUp(f"cloud verifier: {self.cloud.detail or 'warming up'}; waited "
-                             f"{waited_s:.1f} s")
-        return Unavailable(f"the cloud verifier is {self.cloud.describe()} (waited "
-                           f"{waited_s:.1f} s); try again later")
+        after = f"after waiting {waited_s:.1f} s"
+        if waiting is not None and waiting.stage == "edge_warming_up":
+            phase = self.edge_phase or "warming up"
+            return WarmingUp(phase, f"edge agent: still warming up ({phase}) {after}; "
+                                    "try again when its health is SERVING (eventspec wait)")
+        if waiting is not None and waiting.stage == "cloud_warming_up":
+            phase = self.cloud.detail or "warming up"
+            return WarmingUp(phase, f"cloud verifier: still warming up ({phase}) {after}; "
+                                    "try again when the edge reports SERVING (eventspec wait)")
+        return Unavailable(f"cloud verifier: {self.cloud.describe()} {after}; try again later")
 
     async def next_change(self, timeout_s: float) -> None:
         """Return at the next change, or after ``timeout_s``."""

@@ -22,7 +22,14 @@ from typing import Any, Protocol, TextIO
 import grpc
 
 from shared.client import AskError, EdgeClient
-from shared.types import AskEvent, AskSpec, CommittedEvent, FinalEvent, PreviewEvent
+from shared.types import (
+    AskEvent,
+    AskSpec,
+    CommittedEvent,
+    FinalEvent,
+    PreviewEvent,
+    ProgressEvent,
+)
 
 MUTED, RESET = "\x1b[2m", "\x1b[0m"
 #: Erase from the cursor to the end of the screen.
@@ -101,6 +108,8 @@ class LiveView:
             tail = event.text[len(self._committed):] if event.text.startswith(
                 self._committed) else ""
             return self._draw(self._committed, tail)
+        if isinstance(event, ProgressEvent) and not self._committed:
+            return self._draw("", f"{event.message}…")
         return ""
 
     def finish(self, final: FinalEvent, suffix: str = "") -> str:
@@ -231,8 +240,11 @@ def stats_table(final: FinalEvent) -> str:
 
 async def stream_answer(client: EdgeClient, spec: AskSpec, out: TextIO, view: AnswerView,
                         *, waiting: str = "waiting for the cloud…", suffix: str = "",
-                        ) -> FinalEvent:
-    """Ask, writing what ``view`` makes of each event; ends with the answer's line."""
+                        progress: TextIO | None = None) -> FinalEvent:
+    """Ask, writing what ``view`` makes of each event; ends with the answer's line.
+
+    What the edge waits for (a cloud warming up, say) goes to ``progress`` as one line
+    each, when given: the live view shows it in place, a pipe's reader on stderr."""
     out.write(view.start(waiting))
     out.flush()
     final: FinalEvent | None = None
@@ -240,6 +252,8 @@ async def stream_answer(client: EdgeClient, spec: AskSpec, out: TextIO, view: An
         if isinstance(event, FinalEvent):
             final = event
             continue
+        if isinstance(event, ProgressEvent) and progress is not None:
+            print(f"{event.message} ({event.waited_s:.0f} s)", file=progress, flush=True)
         text = view.on_event(event)
         if text:
             out.write(text)

@@ -31,6 +31,10 @@ def check_address(flag: str, address: str) -> str:
     """
     if address.startswith(_SCHEMES):
         return address
+    scheme, sep, rest = address.partition("://")
+    if sep and scheme.lower() in ("http", "https", "grpc", "grpcs"):
+        raise ArgumentProblem(f"{flag} {address!r}: drop the scheme: gRPC takes HOST:PORT "
+                              f"({rest.rstrip('/')!r}); for TLS add --tls")
     host, sep, port = address.rpartition(":")
     if not sep or not host or (":" in host and not host.startswith("[")):
         raise ArgumentProblem(f"{flag} {address!r} needs a port: HOST:PORT (e.g. "

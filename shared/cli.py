@@ -1,4 +1,5 @@
-"""``eventspec``: the client's command. ``ask`` questions an edge agent.
+"""``eventspec``: the client's command. ``ask`` questions an edge agent; ``wait`` waits
+until a node (edge or cloud) reports SERVING, saying what it is doing meanwhile.
 
 ``demo`` (the whole system on one machine) and ``toy`` (train or evaluate the demo
 models) belong to the embedded demo world, ``shared.demoworld``: they are imported
@@ -41,6 +42,7 @@ from shared.client import AskError, EdgeClient
 from shared.helpfmt import DefaultsHelpFormatter
 from shared.types import AskSpec, FeatureMode, GenerationSettings, Mode
 from shared.wire.flags import add_client_security_args, client_security_from_args
+from shared.wire.health import wait_for_serving
 
 _MODES = {"speculative": Mode.SPECULATIVE, "target_only": Mode.TARGET_ONLY,
           "draft_only": Mode.DRAFT_ONLY}
@@ -112,8 +114,9 @@ async def _ask(args: argparse.Namespace, spec: AskSpec, view: AnswerView | None)
                          if spec.mode == Mode.DRAFT_ONLY else "")
                 waiting = ("waiting for the edge…" if spec.mode == Mode.DRAFT_ONLY
                            else "waiting for the cloud…")
-                final = await stream_answer(client, spec, sys.stdout, view,
-                                            waiting=waiting, suffix=label)
+                final = await stream_answer(
+                    client, spec, sys.stdout, view, waiting=waiting, suffix=label,
+                    progress=None if isinstance(view, LiveView) else sys.stderr)
         except AskError as exc:
             if view is not None:
                 sys.stdout.write(view.interrupt())
@@ -125,6 +128,31 @@ async def _ask(args: argparse.Namespace, spec: AskSpec, view: AnswerView | None)
     else:
         print(stats_table(final))
     sys.stdout.flush()
+    return 0
+
+
+def _wait(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``eventspec wait HOST:PORT``: 0 once SERVING, 1 on timeout; reasons on stderr."""
+    try:
+        check_address("address", args.address)
+        check_float_range("--timeout", args.timeout, 0.0, 86400.0, lo_open=True)
+    except ArgumentProblem as exc:
+        parser.exit(2, f"eventspec wait: error: {exc}\n")
+    security = client_security_from_args(args, prefix="", env_prefix="EVENTSPEC_")
+
+    def say(reason: str) -> None:
+        print(f"{args.address}: {reason}", file=sys.stderr, flush=True)
+
+    try:
+        asyncio.run(wait_for_serving(args.address, args.timeout, security=security,
+                                     on_reason=say))
+    except TimeoutError as exc:
+        print(f"eventspec wait: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("eventspec wait: interrupted", file=sys.stderr)
+        return 130
+    print(f"{args.address}: SERVING", file=sys.stderr)
     return 0
 
 
@@ -166,6 +194,13 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--no-color", action="store_true",
                      help="no styling in the live view (also: a non-empty $NO_COLOR)")
     add_client_security_args(ask, prefix="", env_prefix="EVENTSPEC_", peer="edge agent")
+    wait = sub.add_parser("wait", help="wait until a node reports SERVING (prints what it "
+                                       "is doing meanwhile)",
+                          formatter_class=DefaultsHelpFormatter)
+    wait.add_argument("address", help="HOST:PORT of an edge agent or a cloud verifier")
+    wait.add_argument("--timeout", type=float, default=600.0,
+                      help="give up after this many seconds (exit 1)")
+    add_client_security_args(wait, prefix="", env_prefix="EVENTSPEC_", peer="node")
     for name, help_text in _DEMO_WORLD.items():
         # Listed here for --help; ``main`` hands their arguments over before parsing.
         sub.add_parser(name, help=help_text, add_help=False)
@@ -184,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         return toy_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "wait":
+        return _wait(parser, args)
     try:
         spec = spec_from_args(args)
     except ArgumentProblem as exc:

@@ -49,6 +49,8 @@ def _translated(address: str, exc: aio.AioRpcError) -> AskError:
     elif code == grpc.StatusCode.UNAVAILABLE and details.startswith("cloud verifier:"):
         # The edge answered: it is its cloud that is down (the edge's status says which).
         details = f"the edge agent at {address} cannot use its cloud verifier: {details}"
+    elif code == grpc.StatusCode.UNAVAILABLE and details.startswith("edge agent:"):
+        details = f"the edge agent at {address} is up but not ready: {details}"
     elif code == grpc.StatusCode.UNAVAILABLE:
         details = f"cannot reach the edge agent at {address}: {details}"
     return AskError(code, details)

@@ -79,9 +79,9 @@ class WarmingUp(Unavailable):
     """The server is up but not ready yet (loading a model, calibrating); ``phase`` says
     what it is doing, so a caller can wait and show progress instead of failing."""
 
-    def __init__(self, phase: str) -> None:
-        super().__init__(f"the server is still warming up ({phase}); retry when its health "
-                         "is SERVING")
+    def __init__(self, phase: str, message: str | None = None) -> None:
+        super().__init__(message or f"the server is still warming up ({phase}); retry when "
+                                    "its health is SERVING")
         self.phase = phase
 
 

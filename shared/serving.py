@@ -17,6 +17,14 @@ MODEL_DTYPES: dict[str, str] = {
 }
 
 
+def quiet_progress_bars() -> None:
+    """No tqdm bars in a node's log ("Loading weights: 100%|████|" on every start): a
+    log is read line by line, and the loader's own INFO line says what was loaded."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+
+
 class NodeServer(Protocol):
     """What ``VerifierServer`` and ``EdgeServer`` offer the CLI."""
 

@@ -152,12 +152,11 @@ def events_for_window(
 ) -> np.ndarray:
     """The events of the window's event span, or InvalidInput if fewer than ``min_events``.
 
-    A window that spans the whole recording needs only one event per EventGPT frame:
-    a tiny recording is all there is, so it is drawn rather than refused.
+    A whole recording of a handful of events (the Event Camera Dataset's 5-event sample)
+    is refused like any sparse window: five frames of one event each show nothing, and
+    an answer about them would be made up.
     """
     events = source.events_between(window.event_t0_us, window.event_t1_us)
-    if (window.event_t0_us, window.event_t1_us) == source.time_range_us():
-        min_events = min(min_events, EVENTGPT_N_FRAMES)
     if events.size < min_events:
         what = "no events" if events.size == 0 else f"only {events.size} events"
         raise InvalidInput(

@@ -26,6 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared import convert
 from shared.answer_view import (
     LiveView,
     final_to_json,
@@ -39,7 +40,10 @@ from shared.demoworld.qa import QType, all_questions, parse_answer
 from shared.demoworld.scenes import DEMO_SEED, sample_scene
 from shared.helpfmt import DefaultsHelpFormatter
 from shared.launch import start_node, stop_node, wait_for_port
+from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
+from shared.timing import CloudCost
 from shared.types import AskSpec, FinalEvent, GenerationSettings, Mode
+from shared.wire.channel import open_channel
 from shared.wire.health import wait_for_serving
 
 DEMO_QUESTION = "Which way is the object moving?"
@@ -99,17 +103,24 @@ async def _run(args: argparse.Namespace) -> DemoRuns | None:
             "--emulate-step-ms", str(args.cloud_step_ms)], t / "cloud.log")
         edge: subprocess.Popen[bytes] | None = None
         try:
+            # Both nodes bind at once and warm up side by side; the edge reports SERVING
+            # once it and its cloud are ready, saying meanwhile what it waits for.
             cport = await wait_for_port(cloud, t / "cloud.port", t / "cloud.log", args.timeout)
-            await wait_for_serving(f"127.0.0.1:{cport}", timeout_s=args.timeout)
-            say(f"cloud SERVING on 127.0.0.1:{cport}; starting the edge agent (EventGPT) ...")
+            say(f"cloud listening on 127.0.0.1:{cport}; starting the edge agent (EventGPT) ...")
             edge = start_node("eventspec-edge", [
                 "serve", "--cloud", f"127.0.0.1:{cport}", "--source", args.source,
                 "--model", args.edge_model, "--port", "0",
                 "--port-file", str(t / "edge.port")], t / "edge.log")
             eport = await wait_for_port(edge, t / "edge.port", t / "edge.log", args.timeout)
-            await wait_for_serving(f"127.0.0.1:{eport}", timeout_s=args.timeout)
-            say(f"edge SERVING on 127.0.0.1:{eport}; asking: {args.question!r} (one warm-up "
-                f"per mode, then {args.runs} each)\n")
+            await wait_for_serving(f"127.0.0.1:{eport}", timeout_s=args.timeout,
+                                   on_reason=lambda why: say(f"  ... {why}"))
+            cost = await _cloud_cost(f"127.0.0.1:{cport}")
+            say(f"edge SERVING on 127.0.0.1:{eport}; the cloud plans with "
+                f"{cost.calibration or 'its calibration'}")
+            if cost.unreliable:
+                say("WARNING: the cloud's calibration failed its own sanity check; timings "
+                    "and plans in this run are unreliable (see the warnings below)")
+            say(f"asking: {args.question!r} (one warm-up per mode, then {args.runs} each)\n")
             async with EdgeClient(f"127.0.0.1:{eport}", timeout_s=args.timeout) as client:
                 return await _ask_runs(client, args)
         except (AskError, RuntimeError, TimeoutError) as exc:
@@ -118,6 +129,26 @@ async def _run(args: argparse.Namespace) -> DemoRuns | None:
         finally:
             stop_node(edge)
             stop_node(cloud)
+            for name in ("cloud", "edge"):
+                for line in _warnings(t / f"{name}.log"):
+                    print(f"{name} log: {line}", file=sys.stderr)
+
+
+async def _cloud_cost(address: str) -> CloudCost:
+    """The cost model the cloud plans with (GetServerInfo), for the demo's header."""
+    async with open_channel(address, None) as channel:
+        info = await verifier_pb2_grpc.VerifierStub(channel).GetServerInfo(
+            verifier_pb2.GetServerInfoRequest(), timeout=10)
+    return convert.cloud_cost_from_pb(info.profile)
+
+
+def _warnings(log_path: Path) -> list[str]:
+    """A node's WARNING and ERROR lines: the demo's logs live in a temporary directory
+    that is deleted, so what an operator must see is repeated on stderr."""
+    if not log_path.exists():
+        return []
+    return [line for line in log_path.read_text(errors="replace").splitlines()
+            if " WARNING " in line or " ERROR " in line]
 
 
 def _median_run(finals: list[FinalEvent]) -> FinalEvent:
