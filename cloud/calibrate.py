@@ -84,8 +84,9 @@ def _far_points(
     fit: tuple[float, float, float], points: list[tuple[int, int, float]]
 ) -> list[tuple[int, int, float]]:
     """Points the fit misses by more than ``MAX_RELATIVE_RESIDUAL`` of their value,
-    worst first."""
-    far = [(abs(_predict(fit, b, n) - ms) / ms, (b, n, ms)) for b, n, ms in points
+    the largest miss in ms first (a gross outlier drags the fit away from the small
+    points, whose relative misses then look worst: the absolute miss finds the cause)."""
+    far = [(abs(_predict(fit, b, n) - ms), (b, n, ms)) for b, n, ms in points
            if ms > 0 and abs(_predict(fit, b, n) - ms) > MAX_RELATIVE_RESIDUAL * ms]
     return [p for _, p in sorted(far, reverse=True)]
 
@@ -105,10 +106,10 @@ def robust_step_fit(
     budget = int(MAX_OUTLIER_FRACTION * len(points))
     dropped = 0
     while dropped < budget and len(kept) > 3:
-        far = _far_points(fit, kept)
-        if not far:
+        if not _far_points(fit, kept):
             break
-        kept.remove(far[0])
+        worst = max(kept, key=lambda p: abs(_predict(fit, p[0], p[1]) - p[2]))
+        kept.remove(worst)
         dropped += 1
         fit = fit_step_cost(kept)
     return fit, fit_problems(fit, kept), dropped
@@ -305,9 +306,9 @@ def load_or_calibrate(
                             "prediction; measuring again", path, ratio)
         except EventSpecError as exc:
             log.warning("ignoring calibration profile %s: %s", path, exc)
-    log.info("calibrating the cost model on %s (up to %d rounds of %d prefills and %d steps; "
-             "about a minute on a 2-core CPU with the toy models) ...", device, MAX_ATTEMPTS,
-             2 * REPEATS, len(BATCH_SIZES) * len(STEP_WIDTHS) * REPEATS)
+    log.info("calibrating the cost model on %s (up to %d rounds of %d prefills and up to %d "
+             "steps each; progress follows) ...", device, MAX_ATTEMPTS, 2 * (REPEATS + 1),
+             len(BATCH_SIZES) * len(STEP_WIDTHS) * (REPEATS + 1))
     cost, samples = measure_cloud_cost(target, engine, progress=progress)
     if cost.unreliable:
         return cost

@@ -10,8 +10,9 @@ each call is padded.
 A batched step costs what a real GPU step of that shape costs, scaled: ``step_ms`` is the
 one-session, one-token step, and each extra session and each extra token fed adds the
 fraction of it that the static engine measured on an H200
-(``benchmarks/results/engine_h200.json``: a least-squares fit of its 20 (B, k) steps
-gives 5% of the single step per extra session and 0.47% per token). A flat floor would
+(``benchmarks/results/engine_h200.json``: a relative least-squares fit of its 20 (B, k)
+steps, anchored at the single-token step, gives 4.4% of it per extra session and 0.33%
+per token fed; every measured step is then within 13%). A flat floor would
 let B = 16 sessions with 8 drafts each step as fast as one token alone and flatter
 every toy-world speedup.
 
@@ -30,9 +31,9 @@ from cloud.engine.base import BatchedEngine, PrefillRequest, StepBatch
 from shared.timing import CloudCost
 
 #: Extra cost of each session beyond the first, as a fraction of the single-token step.
-SESSION_FRACTION = 0.05
+SESSION_FRACTION = 0.044
 #: Extra cost of each token fed, as a fraction of the single-token step.
-TOKEN_FRACTION = 0.0047
+TOKEN_FRACTION = 0.0033
 
 
 class PacedEngine:

@@ -5,21 +5,28 @@ loaded machine made a fresh cloud plan with a 260 ms step that really took 3-11 
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
 
 import pytest
+from grpc import aio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cloud import calibrate
 from cloud.cli import build_parser, settings_from_args
 from cloud.engine.hf import HFEngine
-from cloud.server import VerifierServer
+from cloud.engine.paced import PacedEngine
+from cloud.server import VerifierServer, build_runtime
 from cloud.target import TargetModel
 from shared.demoworld.tiny_target import build_tiny_random_target
+from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from shared.profile import CalibrationProfile, load_profile, save_profile
 from shared.timing import CloudCost
 
+RESULTS = Path(__file__).resolve().parents[3] / "benchmarks" / "results"
 POINTS = [(b, b * k, 5.0 + 0.5 * (b - 1) + 0.1 * b * k) for b in (1, 2, 4) for k in (1, 4, 8)]
 
 
@@ -144,3 +151,122 @@ async def test_serve_flags_reach_calibration_and_the_log_names_the_cost_model(
     assert f"planning with prefill 1.6 ms, step {expected:.1f} ms" in line, line
     measuring = any("calibrating the cost model" in r.getMessage() for r in caplog.records)
     assert measuring == recalibrate
+
+
+# -- issue 18: a calibration you can trust ---------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 16), st.integers(1, 256),
+                          st.floats(0.01, 1e4, allow_nan=False)), min_size=1, max_size=30))
+def test_the_step_fit_never_has_a_negative_coefficient(
+    points: list[tuple[int, int, float]],
+) -> None:
+    """Whatever a busy machine measures, costs stay >= 0 (the clamped unconstrained fit
+    once turned a negative slope into a 538 ms intercept)."""
+    fit = calibrate.fit_step_cost(points)
+    assert all(c >= 0 for c in fit), fit
+
+
+def test_the_step_fit_recovers_exact_costs() -> None:
+    base, per_session, per_token = calibrate.fit_step_cost(POINTS)
+    assert (base, per_session, per_token) == pytest.approx((5.0, 0.5, 0.1), abs=1e-9)
+
+
+def test_one_busy_point_is_set_aside_and_the_round_passes() -> None:
+    noisy = [*POINTS[:-1], (4, 32, 400.0)]  # one step taken while the machine was busy
+    fit, problems, outliers = calibrate.robust_step_fit(noisy)
+    assert problems == [] and outliers == 1
+    assert fit == pytest.approx((5.0, 0.5, 0.1), abs=1e-6)
+
+
+def test_too_many_busy_points_fail_the_round() -> None:
+    noisy = [(b, n, ms * (30.0 if i % 2 else 1.0)) for i, (b, n, ms) in enumerate(POINTS)]
+    _, problems, outliers = calibrate.robust_step_fit(noisy)
+    assert problems and outliers == int(calibrate.MAX_OUTLIER_FRACTION * len(noisy))
+
+
+def _failing_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every measuring round fails its sanity check (as on the busy machine)."""
+
+    def once(*_: object, progress: calibrate.Progress, **__: object) -> object:
+        progress("steps of 4 session(s) (3 of 5 batch sizes)")
+        return cost(538.5), {"load_avg_1m": [9.0]}, ["B=1, N=1: measured 67.87 ms, fit 789.97 ms"]
+
+    monkeypatch.setattr(calibrate, "_measure_once", once)
+
+
+def test_a_fit_that_never_passes_is_labelled_unreliable_and_reports_every_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _failing_rounds(monkeypatch)
+    heard: list[str] = []
+    got, _ = calibrate.measure_cloud_cost(None, None, progress=heard.append)  # type: ignore[arg-type]
+    assert got.unreliable and got.calibration.startswith("unreliable, this run only")
+    assert "measured 67.87 ms" in got.calibration and "load average 9.0" in got.calibration
+    assert heard == [f"calibrating, round {r} of 3: steps of 4 session(s) (3 of 5 batch sizes)"
+                     for r in (1, 2, 3)]
+
+
+def test_an_unreliable_fit_is_used_for_this_run_but_never_saved(
+    target: TargetModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _failing_rounds(monkeypatch)
+    path = tmp_path / "cloud.msgpack"
+    got = calibrate.load_or_calibrate(target, HFEngine(target, num_slots=2), path)
+    assert got.unreliable and got.step_base_ms == 538.5
+    assert not path.exists(), "an unreliable calibration was saved as good"
+
+
+async def test_get_server_info_labels_an_unreliable_calibration(
+    target: TargetModel, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    """The label travels: GetServerInfo (what the edge plans with) says it is unreliable."""
+    _failing_rounds(monkeypatch)
+    args = build_parser().parse_args(["serve", "--port", "0", "--profile",
+                                      str(tmp_path / "p.msgpack")])
+    server = VerifierServer(settings_from_args(args), target=target)
+    await server.start()
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            info = await verifier_pb2_grpc.VerifierStub(channel).GetServerInfo(
+                verifier_pb2.GetServerInfoRequest(), timeout=10)
+    finally:
+        await server.stop(0)
+    assert info.profile.unreliable
+    assert info.profile.calibration.startswith("unreliable, this run only")
+
+
+def test_a_paced_engine_plans_with_its_known_costs_without_measuring(
+    target: TargetModel, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The demo's paced cloud (200 ms / 30 ms by construction) planned with a measured
+    9.1 ms step and never drafted; now it plans with what it is paced to."""
+
+    def fail(*_: object, **__: object) -> object:
+        raise AssertionError("a paced engine must not be calibrated")
+
+    monkeypatch.setattr(calibrate, "measure_cloud_cost", fail)
+    args = build_parser().parse_args(["serve", "--port", "0", "--emulate-prefill-ms", "200",
+                                      "--emulate-step-ms", "30"])
+    runtime = build_runtime(settings_from_args(args), target)
+    got = runtime.info.cloud_cost
+    assert got.prefill_ms(100, 20) == pytest.approx(200.0)
+    assert got.batch_step_ms(1, 1) == pytest.approx(30.0)
+    assert got.calibration.startswith("paced engine, known costs") and not got.unreliable
+
+
+def test_a_paced_step_grows_with_sessions_and_drafts_like_the_gpu_engine(
+    target: TargetModel,
+) -> None:
+    """Not flat: every (B, k) step of the H200 static engine, as a multiple of its
+    single-token step, is matched by the paced floors within 15% (B = 64 with 8 drafts
+    each costs 6x one token there, not 1x)."""
+    steps = json.loads((RESULTS / "engine_h200.json").read_text())["steps"]
+    one_gpu = next(s["ms"] for s in steps if s["B"] == 1 and s["k"] == 0)
+    paced = PacedEngine(HFEngine(target, num_slots=2), prefill_ms=200, step_ms=30)
+    one = paced.step_floor_ms(1, 1)
+    assert one == pytest.approx(30.0)
+    for s in steps:
+        b, n = s["B"], s["B"] * (s["k"] + 1)
+        assert paced.step_floor_ms(b, n) / one == pytest.approx(s["ms"] / one_gpu, rel=0.15), s
