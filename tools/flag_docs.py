@@ -38,6 +38,7 @@ def commands() -> dict[str, Callable[[], argparse.ArgumentParser]]:
 
     return {
         "eventspec ask": lambda: _sub(ask(), "ask"),
+        "eventspec wait": lambda: _sub(ask(), "wait"),
         "eventspec demo": demo,
         "eventspec toy train": lambda: _sub(toy(), "train"),
         "eventspec toy eval": lambda: _sub(toy(), "eval"),
