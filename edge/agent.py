@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any
 
+from edge.admission import AdmissionQueue, cloud_slots
 from edge.align import FeatureAdapter
 from edge.draft import DraftModel
 from edge.drafter import Drafter
@@ -69,6 +70,9 @@ log = logging.getLogger(__name__)
 
 #: How often an Ask that waits for the cloud asks it again, s.
 CLOUD_POLL_S = 0.5
+#: An Ask plans with a GetServerInfo answer at most this old (the edge server's watcher
+#: refreshes it every few seconds) instead of asking again.
+INFO_MAX_AGE_S = 10.0
 
 
 class EdgeCostMeter:
@@ -125,6 +129,8 @@ class EdgeAgent:
         force_speculation: bool = False,
         readiness: Readiness | None = None,
         cloud_wait_s: float = 60.0,
+        first_reply_s: float = 5.0,
+        max_queued_asks: int = 256,
     ) -> None:
         self.source = source
         self.draft = draft
@@ -145,6 +151,8 @@ class EdgeAgent:
             readiness.set_edge_phase(None)
         self.readiness = readiness
         self.cloud_wait_s = cloud_wait_s
+        self.first_reply_s = first_reply_s
+        self.admission = AdmissionQueue(max_waiting=max_queued_asks)
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -244,22 +252,38 @@ class EdgeAgent:
                 f"differs from the draft model's ({self.draft.vocab_fingerprint[:12]}), so "
                 "drafts cannot be verified; use mode target_only"
             )
-        feature_mode = choose_feature_mode(spec.feature_mode, self.source, self.adapter)
-        prepared = await self._prepare(
-            spec,
-            need_frames=feature_mode == FeatureMode.FRAMES,
-            need_features=feature_mode == FeatureMode.ALIGNED,
-            info=info,
-        )
-        # A replica that dies before anything is committed gets the request re-run once
-        # on another (edge.failover); after a commit the answer fails clearly instead.
-        async for event in with_failover(
-            lambda attempt: self._with_cloud(
-                spec, info, prepared, request_id if not attempt else f"{request_id}-r{attempt}"
-            ),
-            is_committed=ask_event_is_committed,
-        ):
-            yield event
+        # A slot on the cloud before any model work: wait in line for one (edge.admission).
+        self.admission.set_capacity(cloud_slots(info.limits))
+        queued_at = time.monotonic()
+        budget = self.request_timeout_s if deadline_s is None else max(0.0, deadline_s - 1.0)
+        async for place in self.admission.enter(budget):
+            yield ProgressEvent(
+                "queued", f"queued for the cloud verifier: place {place} in line "
+                          f"({self.admission.in_flight} in flight)",
+                round(time.monotonic() - queued_at, 3))
+        try:
+            feature_mode = choose_feature_mode(spec.feature_mode, self.source, self.adapter)
+            prepared = await self._prepare(
+                spec,
+                need_frames=feature_mode == FeatureMode.FRAMES,
+                need_features=feature_mode == FeatureMode.ALIGNED,
+                info=info,
+            )
+            # A replica that dies before anything is committed gets the request re-run
+            # once on another (edge.failover); after a commit the answer fails clearly
+            # instead. A cloud full for a moment is asked again within the wait budget.
+            left = budget - (time.monotonic() - queued_at)
+            async for event in with_failover(
+                lambda attempt: self._with_cloud(
+                    spec, info, prepared,
+                    request_id if not attempt else f"{request_id}-r{attempt}",
+                ),
+                is_committed=ask_event_is_committed,
+                busy_retry_s=max(0.0, min(self.cloud_wait_s, left)),
+            ):
+                yield event
+        finally:
+            self.admission.release()
 
     async def _cloud_info_when_ready(
         self, wait_s: float
@@ -269,6 +293,10 @@ class EdgeAgent:
         then the info. A cloud that is not a Verifier, or a wait that runs out, gets its
         own clear error."""
         assert self.link is not None
+        cached = self.link.fresh_info(INFO_MAX_AGE_S)
+        if cached is not None:
+            yield cached
+            return
         started = time.monotonic()
         shown = None
         while True:
@@ -353,13 +381,15 @@ class EdgeAgent:
         try:
             t_up = time.perf_counter()
             await stream.send(open_req)
-            sent = await send_features(stream, prepared, feature_dtype)
+            replies = aiter(stream.replies())
+            tasks["reply"] = asyncio.ensure_future(anext(replies))
+            tasks["upload"] = asyncio.ensure_future(send_features(stream, prepared, feature_dtype))
+            await self._first_reply(tasks["reply"], tasks["upload"])
+            sent = await tasks.pop("upload")
             up_s = time.perf_counter() - t_up
             stage["edge_upload"] = up_s * 1e3
             self.uplink.observe(sent + sum(len(f) for f in prepared.frames or ()), up_s)
             prefill_started = False
-            replies = aiter(stream.replies())
-            tasks["reply"] = asyncio.ensure_future(anext(replies))
             while session.done is None:
                 # The draft prefill starts as soon as a plan (the edge's own, or the
                 # cloud's Plan if it differs, e.g. on a load change) says to draft.
@@ -428,6 +458,30 @@ class EdgeAgent:
             plan=session.plan,
             window=prepared.window,
         )
+
+    async def _first_reply(self, reply: asyncio.Future[Any], upload: asyncio.Future[Any]
+                           ) -> None:
+        """Wait for the cloud's first message (its Plan, sent as soon as the Open is
+        admitted, before the visual input), at most ``first_reply_s``.
+
+        A replica that is frozen (SIGSTOPped, hung) keeps its connection open and
+        answers nothing; without this bound a request waited for keepalive to declare
+        the connection dead. UNAVAILABLE here, before anything is committed, lets
+        ``edge.failover`` run the request on another replica.
+        """
+        assert self.link is not None
+        deadline = time.monotonic() + self.first_reply_s
+        while not reply.done():
+            if upload.done() and not upload.cancelled() and upload.exception() is not None:
+                return  # the upload failed (the call ended): the caller raises why
+            left = deadline - time.monotonic()
+            if left <= 0:
+                err = Unavailable(f"cloud verifier: no reply within {self.first_reply_s:g} s "
+                                  "of the request (a hung replica?)")
+                self.link.mark_failure(err)
+                raise err
+            await asyncio.wait({f for f in (reply, upload) if not f.done()}, timeout=left,
+                               return_when=asyncio.FIRST_COMPLETED)
 
     def _reply(self, task: asyncio.Future[Any]) -> TimingPlan | CommitEvent | DoneEvent:
         """The cloud's next message, or the error that ended the stream."""

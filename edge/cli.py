@@ -88,6 +88,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="how long an Ask waits for a cloud verifier that is warming up "
                             "or briefly unreachable, streaming progress, before it fails "
                             "(never past the Ask's deadline) ($EVENTSPEC_EDGE_CLOUD_WAIT_S)")
+    serve.add_argument("--cloud-first-reply-s", type=float, default=env.cloud_first_reply_s,
+                       help="a cloud replica that sends no Plan this long after a request's "
+                            "Open is taken for hung, and the request moves to another "
+                            "replica if nothing was committed "
+                            "($EVENTSPEC_EDGE_CLOUD_FIRST_REPLY_S)")
+    serve.add_argument("--max-queued-asks", type=int, default=env.max_queued_asks,
+                       help="Asks that may wait in line for a cloud slot (the edge keeps to "
+                            "the sessions its cloud advertises); more are refused with "
+                            "RESOURCE_EXHAUSTED ($EVENTSPEC_EDGE_MAX_QUEUED_ASKS)")
     serve.add_argument("--speculation", choices=["auto", "always"], default="auto",
                        help="auto: draft when the timing plan says it pays (default); "
                             "always: draft regardless, e.g. to measure acceptance")
@@ -119,6 +128,8 @@ def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
         default_jpeg_quality=args.jpeg_quality,
         request_timeout_s=args.request_timeout,
         cloud_wait_s=args.cloud_wait_s,
+        cloud_first_reply_s=args.cloud_first_reply_s,
+        max_queued_asks=args.max_queued_asks,
         speculation=args.speculation,
         security=server_security_from_args(args, "EVENTSPEC_EDGE_"),
         cloud_security=client_security_from_args(args, prefix="cloud-",

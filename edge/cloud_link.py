@@ -20,6 +20,7 @@ import contextlib
 import ipaddress
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -30,7 +31,13 @@ from grpc import aio
 from edge.readiness import CloudState, CloudView
 from shared import convert
 from shared.convert import CloudOutbound, EdgeInbound
-from shared.errors import DeadlineExceeded, EventSpecError, InvalidInput, Unavailable
+from shared.errors import (
+    DeadlineExceeded,
+    EventSpecError,
+    InvalidInput,
+    ResourceExhausted,
+    Unavailable,
+)
 from shared.estimators import RttEstimator
 from shared.logsafe import scrub_addresses, scrub_operator_hints
 from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
@@ -61,6 +68,9 @@ SERVICE_CONFIG = json.dumps({
         },
     }],
 })
+
+#: How long a failed write waits for its call's final status.
+FINAL_STATUS_WAIT_S = 2.0
 
 #: The probe channel's config: round_robin over the replicas with no health checking,
 #: so a probe reaches a replica that reports NOT_SERVING and hears why.
@@ -105,6 +115,12 @@ def rpc_error(exc: grpc.RpcError, address: str, what: str) -> EventSpecError:
     """
     code = exc.code() if isinstance(exc, aio.AioRpcError) else None
     details = (exc.details() if isinstance(exc, aio.AioRpcError) else str(exc)) or ""
+    return status_error(code, details, address, what)
+
+
+def status_error(code: grpc.StatusCode | None, details: str, address: str,
+                 what: str) -> EventSpecError:
+    """``rpc_error`` from a status code and its details (a call's final status)."""
     log.warning("cloud verifier at %s: %s failed: %s %s", address, what,
                 code.name if code else "", details)
     message = f"cloud verifier: {what} failed: {_for_clients(code, details)}"
@@ -112,6 +128,8 @@ def rpc_error(exc: grpc.RpcError, address: str, what: str) -> EventSpecError:
         return DeadlineExceeded(message)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidInput(message)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return ResourceExhausted(message)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, None):
         return Unavailable(message)
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
@@ -155,11 +173,28 @@ class CloudStream:
         except (grpc.RpcError, aio.UsageError, asyncio.InvalidStateError) as exc:
             if best_effort:
                 return
+            # A write fails because the call has ended; how it ended (RESOURCE_EXHAUSTED
+            # from a full cloud, INVALID_ARGUMENT, ...) is its final status, not the
+            # write's own error (INTERNAL "sending to Generate failed" said nothing).
+            final = await self._final_status()
+            if final is not None:
+                raise final from exc
             if isinstance(exc, grpc.RpcError):
                 raise rpc_error(exc, self._address, "sending to Generate") from exc
             log.warning("cloud verifier at %s: Generate stream closed", self._address)
             raise Unavailable("cloud verifier: the stream closed") from exc
         self.uplink_bytes += pb.ByteSize()
+
+    async def _final_status(self) -> EventSpecError | None:
+        """The error the call ended with, once it has ended (None: OK or unknown)."""
+        try:
+            code = await asyncio.wait_for(self._call.code(), FINAL_STATUS_WAIT_S)
+            details = await self._call.details()
+        except (TimeoutError, grpc.RpcError):
+            return None
+        if code in (None, grpc.StatusCode.OK):
+            return None
+        return status_error(code, details or "", self._address, "Generate")
 
     async def done_writing(self) -> None:
         with contextlib.suppress(grpc.RpcError, aio.UsageError):
@@ -213,6 +248,7 @@ class CloudLink:
         self.reachable = False
         self.last_error = ""
         self.info: ServerInfo | None = None
+        self._info_at = -math.inf
 
     async def server_info(self, timeout_s: float = 5.0) -> ServerInfo:
         """Fetch GetServerInfo (cached on success); samples the RTT."""
@@ -228,6 +264,19 @@ class CloudLink:
         self.rtt.update((time.perf_counter() - t0) * 1e3)
         self.reachable, self.last_error = True, ""
         self.info = convert.server_info_from_pb(pb)
+        self._info_at = time.monotonic()
+        return self.info
+
+    def fresh_info(self, max_age_s: float) -> ServerInfo | None:
+        """The last GetServerInfo answer if it is younger than ``max_age_s`` and the link
+        has not failed since; None otherwise.
+
+        An Ask uses it instead of calling GetServerInfo itself, so it makes one call
+        (Generate), not two: with round_robin over two replicas, two calls per Ask sent
+        every Generate to the same replica.
+        """
+        if not self.reachable or time.monotonic() - self._info_at > max_age_s:
+            return None
         return self.info
 
     async def diagnose(self, timeout_s: float = 5.0) -> CloudView:

@@ -34,6 +34,12 @@ class EdgeSettings:
     #: How long an Ask waits for a cloud that is warming up or briefly unreachable
     #: (never past the Ask's own deadline).
     cloud_wait_s: float = 60.0
+    #: A cloud replica that sends nothing (not even its Plan) this long after an Open is
+    #: taken for hung: the request moves to another replica if nothing was committed.
+    cloud_first_reply_s: float = 5.0
+    #: Asks that may wait for a cloud slot (beyond those in flight) before more are
+    #: refused with RESOURCE_EXHAUSTED.
+    max_queued_asks: int = 256
     #: Acceptance prior before any request has been observed.
     acceptance_prior: float = 0.5
     #: Send a Preview to the client every N drafted tokens.
@@ -64,6 +70,8 @@ class EdgeSettings:
             port=env_int("EVENTSPEC_EDGE_PORT", 50062),
             device=env("EVENTSPEC_EDGE_DEVICE", "cpu"),
             cloud_wait_s=env_float("EVENTSPEC_EDGE_CLOUD_WAIT_S", 60.0),
+            cloud_first_reply_s=env_float("EVENTSPEC_EDGE_CLOUD_FIRST_REPLY_S", 5.0),
+            max_queued_asks=env_int("EVENTSPEC_EDGE_MAX_QUEUED_ASKS", 256),
         )
 
     def check(self) -> None:
@@ -79,6 +87,12 @@ class EdgeSettings:
                 f"--request-timeout must be > 0 seconds, got {self.request_timeout_s:g}")
         if not math.isfinite(self.cloud_wait_s) or self.cloud_wait_s < 0:
             raise SettingsError(f"--cloud-wait-s must be >= 0 seconds, got {self.cloud_wait_s:g}")
+        if not math.isfinite(self.cloud_first_reply_s) or self.cloud_first_reply_s <= 0:
+            raise SettingsError("--cloud-first-reply-s must be > 0 seconds, got "
+                                f"{self.cloud_first_reply_s:g}")
+        if not 0 <= self.max_queued_asks <= 100_000:
+            raise SettingsError(
+                f"--max-queued-asks must be in 0..100000, got {self.max_queued_asks}")
         if not 1 <= self.default_jpeg_quality <= 100:
             raise SettingsError(
                 f"--jpeg-quality must be in 1..100, got {self.default_jpeg_quality}")

@@ -20,16 +20,22 @@ Generate call each time it is called)::
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
-from shared.errors import Unavailable
+from shared.errors import ResourceExhausted, Unavailable
 from shared.types import CommitEvent, CommittedEvent, DoneEvent, FinalEvent
 
 log = logging.getLogger(__name__)
 
 E = TypeVar("E")
+
+#: First and longest pause before asking a full cloud again, s.
+BUSY_PAUSE_S = 0.1
+MAX_BUSY_PAUSE_S = 1.0
 
 #: One attempt of a request: ``attempt(n)`` (n = 0, 1, ...) streams its events.
 Attempt = Callable[[int], AsyncIterator[E]]
@@ -46,13 +52,21 @@ async def with_failover(
     *,
     is_committed: Callable[[E], bool] = ask_event_is_committed,
     retries: int = 1,
+    busy_retry_s: float = 0.0,
 ) -> AsyncIterator[E]:
     """Stream ``attempt(0)``; on UNAVAILABLE before any committed event, ``attempt(1)``...
 
     At most ``retries`` extra attempts. Raises ``Unavailable`` saying whether the answer
     was cut after commits (not retried) or every attempt failed.
+
+    RESOURCE_EXHAUSTED before any commit (the cloud full for a moment: another edge took
+    the slot, or a finished session's slot is not free yet) is retried with a short,
+    growing pause for up to ``busy_retry_s`` in all, on top of ``retries``.
     """
-    for n in range(retries + 1):
+    busy_until = time.monotonic() + busy_retry_s
+    pause = BUSY_PAUSE_S
+    n = 0
+    while True:
         committed = 0
         events = attempt(n)
         try:
@@ -61,6 +75,12 @@ async def with_failover(
                     committed += 1
                 yield event
             return
+        except ResourceExhausted:
+            if committed or time.monotonic() + pause > busy_until:
+                raise
+            log.info("the cloud verifier is full; trying again in %.1f s", pause)
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, MAX_BUSY_PAUSE_S)
         except Unavailable as exc:
             if committed:
                 raise Unavailable(
@@ -72,8 +92,9 @@ async def with_failover(
                 raise Unavailable(
                     f"the cloud verifier failed on {n + 1} attempt(s); last error: {exc.message}"
                 ) from exc
+            n += 1
             log.warning("cloud replica failed before any commit (%s); retrying the request "
-                        "on another replica (attempt %d of %d)", exc.message, n + 2, retries + 1)
+                        "on another replica (attempt %d of %d)", exc.message, n + 1, retries + 1)
         finally:
             aclose = getattr(events, "aclose", None)
             if aclose is not None:

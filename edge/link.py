@@ -44,6 +44,10 @@ class VerifierLink(Protocol):
 
     async def server_info(self, timeout_s: float = 5.0) -> ServerInfo: ...
 
+    def fresh_info(self, max_age_s: float) -> ServerInfo | None:
+        """The cached GetServerInfo answer when recent enough, else None."""
+        ...
+
     async def diagnose(self, timeout_s: float = 5.0) -> CloudView:
         """Why the verifier does not answer: warming up (with its phase), unreachable,
         or not a Verifier."""

@@ -97,7 +97,9 @@ class EdgeServer:
         """Bind and report NOT_SERVING; then (``warm``) warm up. Returns the bound port."""
         s = self.settings
         check_server_start(s.host, s.port, s.security)  # refuse before loading models
-        host = GrpcHost(SERVICE_NAME, max_message_bytes=s.max_message_bytes, max_rpcs=64,
+        # 64 calls in flight, plus the Asks waiting in line for a cloud slot.
+        host = GrpcHost(SERVICE_NAME, max_message_bytes=s.max_message_bytes,
+                        max_rpcs=64 + s.max_queued_asks,
                         security=s.security,
                         unlimited_methods=frozenset({f"/{SERVICE_NAME}/GetStatus"}))
         self.readiness = Readiness(needs_cloud=bool(s.cloud), on_change=self._health_follows)
@@ -157,6 +159,8 @@ class EdgeServer:
             force_speculation=s.speculation == "always",
             readiness=readiness,
             cloud_wait_s=s.cloud_wait_s,
+            first_reply_s=s.cloud_first_reply_s,
+            max_queued_asks=s.max_queued_asks,
         )
         readiness.set_edge_phase("measuring the draft model's costs")
         await self.agent.warm_up()

@@ -1,14 +1,24 @@
 """gRPC channel and server options that both ends agree on.
 
 Keepalive: clients ping every ``KEEPALIVE_TIME_MS``; servers permit pings that often
-(``min_ping_interval_without_data_ms``), otherwise clients get ``too_many_pings``.
+(``min_ping_interval_without_data_ms``), otherwise clients get ``too_many_pings``. A peer
+that stops answering pings (a frozen process still holds its TCP connection) is declared
+dead after at most ``KEEPALIVE_TIME_MS + KEEPALIVE_TIMEOUT_MS`` (15 s), which ends its
+streams with UNAVAILABLE so the edge fails over.
+
+Reconnect backoff: gRPC's default grows to 120 s, so an edge went on failing for 23-38 s
+after its cloud came back. Clients here retry a lost connection within
+``MAX_RECONNECT_BACKOFF_MS`` (1 s).
+
 Message limits are explicit on both sides; large tensors are always chunked below them.
 """
 
 from __future__ import annotations
 
-KEEPALIVE_TIME_MS = 20_000
-KEEPALIVE_TIMEOUT_MS = 10_000
+KEEPALIVE_TIME_MS = 10_000
+KEEPALIVE_TIMEOUT_MS = 5_000
+INITIAL_RECONNECT_BACKOFF_MS = 100
+MAX_RECONNECT_BACKOFF_MS = 1_000
 DEFAULT_MAX_MESSAGE_BYTES = 8 << 20
 
 
@@ -36,4 +46,7 @@ def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[
         ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.initial_reconnect_backoff_ms", INITIAL_RECONNECT_BACKOFF_MS),
+        ("grpc.min_reconnect_backoff_ms", INITIAL_RECONNECT_BACKOFF_MS),
+        ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
     ]

@@ -104,11 +104,12 @@ async def test_a_full_cloud_tells_the_asker_it_is_full_without_the_operators_fla
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The cloud's refusal ("retry later or raise --max-sessions") reaches the Ask caller
-    as RESOURCE_EXHAUSTED without the flag; the edge's log keeps the cloud's words."""
+    as RESOURCE_EXHAUSTED without the flag, once the edge's retries (for up to
+    --cloud-wait-s, 1 s here) find it still full; the edge's log keeps the cloud's words."""
     target, draft = eh.shared_models()
     cloud = await ch.start_verifier(target, max_sessions=1)
-    edge = EdgeServer(replace(EdgeSettings(), cloud=f"127.0.0.1:{cloud.port}", port=0),
-                      draft=draft)
+    edge = EdgeServer(replace(EdgeSettings(), cloud=f"127.0.0.1:{cloud.port}", port=0,
+                              cloud_wait_s=1.0), draft=draft)
     await edge.start()
     try:
         async with aio.insecure_channel(f"127.0.0.1:{cloud.port}") as direct:

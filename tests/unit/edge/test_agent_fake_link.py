@@ -13,6 +13,7 @@ import pytest
 from edge.agent import EdgeAgent
 from edge.draft import DraftModel
 from edge.events.sources import open_source
+from edge.readiness import CloudState, CloudView
 from shared.convert import CloudOutbound, EdgeInbound
 from shared.demoworld.tiny_draft import build_tiny_random_draft
 from shared.errors import EventSpecError, FailedPrecondition, InvalidInput
@@ -72,6 +73,12 @@ class FakeLink:
     async def server_info(self, timeout_s: float = 5.0) -> ServerInfo:
         assert self.info is not None
         return self.info
+
+    def fresh_info(self, max_age_s: float) -> ServerInfo | None:
+        return None  # every Ask asks the fake, as it asks a cloud it has not heard from
+
+    async def diagnose(self, timeout_s: float = 5.0) -> CloudView:
+        return CloudView(CloudState.UNREACHABLE, "in-memory")
 
     def open_stream(self, timeout_s: float) -> ScriptedStream:
         self.streams.append(ScriptedStream())
