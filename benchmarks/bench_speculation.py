@@ -2,9 +2,10 @@
 
 Client -> edge -> cloud in one process. The cloud is the committed toy Video-LLaVA,
 paced (``PacedEngine``) to a given prefill / step time to rehearse clouds of different
-speed; the edge is the committed toy EventGPT on this CPU. For each pace, the cloud
-calibrates afresh (a profile from an earlier run, perhaps on a loaded machine, would
-decide the plan), one warm-up pair is asked and not counted, then every question of
+speed; the edge is the committed toy EventGPT on this CPU. A paced cloud plans with the
+costs it is paced to; the unpaced one (0:0) calibrates afresh (a profile from an earlier
+run, perhaps on a loaded machine, would decide the plan). One warm-up pair is asked and
+not counted, then every question of
 every scene is asked speculatively and target-only; the script prints medians of total
 time and TTFT, the median per-request speedup, the acceptance (– when nothing was
 drafted) and how many plans chose to draft. Outputs must be identical, or the script

@@ -303,7 +303,7 @@ class EdgeAgent:
             try:
                 info = await self.link.server_info(self.rpc_timeout_s)
             except EventSpecError as exc:
-                if exc.code != ErrorCode.UNAVAILABLE:
+                if exc.code not in (ErrorCode.UNAVAILABLE, ErrorCode.DEADLINE_EXCEEDED):
                     raise
                 view = await self.link.diagnose(self.rpc_timeout_s)
             else:
@@ -384,7 +384,7 @@ class EdgeAgent:
             replies = aiter(stream.replies())
             tasks["reply"] = asyncio.ensure_future(anext(replies))
             tasks["upload"] = asyncio.ensure_future(send_features(stream, prepared, feature_dtype))
-            await self._first_reply(tasks["reply"], tasks["upload"])
+            await self._first_reply(tasks["reply"], tasks["upload"], stream)
             sent = await tasks.pop("upload")
             up_s = time.perf_counter() - t_up
             stage["edge_upload"] = up_s * 1e3
@@ -459,8 +459,8 @@ class EdgeAgent:
             window=prepared.window,
         )
 
-    async def _first_reply(self, reply: asyncio.Future[Any], upload: asyncio.Future[Any]
-                           ) -> None:
+    async def _first_reply(self, reply: asyncio.Future[Any], upload: asyncio.Future[Any],
+                           stream: VerifierStream) -> None:
         """Wait for the cloud's first message (its Plan, sent as soon as the Open is
         admitted, before the visual input), at most ``first_reply_s``.
 
@@ -476,10 +476,9 @@ class EdgeAgent:
                 return  # the upload failed (the call ended): the caller raises why
             left = deadline - time.monotonic()
             if left <= 0:
-                err = Unavailable(f"cloud verifier: no reply within {self.first_reply_s:g} s "
+                self.link.mark_hung(stream)
+                raise Unavailable(f"cloud verifier: no reply within {self.first_reply_s:g} s "
                                   "of the request (a hung replica?)")
-                self.link.mark_failure(err)
-                raise err
             await asyncio.wait({f for f in (reply, upload) if not f.done()}, timeout=left,
                                return_when=asyncio.FIRST_COMPLETED)
 

@@ -23,11 +23,13 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from grpc import aio
 
+from edge.link import VerifierStream
 from edge.readiness import CloudState, CloudView
 from shared import convert
 from shared.convert import CloudOutbound, EdgeInbound
@@ -69,6 +71,10 @@ SERVICE_CONFIG = json.dumps({
     }],
 })
 
+#: How long a replica that did not answer in time sits out.
+REST_S = 30.0
+#: How long a replica that dropped a stream (UNAVAILABLE) sits out.
+DROPPED_REST_S = 5.0
 #: How long a failed write waits for its call's final status.
 FINAL_STATUS_WAIT_S = 2.0
 
@@ -158,9 +164,10 @@ def _for_clients(code: grpc.StatusCode | None, details: str) -> str:
 class CloudStream:
     """One Generate call: ``send`` domain messages, iterate the cloud's replies."""
 
-    def __init__(self, call: Any, address: str) -> None:
+    def __init__(self, call: Any, address: str, replica: Replica | None = None) -> None:
         self._call = call
         self._address = address
+        self.replica = replica
         self.uplink_bytes = 0
         self.downlink_bytes = 0
 
@@ -178,9 +185,9 @@ class CloudStream:
             # write's own error (INTERNAL "sending to Generate failed" said nothing).
             final = await self._final_status()
             if final is not None:
-                raise final from exc
+                raise self._failed(final) from exc
             if isinstance(exc, grpc.RpcError):
-                raise rpc_error(exc, self._address, "sending to Generate") from exc
+                raise self._failed(rpc_error(exc, self._address, "sending to Generate")) from exc
             log.warning("cloud verifier at %s: Generate stream closed", self._address)
             raise Unavailable("cloud verifier: the stream closed") from exc
         self.uplink_bytes += pb.ByteSize()
@@ -209,28 +216,58 @@ class CloudStream:
                 self.downlink_bytes += msg.ByteSize()
                 yield convert.cloud_message_from_pb(msg)
         except grpc.RpcError as exc:
-            raise rpc_error(exc, self._address, "Generate") from exc
+            raise self._failed(rpc_error(exc, self._address, "Generate")) from exc
+
+    def _failed(self, err: EventSpecError) -> EventSpecError:
+        """A replica that dropped the stream (UNAVAILABLE) sits out a moment, so the
+        request's retry goes to another one rather than back to it."""
+        if isinstance(err, Unavailable) and self.replica is not None:
+            self.replica.rest(DROPPED_REST_S)
+        return err
 
     def cancel(self) -> None:
         self._call.cancel()
 
 
-class CloudLink:
-    """A reused channel with keepalive to the verifier replicas; tracks reachability and RTT.
+@dataclass
+class Replica:
+    """One verifier the edge can send a request to: its channels and its standing.
 
-    ``security`` turns on TLS (with a client certificate: mutual TLS) and sends its
-    bearer token on every call.
+    A replica that failed to answer in time sits out until ``resting_until``: gRPC's
+    round_robin cannot tell a frozen replica (its connection up, its health stream
+    silent) from a busy one, and kept sending it every other request.
+    """
+
+    target: str
+    channel: aio.Channel
+    stub: verifier_pb2_grpc.VerifierStub
+    probe_channel: aio.Channel
+    probe: verifier_pb2_grpc.VerifierStub
+    resting_until: float = -math.inf
+
+    def rest(self, seconds: float) -> None:
+        self.resting_until = max(self.resting_until, time.monotonic() + seconds)
+
+    @property
+    def resting(self) -> bool:
+        return time.monotonic() < self.resting_until
+
+
+class CloudLink:
+    """Reused channels with keepalive to the verifier replicas; tracks reachability and
+    RTT, and which replica to use next.
+
+    A list of replicas (``IP:PORT,IP:PORT``) gets one channel each, and the link itself
+    takes them in turn, skipping one that recently failed to answer (``rest``); a single
+    address (including ``dns:///NAME:PORT``) is one channel that gRPC's round_robin
+    balances over what the name resolves to. ``security`` turns on TLS (with a client
+    certificate: mutual TLS) and sends its bearer token on every call.
     """
 
     def __init__(self, address: str, *, max_message_bytes: int = 8 << 20,
                  security: ClientSecurity | None = None) -> None:
         self.address = address
         target = cloud_target(address)
-        options: list[tuple[str, Any]] = [
-            *channel_options(max_message_bytes),
-            ("grpc.service_config", SERVICE_CONFIG),
-            ("grpc.enable_retries", 1),
-        ]
         if (target.startswith("ipv") and security is not None and security.tls
                 and not security.server_name):
             raise SecurityConfigError(
@@ -238,81 +275,128 @@ class CloudLink:
                 "--cloud-tls-server-name to the name in the replicas' certificates"
             )
         self._metadata = call_metadata(security)
-        self._channel = open_channel(target, security, options)
-        self._stub = verifier_pb2_grpc.VerifierStub(self._channel)
-        self._probe_channel = open_channel(target, security, [
+        options: list[tuple[str, Any]] = [
+            *channel_options(max_message_bytes),
+            ("grpc.service_config", SERVICE_CONFIG),
+            ("grpc.enable_retries", 1),
+        ]
+        probe_options: list[tuple[str, Any]] = [
             *channel_options(max_message_bytes), ("grpc.service_config", PROBE_SERVICE_CONFIG),
-        ])
-        self._probe = verifier_pb2_grpc.VerifierStub(self._probe_channel)
+        ]
+        self.replicas: list[Replica] = []
+        for one in _replica_targets(target):
+            channel = open_channel(one, security, options)
+            probe_channel = open_channel(one, security, probe_options)
+            self.replicas.append(Replica(
+                one, channel, verifier_pb2_grpc.VerifierStub(channel), probe_channel,
+                verifier_pb2_grpc.VerifierStub(probe_channel)))
+        self._turn = 0
         self.rtt = RttEstimator()
         self.reachable = False
         self.last_error = ""
         self.info: ServerInfo | None = None
         self._info_at = -math.inf
 
+    def pick(self) -> Replica:
+        """The next replica in turn, skipping resting ones (all rest: take them anyway)."""
+        ready = [r for r in self.replicas if not r.resting] or self.replicas
+        replica = ready[self._turn % len(ready)]
+        self._turn += 1
+        return replica
+
     async def server_info(self, timeout_s: float = 5.0) -> ServerInfo:
-        """Fetch GetServerInfo (cached on success); samples the RTT."""
-        t0 = time.perf_counter()
-        try:
-            pb = await self._stub.GetServerInfo(
-                verifier_pb2.GetServerInfoRequest(), timeout=timeout_s, metadata=self._metadata
-            )
-        except grpc.RpcError as exc:
-            err = rpc_error(exc, self.address, "GetServerInfo")
-            self.reachable, self.last_error = False, err.message
-            raise err from exc
-        self.rtt.update((time.perf_counter() - t0) * 1e3)
-        self.reachable, self.last_error = True, ""
-        self.info = convert.server_info_from_pb(pb)
-        self._info_at = time.monotonic()
-        return self.info
+        """Fetch GetServerInfo (cached on success); samples the RTT. Tries each replica
+        once, in turn, before it gives up; one that times out rests."""
+        err: EventSpecError | None = None
+        for _ in range(len(self.replicas)):
+            replica = self.pick()
+            t0 = time.perf_counter()
+            try:
+                pb = await replica.stub.GetServerInfo(
+                    verifier_pb2.GetServerInfoRequest(), timeout=timeout_s,
+                    metadata=self._metadata)
+            except grpc.RpcError as exc:
+                err = rpc_error(exc, replica.target, "GetServerInfo")
+                if isinstance(err, DeadlineExceeded):
+                    replica.rest(REST_S)
+                if not isinstance(err, DeadlineExceeded | Unavailable):
+                    break
+                continue
+            self.rtt.update((time.perf_counter() - t0) * 1e3)
+            self.reachable, self.last_error = True, ""
+            self.info = convert.server_info_from_pb(pb)
+            self._info_at = time.monotonic()
+            return self.info
+        assert err is not None
+        self.reachable, self.last_error = False, err.message
+        raise err
 
     def fresh_info(self, max_age_s: float) -> ServerInfo | None:
-        """The last GetServerInfo answer if it is younger than ``max_age_s`` and the link
-        has not failed since; None otherwise.
+        """The last GetServerInfo answer if it is younger than ``max_age_s``; None
+        otherwise (every replica serves the same model, so any one's answer will do).
 
         An Ask uses it instead of calling GetServerInfo itself, so it makes one call
         (Generate), not two: with round_robin over two replicas, two calls per Ask sent
         every Generate to the same replica.
         """
-        if not self.reachable or time.monotonic() - self._info_at > max_age_s:
+        if time.monotonic() - self._info_at > max_age_s:
             return None
         return self.info
 
     async def diagnose(self, timeout_s: float = 5.0) -> CloudView:
-        """Why the cloud does not answer through the balanced channel.
+        """Why the cloud does not answer through the balanced channels.
 
-        That channel hides a replica whose health is NOT_SERVING (client-side health
-        checking), so its calls fail with a bare UNAVAILABLE whether the cloud is warming
-        up, down, or not a Verifier at all. The probe channel calls GetServerInfo
-        without health checking and reads the answer: the warming-up phase from the
-        trailing metadata, UNIMPLEMENTED from a server that is not a Verifier, or a
-        transport failure.
+        Those hide a replica whose health is NOT_SERVING (client-side health checking),
+        so their calls fail with a bare UNAVAILABLE whether the cloud is warming up,
+        down, or not a Verifier at all. The probe channel calls GetServerInfo without
+        health checking and reads the answer: the warming-up phase from the trailing
+        metadata, UNIMPLEMENTED from a server that is not a Verifier, or a transport
+        failure.
         """
+        replica = self.pick()
         try:
-            await self._probe.GetServerInfo(verifier_pb2.GetServerInfoRequest(),
-                                            timeout=timeout_s, metadata=self._metadata)
+            await replica.probe.GetServerInfo(verifier_pb2.GetServerInfoRequest(),
+                                              timeout=timeout_s, metadata=self._metadata)
         except aio.AioRpcError as exc:
             view = _view_of(exc)
         else:  # it answers, yet its health says NOT_SERVING (or it just turned SERVING)
             view = CloudView(CloudState.UNREACHABLE, "it answers but reports NOT_SERVING")
         if view.state == CloudState.NOT_A_VERIFIER:
             log.error("the server at %s is not an eventspec Verifier (GetServerInfo: "
-                      "UNIMPLEMENTED); check --cloud", self.address)
+                      "UNIMPLEMENTED); check --cloud", replica.target)
         self.reachable, self.last_error = False, view.describe()
         return view
 
     def open_stream(self, timeout_s: float) -> CloudStream:
-        """Start a Generate call with a deadline of ``timeout_s``."""
-        call = self._stub.Generate(timeout=timeout_s, metadata=self._metadata)
-        return CloudStream(call, self.address)
+        """Start a Generate call with a deadline of ``timeout_s`` on the next replica."""
+        replica = self.pick()
+        call = replica.stub.Generate(timeout=timeout_s, metadata=self._metadata)
+        return CloudStream(call, replica.target, replica)
 
     def mark_failure(self, err: EventSpecError) -> None:
         self.reachable, self.last_error = False, err.message
 
+    def mark_hung(self, stream: VerifierStream) -> None:
+        """``stream``'s replica did not answer in time: it rests (``REST_S``) while the
+        others take the requests."""
+        replica = getattr(stream, "replica", None)
+        if isinstance(replica, Replica):
+            log.warning("cloud replica %s did not answer in time; resting it for %.0f s",
+                        replica.target, REST_S)
+            replica.rest(REST_S)
+
     async def close(self) -> None:
-        await self._channel.close()
-        await self._probe_channel.close()
+        for replica in self.replicas:
+            await replica.channel.close()
+            await replica.probe_channel.close()
+
+
+def _replica_targets(target: str) -> list[str]:
+    """``ipv4:A,B`` (a list of replicas) -> one target each; anything else is one."""
+    scheme, sep, rest = target.partition(":")
+    if sep and scheme in ("ipv4", "ipv6") and "," in rest:
+        return [f"{scheme}:{one}" for one in rest.split(",")]
+    return [target]
 
 
 def _view_of(exc: aio.AioRpcError) -> CloudView:

@@ -184,7 +184,7 @@ class EdgeServer:
             info = await link.server_info(self.settings.rpc_timeout_s)
         except EventSpecError as exc:
             view = (await link.diagnose(self.settings.rpc_timeout_s)
-                    if exc.code == ErrorCode.UNAVAILABLE
+                    if exc.code in (ErrorCode.UNAVAILABLE, ErrorCode.DEADLINE_EXCEEDED)
                     else CloudView(CloudState.UNREACHABLE, exc.message))
         else:
             view = CloudView(CloudState.READY)

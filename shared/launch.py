@@ -49,7 +49,8 @@ def start_node(node: Node, args: Sequence[str], log_path: Path) -> subprocess.Po
 
 async def wait_for_port(proc: subprocess.Popen[bytes], port_file: Path, log_path: Path,
                         timeout_s: float) -> int:
-    """The port a node started with ``--port 0 --port-file F`` bound, once it writes it.
+    """The port a node started with ``--port 0 --port-file F`` bound, once it writes it
+    (at bind time, before warm-up: ``wait_for_serving`` waits for the node to be warm).
 
     Raises RuntimeError (with the log's tail) if the node exits first, TimeoutError if
     it writes no port in time.

@@ -131,15 +131,20 @@ def _spawn(script: str, args: list[str], log: Path) -> subprocess.Popen[bytes]:
                                 env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
 
+#: The last line a node logs once warm (the port file is written at bind time, before).
+WARM_LINES = ("verifier SERVING", "edge agent warm on")
+
+
 def _port(proc: subprocess.Popen[bytes], port_file: Path, log: Path) -> int:
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise AssertionError(f"exited {proc.returncode}: {log.read_text()[-3000:]}")
-        if port_file.exists() and port_file.read_text():
+        text = log.read_text(errors="replace") if log.exists() else ""
+        if port_file.exists() and port_file.read_text() and any(w in text for w in WARM_LINES):
             return int(port_file.read_text())
         time.sleep(0.1)
-    raise AssertionError(f"no port: {log.read_text()[-3000:]}")
+    raise AssertionError(f"no port or not warm: {log.read_text()[-3000:]}")
 
 
 def _stop(*procs: subprocess.Popen[bytes] | None) -> None:

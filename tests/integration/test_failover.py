@@ -24,6 +24,7 @@ from edge.failover import with_failover
 from shared.errors import Unavailable
 from shared.launch import entry_point_command
 from shared.types import CommitEvent, DoneEvent, GenerationSettings, OpenRequest
+from shared.wire.health import wait_for_serving
 from shared.wire.security import SecurityConfigError
 from tests.integration import cloud_harness as ch
 from tests.integration import edge_harness as eh
@@ -233,6 +234,8 @@ async def test_replica_killed_with_sigkill_mid_prefill(tmp_path: Path) -> None:
         while not (port_file.exists() and port_file.read_text()):
             assert proc.poll() is None and time.monotonic() < deadline, "replica did not start"
             await asyncio.sleep(0.2)
+        # The port is written at bind time; the replica serves once warm.
+        await wait_for_serving(f"127.0.0.1:{port_file.read_text()}", timeout_s=180)
         link = CloudLink(f"127.0.0.1:{port_file.read_text()},127.0.0.1:{survivor.port}")
         await link.server_info(10.0)
         req = open_request(seed=3)

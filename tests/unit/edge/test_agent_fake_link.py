@@ -87,6 +87,9 @@ class FakeLink:
     def mark_failure(self, err: EventSpecError) -> None:
         self.reachable, self.last_error = False, err.message
 
+    def mark_hung(self, stream: object) -> None:
+        return None
+
     async def close(self) -> None:
         return None
 
