@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.eventspec-installed
 
-.PHONY: demo test test-all lint proto proto-check bench clean
+.PHONY: demo test test-all test-gpu lint proto proto-check bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -21,6 +21,13 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m ''
+
+# On a CUDA machine, with its own PyTorch (no venv): the static engine's graphs, padding,
+# fused kernels, verify steps and the server on it. GPU_OUT is the JSON summary.
+GPU_PY ?= python3
+GPU_OUT ?= benchmarks/results/test-gpu.json
+test-gpu:
+	$(GPU_PY) tools/test_gpu.py --out $(GPU_OUT)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
