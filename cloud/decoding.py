@@ -31,10 +31,56 @@ def first_stop(text: str, stop: Sequence[str]) -> int | None:
     return min(hits) if hits else None
 
 
-def stopped_text(text: str, stop: Sequence[str]) -> str:
-    """``text`` cut before its earliest stop string (the answer a user sees)."""
-    at = first_stop(text, stop)
-    return text if at is None else text[:at]
+def changed_from(old: str, new: str) -> int:
+    """Length of the common prefix of ``old`` and ``new``.
+
+    Decoding C again after a token usually only appends, but a tokenizer may rewrite the
+    last few characters (an incomplete UTF-8 sequence, a merged space), so the common
+    prefix is found by comparing slices (C speed), halving the span each time.
+    """
+    n = min(len(old), len(new))
+    if new.startswith(old[:n]):
+        return n
+    lo, hi = 0, n  # old[:lo] == new[:lo]; old[:hi] != new[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if old[lo:mid] == new[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class StopMatcher:
+    """The earliest stop string in a growing answer, looking only at what changed.
+
+    A full scan of every stop string over the whole answer after every token costs
+    O(stops x answer) per token; here each feed scans only the characters that changed
+    since the last one plus the longest stop string's overlap into what came before,
+    which is O(new text) per step for the capped stop list (``MAX_STOP_STRINGS``).
+    """
+
+    def __init__(self, stop: Sequence[str]) -> None:
+        self.stop = tuple(stop)
+        self._overlap = max((len(s) for s in self.stop), default=1) - 1
+        self._text = ""
+        #: Characters examined so far (what the O(new text) test measures).
+        self.scanned = 0
+
+    def feed(self, text: str) -> int | None:
+        """The index in ``text`` (the whole answer now) of its earliest stop string.
+
+        Text before the last feed's changes was already found free of stop strings, so
+        only matches that end in the changed part are new.
+        """
+        if not self.stop:
+            return None
+        start = max(0, changed_from(self._text, text) - self._overlap)
+        self._text = text
+        window = text[start:]
+        self.scanned += len(window)
+        at = first_stop(window, self.stop)
+        return None if at is None else start + at
 
 
 def check_tail(tail: DraftTail, *, committed_len: int, max_draft_tokens: int,
@@ -135,6 +181,9 @@ class DecodingSession:
         self.first_token_at: float | None = None
         self.prefilled = False
         self._hidden: list[int] = []
+        self._stops = StopMatcher(settings.stop)
+        #: Where the stop string that ended the answer starts in its text, once one did.
+        self.stop_at: int | None = None
         self.counters = Counters()
 
     # -- drafts --------------------------------------------------------------------------
@@ -233,9 +282,10 @@ class DecodingSession:
         """
         if tok == self.eos_token_id:
             return FinishReason.EOS
-        stop = self.settings.stop
-        if stop and first_stop(self._decode(self.committed), stop) is not None:
-            return FinishReason.STOP_STRING
+        if self.settings.stop:
+            self.stop_at = self._stops.feed(self._decode(self.committed))
+            if self.stop_at is not None:
+                return FinishReason.STOP_STRING
         if len(self.committed) >= self.settings.max_new_tokens:
             return FinishReason.MAX_TOKENS
         if self.prompt_len + len(self.committed) >= self.max_seq_len:
@@ -251,7 +301,18 @@ class DecodingSession:
 
     def text(self) -> str:
         """The answer so far as a user sees it (cut before a stop string)."""
-        return stopped_text(self._decode(self.committed), self.settings.stop)
+        return self.visible(self._decode(self.committed), self.finish_reason)
+
+    def visible(self, text: str, finish: FinishReason | None) -> str:
+        """``text`` (a decoded prefix of C that a Commit or Done carries) as a user sees it.
+
+        The stop rules ran after every token, so a prefix that did not end the answer
+        holds no stop string; only the one that ended it on a stop string is cut, at the
+        place the matcher found, without scanning the answer again.
+        """
+        if finish == FinishReason.STOP_STRING and self.stop_at is not None:
+            return text[: self.stop_at]
+        return text
 
     def elapsed_ms(self) -> float:
         return (self._clock() - self.started) * 1e3

@@ -107,7 +107,8 @@ def check_ask(spec: AskSpec, limits: ServerLimits) -> None:
             f"AskRequest.question: {len(spec.question)} characters exceed the cap of "
             f"{limits.max_question_chars}"
         )
-    spec.generation.validated(limits.max_new_tokens)
+    spec.generation.validated(limits.max_new_tokens, max_stop_strings=limits.max_stop_strings,
+                              max_stop_chars=limits.max_stop_chars)
 
 
 class EdgeAgent:
