@@ -247,12 +247,12 @@ class DraftModel:
         """vicuna_v1 prompt ids with one ``-200`` where the event tokens go.
 
         As EventGPT's ``tokenizer_event_token``: split on ``<event>``, tokenize each
-        chunk, keep only the first chunk's BOS.
+        chunk, keep only the first chunk's BOS. The template is split before the question
+        goes in, so a question that says ``<event>`` stays text: the target has no such
+        placeholder and takes it as text, and every mode must treat a question alike.
         """
-        if EVENT_PLACEHOLDER in question:
-            raise InvalidInput(f"the question must not contain {EVENT_PLACEHOLDER!r}")
-        prompt = PROMPT_TEMPLATE.format(question=question.strip())
-        chunks = [self.tokenizer(c).input_ids for c in prompt.split(EVENT_PLACEHOLDER)]
+        chunks = [self.tokenizer(c.format(question=question.strip())).input_ids
+                  for c in PROMPT_TEMPLATE.split(EVENT_PLACEHOLDER)]
         bos = self.tokenizer.bos_token_id
         ids: list[int] = list(chunks[0])
         for chunk in chunks[1:]:
