@@ -234,6 +234,16 @@ class DraftModel:
         self.num_event_tokens = N_EVENT_FRAMES + self.tokens_per_frame
 
     @property
+    def max_positions(self) -> int:
+        """Positions the draft LLM was trained for: prompt, event tokens and answer."""
+        return as_int(self.model.config.max_position_embeddings, "max_position_embeddings")
+
+    def prompt_positions(self, question: str) -> int:
+        """Positions the prefill of ``question`` takes: its prompt ids, with the one
+        placeholder replaced by the event tokens."""
+        return len(self.build_prompt_ids(question)) - 1 + self.num_event_tokens
+
+    @property
     def device(self) -> torch.device:
         device: torch.device = self.model.device
         return device

@@ -8,9 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cloud.decoding import DecodingSession, StopMatcher, first_stop
+from cloud.decoding import DecodingSession
 from shared.errors import InvalidInput
 from shared.estimators import AcceptanceEstimator
+from shared.stops import StopMatcher, first_stop
 from shared.types import (
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
