@@ -16,7 +16,11 @@ from cloud.model_dirs import TINY_RANDOM
 from shared.helpfmt import DefaultsHelpFormatter
 from shared.serving import LOG_FORMAT, MODEL_DTYPES, quiet_progress_bars, run_node
 from shared.types import ServerLimits
-from shared.wire.flags import add_server_security_args, server_security_from_args
+from shared.wire.flags import (
+    add_health_port_arg,
+    add_server_security_args,
+    server_security_from_args,
+)
 
 #: Exit status of a refused flag or environment value, as argparse's own.
 EXIT_USAGE = 2
@@ -94,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "0; NOT_SERVING until warm: wait with eventspec wait)")
     serve.add_argument("--log-level", default="INFO", choices=LOG_LEVELS,
                        type=str.upper, help="log threshold")
+    add_health_port_arg(serve, "EVENTSPEC_CLOUD_")
     add_server_security_args(serve, "EVENTSPEC_CLOUD_")
     return parser
 
@@ -105,6 +110,7 @@ def settings_from_args(args: argparse.Namespace) -> CloudSettings:
         model=args.model,
         host=args.host,
         port=args.port,
+        health_port=args.health_port,
         device=args.device,
         dtype=args.dtype,
         limits=replace(ServerLimits(), max_sessions=args.max_sessions,

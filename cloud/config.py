@@ -45,6 +45,8 @@ class CloudSettings:
     model: str = "toy"
     host: str = "127.0.0.1"
     port: int = 50061
+    #: grpc.health.v1 alone on its own plaintext port (None: off), for probes.
+    health_port: int | None = None
     device: str = "cpu"
     dtype: str = "float32"
     limits: ServerLimits = field(default_factory=ServerLimits)

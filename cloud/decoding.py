@@ -22,19 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from shared.errors import InvalidInput
+from shared.stops import StopMatcher
 from shared.types import DraftTail, FinishReason, GenerationSettings, RequestStats
-
-
-def first_stop(text: str, stop: Sequence[str]) -> int | None:
-    """Index in ``text`` of the earliest stop string, or None when none occurs."""
-    hits = [text.find(s) for s in stop if s in text]
-    return min(hits) if hits else None
-
-
-def stopped_text(text: str, stop: Sequence[str]) -> str:
-    """``text`` cut before its earliest stop string (the answer a user sees)."""
-    at = first_stop(text, stop)
-    return text if at is None else text[:at]
 
 
 def check_tail(tail: DraftTail, *, committed_len: int, max_draft_tokens: int,
@@ -135,6 +124,9 @@ class DecodingSession:
         self.first_token_at: float | None = None
         self.prefilled = False
         self._hidden: list[int] = []
+        self._stops = StopMatcher(settings.stop)
+        #: Where the stop string that ended the answer starts in its text, once one did.
+        self.stop_at: int | None = None
         self.counters = Counters()
 
     # -- drafts --------------------------------------------------------------------------
@@ -233,9 +225,10 @@ class DecodingSession:
         """
         if tok == self.eos_token_id:
             return FinishReason.EOS
-        stop = self.settings.stop
-        if stop and first_stop(self._decode(self.committed), stop) is not None:
-            return FinishReason.STOP_STRING
+        if self.settings.stop:
+            self.stop_at = self._stops.feed(self._decode(self.committed))
+            if self.stop_at is not None:
+                return FinishReason.STOP_STRING
         if len(self.committed) >= self.settings.max_new_tokens:
             return FinishReason.MAX_TOKENS
         if self.prompt_len + len(self.committed) >= self.max_seq_len:
@@ -251,7 +244,18 @@ class DecodingSession:
 
     def text(self) -> str:
         """The answer so far as a user sees it (cut before a stop string)."""
-        return stopped_text(self._decode(self.committed), self.settings.stop)
+        return self.visible(self._decode(self.committed), self.finish_reason)
+
+    def visible(self, text: str, finish: FinishReason | None) -> str:
+        """``text`` (a decoded prefix of C that a Commit or Done carries) as a user sees it.
+
+        The stop rules ran after every token, so a prefix that did not end the answer
+        holds no stop string; only the one that ended it on a stop string is cut, at the
+        place the matcher found, without scanning the answer again.
+        """
+        if finish == FinishReason.STOP_STRING and self.stop_at is not None:
+            return text[: self.stop_at]
+        return text
 
     def elapsed_ms(self) -> float:
         return (self._clock() - self.started) * 1e3

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from cloud.decoding import Committed, DecodingSession, check_tail, stopped_text
+from cloud.decoding import Committed, DecodingSession, check_tail
 from cloud.request_log import RequestRecord
 from cloud.runtime import VerifierRuntime
 from cloud.scheduler import Failure, Ticket
@@ -175,7 +175,9 @@ def validate_open(open_req: OpenRequest, rt: VerifierRuntime) -> OpenRequest:
             "(GetServerInfo.limits.max_question_chars)"
         )
     info = rt.info
-    settings = open_req.generation.validated(info.limits.max_new_tokens)
+    settings = open_req.generation.validated(info.limits.max_new_tokens,
+                                             max_stop_strings=info.limits.max_stop_strings,
+                                             max_stop_chars=info.limits.max_stop_chars)
     if open_req.frames is not None:
         n = len(open_req.frames)
         if n != info.geometry.num_frames:
@@ -333,7 +335,7 @@ async def _serve(
                 received.extend(event.tokens)
                 inbox.received = len(received)
                 record.tokens = len(received)
-                yield _commit_event(event, received, rt, settings.stop, session)
+                yield _commit_event(event, received, rt, session)
             finish = event.finish_reason
         inbox.finished = True
         if not ticket.events.empty():
@@ -345,7 +347,7 @@ async def _serve(
         done = DoneEvent(
             finish_reason=finish,
             token_ids=tuple(received),
-            text=stopped_text(rt.target.decode(received), settings.stop),
+            text=session.visible(rt.target.decode(received), finish),
             stats=stats,
             final_plan=dataclasses.replace(
                 rt.replan(plan, plan_inputs, stats, session.counters.rejections),
@@ -367,13 +369,13 @@ async def _serve(
 
 
 def _commit_event(event: Committed, received: list[int], rt: VerifierRuntime,
-                  stop: tuple[str, ...], session: DecodingSession) -> CommitEvent:
+                  session: DecodingSession) -> CommitEvent:
     return CommitEvent(
         start=event.start,
         token_ids=event.tokens,
         drafts_verified=event.verified,
         drafts_accepted=event.accepted,
-        text=stopped_text(rt.target.decode(received), stop),
+        text=session.visible(rt.target.decode(received), event.finish_reason),
         at_ms=session.elapsed_ms(),
     )
 

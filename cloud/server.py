@@ -163,9 +163,11 @@ class VerifierServer:
         limits = self.settings.limits
         host = GrpcHost(SERVICE_NAME, max_message_bytes=limits.max_message_bytes,
                         max_rpcs=limits.max_sessions * 4 + 16, security=self.settings.security,
-                        unlimited_methods=frozenset({f"/{SERVICE_NAME}/GetServerInfo"}))
+                        unlimited_methods=frozenset({f"/{SERVICE_NAME}/GetServerInfo"}),
+                        first_message_timeout_s=self.settings.first_message_timeout_s)
         verifier_pb2_grpc.add_VerifierServicer_to_server(self._servicer, host.server)
-        self.port = await host.start(self.settings.host, self.settings.port)
+        self.port = await host.start(self.settings.host, self.settings.port,
+                                     health_port=self.settings.health_port)
         self._host = host
         log.info("verifier listening on %s:%d (NOT_SERVING while warming up)",
                  self.settings.host, self.port)

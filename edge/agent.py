@@ -44,6 +44,7 @@ from shared.errors import (
 )
 from shared.estimators import AcceptanceEstimator, Ewma, ThroughputEstimator
 from shared.planning import RequestFacts, facts_from_open, plan_inputs, request_plan
+from shared.stops import StopMatcher
 from shared.timing import EdgeCost, TimingPlan, plan
 from shared.types import (
     AlignedSpec,
@@ -68,6 +69,8 @@ from shared.worker import ModelWorker
 
 log = logging.getLogger(__name__)
 
+#: The largest max_new_tokens a draft_only answer takes (then clamped to the draft's room).
+DRAFT_ONLY_MAX_NEW_TOKENS = 4096
 #: How often an Ask that waits for the cloud asks it again, s.
 CLOUD_POLL_S = 0.5
 #: An Ask plans with a GetServerInfo answer at most this old (the edge server's watcher
@@ -107,7 +110,34 @@ def check_ask(spec: AskSpec, limits: ServerLimits) -> None:
             f"AskRequest.question: {len(spec.question)} characters exceed the cap of "
             f"{limits.max_question_chars}"
         )
-    spec.generation.validated(limits.max_new_tokens)
+    spec.generation.validated(limits.max_new_tokens, max_stop_strings=limits.max_stop_strings,
+                              max_stop_chars=limits.max_stop_chars)
+
+
+def draft_only_settings(spec: AskSpec, draft: DraftModel) -> GenerationSettings:
+    """``spec.generation`` for a draft_only answer, or InvalidInput naming the field.
+
+    The draft decodes greedily, so a temperature would be silently ignored: refused. The
+    prompt (question and event tokens) must leave the draft model room for an answer;
+    ``max_new_tokens`` is clamped to that room, as the cloud clamps it to a KV slot's.
+    Tokenizing is cheap; it runs before any rendering or model work.
+    """
+    settings = spec.generation.validated(DRAFT_ONLY_MAX_NEW_TOKENS)
+    if settings.temperature != 0:
+        raise InvalidInput(
+            f"generation.temperature {settings.temperature:g}: draft_only decodes greedily "
+            "(the draft model's unverified argmax); send temperature 0, or use mode "
+            "speculative or target_only to sample"
+        )
+    prompt = draft.prompt_positions(spec.question)
+    room = draft.max_positions - prompt
+    if room < 1:
+        raise InvalidInput(
+            f"AskRequest.question: its draft_only prompt takes {prompt} positions, and the "
+            f"draft model has {draft.max_positions}, leaving none for the answer; shorten "
+            "the question or use mode target_only"
+        )
+    return replace(settings, max_new_tokens=min(settings.max_new_tokens, room))
 
 
 class EdgeAgent:
@@ -552,29 +582,33 @@ class EdgeAgent:
         )
 
     async def _draft_only(self, spec: AskSpec) -> AsyncIterator[AskEvent]:
-        """The edge alone: greedy EventGPT output, labelled as unverified."""
+        """The edge alone: greedy EventGPT output, labelled as unverified, under the same
+        stop rules as the cloud's (EOS, stop strings, token cap, context); what it cannot
+        do (sampling, a prompt past the draft's positions) is refused before model work."""
         started = time.perf_counter()
-        settings = spec.generation.validated(4096)
+        settings = draft_only_settings(spec, self.draft)
         prepared = await self._prepare(spec, need_frames=False, need_features=False)
         drafter = Drafter(self.draft)
         await self.worker.run(lambda: drafter.prefill(spec.question, prepared.event_pixels))
         first_at: float | None = None
         text = ""
         answer: list[int] = []
-        while len(answer) < settings.max_new_tokens and (
-            not answer or answer[-1] != self.draft.eos_token_id
-        ):
+        stops = StopMatcher(settings.stop)
+        reason: FinishReason | None = None
+        while reason is None:
             token = await self.worker.run(lambda seq=tuple(answer): drafter.draft_next(seq))  # type: ignore[misc]
             answer.append(token)
             first_at = first_at or time.perf_counter()
             text = self._decode(answer)
+            stop_at = stops.feed(text)
+            if token == self.draft.eos_token_id:
+                reason = FinishReason.EOS
+            elif stop_at is not None:
+                reason, text = FinishReason.STOP_STRING, text[:stop_at]
+            elif len(answer) >= settings.max_new_tokens:
+                reason = FinishReason.MAX_TOKENS
             yield CommittedEvent(len(answer) - 1, (token,), text)
         ids = tuple(answer)
-        reason = (
-            FinishReason.EOS
-            if ids and ids[-1] == self.draft.eos_token_id
-            else FinishReason.MAX_TOKENS
-        )
         now = time.perf_counter()
         self.requests_served += 1
         yield FinalEvent(

@@ -17,6 +17,7 @@ from shared.helpfmt import DefaultsHelpFormatter
 from shared.serving import LOG_FORMAT, MODEL_DTYPES, quiet_progress_bars, run_node
 from shared.wire.flags import (
     add_client_security_args,
+    add_health_port_arg,
     add_server_security_args,
     client_security_from_args,
     server_security_from_args,
@@ -105,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "0; the edge is NOT_SERVING until warm: wait with eventspec wait)")
     serve.add_argument("--log-level", default="INFO", choices=LOG_LEVELS,
                        type=str.upper, help="log threshold")
+    add_health_port_arg(serve, "EVENTSPEC_EDGE_")
     add_server_security_args(serve, "EVENTSPEC_EDGE_")
     add_client_security_args(serve, prefix="cloud-", env_prefix="EVENTSPEC_EDGE_CLOUD_",
                              peer="cloud verifier")
@@ -123,6 +125,7 @@ def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
         adapter=args.adapter,
         host=args.host,
         port=args.port,
+        health_port=args.health_port,
         device=args.device,
         dtype=args.dtype,
         default_jpeg_quality=args.jpeg_quality,

@@ -24,6 +24,8 @@ class EdgeSettings:
     adapter: Path | None = None
     host: str = "127.0.0.1"
     port: int = 50062
+    #: grpc.health.v1 alone on its own plaintext port (None: off), for probes.
+    health_port: int | None = None
     device: str = "cpu"
     dtype: str = "float32"
     default_jpeg_quality: int = 90

@@ -234,6 +234,16 @@ class DraftModel:
         self.num_event_tokens = N_EVENT_FRAMES + self.tokens_per_frame
 
     @property
+    def max_positions(self) -> int:
+        """Positions the draft LLM was trained for: prompt, event tokens and answer."""
+        return as_int(self.model.config.max_position_embeddings, "max_position_embeddings")
+
+    def prompt_positions(self, question: str) -> int:
+        """Positions the prefill of ``question`` takes: its prompt ids, with the one
+        placeholder replaced by the event tokens."""
+        return len(self.build_prompt_ids(question)) - 1 + self.num_event_tokens
+
+    @property
     def device(self) -> torch.device:
         device: torch.device = self.model.device
         return device
@@ -247,12 +257,12 @@ class DraftModel:
         """vicuna_v1 prompt ids with one ``-200`` where the event tokens go.
 
         As EventGPT's ``tokenizer_event_token``: split on ``<event>``, tokenize each
-        chunk, keep only the first chunk's BOS.
+        chunk, keep only the first chunk's BOS. The template is split before the question
+        goes in, so a question that says ``<event>`` stays text: the target has no such
+        placeholder and takes it as text, and every mode must treat a question alike.
         """
-        if EVENT_PLACEHOLDER in question:
-            raise InvalidInput(f"the question must not contain {EVENT_PLACEHOLDER!r}")
-        prompt = PROMPT_TEMPLATE.format(question=question.strip())
-        chunks = [self.tokenizer(c).input_ids for c in prompt.split(EVENT_PLACEHOLDER)]
+        chunks = [self.tokenizer(c.format(question=question.strip())).input_ids
+                  for c in PROMPT_TEMPLATE.split(EVENT_PLACEHOLDER)]
         bos = self.tokenizer.bos_token_id
         ids: list[int] = list(chunks[0])
         for chunk in chunks[1:]:

@@ -105,7 +105,7 @@ class EdgeServer:
         self.readiness = Readiness(needs_cloud=bool(s.cloud), on_change=self._health_follows)
         self._servicer = EdgeAgentServicer(self.readiness, wait_s=s.cloud_wait_s)
         edge_pb2_grpc.add_EdgeAgentServicer_to_server(self._servicer, host.server)
-        self.port = await host.start(s.host, s.port)
+        self.port = await host.start(s.host, s.port, health_port=s.health_port)
         self._host = host
         log.info("edge agent listening on %s:%d (NOT_SERVING while warming up)", s.host,
                  self.port)

@@ -27,6 +27,8 @@ from shared.types import (
     AskSpec,
     CommittedEvent,
     FinalEvent,
+    FinishReason,
+    Mode,
     PreviewEvent,
     ProgressEvent,
 )
@@ -150,6 +152,35 @@ class PlainView:
 
     def interrupt(self) -> str:
         return "\n" if self._written else ""
+
+
+def finish_note(final: FinalEvent, asked_tokens: int) -> str | None:
+    """One line saying why an answer ended, unless it ended by itself (EOS).
+
+    A cut answer reads like a whole one, so ``eventspec ask`` prints this on stderr:
+    the reason, the tokens received against those asked for, and what set the limit,
+    e.g. ``answer cut: max_tokens (45 of 64 tokens; the cloud's context limit ...)``.
+    """
+    reason = final.finish_reason
+    got = len(final.token_ids)
+    if reason == FinishReason.EOS:
+        return None
+    if reason == FinishReason.STOP_STRING:
+        return f"answer ended at a stop string ({got} tokens)"
+    if reason == FinishReason.MAX_TOKENS:
+        if got >= asked_tokens:
+            why = "--max-new-tokens"
+        elif final.mode == Mode.DRAFT_ONLY:
+            why = "the draft model's context limit: the prompt left no more positions"
+        else:
+            room = final.plan.max_new_tokens if final.plan is not None else got
+            why = (f"the cloud's context limit: a KV slot holds the prompt and {room} "
+                   "answer tokens")
+        return f"answer cut: max_tokens ({got} of {asked_tokens} tokens; {why})"
+    if reason == FinishReason.DEADLINE:
+        return (f"answer cut: deadline ({got} of at most {asked_tokens} tokens; the "
+                "request's deadline passed: raise --timeout, or the edge's --request-timeout)")
+    return f"answer cut: {reason.name.lower()} ({got} of at most {asked_tokens} tokens)"
 
 
 def final_to_json(final: FinalEvent) -> dict[str, Any]:

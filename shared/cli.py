@@ -22,6 +22,7 @@ from shared.answer_view import (
     LiveView,
     PlainView,
     final_to_json,
+    finish_note,
     stats_table,
     stream_answer,
     wants_colour,
@@ -128,6 +129,9 @@ async def _ask(args: argparse.Namespace, spec: AskSpec, view: AnswerView | None)
     else:
         print(stats_table(final))
     sys.stdout.flush()
+    note = finish_note(final, spec.generation.max_new_tokens)
+    if note is not None:  # an answer arrived, so still status 0; the line says it is cut
+        print(note, file=sys.stderr)
     return 0
 
 

@@ -48,6 +48,30 @@ class FinishReason(enum.IntEnum):
 #: sampler's probabilities into NaN; 0 means greedy.
 MIN_TEMPERATURE = 1e-3
 MAX_TEMPERATURE = 1e3
+#: Stop strings one request may carry, and their total length in characters. Each is
+#: matched after every committed token, so without a cap one request multiplies the
+#: per-token work of the shared engine loop (issue 19: 10^6 stop strings made other
+#: clients' answers 12-30x slower). Advertised in GetServerInfo.limits.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1024
+
+
+def check_stop(stop: tuple[str, ...], max_strings: int, max_chars: int) -> None:
+    """Refuse empty stop strings, more than ``max_strings`` of them, or more than
+    ``max_chars`` characters in all: each is matched after every committed token."""
+    if any(not s for s in stop):
+        raise InvalidInput("generation.stop: stop strings must be non-empty")
+    if len(stop) > max_strings:
+        raise InvalidInput(
+            f"generation.stop: {len(stop)} stop strings exceed the cap of {max_strings} "
+            "(GetServerInfo.limits.max_stop_strings)"
+        )
+    chars = sum(len(s) for s in stop)
+    if chars > max_chars:
+        raise InvalidInput(
+            f"generation.stop: {chars} characters of stop strings exceed the cap of "
+            f"{max_chars} (GetServerInfo.limits.max_stop_chars)"
+        )
 
 
 @dataclass(frozen=True)
@@ -60,8 +84,14 @@ class GenerationSettings:
     seed: int = 0
     stop: tuple[str, ...] = ()
 
-    def validated(self, max_new_tokens_cap: int) -> GenerationSettings:
-        """Return a copy with defaults filled in, or raise InvalidInput naming the field."""
+    def validated(self, max_new_tokens_cap: int, *, max_stop_strings: int = 0,
+                  max_stop_chars: int = 0) -> GenerationSettings:
+        """Return a copy with defaults filled in, or raise InvalidInput naming the field.
+
+        The stop caps are the server's advertised limits; 0 (an older cloud that does
+        not report them) means this build's defaults, ``MAX_STOP_STRINGS`` and
+        ``MAX_STOP_CHARS``.
+        """
         if self.max_new_tokens < 0:
             raise InvalidInput(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         if self.max_new_tokens > max_new_tokens_cap:
@@ -78,8 +108,8 @@ class GenerationSettings:
             )
         if not math.isfinite(self.top_p) or not 0 <= self.top_p <= 1:
             raise InvalidInput(f"top_p must be in (0, 1], got {self.top_p}")
-        if any(not s for s in self.stop):
-            raise InvalidInput("stop strings must be non-empty")
+        check_stop(self.stop, max_stop_strings or MAX_STOP_STRINGS,
+                   max_stop_chars or MAX_STOP_CHARS)
         return GenerationSettings(
             max_new_tokens=self.max_new_tokens or min(64, max_new_tokens_cap),
             temperature=self.temperature,
@@ -132,6 +162,10 @@ class ServerLimits:
     kv_tokens_per_slot: int = 0
     #: Concurrent sessions one authenticated principal may hold (0: not reported).
     max_sessions_per_principal: int = 0
+    #: Stop strings per request, and their total characters (0: not reported, an older
+    #: cloud; the edge then applies the defaults).
+    max_stop_strings: int = MAX_STOP_STRINGS
+    max_stop_chars: int = MAX_STOP_CHARS
 
 
 @dataclass(frozen=True)

@@ -74,22 +74,42 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """What changes when the file is rewritten, replaced or removed (None: it is gone).
+
+    Size and inode next to the modification time catch a rewrite within the same clock
+    tick and an atomic replace (``mv new tokens``) that keeps the old time.
+    """
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
 class TokenStore:
-    """Named bearer tokens; a token file is re-read when it changes (rotation)."""
+    """Named bearer tokens; a token file is re-read when it changes (rotation).
+
+    Removing the file or emptying it revokes every token it held: a deleted credential
+    must stop working, so the store does not keep serving what it loaded before (the
+    inline tokens, from the environment, stay). A file that does not parse keeps the
+    previous tokens, logged as an error: a typo in one line must not lock every caller
+    out. At start-up both are errors.
+    """
 
     def __init__(self, file: Path | None, inline: Sequence[tuple[str, str]] = ()) -> None:
         self._file = file
         self._inline = dict(inline)
         self._lock = threading.Lock()
-        self._stamp: float | None = None
+        self._stamp: tuple[int, int, int] | None = None
         self._digests: list[tuple[str, bytes]] = []
         self._load()
 
     def _load(self) -> None:
         tokens = dict(self._inline)
         if self._file is not None:
+            self._stamp = _stamp(self._file)
             try:
-                self._stamp = self._file.stat().st_mtime
                 text = self._file.read_text()
             except OSError as exc:
                 raise SecurityConfigError(
@@ -100,20 +120,37 @@ class TokenStore:
             raise SecurityConfigError("no tokens configured: the token file is empty")
         self._digests = [(name, _digest(tok)) for name, tok in tokens.items()]
 
+    def _revoke_file_tokens(self, why: str) -> None:
+        """Keep only the inline tokens (none at all: every bearer token is refused)."""
+        self._digests = [(name, _digest(tok)) for name, tok in self._inline.items()]
+        log.warning("--token-file %s %s: its tokens are revoked (%d inline tokens remain)",
+                    self._file, why, len(self._digests))
+
     def _maybe_reload(self) -> None:
         if self._file is None:
             return
-        try:
-            stamp = self._file.stat().st_mtime
-        except OSError:
+        stamp = _stamp(self._file)
+        if stamp == self._stamp:
             return
-        if stamp != self._stamp:
-            try:
-                self._load()
-                log.info("tokens reloaded from %s (%d names)", self._file, len(self._digests))
-            except SecurityConfigError as exc:
-                self._stamp = stamp
-                log.error("token reload failed, keeping the previous tokens: %s", exc)
+        self._stamp = stamp
+        if stamp is None:
+            self._revoke_file_tokens("was removed")
+            return
+        try:
+            text = self._file.read_text()
+            file_tokens = parse_tokens(text.splitlines(), f"--token-file {self._file}")
+        except OSError as exc:
+            self._revoke_file_tokens(f"cannot be read ({exc.strerror})")
+            return
+        except SecurityConfigError as exc:
+            log.error("token reload failed, keeping the previous tokens: %s", exc)
+            return
+        if not file_tokens:
+            self._revoke_file_tokens("is empty")
+            return
+        tokens = {**self._inline, **file_tokens}
+        self._digests = [(name, _digest(tok)) for name, tok in tokens.items()]
+        log.info("tokens reloaded from %s (%d names)", self._file, len(self._digests))
 
     def match(self, presented: str) -> str | None:
         """The name of the token equal to ``presented``, compared in constant time."""

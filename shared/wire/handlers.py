@@ -40,7 +40,7 @@ def wrap_behaviour(fn: Behaviour, around: Around) -> Behaviour:
     return coro_wrapper
 
 
-_FACTORIES = {
+FACTORIES = {
     "unary_unary": grpc.unary_unary_rpc_method_handler,
     "unary_stream": grpc.unary_stream_rpc_method_handler,
     "stream_unary": grpc.stream_unary_rpc_method_handler,
@@ -50,7 +50,7 @@ _FACTORIES = {
 
 def wrap_handler(handler: grpc.RpcMethodHandler, around: Around) -> grpc.RpcMethodHandler:
     """The same handler with its behaviour wrapped by ``around``."""
-    for kind, factory in _FACTORIES.items():
+    for kind, factory in FACTORIES.items():
         fn = getattr(handler, kind)
         if fn is not None:
             return factory(

@@ -19,16 +19,25 @@ from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from shared.wire.auth import AuthInterceptor
+from shared.wire.gate import FIRST_MESSAGE_TIMEOUT_S, FirstMessageGate
 from shared.wire.interceptors import ErrorMappingInterceptor
-from shared.wire.limits import EXEMPT_HEADROOM, ConcurrencyLimitInterceptor
+from shared.wire.limits import ConcurrencyLimitInterceptor
 from shared.wire.options import server_options
 from shared.wire.reflection import enable_reflection
-from shared.wire.security import ServerSecurity, check_server_start
+from shared.wire.security import SecurityConfigError, ServerSecurity, check_server_start
 from shared.wire.tls import ReloadingServerCredentials
 
 log = logging.getLogger(__name__)
 
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+#: The health port takes only HealthCheckRequests, which are tiny, and quickly.
+HEALTH_MAX_MESSAGE_BYTES = 4096
+HEALTH_FIRST_MESSAGE_TIMEOUT_S = 5.0
+
+
+def _address(host: str, port: int) -> str:
+    bare_v6 = ":" in host and not host.startswith("[")
+    return f"[{host}]:{port}" if bare_v6 else f"{host}:{port}"
 
 
 class GrpcHost:
@@ -36,29 +45,40 @@ class GrpcHost:
 
     def __init__(self, service_name: str, *, max_message_bytes: int, max_rpcs: int,
                  security: ServerSecurity | None = None,
-                 unlimited_methods: frozenset[str] = frozenset()) -> None:
+                 unlimited_methods: frozenset[str] = frozenset(),
+                 first_message_timeout_s: float = FIRST_MESSAGE_TIMEOUT_S) -> None:
         """``max_rpcs`` caps concurrent calls except health and ``unlimited_methods``
-        (cheap status calls such as GetServerInfo), which stay answerable at the cap."""
+        (cheap status calls such as GetServerInfo), which stay answerable at the cap.
+
+        The cap counts only calls whose first request message has arrived: every call
+        gets ``first_message_timeout_s`` from its HEADERS to send it (``FirstMessageGate``),
+        an unauthenticated one is refused at HEADERS, and each connection holds at most
+        ``MAX_STREAMS_PER_CONNECTION`` streams. gRPC's own ``maximum_concurrent_rpcs``
+        is not used: it counts stalled streams too, which let one client lock every
+        caller out (issue 19).
+        """
         self.service_name = service_name
         self.security = security or ServerSecurity()
         interceptors: list[aio.ServerInterceptor] = []
         if self.security.requires_auth:
             interceptors.append(AuthInterceptor(self.security))
         self.limit = ConcurrencyLimitInterceptor(max_rpcs, unlimited_methods)
-        interceptors += [self.limit, ErrorMappingInterceptor()]
+        interceptors += [FirstMessageGate(first_message_timeout_s), self.limit,
+                         ErrorMappingInterceptor()]
         self.credentials = (
             ReloadingServerCredentials(self.security.tls) if self.security.tls else None
         )
         self.server = aio.server(
             interceptors=interceptors,
             options=server_options(max_message_bytes),
-            maximum_concurrent_rpcs=max_rpcs + EXEMPT_HEADROOM,
         )
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if self.security.reflection:
             enable_reflection(self.server, (service_name, HEALTH_SERVICE))
         self.port = 0
+        self.health_port: int | None = None
+        self._health_server: aio.Server | None = None
         self._sighup = False
 
     async def set_serving(self, serving: bool) -> None:
@@ -68,16 +88,20 @@ class GrpcHost:
         await self.health.set("", status)
         await self.health.set(self.service_name, status)
 
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, host: str, port: int, health_port: int | None = None) -> int:
         """Check the security rules, report NOT_SERVING, bind and start. Returns the port.
 
         ``port`` 0 picks one. A busy port is an error (SO_REUSEPORT is off), and so is a
-        non-loopback ``host`` without TLS and authentication unless ``insecure``.
+        non-loopback ``host`` without TLS and authentication unless ``insecure``. With
+        ``health_port`` (0 picks one; bound port in ``self.health_port``), grpc.health.v1
+        is also served alone there (``_start_health_server``).
         """
         check_server_start(host, port, self.security)
+        if health_port is not None and not 0 <= health_port <= 65535:
+            raise SecurityConfigError(
+                f"--health-port {health_port} is out of range: use 0..65535 (0 picks one)")
         await self.set_serving(False)
-        bare_v6 = ":" in host and not host.startswith("[")
-        address = f"[{host}]:{port}" if bare_v6 else f"{host}:{port}"
+        address = _address(host, port)
         try:
             if self.credentials is not None:
                 self.port = self.server.add_secure_port(address, self.credentials.credentials())
@@ -88,6 +112,8 @@ class GrpcHost:
                 f"cannot listen on {address}: the port is in use or the address is not "
                 "available on this machine (--host/--port)"
             ) from exc
+        if health_port is not None:
+            await self._start_health_server(host, health_port)
         await self.server.start()
         self._watch_sighup()
         log.info("listening on %s:%d (%s, %s, reflection %s)", host, self.port,
@@ -96,6 +122,29 @@ class GrpcHost:
                  "authenticated" if self.security.requires_auth else "anonymous callers",
                  "on" if self.security.reflection else "off")
         return self.port
+
+    async def _start_health_server(self, host: str, port: int) -> None:
+        """grpc.health.v1 alone, on its own server: probes (Kubernetes' native gRPC probe
+        speaks plaintext) reach it whatever holds the main port's calls, streams or
+        connections. It reports the same status (one ``HealthServicer``), takes no
+        credentials (as health on the main port), small messages and few streams."""
+        server = aio.server(
+            interceptors=[FirstMessageGate(HEALTH_FIRST_MESSAGE_TIMEOUT_S),
+                          ErrorMappingInterceptor()],
+            options=server_options(HEALTH_MAX_MESSAGE_BYTES),
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        address = _address(host, port)
+        try:
+            self.health_port = server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise OSError(
+                f"cannot listen on {address}: the port is in use or the address is not "
+                "available on this machine (--host/--health-port)"
+            ) from exc
+        await server.start()
+        self._health_server = server
+        log.info("health (grpc.health.v1 only, plaintext) on %s:%d", host, self.health_port)
 
     def reload_tls(self) -> None:
         """Re-read the TLS files at the next handshake (also done on SIGHUP)."""
@@ -120,6 +169,9 @@ class GrpcHost:
             self._sighup = False
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace_s)
+        if self._health_server is not None:
+            await self._health_server.stop(0)
+            self._health_server = None
 
     async def wait(self) -> None:
         await self.server.wait_for_termination()

@@ -4,11 +4,18 @@ Servicers raise ``shared.errors.EventSpecError`` subclasses (or let them bubble 
 the pure logic); this interceptor turns them into ``context.abort(code, message)`` for
 unary and streaming RPCs alike, so the client always sees a clear status, never a hang.
 Unexpected exceptions become INTERNAL with the exception's type, and are logged.
+
+Bytes that do not parse as the request message are INVALID_ARGUMENT on every method. For
+a streaming request the parse happens inside the handler (as its iterator is read), so
+the mapping below sees the ``DecodeError``; for a single request message gRPC parses it
+before calling the handler and would answer UNKNOWN ("Unexpected <class
+'DecodeError'>"), so that parse is wrapped to hand the handler a marker instead.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -18,7 +25,7 @@ from google.protobuf.message import DecodeError
 from grpc import aio
 
 from shared.errors import EventSpecError, WarmingUp
-from shared.wire.handlers import wrap_handler
+from shared.wire.handlers import FACTORIES, Behaviour, wrap_handler
 from shared.wire.status import to_grpc
 
 log = logging.getLogger(__name__)
@@ -28,30 +35,70 @@ log = logging.getLogger(__name__)
 WARMING_UP_KEY = "eventspec-warming-up"
 
 
-async def _abort_for(exc: BaseException, context: aio.ServicerContext[Any, Any]) -> None:
+def _malformed(method: str, exc: DecodeError) -> str:
+    return f"{method.rsplit('/', 1)[-1]}: malformed request message: {exc}"
+
+
+async def _abort_for(exc: BaseException, context: aio.ServicerContext[Any, Any],
+                     method: str) -> None:
     if isinstance(exc, WarmingUp):
         await context.abort(to_grpc(exc.code), exc.message,
                             trailing_metadata=((WARMING_UP_KEY, exc.phase),))
     if isinstance(exc, EventSpecError):
         await context.abort(to_grpc(exc.code), exc.message)
     if isinstance(exc, DecodeError):  # the peer sent bytes that are not the request type
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request message: {exc}")
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _malformed(method, exc))
     log.exception("unhandled error in RPC", exc_info=exc)
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
 
 
-@contextlib.asynccontextmanager
-async def _mapped(context: aio.ServicerContext[Any, Any]) -> AsyncIterator[None]:
-    try:
-        yield
-    except aio.AbortError:
-        raise
-    except Exception as exc:
-        await _abort_for(exc, context)
+class Undecodable:
+    """What a single-message handler receives instead of bytes that did not parse."""
+
+    def __init__(self, error: DecodeError) -> None:
+        self.error = error
+
+
+def tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """``deserialize`` returning an ``Undecodable`` marker instead of raising, so the
+    handler (which then refuses it with INVALID_ARGUMENT) runs instead of gRPC's UNKNOWN."""
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except DecodeError as exc:
+            return Undecodable(exc)
+
+    return parse
+
+
+def _refusing_undecodable(fn: Behaviour, method: str) -> Behaviour:
+    """``fn`` (a single-request behaviour) that first refuses an ``Undecodable`` request."""
+    if inspect.isasyncgenfunction(fn):
+
+        async def gen(request: Any, context: aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+            if isinstance(request, Undecodable):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    _malformed(method, request.error))
+            async for item in fn(request, context):
+                yield item
+
+        return gen
+
+    async def coro(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+        if isinstance(request, Undecodable):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                _malformed(method, request.error))
+        return await fn(request, context)
+
+    return coro
 
 
 class ErrorMappingInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
-    """Map ``EventSpecError`` to its gRPC status for every RPC kind."""
+    """Map ``EventSpecError`` (and undecodable requests) to a gRPC status for every RPC
+    kind. Install it innermost: the parse it wraps is the one the outer wrappers keep."""
 
     async def intercept_service(
         self,
@@ -61,4 +108,24 @@ class ErrorMappingInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
-        return wrap_handler(handler, _mapped)
+        method = handler_call_details.method
+
+        @contextlib.asynccontextmanager
+        async def mapped(context: aio.ServicerContext[Any, Any]) -> AsyncIterator[None]:
+            try:
+                yield
+            except aio.AbortError:
+                raise
+            except Exception as exc:
+                await _abort_for(exc, context, method)
+
+        wrapped = wrap_handler(handler, mapped)
+        for kind in ("unary_unary", "unary_stream"):
+            fn = getattr(wrapped, kind)
+            if fn is not None:
+                return FACTORIES[kind](
+                    _refusing_undecodable(fn, method),
+                    request_deserializer=tolerant(wrapped.request_deserializer),
+                    response_serializer=wrapped.response_serializer,
+                )
+        return wrapped

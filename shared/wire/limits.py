@@ -1,10 +1,12 @@
 """A concurrent-call limit that leaves health and cheap status calls answerable.
 
-gRPC's ``maximum_concurrent_rpcs`` counts every call, so streams that hold their slot
-(a Generate that never sends Open, a slow Ask) also shut out health checks and
-GetServerInfo: probes fail and load balancers drop a server that is merely busy. This
-interceptor applies the limit to the node's work only; the exempt methods are cheap and
-bounded. gRPC's own limit stays as a higher backstop.
+gRPC's ``maximum_concurrent_rpcs`` counts every call from its HEADERS, so streams that
+hold their slot (a Generate that never sends Open, a request message never finished)
+also shut out health checks and GetServerInfo: probes fail and load balancers drop a
+server that is merely busy. This interceptor applies the limit to the node's work only,
+and it sits inside ``shared.wire.gate.FirstMessageGate``, so it counts only calls whose
+first message has arrived; the exempt methods are cheap and bounded. gRPC's own limit
+is not used (``shared.wire.host``).
 """
 
 from __future__ import annotations
@@ -23,8 +25,6 @@ log = logging.getLogger(__name__)
 
 #: Always answerable: probes and client-side health checking.
 HEALTH_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
-#: Headroom above the work limit for exempt calls (one health Watch per client channel).
-EXEMPT_HEADROOM = 256
 
 
 class ConcurrencyLimitInterceptor(aio.ServerInterceptor):  # type: ignore[misc]

@@ -11,6 +11,11 @@ after its cloud came back. Clients here retry a lost connection within
 ``MAX_RECONNECT_BACKOFF_MS`` (1 s).
 
 Message limits are explicit on both sides; large tensors are always chunked below them.
+
+Streams per connection are capped at ``MAX_STREAMS_PER_CONNECTION`` (HTTP/2's
+``MAX_CONCURRENT_STREAMS``, grpc core's ``grpc.max_concurrent_streams``): with the
+first-message bound of ``shared.wire.gate`` it bounds what one connection of stalled
+streams can hold.
 """
 
 from __future__ import annotations
@@ -20,6 +25,12 @@ KEEPALIVE_TIMEOUT_MS = 5_000
 INITIAL_RECONNECT_BACKOFF_MS = 100
 MAX_RECONNECT_BACKOFF_MS = 1_000
 DEFAULT_MAX_MESSAGE_BYTES = 8 << 20
+#: HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS a server grants each connection: one client
+#: connection cannot hold more streams than this. gRPC shares one connection among a
+#: process's channels to the same address, so it leaves room for a busy client process
+#: (an edge's link, a benchmark's many callers); a stalled stream costs only its
+#: first-message bound.
+MAX_STREAMS_PER_CONNECTION = 256
 
 
 def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
@@ -32,6 +43,7 @@ def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[t
         ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
         # Off, so a second server on a busy port fails to start instead of sharing it.
         ("grpc.so_reuseport", 0),
     ]

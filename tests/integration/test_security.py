@@ -173,6 +173,30 @@ async def test_tokens_missing_wrong_and_rotated(
     assert await server_info(port, th.client_security(pki, token=TOKEN_B)) == grpc.StatusCode.OK
 
 
+async def test_removing_or_emptying_the_token_file_revokes(
+    pki: Pki, tmp_path: Path, cloud_factory: list[VerifierServer],
+) -> None:
+    """Issue 19, item 11: the tokens loaded before stay valid no longer once their file
+    is emptied or deleted; a file that comes back is read again, and a malformed edit
+    keeps the previous tokens (a typo must not lock every caller out)."""
+    tokens = th.write_tokens(tmp_path / "tokens", edge_a=TOKEN_A)
+    port = await run(cloud_factory, th.server_security(pki, token_file=tokens))
+    a = th.client_security(pki, token=TOKEN_A)
+    assert await server_info(port, a) == grpc.StatusCode.OK
+    tokens.write_text("")
+    assert await server_info(port, a) == grpc.StatusCode.UNAUTHENTICATED
+    th.write_tokens(tokens, edge_a=TOKEN_A)
+    _touch_later(tokens)
+    assert await server_info(port, a) == grpc.StatusCode.OK
+    tokens.unlink()
+    assert await server_info(port, a) == grpc.StatusCode.UNAUTHENTICATED
+    th.write_tokens(tokens, edge_a=TOKEN_A)
+    assert await server_info(port, a) == grpc.StatusCode.OK
+    tokens.write_text("edge-a:short\n")
+    _touch_later(tokens)
+    assert await server_info(port, a) == grpc.StatusCode.OK
+
+
 def _touch_later(path: Path) -> None:
     later = os.stat(path).st_mtime + 5
     os.utime(path, (later, later))

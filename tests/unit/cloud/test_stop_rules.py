@@ -5,10 +5,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cloud.decoding import DecodingSession
+from shared.errors import InvalidInput
 from shared.estimators import AcceptanceEstimator
-from shared.types import DraftTail, FinishReason, GenerationSettings
+from shared.stops import StopMatcher, first_stop
+from shared.types import (
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    DraftTail,
+    FinishReason,
+    GenerationSettings,
+)
 
 WORDS = {10: "It", 11: " is", 12: " moving", 13: " right", 14: ".", 2: ""}
 EOS = 2
@@ -98,3 +108,70 @@ def test_context_limit_caps_drafts_and_ends_the_answer() -> None:
     s.commit(len(step.drafts), [*step.drafts, 13], len(step.drafts), 0.0)
     assert s.finish_reason == FinishReason.MAX_TOKENS
     assert len(s.committed) == 4
+
+
+# -- bounded, incremental stop matching (issue 19, item 2) -------------------------------------
+
+
+def test_stop_matching_looks_only_at_new_text() -> None:
+    """Each step examines the new characters plus the longest stop string's overlap,
+    never the whole answer again: a long answer costs the same per token as a short one."""
+    stops = tuple(f"zz{i:02d}" for i in range(MAX_STOP_STRINGS))
+    matcher = StopMatcher(stops)
+    text = ""
+    for i in range(2000):
+        text += f" w{i % 10}"
+        assert matcher.feed(text) is None
+    longest = max(map(len, stops))
+    assert matcher.scanned <= 2000 * (3 + longest - 1)
+
+
+@pytest.mark.parametrize(("texts", "stop", "at"), [
+    (["It", "It is", "It is mov", "It is moving"], ("moving",), 6),  # spans three feeds
+    (["ab\ufffd", "ab\u00e9x"], ("\u00e9x",), 2),  # an earlier character changed
+    (["ab", "abcd"], ("zz", "cd", "bc"), 1),  # earliest occurrence wins
+    (["a" * 50, "a" * 50 + "b"], ("ab",), 49),
+])
+def test_incremental_matching_finds_what_a_full_scan_finds(texts: list[str],
+                                                            stop: tuple[str, ...],
+                                                            at: int) -> None:
+    matcher = StopMatcher(stop)
+    found = [matcher.feed(t) for t in texts]
+    assert found[:-1] == [None] * (len(texts) - 1)
+    assert found[-1] == first_stop(texts[-1], stop) == at
+
+
+@pytest.mark.parametrize(("stop", "needle"), [
+    (tuple(f"s{i}" for i in range(MAX_STOP_STRINGS + 1)), "generation.stop"),
+    (("x" * (MAX_STOP_CHARS + 1),), "generation.stop"),
+    (("x" * 600, "y" * 600), "characters"),
+])
+def test_too_many_or_too_long_stop_strings_are_refused(stop: tuple[str, ...],
+                                                       needle: str) -> None:
+    with pytest.raises(InvalidInput, match=needle):
+        GenerationSettings(stop=stop).validated(64)
+
+
+def test_stop_caps_follow_the_advertised_limits() -> None:
+    GenerationSettings(stop=("a",) * 4).validated(64, max_stop_strings=4)
+    with pytest.raises(InvalidInput, match="cap of 3"):
+        GenerationSettings(stop=("a",) * 4).validated(64, max_stop_strings=3)
+    with pytest.raises(InvalidInput, match="cap of 5"):
+        GenerationSettings(stop=("abcdef",)).validated(64, max_stop_chars=5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(pieces=st.lists(st.tuples(st.integers(0, 3), st.text("abc", max_size=4)), max_size=30),
+       stop=st.lists(st.text("abc", min_size=1, max_size=4), min_size=1, max_size=4))
+def test_incremental_matching_equals_a_full_scan(pieces: list[tuple[int, str]],
+                                                 stop: list[str]) -> None:
+    """Whatever the answer does (grow, or rewrite its last few characters as a tokenizer
+    may), the first hit is where a full scan of the whole text first finds one."""
+    matcher = StopMatcher(stop)
+    text = ""
+    for rewrite, piece in pieces:
+        text = text[: max(0, len(text) - rewrite)] + piece
+        found, full = matcher.feed(text), first_stop(text, stop)
+        assert found == full
+        if full is not None:
+            break

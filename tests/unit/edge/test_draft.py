@@ -60,8 +60,19 @@ def test_prompt_has_one_placeholder_and_one_bos(draft: DraftModel) -> None:
     assert ids[:pos] == draft.tokenizer(head).input_ids
     assert ids[pos + 1 :] == draft.tokenizer(tail).input_ids[1:]  # BOS dropped
     assert all(0 <= i < draft.text_vocab_size for i in ids if i != EVENT_TOKEN_INDEX)
-    with pytest.raises(InvalidInput, match="<event>"):
-        draft.build_prompt_ids("a <event> b")
+
+
+@pytest.mark.parametrize("question", ["a <event> b", "<event>", "x<event><event>y {question}"])
+def test_event_in_the_question_is_literal_text(draft: DraftModel, question: str) -> None:
+    """Issue 19, item 7: the placeholder is the template's, never the user's: a question
+    that contains ``<event>`` is tokenized as text, as the target does (it has no such
+    token), so every mode takes it."""
+    ids = draft.build_prompt_ids(question)
+    assert ids.count(EVENT_TOKEN_INDEX) == 1 and ids.count(BOS_ID) == 1
+    head, tail = PROMPT_TEMPLATE.split("<event>")
+    pos = ids.index(EVENT_TOKEN_INDEX)
+    assert ids[:pos] == draft.tokenizer(head).input_ids
+    assert ids[pos + 1 :] == draft.tokenizer(tail.format(question=question)).input_ids[1:]
 
 
 def test_identity_fields(draft: DraftModel) -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
+
+import pytest
 
 from shared.answer_view import (
     CLEAR_DOWN,
@@ -13,6 +16,7 @@ from shared.answer_view import (
     LiveView,
     PlainView,
     final_to_json,
+    finish_note,
     rows_taken,
     stats_table,
     wants_colour,
@@ -168,3 +172,22 @@ def test_live_only_on_a_terminal_that_is_not_dumb_and_no_color_is_honoured() -> 
     assert not wants_colour(True, {})
     assert not wants_colour(False, {"NO_COLOR": "1"})
     assert wants_colour(False, {"NO_COLOR": ""})
+
+
+@pytest.mark.parametrize(("reason", "mode", "asked", "expected"), [
+    (FinishReason.EOS, Mode.SPECULATIVE, 64, None),
+    (FinishReason.MAX_TOKENS, Mode.SPECULATIVE, 2, "answer cut: max_tokens (2 of 2 tokens; "
+                                                   "--max-new-tokens)"),
+    (FinishReason.MAX_TOKENS, Mode.DRAFT_ONLY, 64, "the draft model's context limit"),
+    (FinishReason.STOP_STRING, Mode.SPECULATIVE, 64, "answer ended at a stop string (2 tokens)"),
+    (FinishReason.DEADLINE, Mode.TARGET_ONLY, 64, "answer cut: deadline (2 of at most 64"),
+    (FinishReason.CANCELLED, Mode.TARGET_ONLY, 64, "answer cut: cancelled"),
+])
+def test_finish_note_names_every_end_but_eos(reason: FinishReason, mode: Mode, asked: int,
+                                             expected: str | None) -> None:
+    final = dataclasses.replace(_final("ab"), finish_reason=reason, mode=mode)
+    note = finish_note(final, asked)
+    if expected is None:
+        assert note is None
+    else:
+        assert note is not None and expected in note, note

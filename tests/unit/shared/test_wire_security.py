@@ -66,3 +66,18 @@ def test_token_store_matches_by_name(tmp_path: Path) -> None:
     assert store.match("cccccccccccccccc") == "c"
     assert store.match("0123456789abcdeF") is None
     assert store.match("") is None
+
+
+@pytest.mark.parametrize("how", ["removed", "emptied", "comments only"])
+def test_a_removed_or_emptied_token_file_revokes_its_tokens_but_not_inline_ones(
+    tmp_path: Path, how: str) -> None:
+    f = tmp_path / "tokens"
+    f.write_text("a:aaaaaaaaaaaaaaaa\n")
+    store = TokenStore(f, inline=(("c", "cccccccccccccccc"),))
+    assert store.match("aaaaaaaaaaaaaaaa") == "a"
+    if how == "removed":
+        f.unlink()
+    else:
+        f.write_text("" if how == "emptied" else "# rotated out\n")
+    assert store.match("aaaaaaaaaaaaaaaa") is None
+    assert store.match("cccccccccccccccc") == "c"

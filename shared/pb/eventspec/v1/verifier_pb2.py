@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from shared.pb.eventspec.v1 import common_pb2 as eventspec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65ventspec/v1/verifier.proto\x12\x0c\x65ventspec.v1\x1a\x19\x65ventspec/v1/common.proto\"\x16\n\x14GetServerInfoRequest\"g\n\x0eVisualGeometry\x12\x12\n\nnum_frames\x18\x01 \x01(\x05\x12\x18\n\x10tokens_per_frame\x18\x02 \x01(\x05\x12\x13\n\x0b\x66\x65\x61ture_dim\x18\x03 \x01(\x05\x12\x12\n\nimage_size\x18\x04 \x01(\x05\"\xa7\x02\n\x06Limits\x12\x14\n\x0cmax_sessions\x18\x01 \x01(\x05\x12\x19\n\x11max_message_bytes\x18\x02 \x01(\x03\x12\x18\n\x10max_tensor_bytes\x18\x03 \x01(\x03\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\x05\x12\x18\n\x10max_draft_tokens\x18\x05 \x01(\x05\x12\x17\n\x0fmax_frame_bytes\x18\x06 \x01(\x03\x12\x19\n\x11max_verify_tokens\x18\x07 \x01(\x05\x12\x1a\n\x12max_question_chars\x18\x08 \x01(\x05\x12\x10\n\x08kv_slots\x18\t \x01(\x05\x12\x1a\n\x12kv_tokens_per_slot\x18\n \x01(\x05\x12\"\n\x1amax_sessions_per_principal\x18\x0b \x01(\x05\"\xe3\x02\n\nServerInfo\x12\x10\n\x08protocol\x18\x01 \x01(\t\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\x12\x17\n\x0ftext_vocab_size\x18\x04 \x01(\x05\x12\x19\n\x11vocab_fingerprint\x18\x05 \x01(\t\x12\x14\n\x0c\x65os_token_id\x18\x06 \x01(\x05\x12.\n\x08geometry\x18\x07 \x01(\x0b\x32\x1c.eventspec.v1.VisualGeometry\x12\x30\n\rfeature_modes\x18\x08 \x03(\x0e\x32\x19.eventspec.v1.FeatureMode\x12+\n\x07profile\x18\t \x01(\x0b\x32\x1a.eventspec.v1.CloudProfile\x12$\n\x06limits\x18\n \x01(\x0b\x32\x14.eventspec.v1.Limits\x12\x1e\n\x16prompt_overhead_tokens\x18\x0b \x01(\x05\"\x1d\n\x0b\x46ramesInput\x12\x0e\n\x06\x66rames\x18\x01 \x03(\x0c\"A\n\x0c\x41lignedInput\x12\"\n\x05\x64type\x18\x01 \x01(\x0e\x32\x13.eventspec.v1.Dtype\x12\r\n\x05shape\x18\x02 \x03(\x03\"\xa1\x02\n\x04Open\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08question\x18\x02 \x01(\t\x12\x32\n\ngeneration\x18\x03 \x01(\x0b\x32\x1e.eventspec.v1.GenerationConfig\x12+\n\x06\x66rames\x18\x04 \x01(\x0b\x32\x19.eventspec.v1.FramesInputH\x00\x12-\n\x07\x61ligned\x18\x05 \x01(\x0b\x32\x1a.eventspec.v1.AlignedInputH\x00\x12/\n\x0c\x65\x64ge_profile\x18\x06 \x01(\x0b\x32\x19.eventspec.v1.EdgeProfile\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x07 \x01(\x03\x12\x13\n\x0bspeculative\x18\x08 \x01(\x08\x42\x08\n\x06visual\"=\n\x06\x44rafts\x12\x0c\n\x04\x62\x61se\x18\x01 \x01(\x03\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12\x12\n\nsent_at_ms\x18\x03 \x01(\x01\"\x18\n\x06\x43\x61ncel\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xf1\x01\n\x0b\x45\x64geMessage\x12\"\n\x04open\x18\x01 \x01(\x0b\x32\x12.eventspec.v1.OpenH\x00\x12\x33\n\rtensor_header\x18\x02 \x01(\x0b\x32\x1a.eventspec.v1.TensorHeaderH\x00\x12\x31\n\x0ctensor_chunk\x18\x03 \x01(\x0b\x32\x19.eventspec.v1.TensorChunkH\x00\x12&\n\x06\x64rafts\x18\x04 \x01(\x0b\x32\x14.eventspec.v1.DraftsH\x00\x12&\n\x06\x63\x61ncel\x18\x05 \x01(\x0b\x32\x14.eventspec.v1.CancelH\x00\x42\x06\n\x04kind\"y\n\x06\x43ommit\x12\r\n\x05start\x18\x01 \x01(\x03\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12\x17\n\x0f\x64rafts_verified\x18\x03 \x01(\x05\x12\x17\n\x0f\x64rafts_accepted\x18\x04 \x01(\x05\x12\x0c\n\x04text\x18\x05 \x01(\t\x12\r\n\x05\x61t_ms\x18\x06 \x01(\x01\"\xa6\x01\n\x04\x44one\x12\x31\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x1a.eventspec.v1.FinishReason\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\"\n\x05stats\x18\x04 \x01(\x0b\x32\x13.eventspec.v1.Stats\x12&\n\nfinal_plan\x18\x05 \x01(\x0b\x32\x12.eventspec.v1.Plan\"\x86\x01\n\x0c\x43loudMessage\x12\"\n\x04plan\x18\x01 \x01(\x0b\x32\x12.eventspec.v1.PlanH\x00\x12&\n\x06\x63ommit\x18\x02 \x01(\x0b\x32\x14.eventspec.v1.CommitH\x00\x12\"\n\x04\x64one\x18\x03 \x01(\x0b\x32\x12.eventspec.v1.DoneH\x00\x42\x06\n\x04kind2\xa0\x01\n\x08Verifier\x12M\n\rGetServerInfo\x12\".eventspec.v1.GetServerInfoRequest\x1a\x18.eventspec.v1.ServerInfo\x12\x45\n\x08Generate\x12\x19.eventspec.v1.EdgeMessage\x1a\x1a.eventspec.v1.CloudMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65ventspec/v1/verifier.proto\x12\x0c\x65ventspec.v1\x1a\x19\x65ventspec/v1/common.proto\"\x16\n\x14GetServerInfoRequest\"g\n\x0eVisualGeometry\x12\x12\n\nnum_frames\x18\x01 \x01(\x05\x12\x18\n\x10tokens_per_frame\x18\x02 \x01(\x05\x12\x13\n\x0b\x66\x65\x61ture_dim\x18\x03 \x01(\x05\x12\x12\n\nimage_size\x18\x04 \x01(\x05\"\xd9\x02\n\x06Limits\x12\x14\n\x0cmax_sessions\x18\x01 \x01(\x05\x12\x19\n\x11max_message_bytes\x18\x02 \x01(\x03\x12\x18\n\x10max_tensor_bytes\x18\x03 \x01(\x03\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\x05\x12\x18\n\x10max_draft_tokens\x18\x05 \x01(\x05\x12\x17\n\x0fmax_frame_bytes\x18\x06 \x01(\x03\x12\x19\n\x11max_verify_tokens\x18\x07 \x01(\x05\x12\x1a\n\x12max_question_chars\x18\x08 \x01(\x05\x12\x10\n\x08kv_slots\x18\t \x01(\x05\x12\x1a\n\x12kv_tokens_per_slot\x18\n \x01(\x05\x12\"\n\x1amax_sessions_per_principal\x18\x0b \x01(\x05\x12\x18\n\x10max_stop_strings\x18\x0c \x01(\x05\x12\x16\n\x0emax_stop_chars\x18\r \x01(\x05\"\xe3\x02\n\nServerInfo\x12\x10\n\x08protocol\x18\x01 \x01(\t\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\x12\x17\n\x0ftext_vocab_size\x18\x04 \x01(\x05\x12\x19\n\x11vocab_fingerprint\x18\x05 \x01(\t\x12\x14\n\x0c\x65os_token_id\x18\x06 \x01(\x05\x12.\n\x08geometry\x18\x07 \x01(\x0b\x32\x1c.eventspec.v1.VisualGeometry\x12\x30\n\rfeature_modes\x18\x08 \x03(\x0e\x32\x19.eventspec.v1.FeatureMode\x12+\n\x07profile\x18\t \x01(\x0b\x32\x1a.eventspec.v1.CloudProfile\x12$\n\x06limits\x18\n \x01(\x0b\x32\x14.eventspec.v1.Limits\x12\x1e\n\x16prompt_overhead_tokens\x18\x0b \x01(\x05\"\x1d\n\x0b\x46ramesInput\x12\x0e\n\x06\x66rames\x18\x01 \x03(\x0c\"A\n\x0c\x41lignedInput\x12\"\n\x05\x64type\x18\x01 \x01(\x0e\x32\x13.eventspec.v1.Dtype\x12\r\n\x05shape\x18\x02 \x03(\x03\"\xa1\x02\n\x04Open\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08question\x18\x02 \x01(\t\x12\x32\n\ngeneration\x18\x03 \x01(\x0b\x32\x1e.eventspec.v1.GenerationConfig\x12+\n\x06\x66rames\x18\x04 \x01(\x0b\x32\x19.eventspec.v1.FramesInputH\x00\x12-\n\x07\x61ligned\x18\x05 \x01(\x0b\x32\x1a.eventspec.v1.AlignedInputH\x00\x12/\n\x0c\x65\x64ge_profile\x18\x06 \x01(\x0b\x32\x19.eventspec.v1.EdgeProfile\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x07 \x01(\x03\x12\x13\n\x0bspeculative\x18\x08 \x01(\x08\x42\x08\n\x06visual\"=\n\x06\x44rafts\x12\x0c\n\x04\x62\x61se\x18\x01 \x01(\x03\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12\x12\n\nsent_at_ms\x18\x03 \x01(\x01\"\x18\n\x06\x43\x61ncel\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xf1\x01\n\x0b\x45\x64geMessage\x12\"\n\x04open\x18\x01 \x01(\x0b\x32\x12.eventspec.v1.OpenH\x00\x12\x33\n\rtensor_header\x18\x02 \x01(\x0b\x32\x1a.eventspec.v1.TensorHeaderH\x00\x12\x31\n\x0ctensor_chunk\x18\x03 \x01(\x0b\x32\x19.eventspec.v1.TensorChunkH\x00\x12&\n\x06\x64rafts\x18\x04 \x01(\x0b\x32\x14.eventspec.v1.DraftsH\x00\x12&\n\x06\x63\x61ncel\x18\x05 \x01(\x0b\x32\x14.eventspec.v1.CancelH\x00\x42\x06\n\x04kind\"y\n\x06\x43ommit\x12\r\n\x05start\x18\x01 \x01(\x03\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12\x17\n\x0f\x64rafts_verified\x18\x03 \x01(\x05\x12\x17\n\x0f\x64rafts_accepted\x18\x04 \x01(\x05\x12\x0c\n\x04text\x18\x05 \x01(\t\x12\r\n\x05\x61t_ms\x18\x06 \x01(\x01\"\xa6\x01\n\x04\x44one\x12\x31\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x1a.eventspec.v1.FinishReason\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\"\n\x05stats\x18\x04 \x01(\x0b\x32\x13.eventspec.v1.Stats\x12&\n\nfinal_plan\x18\x05 \x01(\x0b\x32\x12.eventspec.v1.Plan\"\x86\x01\n\x0c\x43loudMessage\x12\"\n\x04plan\x18\x01 \x01(\x0b\x32\x12.eventspec.v1.PlanH\x00\x12&\n\x06\x63ommit\x18\x02 \x01(\x0b\x32\x14.eventspec.v1.CommitH\x00\x12\"\n\x04\x64one\x18\x03 \x01(\x0b\x32\x12.eventspec.v1.DoneH\x00\x42\x06\n\x04kind2\xa0\x01\n\x08Verifier\x12M\n\rGetServerInfo\x12\".eventspec.v1.GetServerInfoRequest\x1a\x18.eventspec.v1.ServerInfo\x12\x45\n\x08Generate\x12\x19.eventspec.v1.EdgeMessage\x1a\x1a.eventspec.v1.CloudMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,27 +37,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_VISUALGEOMETRY']._serialized_start=96
   _globals['_VISUALGEOMETRY']._serialized_end=199
   _globals['_LIMITS']._serialized_start=202
-  _globals['_LIMITS']._serialized_end=497
-  _globals['_SERVERINFO']._serialized_start=500
-  _globals['_SERVERINFO']._serialized_end=855
-  _globals['_FRAMESINPUT']._serialized_start=857
-  _globals['_FRAMESINPUT']._serialized_end=886
-  _globals['_ALIGNEDINPUT']._serialized_start=888
-  _globals['_ALIGNEDINPUT']._serialized_end=953
-  _globals['_OPEN']._serialized_start=956
-  _globals['_OPEN']._serialized_end=1245
-  _globals['_DRAFTS']._serialized_start=1247
-  _globals['_DRAFTS']._serialized_end=1308
-  _globals['_CANCEL']._serialized_start=1310
-  _globals['_CANCEL']._serialized_end=1334
-  _globals['_EDGEMESSAGE']._serialized_start=1337
-  _globals['_EDGEMESSAGE']._serialized_end=1578
-  _globals['_COMMIT']._serialized_start=1580
-  _globals['_COMMIT']._serialized_end=1701
-  _globals['_DONE']._serialized_start=1704
-  _globals['_DONE']._serialized_end=1870
-  _globals['_CLOUDMESSAGE']._serialized_start=1873
-  _globals['_CLOUDMESSAGE']._serialized_end=2007
-  _globals['_VERIFIER']._serialized_start=2010
-  _globals['_VERIFIER']._serialized_end=2170
+  _globals['_LIMITS']._serialized_end=547
+  _globals['_SERVERINFO']._serialized_start=550
+  _globals['_SERVERINFO']._serialized_end=905
+  _globals['_FRAMESINPUT']._serialized_start=907
+  _globals['_FRAMESINPUT']._serialized_end=936
+  _globals['_ALIGNEDINPUT']._serialized_start=938
+  _globals['_ALIGNEDINPUT']._serialized_end=1003
+  _globals['_OPEN']._serialized_start=1006
+  _globals['_OPEN']._serialized_end=1295
+  _globals['_DRAFTS']._serialized_start=1297
+  _globals['_DRAFTS']._serialized_end=1358
+  _globals['_CANCEL']._serialized_start=1360
+  _globals['_CANCEL']._serialized_end=1384
+  _globals['_EDGEMESSAGE']._serialized_start=1387
+  _globals['_EDGEMESSAGE']._serialized_end=1628
+  _globals['_COMMIT']._serialized_start=1630
+  _globals['_COMMIT']._serialized_end=1751
+  _globals['_DONE']._serialized_start=1754
+  _globals['_DONE']._serialized_end=1920
+  _globals['_CLOUDMESSAGE']._serialized_start=1923
+  _globals['_CLOUDMESSAGE']._serialized_end=2057
+  _globals['_VERIFIER']._serialized_start=2060
+  _globals['_VERIFIER']._serialized_end=2220
 # @@protoc_insertion_point(module_scope)

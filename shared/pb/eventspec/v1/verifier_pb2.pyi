@@ -87,6 +87,8 @@ class Limits(_message.Message):
     KV_SLOTS_FIELD_NUMBER: _builtins.int
     KV_TOKENS_PER_SLOT_FIELD_NUMBER: _builtins.int
     MAX_SESSIONS_PER_PRINCIPAL_FIELD_NUMBER: _builtins.int
+    MAX_STOP_STRINGS_FIELD_NUMBER: _builtins.int
+    MAX_STOP_CHARS_FIELD_NUMBER: _builtins.int
     max_sessions: _builtins.int
     """Concurrent Generate streams."""
     max_message_bytes: _builtins.int
@@ -113,6 +115,10 @@ class Limits(_message.Message):
     """Positions per KV slot (prompt plus answer)."""
     max_sessions_per_principal: _builtins.int
     """Concurrent Generate streams one authenticated principal may hold (0: not reported)."""
+    max_stop_strings: _builtins.int
+    """Most stop strings one request may carry (GenerationConfig.stop); 0: not reported."""
+    max_stop_chars: _builtins.int
+    """Most characters all of one request's stop strings may total; 0: not reported."""
     def __init__(
         self,
         *,
@@ -127,10 +133,12 @@ class Limits(_message.Message):
         kv_slots: _builtins.int = ...,
         kv_tokens_per_slot: _builtins.int = ...,
         max_sessions_per_principal: _builtins.int = ...,
+        max_stop_strings: _builtins.int = ...,
+        max_stop_chars: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kv_slots", b"kv_slots", "kv_tokens_per_slot", b"kv_tokens_per_slot", "max_draft_tokens", b"max_draft_tokens", "max_frame_bytes", b"max_frame_bytes", "max_message_bytes", b"max_message_bytes", "max_new_tokens", b"max_new_tokens", "max_question_chars", b"max_question_chars", "max_sessions", b"max_sessions", "max_sessions_per_principal", b"max_sessions_per_principal", "max_tensor_bytes", b"max_tensor_bytes", "max_verify_tokens", b"max_verify_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kv_slots", b"kv_slots", "kv_tokens_per_slot", b"kv_tokens_per_slot", "max_draft_tokens", b"max_draft_tokens", "max_frame_bytes", b"max_frame_bytes", "max_message_bytes", b"max_message_bytes", "max_new_tokens", b"max_new_tokens", "max_question_chars", b"max_question_chars", "max_sessions", b"max_sessions", "max_sessions_per_principal", b"max_sessions_per_principal", "max_stop_chars", b"max_stop_chars", "max_stop_strings", b"max_stop_strings", "max_tensor_bytes", b"max_tensor_bytes", "max_verify_tokens", b"max_verify_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
