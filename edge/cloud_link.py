@@ -408,6 +408,5 @@ def _view_of(exc: aio.AioRpcError) -> CloudView:
     if code == grpc.StatusCode.UNIMPLEMENTED:
         return CloudView(CloudState.NOT_A_VERIFIER)
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-        return CloudView(CloudState.UNREACHABLE, f"it refused this edge's credentials "
-                                                 f"({code.name})")
+        return CloudView(CloudState.REFUSED, code.name)
     return CloudView(CloudState.UNREACHABLE, f"{code.name}" if code else "")

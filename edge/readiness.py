@@ -30,6 +30,7 @@ class CloudState(enum.Enum):
     WARMING_UP = "warming up"
     UNREACHABLE = "unreachable"
     NOT_A_VERIFIER = "not an eventspec Verifier"
+    REFUSED = "refused this edge"
 
 
 @dataclass(frozen=True)
@@ -119,12 +120,19 @@ class Readiness:
 
     def refusal(self, *, needs_cloud: bool) -> EventSpecError | None:
         """The error an Ask gets now instead of waiting: a cloud that is not a Verifier
-        will not become one. None: waiting may help."""
-        if needs_cloud and self.edge_ready and self.cloud.state == CloudState.NOT_A_VERIFIER:
+        will not become one, and one that refuses this edge's credentials will not
+        change its mind while the Ask waits. None: waiting may help."""
+        if not (needs_cloud and self.edge_ready):
+            return None
+        if self.cloud.state == CloudState.NOT_A_VERIFIER:
             return FailedPrecondition(
                 "the edge's --cloud address does not serve an eventspec Verifier (it answered "
                 "UNIMPLEMENTED; is it another edge's port?); the edge operator must fix --cloud"
             )
+        if self.cloud.state == CloudState.REFUSED:
+            # To the edge's client this is the cloud being unavailable, not the client's
+            # own credentials being wrong.
+            return Unavailable(f"cloud verifier: it refused this edge ({self.cloud.detail})")
         return None
 
     def timeout_error(self, *, needs_cloud: bool, waited_s: float) -> EventSpecError:
