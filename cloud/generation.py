@@ -17,7 +17,7 @@ import logging
 import math
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -49,6 +49,9 @@ from shared.types import (
     TensorChunkData,
 )
 
+if TYPE_CHECKING:
+    from cloud.metrics import RequestProbe
+
 log = logging.getLogger(__name__)
 
 
@@ -66,6 +69,9 @@ def _describe(msg: object) -> str:
 
 class _Inbox:
     """Consumes the edge's messages after Open; feeds drafts, tensors and cancels."""
+
+    #: Counts received drafts for the metrics, when they are on.
+    probe: RequestProbe | None = None
 
     def __init__(self, ticket: Ticket, open_req: OpenRequest, rt: VerifierRuntime):
         self.ticket = ticket
@@ -108,6 +114,8 @@ class _Inbox:
             check_tail(msg, committed_len=self.received, max_draft_tokens=limits.max_draft_tokens,
                        text_vocab_size=self.rt.info.text_vocab_size)
             self.rt.scheduler.offer(self.ticket, msg)
+            if self.probe is not None:
+                self.probe.on_drafts(msg)
         elif isinstance(msg, CancelRequest):
             self.cancelled = True
             self.rt.scheduler.cancel(self.ticket)
@@ -227,15 +235,20 @@ async def run_generate(
     answers, refusals, failures and cancellations alike, never the question.
     """
     record = RequestRecord(principal=str(current_principal()))
+    probe = rt.metrics.request(current_principal()) if rt.metrics is not None else None
     try:
-        async with contextlib.aclosing(_serve(rt, messages, counter, record)) as events:
+        async with contextlib.aclosing(_serve(rt, messages, counter, record, probe)) as events:
             async for event in events:
                 yield event
     except EventSpecError as exc:
         record.fail(exc.code.name, exc.message)
+        if probe is not None:
+            probe.on_error(exc)
         raise
     except (asyncio.CancelledError, GeneratorExit):
         record.fail("CANCELLED", "the edge went away")
+        if probe is not None:
+            probe.on_cancelled()
         raise
     except Exception as exc:
         record.fail("INTERNAL", type(exc).__name__)
@@ -280,11 +293,13 @@ def clamp_to_context(open_req: OpenRequest, prompt_len: int, max_seq_len: int) -
 
 async def _serve(
     rt: VerifierRuntime, messages: AsyncIterator[EdgeInbound], counter: ByteCounter,
-    record: RequestRecord,
+    record: RequestRecord, probe: RequestProbe | None = None,
 ) -> AsyncGenerator[CloudOutbound, None]:
     first = await _first_message(rt, messages)
     record.request_id = safe_request_id(first.request_id)
     record.mode = _mode(first)
+    if probe is not None:
+        probe.mode = "speculative" if first.speculative else "target_only"
     open_req = validate_open(first, rt)
     prompt_ids = rt.target.build_prompt_ids(open_req.question)
     sched = rt.scheduler
@@ -304,8 +319,12 @@ async def _serve(
             deadline_ms=open_req.deadline_ms,
         )
 
+    if probe is not None:
+        probe.stage = "sessions"
     key = rt.registry.open(open_req.request_id, _nothing_to_release,  # the session caps
                            principal=current_principal())
+    if probe is not None:
+        probe.stage = "kv"
     try:
         ticket = sched.admit(open_req.request_id, make_session)  # a KV slot
     except BaseException:
@@ -313,6 +332,9 @@ async def _serve(
         raise
     session = ticket.session
     inbox = _Inbox(ticket, open_req, rt)
+    if probe is not None:
+        probe.stage = "run"
+        inbox.probe = probe
     rt.registry.attach(key, _releaser(rt, ticket), inbox.expire)
     reader = asyncio.create_task(inbox.consume(messages))
     try:
@@ -335,6 +357,8 @@ async def _serve(
                 received.extend(event.tokens)
                 inbox.received = len(received)
                 record.tokens = len(received)
+                if probe is not None:
+                    probe.on_commit(len(event.tokens), event.verified, event.accepted)
                 yield _commit_event(event, received, rt, session)
             finish = event.finish_reason
         inbox.finished = True
@@ -355,6 +379,10 @@ async def _serve(
             ),
         )
         record.finish(done.finish_reason.name, stats)
+        if probe is not None:
+            if ticket.prefill_started_at:
+                probe.on_prefill(len(prompt_ids), ticket.prefill_started_at - ticket.submitted_at)
+            probe.on_done(done.finish_reason.name, stats)
         yield done
         # Keep the stream open until the edge half-closes (bounded), so a Drafts message
         # it wrote while Done was in flight is drained here instead of failing its write

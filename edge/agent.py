@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edge.admission import AdmissionQueue, cloud_slots
 from edge.align import FeatureAdapter
@@ -66,6 +66,9 @@ from shared.types import (
     ServerLimits,
 )
 from shared.worker import ModelWorker
+
+if TYPE_CHECKING:
+    from edge.metrics import EdgeMetrics
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +186,8 @@ class EdgeAgent:
         self.cloud_wait_s = cloud_wait_s
         self.first_reply_s = first_reply_s
         self.admission = AdmissionQueue(max_waiting=max_queued_asks)
+        #: Prometheus metrics (``--metrics-port``); None: nothing is recorded.
+        self.metrics: EdgeMetrics | None = None
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -473,6 +478,8 @@ class EdgeAgent:
                     await task
         done = session.done
         assert done is not None
+        if self.metrics is not None:
+            self.metrics.on_drafting(session.counters, drafter)
         if drafter.drafted_total:
             self.costs.update(drafter.prefill_ms, drafter.ms_per_token)
             stage["draft_prefill"] = drafter.prefill_ms

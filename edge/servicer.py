@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edge.agent import EdgeAgent
 from edge.events.base import SourceMeta
@@ -15,7 +15,10 @@ from edge.readiness import Readiness
 from shared import convert
 from shared.errors import EventSpecError
 from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
-from shared.types import ProgressEvent
+from shared.types import AskSpec, ProgressEvent
+
+if TYPE_CHECKING:
+    from edge.metrics import AskProbe, EdgeMetrics
 
 
 class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
@@ -31,6 +34,8 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
         self.agent: EdgeAgent | None = None
         self.draft_model_id = ""
         self.adapter_id = ""
+        #: Prometheus metrics (``--metrics-port``); None: nothing is recorded.
+        self.metrics: EdgeMetrics | None = None
 
     def attach(self, agent: EdgeAgent, *, draft_model_id: str, adapter_id: str = "") -> None:
         self.agent = agent
@@ -41,6 +46,24 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
         self, request: edge_pb2.AskRequest, context: Any
     ) -> AsyncIterator[edge_pb2.AskResponse]:
         spec = convert.ask_spec_from_pb(request)
+        if self.metrics is None:
+            async for msg in self._ask(spec, context):
+                yield msg
+            return
+        probe = self.metrics.ask(spec.mode)
+        try:
+            async for msg in self._ask(spec, context, probe):
+                yield msg
+        except EventSpecError as exc:
+            probe.on_error(exc)
+            raise
+        except BaseException:
+            probe.on_error(None)
+            raise
+
+    async def _ask(
+        self, spec: AskSpec, context: Any, probe: AskProbe | None = None
+    ) -> AsyncIterator[edge_pb2.AskResponse]:
         left = context.time_remaining()
         started = time.monotonic()
         budget = self.wait_s if left is None else min(self.wait_s, max(0.0, left - 1.0))
@@ -57,6 +80,8 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
             await self.readiness.next_change(budget - waited)
         left = context.time_remaining()
         async for event in self.agent.ask(spec, deadline_s=left):
+            if probe is not None:
+                probe.on_event(event)
             yield convert.ask_event_to_pb(event)
 
     async def GetStatus(
