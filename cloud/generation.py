@@ -23,6 +23,7 @@ import torch
 
 from cloud.decoding import Committed, DecodingSession, check_tail
 from cloud.request_log import RequestRecord
+from cloud.request_timeline import CloudTimeline
 from cloud.runtime import VerifierRuntime
 from cloud.scheduler import Failure, Ticket
 from cloud.timeouts import features_timeout_s
@@ -72,6 +73,8 @@ class _Inbox:
 
     #: Counts received drafts for the metrics, when they are on.
     probe: RequestProbe | None = None
+    #: Logs received drafts, when Open asked for the request's timeline.
+    timeline: CloudTimeline | None = None
 
     def __init__(self, ticket: Ticket, open_req: OpenRequest, rt: VerifierRuntime):
         self.ticket = ticket
@@ -116,6 +119,8 @@ class _Inbox:
             self.rt.scheduler.offer(self.ticket, msg)
             if self.probe is not None:
                 self.probe.on_drafts(msg)
+            if self.timeline is not None:
+                self.timeline.on_drafts(msg)
         elif isinstance(msg, CancelRequest):
             self.cancelled = True
             self.rt.scheduler.cancel(self.ticket)
@@ -223,6 +228,7 @@ def validate_open(open_req: OpenRequest, rt: VerifierRuntime) -> OpenRequest:
         edge_cost=open_req.edge_cost,
         deadline_ms=open_req.deadline_ms,
         speculative=open_req.speculative,
+        timeline=open_req.timeline,
     )
 
 
@@ -335,6 +341,8 @@ async def _serve(
     if probe is not None:
         probe.stage = "run"
         inbox.probe = probe
+    timeline = CloudTimeline(ticket) if open_req.timeline else None
+    inbox.timeline = timeline
     rt.registry.attach(key, _releaser(rt, ticket), inbox.expire)
     reader = asyncio.create_task(inbox.consume(messages))
     try:
@@ -359,7 +367,11 @@ async def _serve(
                 record.tokens = len(received)
                 if probe is not None:
                     probe.on_commit(len(event.tokens), event.verified, event.accepted)
-                yield _commit_event(event, received, rt, session)
+                commit = _commit_event(event, received, rt, session)
+                if timeline is not None:
+                    timeline.on_committed(event)
+                    timeline.on_commit_sent(commit)
+                yield commit
             finish = event.finish_reason
         inbox.finished = True
         if not ticket.events.empty():
@@ -377,6 +389,7 @@ async def _serve(
                 rt.replan(plan, plan_inputs, stats, session.counters.rejections),
                 max_new_tokens=settings.max_new_tokens,
             ),
+            timeline=timeline.finish(stats) if timeline is not None else None,
         )
         record.finish(done.finish_reason.name, stats)
         if probe is not None:

@@ -27,6 +27,7 @@ from edge.events.base import EventSource
 from edge.failover import ask_event_is_committed, with_failover
 from edge.link import VerifierLink, VerifierStream
 from edge.readiness import CloudState, CloudView, Readiness
+from edge.request_timeline import EdgeTimeline
 from edge.session import Action, EdgeSession, SendDrafts, ShowPreview
 from edge.visual_input import (
     PreparedVisual,
@@ -397,6 +398,7 @@ class EdgeAgent:
             edge_cost=edge_cost if speculative else None,
             deadline_ms=int(self.request_timeout_s * 1000),
             speculative=speculative,
+            timeline=spec.timeline,
         )
         local_plan, _ = request_plan(info, open_req.edge_cost, facts_from_open(open_req))
         session = EdgeSession(
@@ -409,6 +411,9 @@ class EdgeAgent:
         )
         drafter = Drafter(self.draft)
         stream = self.link.open_stream(self.request_timeout_s)
+        timeline = EdgeTimeline(started, drafter) if spec.timeline else None
+        if timeline is not None:
+            stream = timeline.wrap(stream)
         stage: dict[str, float] = {"edge_render": prepared.render_ms}
         first_commit_at: float | None = None
         tasks: dict[str, asyncio.Future[Any]] = {}
@@ -494,6 +499,8 @@ class EdgeAgent:
             stats=stats,
             plan=session.plan,
             window=prepared.window,
+            timeline=(timeline.finish(prepared, self.link.rtt.value) if timeline is not None
+                      else None),
         )
 
     async def _first_reply(self, reply: asyncio.Future[Any], upload: asyncio.Future[Any],

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 from shared.answer_view import (
@@ -41,7 +42,7 @@ from shared.ask_args import (
 )
 from shared.client import AskError, EdgeClient
 from shared.helpfmt import DefaultsHelpFormatter
-from shared.types import AskSpec, FeatureMode, GenerationSettings, Mode
+from shared.types import AskSpec, FeatureMode, FinalEvent, GenerationSettings, Mode
 from shared.wire.flags import add_client_security_args, client_security_from_args
 from shared.wire.health import wait_for_serving
 
@@ -92,6 +93,7 @@ def spec_from_args(args: argparse.Namespace) -> AskSpec:
             top_p=args.top_p, seed=args.seed,
         ),
         feature_mode=_FEATURES[args.feature_mode],
+        timeline=args.timeline is not None,
     )
 
 
@@ -132,6 +134,27 @@ async def _ask(args: argparse.Namespace, spec: AskSpec, view: AnswerView | None)
     note = finish_note(final, spec.generation.max_new_tokens)
     if note is not None:  # an answer arrived, so still status 0; the line says it is cut
         print(note, file=sys.stderr)
+    if args.timeline is not None:
+        return write_timeline(final, args.timeline, title=f"{spec.mode.name.lower()}: "
+                                                          f"{spec.question[:80]!r}")
+    return 0
+
+
+def write_timeline(final: FinalEvent, path: Path, *, title: str) -> int:
+    """Draw ``final``'s timeline to ``path`` (``--timeline``); 1 when it cannot be."""
+    from shared.timeline_plot import TimelineUnavailable, draw
+
+    if final.timeline is None:
+        print("error: the edge sent no timeline (an edge older than this client?)",
+              file=sys.stderr)
+        return 1
+    try:
+        lanes = draw(final.timeline, path, title=title)
+    except (TimelineUnavailable, OSError, ValueError) as exc:
+        print(f"error: --timeline {path}: {exc}", file=sys.stderr)
+        return 1
+    print(f"timeline: {path} ({len(lanes)} lanes, {sum(lanes.values())} events)",
+          file=sys.stderr)
     return 0
 
 
@@ -197,6 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--json", action="store_true", help="print one JSON object at the end")
     ask.add_argument("--no-color", action="store_true",
                      help="no styling in the live view (also: a non-empty $NO_COLOR)")
+    ask.add_argument("--timeline", type=Path, default=None, metavar="PNG",
+                     help="draw the request's timeline (edge and cloud lanes, one clock) to "
+                          "this file; needs matplotlib: pip install 'eventspec[timeline]'")
     add_client_security_args(ask, prefix="", env_prefix="EVENTSPEC_", peer="edge agent")
     wait = sub.add_parser("wait", help="wait until a node reports SERVING (prints what it "
                                        "is doing meanwhile)",

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from shared.errors import InvalidInput
+from shared.timeline import Timeline
 from shared.timing import CloudCost, EdgeCost, TimingPlan
 
 PROTOCOL = "eventspec.v1"
@@ -205,6 +206,8 @@ class OpenRequest:
     edge_cost: EdgeCost | None = None
     deadline_ms: int = 0
     speculative: bool = True
+    #: Return the cloud's event log for this request in ``DoneEvent.timeline``.
+    timeline: bool = False
 
 
 @dataclass(frozen=True)
@@ -265,6 +268,8 @@ class DoneEvent:
     text: str
     stats: RequestStats
     final_plan: TimingPlan | None = None
+    #: The cloud's event log on its own clock, when ``OpenRequest.timeline`` asked.
+    timeline: Timeline | None = None
 
 
 @dataclass(frozen=True)
@@ -296,6 +301,8 @@ class AskSpec:
     generation: GenerationSettings = field(default_factory=GenerationSettings)
     feature_mode: FeatureMode = FeatureMode.AUTO
     jpeg_quality: int = 0
+    #: Return the request's timeline (both sides, one clock) in ``FinalEvent.timeline``.
+    timeline: bool = False
 
 
 @dataclass(frozen=True)
@@ -339,6 +346,8 @@ class FinalEvent:
     stats: RequestStats
     plan: TimingPlan | None
     window: WindowInfo | None
+    #: Both sides' event logs on the edge's clock, when ``AskSpec.timeline`` asked.
+    timeline: Timeline | None = None
 
 
 @dataclass(frozen=True)

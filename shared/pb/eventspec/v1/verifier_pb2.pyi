@@ -280,6 +280,7 @@ class Open(_message.Message):
     EDGE_PROFILE_FIELD_NUMBER: _builtins.int
     DEADLINE_MS_FIELD_NUMBER: _builtins.int
     SPECULATIVE_FIELD_NUMBER: _builtins.int
+    TIMELINE_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Caller-chosen id for logs and statistics."""
     question: _builtins.str
@@ -288,6 +289,8 @@ class Open(_message.Message):
     """Request budget in ms from the cloud receiving Open; 0 = no budget."""
     speculative: _builtins.bool
     """False: target-only baseline, the cloud expects no drafts."""
+    timeline: _builtins.bool
+    """Return the cloud's event log for this request in Done.timeline."""
     @_builtins.property
     def generation(self) -> _common_pb2.GenerationConfig:
         """Decoding settings."""
@@ -311,10 +314,11 @@ class Open(_message.Message):
         edge_profile: _common_pb2.EdgeProfile | None = ...,
         deadline_ms: _builtins.int = ...,
         speculative: _builtins.bool = ...,
+        timeline: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["aligned", b"aligned", "edge_profile", b"edge_profile", "frames", b"frames", "generation", b"generation", "visual", b"visual"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aligned", b"aligned", "deadline_ms", b"deadline_ms", "edge_profile", b"edge_profile", "frames", b"frames", "generation", b"generation", "question", b"question", "request_id", b"request_id", "speculative", b"speculative", "visual", b"visual"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aligned", b"aligned", "deadline_ms", b"deadline_ms", "edge_profile", b"edge_profile", "frames", b"frames", "generation", b"generation", "question", b"question", "request_id", b"request_id", "speculative", b"speculative", "timeline", b"timeline", "visual", b"visual"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_visual: _TypeAlias = _typing.Literal["frames", "aligned"]  # noqa: Y015
     _WhichOneofArgType_visual: _TypeAlias = _typing.Literal["visual", b"visual"]  # noqa: Y015
@@ -471,6 +475,7 @@ class Done(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     STATS_FIELD_NUMBER: _builtins.int
     FINAL_PLAN_FIELD_NUMBER: _builtins.int
+    TIMELINE_FIELD_NUMBER: _builtins.int
     finish_reason: _common_pb2.FinishReason.ValueType
     """Why generation stopped."""
     text: _builtins.str
@@ -487,6 +492,10 @@ class Done(_message.Message):
     def final_plan(self) -> _common_pb2.Plan:
         """The last plan in force (after re-planning)."""
 
+    @_builtins.property
+    def timeline(self) -> _common_pb2.Timeline:
+        """The cloud's event log, on its own clock, when Open.timeline asked for it."""
+
     def __init__(
         self,
         *,
@@ -495,10 +504,11 @@ class Done(_message.Message):
         text: _builtins.str = ...,
         stats: _common_pb2.Stats | None = ...,
         final_plan: _common_pb2.Plan | None = ...,
+        timeline: _common_pb2.Timeline | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["final_plan", b"final_plan", "stats", b"stats"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["final_plan", b"final_plan", "stats", b"stats", "timeline", b"timeline"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["final_plan", b"final_plan", "finish_reason", b"finish_reason", "stats", b"stats", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["final_plan", b"final_plan", "finish_reason", b"finish_reason", "stats", b"stats", "text", b"text", "timeline", b"timeline", "token_ids", b"token_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
