@@ -172,7 +172,8 @@ class VerifierServer:
         limits = self.settings.limits
         host = GrpcHost(SERVICE_NAME, max_message_bytes=limits.max_message_bytes,
                         max_rpcs=limits.max_sessions * 4 + 16, security=self.settings.security,
-                        unlimited_methods=frozenset({f"/{SERVICE_NAME}/GetServerInfo"}),
+                        unlimited_methods=frozenset({f"/{SERVICE_NAME}/GetServerInfo",
+                                                     f"/{SERVICE_NAME}/GetStats"}),
                         first_message_timeout_s=self.settings.first_message_timeout_s)
         if self.settings.metrics_port is not None:
             self._start_metrics(host)

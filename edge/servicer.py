@@ -36,6 +36,7 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
         self.adapter_id = ""
         #: Prometheus metrics (``--metrics-port``); None: nothing is recorded.
         self.metrics: EdgeMetrics | None = None
+        self._started = time.monotonic()
 
     def attach(self, agent: EdgeAgent, *, draft_model_id: str, adapter_id: str = "") -> None:
         self.agent = agent
@@ -90,6 +91,7 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
         readiness = edge_pb2.EdgeStatus(
             serving=self.readiness.serving,
             not_serving_reason=self.readiness.not_serving_reason(),
+            uptime_s=time.monotonic() - self._started,
         )
         agent = self.agent
         if agent is None:  # still warming up: only the readiness is known
@@ -125,6 +127,10 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
             link=link,
             requests_served=agent.requests_served,
             acceptance_ewma=agent.acceptance.value,
+            asks_in_flight=agent.admission.in_flight,
+            asks_waiting=agent.admission.waiting,
+            cloud_slots=agent.admission.capacity if agent.link is not None else 0,
+            uptime_s=time.monotonic() - self._started,
             **source_status(src),
         )
         status.MergeFrom(readiness)

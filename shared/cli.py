@@ -1,5 +1,6 @@
 """``eventspec``: the client's command. ``ask`` questions an edge agent; ``wait`` waits
-until a node (edge or cloud) reports SERVING, saying what it is doing meanwhile.
+until a node (edge or cloud) reports SERVING, saying what it is doing meanwhile;
+``status`` prints a node's live state.
 
 ``demo`` (the whole system on one machine) and ``toy`` (train or evaluate the demo
 models) belong to the embedded demo world, ``shared.demoworld``: they are imported
@@ -183,6 +184,26 @@ def _wait(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     return 0
 
 
+def _status(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``eventspec status HOST:PORT``: 0 with the node's live state printed, 1 if unreachable."""
+    from shared.status_view import StatusError, fetch_status, render, to_json
+
+    try:
+        check_address("address", args.address)
+        check_float_range("--timeout", args.timeout, 0.0, 3600.0, lo_open=True)
+    except ArgumentProblem as exc:
+        parser.exit(2, f"eventspec status: error: {exc}\n")
+    security = client_security_from_args(args, prefix="", env_prefix="EVENTSPEC_")
+    try:
+        status = asyncio.run(fetch_status(args.address, security=security,
+                                          timeout_s=args.timeout))
+    except StatusError as exc:
+        print(f"eventspec status: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(to_json(status)) if args.json else render(args.address, status))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``eventspec`` parser; ``--help`` shows every default."""
     parser = OneLineParser(prog="eventspec", description=__doc__.split("\n")[0])
@@ -231,6 +252,13 @@ def build_parser() -> argparse.ArgumentParser:
     wait.add_argument("--timeout", type=float, default=600.0,
                       help="give up after this many seconds (exit 1)")
     add_client_security_args(wait, prefix="", env_prefix="EVENTSPEC_", peer="node")
+    status = sub.add_parser("status", help="print a node's live state: an edge agent's "
+                                           "GetStatus or a cloud verifier's GetStats",
+                            formatter_class=DefaultsHelpFormatter)
+    status.add_argument("address", help="HOST:PORT of an edge agent or a cloud verifier")
+    status.add_argument("--timeout", type=float, default=10.0, help="deadline of each call, s")
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    add_client_security_args(status, prefix="", env_prefix="EVENTSPEC_", peer="node")
     for name, help_text in _DEMO_WORLD.items():
         # Listed here for --help; ``main`` hands their arguments over before parsing.
         sub.add_parser(name, help=help_text, add_help=False)
@@ -251,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "wait":
         return _wait(parser, args)
+    if args.command == "status":
+        return _status(parser, args)
     try:
         spec = spec_from_args(args)
     except ArgumentProblem as exc:

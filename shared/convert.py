@@ -32,6 +32,7 @@ from shared.types import (
     ServerInfo,
     ServerLimits,
     TensorChunkData,
+    VerifierStats,
     VisualGeometry,
     WindowInfo,
 )
@@ -209,6 +210,20 @@ def server_info_from_pb(m: verifier_pb2.ServerInfo) -> ServerInfo:
         prompt_overhead_tokens=m.prompt_overhead_tokens,
         protocol=m.protocol,
     )
+
+
+def verifier_stats_to_pb(s: VerifierStats) -> verifier_pb2.VerifierStats:
+    fields = dataclasses.asdict(s)
+    by_principal = fields.pop("sessions_by_principal")
+    msg = verifier_pb2.VerifierStats(**fields)
+    msg.sessions_by_principal.update(by_principal)
+    return msg
+
+
+def verifier_stats_from_pb(m: verifier_pb2.VerifierStats) -> VerifierStats:
+    plain = {f.name: getattr(m, f.name) for f in dataclasses.fields(VerifierStats)
+             if f.name != "sessions_by_principal"}
+    return VerifierStats(**plain, sessions_by_principal=dict(m.sessions_by_principal))
 
 
 # -- the Generate stream ------------------------------------------------------------------

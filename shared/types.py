@@ -170,6 +170,27 @@ class ServerLimits:
 
 
 @dataclass(frozen=True)
+class VerifierStats:
+    """The verifier's live state (``Verifier.GetStats``, ``eventspec status``)."""
+
+    state: str
+    model_id: str = ""
+    live_sessions: int = 0
+    max_sessions: int = 0
+    kv_slots_used: int = 0
+    kv_slots_total: int = 0
+    prefills_waiting: int = 0
+    requests_served: int = 0
+    acceptance_ewma: float = 0.0
+    engine_steps: int = 0
+    mean_batch_size: float = 0.0
+    mean_tokens_per_step: float = 0.0
+    sessions_expired: int = 0
+    uptime_s: float = 0.0
+    sessions_by_principal: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ServerInfo:
     """What a Verifier tells its clients about itself."""
 

@@ -451,6 +451,10 @@ class EdgeStatus(_message.Message):
     LIVE_FIELD_NUMBER: _builtins.int
     SERVING_FIELD_NUMBER: _builtins.int
     NOT_SERVING_REASON_FIELD_NUMBER: _builtins.int
+    ASKS_IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    ASKS_WAITING_FIELD_NUMBER: _builtins.int
+    CLOUD_SLOTS_FIELD_NUMBER: _builtins.int
+    UPTIME_S_FIELD_NUMBER: _builtins.int
     source: _builtins.str
     """Source description, e.g. "dsec:/data/zurich_city_00_a"."""
     sensor_width: _builtins.int
@@ -483,6 +487,13 @@ class EdgeStatus(_message.Message):
     """Why not, when not serving: "loading the draft model", "the cloud verifier is
     warming up: calibrating, round 2 of 3", ...
     """
+    asks_in_flight: _builtins.int
+    """Asks in flight to the cloud now, and waiting in line for a cloud slot."""
+    asks_waiting: _builtins.int
+    cloud_slots: _builtins.int
+    """Cloud slots this edge keeps to (from the cloud's advertised session caps)."""
+    uptime_s: _builtins.float
+    """Seconds since the edge started."""
     @_builtins.property
     def link(self) -> Global___LinkStatus: ...
     @_builtins.property
@@ -509,10 +520,14 @@ class EdgeStatus(_message.Message):
         live: Global___LiveStatus | None = ...,
         serving: _builtins.bool = ...,
         not_serving_reason: _builtins.str = ...,
+        asks_in_flight: _builtins.int = ...,
+        asks_waiting: _builtins.int = ...,
+        cloud_slots: _builtins.int = ...,
+        uptime_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["link", b"link", "live", b"live"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_ewma", b"acceptance_ewma", "adapter_id", b"adapter_id", "draft_model_id", b"draft_model_id", "has_rgb", b"has_rgb", "link", b"link", "live", b"live", "not_serving_reason", b"not_serving_reason", "requests_served", b"requests_served", "sensor_height", b"sensor_height", "sensor_size_from", b"sensor_size_from", "sensor_width", b"sensor_width", "serving", b"serving", "source", b"source", "source_format", b"source_format", "source_t0_us", b"source_t0_us", "source_t1_us", b"source_t1_us", "time_base", b"time_base"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_ewma", b"acceptance_ewma", "adapter_id", b"adapter_id", "asks_in_flight", b"asks_in_flight", "asks_waiting", b"asks_waiting", "cloud_slots", b"cloud_slots", "draft_model_id", b"draft_model_id", "has_rgb", b"has_rgb", "link", b"link", "live", b"live", "not_serving_reason", b"not_serving_reason", "requests_served", b"requests_served", "sensor_height", b"sensor_height", "sensor_size_from", b"sensor_size_from", "sensor_width", b"sensor_width", "serving", b"serving", "source", b"source", "source_format", b"source_format", "source_t0_us", b"source_t0_us", "source_t1_us", b"source_t1_us", "time_base", b"time_base", "uptime_s", b"uptime_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -35,6 +35,117 @@ class GetServerInfoRequest(_message.Message):
 Global___GetServerInfoRequest: _TypeAlias = GetServerInfoRequest  # noqa: Y015
 
 @_typing.final
+class GetStatsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetStatsRequest: _TypeAlias = GetStatsRequest  # noqa: Y015
+
+@_typing.final
+class VerifierStats(_message.Message):
+    """The verifier's live state, read when asked (no history beyond counters)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class SessionsByPrincipalEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    STATE_FIELD_NUMBER: _builtins.int
+    MODEL_ID_FIELD_NUMBER: _builtins.int
+    LIVE_SESSIONS_FIELD_NUMBER: _builtins.int
+    MAX_SESSIONS_FIELD_NUMBER: _builtins.int
+    KV_SLOTS_USED_FIELD_NUMBER: _builtins.int
+    KV_SLOTS_TOTAL_FIELD_NUMBER: _builtins.int
+    PREFILLS_WAITING_FIELD_NUMBER: _builtins.int
+    REQUESTS_SERVED_FIELD_NUMBER: _builtins.int
+    ACCEPTANCE_EWMA_FIELD_NUMBER: _builtins.int
+    ENGINE_STEPS_FIELD_NUMBER: _builtins.int
+    MEAN_BATCH_SIZE_FIELD_NUMBER: _builtins.int
+    MEAN_TOKENS_PER_STEP_FIELD_NUMBER: _builtins.int
+    SESSIONS_EXPIRED_FIELD_NUMBER: _builtins.int
+    UPTIME_S_FIELD_NUMBER: _builtins.int
+    SESSIONS_BY_PRINCIPAL_FIELD_NUMBER: _builtins.int
+    state: _builtins.str
+    """"serving", "warming up: <phase>", or "engine stopped: <why>"."""
+    model_id: _builtins.str
+    """Model identity (empty while warming up)."""
+    live_sessions: _builtins.int
+    """Generate streams registered now, and the cap."""
+    max_sessions: _builtins.int
+    kv_slots_used: _builtins.int
+    """KV slots held now, and reserved at start-up."""
+    kv_slots_total: _builtins.int
+    prefills_waiting: _builtins.int
+    """Prefills queued in the engine loop now."""
+    requests_served: _builtins.int
+    """Requests answered (Done) since start."""
+    acceptance_ewma: _builtins.float
+    """Smoothed acceptance rate over finished requests."""
+    engine_steps: _builtins.int
+    """Batched engine steps since start, and their mean sessions and tokens per step."""
+    mean_batch_size: _builtins.float
+    mean_tokens_per_step: _builtins.float
+    sessions_expired: _builtins.int
+    """Sessions the TTL sweep released."""
+    uptime_s: _builtins.float
+    """Seconds since the server started."""
+    @_builtins.property
+    def sessions_by_principal(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Live sessions per authenticated principal (at most 32 principals, the busiest)."""
+
+    def __init__(
+        self,
+        *,
+        state: _builtins.str = ...,
+        model_id: _builtins.str = ...,
+        live_sessions: _builtins.int = ...,
+        max_sessions: _builtins.int = ...,
+        kv_slots_used: _builtins.int = ...,
+        kv_slots_total: _builtins.int = ...,
+        prefills_waiting: _builtins.int = ...,
+        requests_served: _builtins.int = ...,
+        acceptance_ewma: _builtins.float = ...,
+        engine_steps: _builtins.int = ...,
+        mean_batch_size: _builtins.float = ...,
+        mean_tokens_per_step: _builtins.float = ...,
+        sessions_expired: _builtins.int = ...,
+        uptime_s: _builtins.float = ...,
+        sessions_by_principal: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_ewma", b"acceptance_ewma", "engine_steps", b"engine_steps", "kv_slots_total", b"kv_slots_total", "kv_slots_used", b"kv_slots_used", "live_sessions", b"live_sessions", "max_sessions", b"max_sessions", "mean_batch_size", b"mean_batch_size", "mean_tokens_per_step", b"mean_tokens_per_step", "model_id", b"model_id", "prefills_waiting", b"prefills_waiting", "requests_served", b"requests_served", "sessions_by_principal", b"sessions_by_principal", "sessions_expired", b"sessions_expired", "state", b"state", "uptime_s", b"uptime_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VerifierStats: _TypeAlias = VerifierStats  # noqa: Y015
+
+@_typing.final
 class VisualGeometry(_message.Message):
     """Where aligned features are injected and what shape they must have."""
 
