@@ -14,6 +14,7 @@ Names follow vLLM's where the meaning is the same (README, "Metrics").
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
@@ -44,10 +45,10 @@ def mode_label(mode: Mode) -> str:
 
 
 def plan_reason(reason: str) -> str:
-    """The plan's reason without its numbers: the words before the first colon
-    (``speculate``, ``no speculation``, ``target-only request``, ``forced by
+    """The plan's reason without its numbers: the words before the first colon or
+    semicolon (``speculate``, ``no speculation``, ``target-only request``, ``forced by
     --speculation always``), so the label has a handful of values."""
-    return reason.split(":", 1)[0].strip() or "none"
+    return re.split(r"[:;]", reason, maxsplit=1)[0].strip() or "none"
 
 
 class EdgeMetrics:

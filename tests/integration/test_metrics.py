@@ -175,3 +175,48 @@ def test_loopback_names(host: str) -> None:
 
     assert is_loopback(host)
     assert not is_loopback("0.0.0.0")
+
+
+@pytest.mark.parametrize(("reason", "label"), [
+    ("speculate: predicted 1.2x over target-only; 3 hidden drafts", "speculate"),
+    ("no speculation: predicted 0.98x with 0 hidden drafts", "no speculation"),
+    ("forced by --speculation always; the plan said: no speculation: ...",
+     "forced by --speculation always"),
+    ("target-only request: no drafts expected", "target-only request"),
+])
+def test_plan_reasons_become_a_few_label_values(reason: str, label: str) -> None:
+    from edge.metrics import plan_reason
+
+    assert plan_reason(reason) == label
+
+
+async def test_auth_failures_and_per_edge_series_name_the_principal() -> None:
+    import grpc
+    from grpc import aio
+
+    from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
+    from shared.wire.security import ServerSecurity
+
+    token = "edge-a-token-0123456789abcdef"
+    settings = replace(ch.settings(), metrics_port=0,
+                       security=ServerSecurity(tokens=(("edge-a", token),)))
+    server = VerifierServer(settings, target=eh.shared_models()[0])
+    await server.start()
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = verifier_pb2_grpc.VerifierStub(channel)
+            with pytest.raises(aio.AioRpcError) as refused:
+                await stub.GetServerInfo(verifier_pb2.GetServerInfoRequest(), timeout=10)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            call = stub.Generate(timeout=60, metadata=(("authorization", f"Bearer {token}"),))
+            await call.write(ch.open_msg("What is moving?", ch.make_frames(0),
+                                         max_new_tokens=4, speculative=False))
+            while not (await call.read()).HasField("done"):
+                pass
+            await call.done_writing()
+        samples = await asyncio.to_thread(scrape, server.metrics_port)
+    finally:
+        await server.stop(0)
+    assert value(samples, "eventspec:auth_failures_total", code="UNAUTHENTICATED") == 1
+    assert value(samples, "eventspec:requests_by_edge_total", edge="edge-a") == 1
+    assert total(samples, "eventspec:request_success_total") == 1
