@@ -39,6 +39,7 @@ from shared.errors import (
 from shared.imageproc import frame_size
 from shared.logsafe import safe_request_id
 from shared.principal import current_principal
+from shared.tracing import CLOUD_SPANS, RequestSpan, final_attributes, incoming_metadata
 from shared.types import (
     VIDEO_FEATURES_TENSOR,
     CancelRequest,
@@ -242,9 +243,15 @@ async def run_generate(
     """
     record = RequestRecord(principal=str(current_principal()))
     probe = rt.metrics.request(current_principal()) if rt.metrics is not None else None
+    span = (RequestSpan.begin(rt.tracer, "Generate", parent_metadata=incoming_metadata())
+            if rt.tracer is not None else None)
+    done: list[DoneEvent] = []
     try:
-        async with contextlib.aclosing(_serve(rt, messages, counter, record, probe)) as events:
+        async with contextlib.aclosing(_serve(rt, messages, counter, record, probe,
+                                              span)) as events:
             async for event in events:
+                if isinstance(event, DoneEvent):
+                    done.append(event)
                 yield event
     except EventSpecError as exc:
         record.fail(exc.code.name, exc.message)
@@ -261,6 +268,11 @@ async def run_generate(
         raise
     finally:
         record.log()
+        if span is not None:
+            span.finish(CLOUD_SPANS, attributes={
+                "eventspec.request_id": record.request_id, "eventspec.mode": record.mode,
+                **final_attributes(done[0] if done else None)},
+                error=None if done else record.outcome)
 
 
 async def _first_message(rt: VerifierRuntime, messages: AsyncIterator[EdgeInbound]) -> OpenRequest:
@@ -299,7 +311,7 @@ def clamp_to_context(open_req: OpenRequest, prompt_len: int, max_seq_len: int) -
 
 async def _serve(
     rt: VerifierRuntime, messages: AsyncIterator[EdgeInbound], counter: ByteCounter,
-    record: RequestRecord, probe: RequestProbe | None = None,
+    record: RequestRecord, probe: RequestProbe | None = None, span: RequestSpan | None = None,
 ) -> AsyncGenerator[CloudOutbound, None]:
     first = await _first_message(rt, messages)
     record.request_id = safe_request_id(first.request_id)
@@ -341,8 +353,10 @@ async def _serve(
     if probe is not None:
         probe.stage = "run"
         inbox.probe = probe
-    timeline = CloudTimeline(ticket) if open_req.timeline else None
+    timeline = CloudTimeline(ticket) if open_req.timeline or span is not None else None
     inbox.timeline = timeline
+    if span is not None and timeline is not None:  # its stages become the span's children
+        span.attach(timeline.log.events, session.started)
     rt.registry.attach(key, _releaser(rt, ticket), inbox.expire)
     reader = asyncio.create_task(inbox.consume(messages))
     try:
@@ -379,6 +393,7 @@ async def _serve(
             if isinstance(pending, Failure):
                 raise pending.error
         stats = session.stats(counter.uplink, counter.downlink)
+        logged = timeline.finish(stats) if timeline is not None else None
         rt.observe(stats, session.counters.rejections)
         done = DoneEvent(
             finish_reason=finish,
@@ -389,7 +404,7 @@ async def _serve(
                 rt.replan(plan, plan_inputs, stats, session.counters.rejections),
                 max_new_tokens=settings.max_new_tokens,
             ),
-            timeline=timeline.finish(stats) if timeline is not None else None,
+            timeline=logged if open_req.timeline else None,
         )
         record.finish(done.finish_reason.name, stats)
         if probe is not None:

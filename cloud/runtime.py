@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cloud.config import CloudSettings
 from cloud.engine.base import BatchedEngine
@@ -41,6 +41,8 @@ class VerifierRuntime:
     requests_served: int = 0
     #: Prometheus metrics (``--metrics-port``); None: nothing is recorded.
     metrics: CloudMetrics | None = None
+    #: An OpenTelemetry tracer (``shared.tracing``); None: tracing is off.
+    tracer: Any = None
 
     def current_info(self, *, joining: int = 1) -> ServerInfo:
         """``info`` with the cost model's load term set to the sessions a request would

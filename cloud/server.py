@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cloud.calibrate import Progress, load_or_calibrate, no_progress
 from cloud.config import CloudSettings
@@ -31,6 +31,7 @@ from shared.errors import InvalidInput
 from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from shared.serving import MODEL_DTYPES
 from shared.timing import CloudCost
+from shared.tracing import tracer_from_env
 from shared.wire.host import GrpcHost
 
 if TYPE_CHECKING:
@@ -166,6 +167,9 @@ class VerifierServer:
     metrics: CloudMetrics | None = None
     metrics_port: int = 0
     _metrics_endpoint: MetricsEndpoint | None = None
+    #: An OpenTelemetry tracer (tests inject one); None: from the ``OTEL_*`` environment,
+    #: which leaves tracing off unless it asks for an exporter (``shared.tracing``).
+    tracer: Any = None
 
     async def start(self, *, warm: bool = True) -> int:
         """Bind, report NOT_SERVING, warm up, report SERVING. Returns the bound port."""
@@ -200,6 +204,8 @@ class VerifierServer:
         )
         if self.metrics is not None:
             self._bind_metrics(self.runtime)
+        self.runtime.tracer = (self.tracer if self.tracer is not None
+                               else tracer_from_env("eventspec-cloud"))
         self.runtime.scheduler.start(on_death=self._engine_died)
         self._servicer.attach(self.runtime)
         self._sweeper = asyncio.create_task(

@@ -18,6 +18,7 @@ from shared import convert
 from shared.convert import EdgeInbound
 from shared.errors import WarmingUp
 from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
+from shared.tracing import set_incoming
 
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
@@ -56,6 +57,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     ) -> AsyncIterator[verifier_pb2.CloudMessage]:
         rt = self.rt
         counter = ByteCounter()
+        if rt.tracer is not None:  # the edge's trace context, for run_generate's span
+            set_incoming(context.invocation_metadata())
 
         async def inbound() -> AsyncIterator[EdgeInbound]:
             async for msg in request_iterator:

@@ -47,6 +47,7 @@ from shared.estimators import AcceptanceEstimator, Ewma, ThroughputEstimator
 from shared.planning import RequestFacts, facts_from_open, plan_inputs, request_plan
 from shared.stops import StopMatcher
 from shared.timing import EdgeCost, TimingPlan, plan
+from shared.tracing import current_request_span
 from shared.types import (
     AlignedSpec,
     AskEvent,
@@ -411,7 +412,8 @@ class EdgeAgent:
         )
         drafter = Drafter(self.draft)
         stream = self.link.open_stream(self.request_timeout_s)
-        timeline = EdgeTimeline(started, drafter) if spec.timeline else None
+        timeline = (EdgeTimeline(started, drafter, wanted=spec.timeline)
+                    if spec.timeline or current_request_span() is not None else None)
         if timeline is not None:
             stream = timeline.wrap(stream)
         stage: dict[str, float] = {"edge_render": prepared.render_ms}

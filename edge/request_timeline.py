@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from edge.drafter import Drafter
 from edge.link import VerifierStream
@@ -25,14 +26,17 @@ from edge.visual_input import PreparedVisual
 from shared.convert import CloudOutbound, EdgeInbound
 from shared.timeline import Timeline, TimelineLog, merge
 from shared.timing import TimingPlan
+from shared.tracing import EDGE_SPANS, current_request_span
 from shared.types import CommitEvent, DoneEvent, DraftTail
 
 
 class EdgeTimeline:
     """One request's edge-side event log; ``started`` is the agent's perf_counter at Open."""
 
-    def __init__(self, started: float, drafter: Drafter) -> None:
+    def __init__(self, started: float, drafter: Drafter, *, wanted: bool = True) -> None:
         self.started = started
+        #: Whether the client asked for it (else it is kept for the trace only).
+        self.wanted = wanted
         self.drafter = drafter
         drafter.spans = []
         self.log = TimelineLog()
@@ -67,8 +71,9 @@ class EdgeTimeline:
             self.log.add("edge.done", now)
             self.cloud = msg.timeline
 
-    def finish(self, prepared: PreparedVisual, rtt_ms: float) -> Timeline:
-        """Both sides' events on the edge's clock."""
+    def finish(self, prepared: PreparedVisual, rtt_ms: float) -> Timeline | None:
+        """Both sides' events on the edge's clock, when the client asked for them; the
+        edge's become child spans of the Ask's trace, when tracing is on."""
         if prepared.ready_at:
             end = self.ms(prepared.ready_at)
             self.log.add("edge.render", end - prepared.render_ms, end)
@@ -80,7 +85,10 @@ class EdgeTimeline:
                          self.ms(d.prefill_span[1]))
         for t0, t1 in d.spans or ():
             self.log.add("edge.draft", self.ms(t0), self.ms(t1), tokens=1)
-        return merge(self.log.freeze(), self.cloud, rtt_ms)
+        span = current_request_span()
+        if span is not None:
+            span.add_children(self.log.events, EDGE_SPANS, self.started)
+        return merge(self.log.freeze(), self.cloud, rtt_ms) if self.wanted else None
 
 
 class RecordingStream:
@@ -121,5 +129,9 @@ class RecordingStream:
 
     def cancel(self) -> None:
         self._inner.cancel()
+
+    def __getattr__(self, name: str) -> Any:
+        """Anything else is the wrapped stream's (e.g. the replica it runs on)."""
+        return getattr(self._inner, name)
 
 

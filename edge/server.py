@@ -12,7 +12,7 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from edge.agent import EdgeAgent
 from edge.align import FeatureAdapter, load_adapter
@@ -28,6 +28,7 @@ from edge.servicer import EdgeAgentServicer
 from shared.errors import ErrorCode, EventSpecError
 from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
 from shared.serving import MODEL_DTYPES
+from shared.tracing import tracer_from_env
 from shared.wire.host import GrpcHost
 from shared.wire.security import check_server_start
 
@@ -101,6 +102,9 @@ class EdgeServer:
     metrics: EdgeMetrics | None = None
     metrics_port: int = 0
     _metrics_endpoint: MetricsEndpoint | None = None
+    #: An OpenTelemetry tracer (tests inject one); None: from the ``OTEL_*`` environment,
+    #: which leaves tracing off unless it asks for an exporter (``shared.tracing``).
+    tracer: Any = None
 
     async def start(self, *, warm: bool = True) -> int:
         """Bind and report NOT_SERVING; then (``warm``) warm up. Returns the bound port."""
@@ -116,6 +120,8 @@ class EdgeServer:
         edge_pb2_grpc.add_EdgeAgentServicer_to_server(self._servicer, host.server)
         if s.metrics_port is not None:
             self._start_metrics(host)
+        self._servicer.tracer = (self.tracer if self.tracer is not None
+                                 else tracer_from_env("eventspec-edge"))
         self.port = await host.start(s.host, s.port, health_port=s.health_port)
         self._host = host
         log.info("edge agent listening on %s:%d (NOT_SERVING while warming up)", s.host,

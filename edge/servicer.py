@@ -15,7 +15,8 @@ from edge.readiness import Readiness
 from shared import convert
 from shared.errors import EventSpecError
 from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
-from shared.types import AskSpec, ProgressEvent
+from shared.tracing import RequestSpan, final_attributes
+from shared.types import AskSpec, FinalEvent, ProgressEvent
 
 if TYPE_CHECKING:
     from edge.metrics import AskProbe, EdgeMetrics
@@ -36,6 +37,8 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
         self.adapter_id = ""
         #: Prometheus metrics (``--metrics-port``); None: nothing is recorded.
         self.metrics: EdgeMetrics | None = None
+        #: An OpenTelemetry tracer (``shared.tracing``); None: tracing is off.
+        self.tracer: Any = None
         self._started = time.monotonic()
 
     def attach(self, agent: EdgeAgent, *, draft_model_id: str, adapter_id: str = "") -> None:
@@ -47,23 +50,40 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
         self, request: edge_pb2.AskRequest, context: Any
     ) -> AsyncIterator[edge_pb2.AskResponse]:
         spec = convert.ask_spec_from_pb(request)
-        if self.metrics is None:
+        if self.metrics is None and self.tracer is None:
             async for msg in self._ask(spec, context):
                 yield msg
             return
-        probe = self.metrics.ask(spec.mode)
+        probe = self.metrics.ask(spec.mode) if self.metrics is not None else None
+        span = None
+        if self.tracer is not None:
+            span = RequestSpan.begin(self.tracer, "Ask",
+                                     parent_metadata=context.invocation_metadata() or (),
+                                     attributes={"eventspec.mode": spec.mode.name.lower()})
+            span.make_current()  # the agent adds its stages; the cloud call carries it
+        error: str | None = "cancelled"
+        finals: list[FinalEvent] = []
         try:
-            async for msg in self._ask(spec, context, probe):
+            async for msg in self._ask(spec, context, probe, finals):
                 yield msg
+            error = None
         except EventSpecError as exc:
-            probe.on_error(exc)
+            error = f"{exc.code.name}: {exc.message}"
+            if probe is not None:
+                probe.on_error(exc)
             raise
         except BaseException:
-            probe.on_error(None)
+            if probe is not None:
+                probe.on_error(None)
             raise
+        finally:
+            if span is not None:
+                span.finish({}, attributes=final_attributes(finals[-1] if finals else None),
+                            error=error)
 
     async def _ask(
-        self, spec: AskSpec, context: Any, probe: AskProbe | None = None
+        self, spec: AskSpec, context: Any, probe: AskProbe | None = None,
+        finals: list[FinalEvent] | None = None,
     ) -> AsyncIterator[edge_pb2.AskResponse]:
         left = context.time_remaining()
         started = time.monotonic()
@@ -83,6 +103,8 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
         async for event in self.agent.ask(spec, deadline_s=left):
             if probe is not None:
                 probe.on_event(event)
+            if finals is not None and isinstance(event, FinalEvent):
+                finals.append(event)
             yield convert.ask_event_to_pb(event)
 
     async def GetStatus(
