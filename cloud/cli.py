@@ -14,7 +14,13 @@ from typing import NoReturn
 from cloud.config import CloudSettings, SettingsError
 from cloud.model_dirs import TINY_RANDOM
 from shared.helpfmt import DefaultsHelpFormatter
-from shared.serving import LOG_FORMAT, MODEL_DTYPES, quiet_progress_bars, run_node
+from shared.serving import (
+    LOG_FORMAT,
+    MODEL_DTYPES,
+    add_metrics_args,
+    quiet_progress_bars,
+    run_node,
+)
 from shared.types import ServerLimits
 from shared.wire.flags import (
     add_health_port_arg,
@@ -99,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="INFO", choices=LOG_LEVELS,
                        type=str.upper, help="log threshold")
     add_health_port_arg(serve, "EVENTSPEC_CLOUD_")
+    add_metrics_args(serve)
     add_server_security_args(serve, "EVENTSPEC_CLOUD_")
     return parser
 
@@ -125,6 +132,8 @@ def settings_from_args(args: argparse.Namespace) -> CloudSettings:
         emulate_prefill_ms=args.emulate_prefill_ms,
         emulate_step_ms=args.emulate_step_ms,
         security=server_security_from_args(args, "EVENTSPEC_CLOUD_"),
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
     )
     try:
         settings.check()

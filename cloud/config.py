@@ -89,6 +89,10 @@ class CloudSettings:
     seed: int = 0
     #: TLS, tokens, allowed principals, --insecure, reflection (``shared.wire.flags``).
     security: ServerSecurity = field(default_factory=ServerSecurity)
+    #: Prometheus ``/metrics`` over HTTP on this port (0 picks one); None: off.
+    metrics_port: int | None = None
+    #: Address the metrics endpoint binds (loopback unless told otherwise).
+    metrics_host: str = "127.0.0.1"
 
     @staticmethod
     def from_env() -> CloudSettings:
@@ -110,6 +114,9 @@ class CloudSettings:
         """
         if not 0 <= self.port <= 65535:
             raise SettingsError(f"--port must be in 0..65535 (0 picks one), got {self.port}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise SettingsError("--metrics-port must be in 0..65535 (0 picks one), got "
+                                f"{self.metrics_port}")
         lim = self.limits
         if not 1 <= lim.max_new_tokens <= _INT32_MAX:
             raise SettingsError(f"--max-new-tokens must be in 1..{_INT32_MAX}, got "

@@ -71,6 +71,10 @@ class Committed:
     verified: int
     accepted: int
     finish_reason: FinishReason | None
+    #: When the verdict was committed (ms on the session's clock) and how long its
+    #: engine step took (0 for the prefill's first token): the request's timeline.
+    at_ms: float = 0.0
+    step_ms: float = 0.0
 
 
 @dataclass
@@ -215,7 +219,8 @@ class DecodingSession:
             self.first_token_at = self._clock()
         if self.finish_reason is None and self.deadline_passed():
             self.finish_reason = FinishReason.DEADLINE
-        return Committed(start, tuple(new), counted, used, self.finish_reason)
+        return Committed(start, tuple(new), counted, used, self.finish_reason, self.elapsed_ms(),
+                         ms)
 
     def _stop_after_token(self, tok: int) -> FinishReason | None:
         """The stop rule that fires once ``tok`` is the newest committed token, if any.

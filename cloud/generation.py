@@ -17,12 +17,13 @@ import logging
 import math
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from cloud.decoding import Committed, DecodingSession, check_tail
 from cloud.request_log import RequestRecord
+from cloud.request_timeline import CloudTimeline
 from cloud.runtime import VerifierRuntime
 from cloud.scheduler import Failure, Ticket
 from cloud.timeouts import features_timeout_s
@@ -38,6 +39,7 @@ from shared.errors import (
 from shared.imageproc import frame_size
 from shared.logsafe import safe_request_id
 from shared.principal import current_principal
+from shared.tracing import CLOUD_SPANS, RequestSpan, final_attributes, incoming_metadata
 from shared.types import (
     VIDEO_FEATURES_TENSOR,
     CancelRequest,
@@ -48,6 +50,9 @@ from shared.types import (
     OpenRequest,
     TensorChunkData,
 )
+
+if TYPE_CHECKING:
+    from cloud.metrics import RequestProbe
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +71,11 @@ def _describe(msg: object) -> str:
 
 class _Inbox:
     """Consumes the edge's messages after Open; feeds drafts, tensors and cancels."""
+
+    #: Counts received drafts for the metrics, when they are on.
+    probe: RequestProbe | None = None
+    #: Logs received drafts, when Open asked for the request's timeline.
+    timeline: CloudTimeline | None = None
 
     def __init__(self, ticket: Ticket, open_req: OpenRequest, rt: VerifierRuntime):
         self.ticket = ticket
@@ -108,6 +118,10 @@ class _Inbox:
             check_tail(msg, committed_len=self.received, max_draft_tokens=limits.max_draft_tokens,
                        text_vocab_size=self.rt.info.text_vocab_size)
             self.rt.scheduler.offer(self.ticket, msg)
+            if self.probe is not None:
+                self.probe.on_drafts(msg)
+            if self.timeline is not None:
+                self.timeline.on_drafts(msg)
         elif isinstance(msg, CancelRequest):
             self.cancelled = True
             self.rt.scheduler.cancel(self.ticket)
@@ -215,6 +229,7 @@ def validate_open(open_req: OpenRequest, rt: VerifierRuntime) -> OpenRequest:
         edge_cost=open_req.edge_cost,
         deadline_ms=open_req.deadline_ms,
         speculative=open_req.speculative,
+        timeline=open_req.timeline,
     )
 
 
@@ -227,21 +242,37 @@ async def run_generate(
     answers, refusals, failures and cancellations alike, never the question.
     """
     record = RequestRecord(principal=str(current_principal()))
+    probe = rt.metrics.request(current_principal()) if rt.metrics is not None else None
+    span = (RequestSpan.begin(rt.tracer, "Generate", parent_metadata=incoming_metadata())
+            if rt.tracer is not None else None)
+    done: list[DoneEvent] = []
     try:
-        async with contextlib.aclosing(_serve(rt, messages, counter, record)) as events:
+        async with contextlib.aclosing(_serve(rt, messages, counter, record, probe,
+                                              span)) as events:
             async for event in events:
+                if isinstance(event, DoneEvent):
+                    done.append(event)
                 yield event
     except EventSpecError as exc:
         record.fail(exc.code.name, exc.message)
+        if probe is not None:
+            probe.on_error(exc)
         raise
     except (asyncio.CancelledError, GeneratorExit):
         record.fail("CANCELLED", "the edge went away")
+        if probe is not None:
+            probe.on_cancelled()
         raise
     except Exception as exc:
         record.fail("INTERNAL", type(exc).__name__)
         raise
     finally:
         record.log()
+        if span is not None:
+            span.finish(CLOUD_SPANS, attributes={
+                "eventspec.request_id": record.request_id, "eventspec.mode": record.mode,
+                **final_attributes(done[0] if done else None)},
+                error=None if done else record.outcome)
 
 
 async def _first_message(rt: VerifierRuntime, messages: AsyncIterator[EdgeInbound]) -> OpenRequest:
@@ -280,11 +311,13 @@ def clamp_to_context(open_req: OpenRequest, prompt_len: int, max_seq_len: int) -
 
 async def _serve(
     rt: VerifierRuntime, messages: AsyncIterator[EdgeInbound], counter: ByteCounter,
-    record: RequestRecord,
+    record: RequestRecord, probe: RequestProbe | None = None, span: RequestSpan | None = None,
 ) -> AsyncGenerator[CloudOutbound, None]:
     first = await _first_message(rt, messages)
     record.request_id = safe_request_id(first.request_id)
     record.mode = _mode(first)
+    if probe is not None:
+        probe.mode = "speculative" if first.speculative else "target_only"
     open_req = validate_open(first, rt)
     prompt_ids = rt.target.build_prompt_ids(open_req.question)
     sched = rt.scheduler
@@ -304,8 +337,12 @@ async def _serve(
             deadline_ms=open_req.deadline_ms,
         )
 
+    if probe is not None:
+        probe.stage = "sessions"
     key = rt.registry.open(open_req.request_id, _nothing_to_release,  # the session caps
                            principal=current_principal())
+    if probe is not None:
+        probe.stage = "kv"
     try:
         ticket = sched.admit(open_req.request_id, make_session)  # a KV slot
     except BaseException:
@@ -313,6 +350,13 @@ async def _serve(
         raise
     session = ticket.session
     inbox = _Inbox(ticket, open_req, rt)
+    if probe is not None:
+        probe.stage = "run"
+        inbox.probe = probe
+    timeline = CloudTimeline(ticket) if open_req.timeline or span is not None else None
+    inbox.timeline = timeline
+    if span is not None and timeline is not None:  # its stages become the span's children
+        span.attach(timeline.log.events, session.started)
     rt.registry.attach(key, _releaser(rt, ticket), inbox.expire)
     reader = asyncio.create_task(inbox.consume(messages))
     try:
@@ -335,7 +379,13 @@ async def _serve(
                 received.extend(event.tokens)
                 inbox.received = len(received)
                 record.tokens = len(received)
-                yield _commit_event(event, received, rt, session)
+                if probe is not None:
+                    probe.on_commit(len(event.tokens), event.verified, event.accepted)
+                commit = _commit_event(event, received, rt, session)
+                if timeline is not None:
+                    timeline.on_committed(event)
+                    timeline.on_commit_sent(commit)
+                yield commit
             finish = event.finish_reason
         inbox.finished = True
         if not ticket.events.empty():
@@ -343,6 +393,7 @@ async def _serve(
             if isinstance(pending, Failure):
                 raise pending.error
         stats = session.stats(counter.uplink, counter.downlink)
+        logged = timeline.finish(stats) if timeline is not None else None
         rt.observe(stats, session.counters.rejections)
         done = DoneEvent(
             finish_reason=finish,
@@ -353,8 +404,13 @@ async def _serve(
                 rt.replan(plan, plan_inputs, stats, session.counters.rejections),
                 max_new_tokens=settings.max_new_tokens,
             ),
+            timeline=logged if open_req.timeline else None,
         )
         record.finish(done.finish_reason.name, stats)
+        if probe is not None:
+            if ticket.prefill_started_at:
+                probe.on_prefill(len(prompt_ids), ticket.prefill_started_at - ticket.submitted_at)
+            probe.on_done(done.finish_reason.name, stats)
         yield done
         # Keep the stream open until the edge half-closes (bounded), so a Drafts message
         # it wrote while Done was in flight is drained here instead of failing its write

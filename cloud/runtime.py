@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from cloud.config import CloudSettings
 from cloud.engine.base import BatchedEngine
@@ -20,6 +21,9 @@ from shared.estimators import AcceptanceEstimator
 from shared.planning import facts_from_open, request_plan
 from shared.timing import CloudCost, PlanInputs, TimingPlan, replan
 from shared.types import FeatureMode, OpenRequest, RequestStats, ServerInfo
+
+if TYPE_CHECKING:
+    from cloud.metrics import CloudMetrics
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +39,10 @@ class VerifierRuntime:
     info: ServerInfo
     acceptance: AcceptanceEstimator = field(default_factory=lambda: AcceptanceEstimator(prior=0.5))
     requests_served: int = 0
+    #: Prometheus metrics (``--metrics-port``); None: nothing is recorded.
+    metrics: CloudMetrics | None = None
+    #: An OpenTelemetry tracer (``shared.tracing``); None: tracing is off.
+    tracer: Any = None
 
     def current_info(self, *, joining: int = 1) -> ServerInfo:
         """``info`` with the cost model's load term set to the sessions a request would

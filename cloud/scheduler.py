@@ -48,6 +48,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -88,6 +89,7 @@ class Ticket:
     slot_held: bool = True
     submitted: bool = False
     submitted_at: float = 0.0  # the scheduler's clock when the prefill was queued
+    prefill_started_at: float = 0.0  # the scheduler's clock when its prefill call began
 
     @property
     def slot(self) -> int:
@@ -153,6 +155,12 @@ class SchedulerStats:
         self.batch_sizes[sessions] += 1
 
 
+class StepObserver(Protocol):
+    """Told of every batched step (``cloud.metrics``); must be cheap and never raise."""
+
+    def on_step(self, sessions: int, tokens: int, seconds: float) -> None: ...
+
+
 class Scheduler:
     """The engine loop. ``start`` it on the event loop that will read the results."""
 
@@ -181,6 +189,8 @@ class Scheduler:
         self._stopping = False
         self.dead: str | None = None  # why the loop ended, once it has
         self._on_death: Callable[[str], None] | None = None
+        #: Set before ``start`` to hear of each step (metrics); None costs nothing.
+        self.observer: StepObserver | None = None
 
     # -- the streams' side (event loop) ------------------------------------------------------
 
@@ -246,6 +256,11 @@ class Scheduler:
     def live(self) -> int:
         """Requests holding a slot."""
         return self.pool.num_slots - self.pool.free
+
+    @property
+    def waiting(self) -> int:
+        """Prefills queued in the engine loop now (read from any thread; approximate)."""
+        return len(self._waiting)
 
     # -- the engine thread -----------------------------------------------------------------------
 
@@ -327,6 +342,7 @@ class Scheduler:
         t0 = self._clock()
         for ticket, _ in group:
             self.stats.prefill_wait_ms += (t0 - ticket.submitted_at) * 1e3
+            ticket.prefill_started_at = t0
         if not self._prefill_group(group, t0, fail_alone=len(group) == 1):
             log.warning("a prefill of %d requests failed; retrying them one by one", len(group))
             for one in group:
@@ -415,6 +431,8 @@ class Scheduler:
         s.engine_ms += (t_sampler - t_engine) * 1e3
         s.sampler_ms += (t_done - t_sampler) * 1e3
         s.overhead_ms += ((t_engine - t_start) + (self._clock() - t_done)) * 1e3
+        if self.observer is not None:
+            self.observer.on_step(len(ready), len(flat), t_done - t_engine)
 
     def _ended_early(self, ticket: Ticket) -> bool:
         """Finish a cancelled or overdue request before it takes engine time."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from cloud.calibrate import Progress, load_or_calibrate, no_progress
 from cloud.config import CloudSettings
@@ -30,7 +31,12 @@ from shared.errors import InvalidInput
 from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from shared.serving import MODEL_DTYPES
 from shared.timing import CloudCost
+from shared.tracing import tracer_from_env
 from shared.wire.host import GrpcHost
+
+if TYPE_CHECKING:
+    from cloud.metrics import CloudMetrics
+    from shared.metrics import MetricsEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -157,14 +163,24 @@ class VerifierServer:
     _sweeper: asyncio.Task[None] | None = None
     _engine_down: asyncio.Task[None] | None = None
     _stopping: bool = False
+    #: Prometheus metrics, when ``settings.metrics_port`` is set (else None: no hooks run).
+    metrics: CloudMetrics | None = None
+    metrics_port: int = 0
+    _metrics_endpoint: MetricsEndpoint | None = None
+    #: An OpenTelemetry tracer (tests inject one); None: from the ``OTEL_*`` environment,
+    #: which leaves tracing off unless it asks for an exporter (``shared.tracing``).
+    tracer: Any = None
 
     async def start(self, *, warm: bool = True) -> int:
         """Bind, report NOT_SERVING, warm up, report SERVING. Returns the bound port."""
         limits = self.settings.limits
         host = GrpcHost(SERVICE_NAME, max_message_bytes=limits.max_message_bytes,
                         max_rpcs=limits.max_sessions * 4 + 16, security=self.settings.security,
-                        unlimited_methods=frozenset({f"/{SERVICE_NAME}/GetServerInfo"}),
+                        unlimited_methods=frozenset({f"/{SERVICE_NAME}/GetServerInfo",
+                                                     f"/{SERVICE_NAME}/GetStats"}),
                         first_message_timeout_s=self.settings.first_message_timeout_s)
+        if self.settings.metrics_port is not None:
+            self._start_metrics(host)
         verifier_pb2_grpc.add_VerifierServicer_to_server(self._servicer, host.server)
         self.port = await host.start(self.settings.host, self.settings.port,
                                      health_port=self.settings.health_port)
@@ -186,6 +202,10 @@ class VerifierServer:
             build_runtime, self.settings, self.target, engine=self.engine, cost=self.cost,
             progress=self._warming,
         )
+        if self.metrics is not None:
+            self._bind_metrics(self.runtime)
+        self.runtime.tracer = (self.tracer if self.tracer is not None
+                               else tracer_from_env("eventspec-cloud"))
         self.runtime.scheduler.start(on_death=self._engine_died)
         self._servicer.attach(self.runtime)
         self._sweeper = asyncio.create_task(
@@ -203,6 +223,29 @@ class VerifierServer:
                  info.cloud_cost.step_ms_per_session, info.cloud_cost.calibration,
                  info.limits.kv_slots,
                  info.limits.kv_tokens_per_slot)
+
+    def _start_metrics(self, host: GrpcHost) -> None:
+        """Serve ``/metrics`` from this server's own registry (imported only when on)."""
+        from cloud.metrics import CloudMetrics
+        from shared.metrics import MetricsEndpoint
+
+        self.metrics = CloudMetrics()
+        if host.auth is not None:
+            host.auth.on_denied = self.metrics.on_auth_failure
+        self._metrics_endpoint = MetricsEndpoint(self.metrics.registry,
+                                                 self.settings.metrics_host,
+                                                 self.settings.metrics_port or 0)
+        self.metrics_port = self._metrics_endpoint.start()
+
+    def _bind_metrics(self, runtime: VerifierRuntime) -> None:
+        """Hook the metrics into the runtime, its scheduler and its gauges."""
+        metrics = self.metrics
+        assert metrics is not None
+        runtime.metrics = metrics
+        sched, registry = runtime.scheduler, runtime.registry
+        sched.observer = metrics
+        metrics.bind(running=lambda: len(registry), waiting=lambda: sched.waiting,
+                     kv_used=lambda: sched.live, kv_total=sched.pool.num_slots)
 
     def _warming(self, phase: str) -> None:
         """A warm-up phase began: log it, and let callers see it while NOT_SERVING.
@@ -225,6 +268,8 @@ class VerifierServer:
     async def stop(self, grace_s: float | None = None) -> None:
         """NOT_SERVING, then stop with a grace period for in-flight requests."""
         self._stopping = True
+        if self._metrics_endpoint is not None:
+            self._metrics_endpoint.stop()
         if self._host is None:
             return
         await self._host.stop(self.settings.grace_s if grace_s is None else grace_s)

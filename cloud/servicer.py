@@ -7,15 +7,18 @@ leaves one log line (``cloud.request_log``, written by ``cloud.generation``).
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from cloud.generation import ByteCounter, run_generate
+from cloud.live_stats import live_stats
 from cloud.runtime import VerifierRuntime
 from shared import convert
 from shared.convert import EdgeInbound
 from shared.errors import WarmingUp
 from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
+from shared.tracing import set_incoming
 
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
@@ -25,6 +28,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         self._rt = runtime
         #: What warm-up is doing now; callers see it until the runtime is attached.
         self.phase = "starting"
+        self._started = time.monotonic()
 
     def attach(self, runtime: VerifierRuntime) -> None:
         """Start serving requests once warm-up has built the runtime."""
@@ -41,11 +45,20 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     ) -> verifier_pb2.ServerInfo:
         return convert.server_info_to_pb(self.rt.current_info())
 
+    async def GetStats(
+        self, request: verifier_pb2.GetStatsRequest, context: Any
+    ) -> verifier_pb2.VerifierStats:
+        """The live view; answers while warming up too (with the phase)."""
+        return convert.verifier_stats_to_pb(
+            live_stats(self._rt, phase=self.phase, uptime_s=time.monotonic() - self._started))
+
     async def Generate(
         self, request_iterator: AsyncIterator[verifier_pb2.EdgeMessage], context: Any
     ) -> AsyncIterator[verifier_pb2.CloudMessage]:
         rt = self.rt
         counter = ByteCounter()
+        if rt.tracer is not None:  # the edge's trace context, for run_generate's span
+            set_incoming(context.invocation_metadata())
 
         async def inbound() -> AsyncIterator[EdgeInbound]:
             async for msg in request_iterator:

@@ -73,6 +73,10 @@ class SessionRegistry:
         """Sessions ``principal`` holds now."""
         return self._held.get(principal, 0)
 
+    def by_principal(self) -> dict[Principal, int]:
+        """Sessions held now, per principal (a copy, for the live view)."""
+        return dict(self._held)
+
     def open(
         self,
         request_id: str,

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edge.admission import AdmissionQueue, cloud_slots
 from edge.align import FeatureAdapter
@@ -27,6 +27,7 @@ from edge.events.base import EventSource
 from edge.failover import ask_event_is_committed, with_failover
 from edge.link import VerifierLink, VerifierStream
 from edge.readiness import CloudState, CloudView, Readiness
+from edge.request_timeline import EdgeTimeline
 from edge.session import Action, EdgeSession, SendDrafts, ShowPreview
 from edge.visual_input import (
     PreparedVisual,
@@ -46,6 +47,7 @@ from shared.estimators import AcceptanceEstimator, Ewma, ThroughputEstimator
 from shared.planning import RequestFacts, facts_from_open, plan_inputs, request_plan
 from shared.stops import StopMatcher
 from shared.timing import EdgeCost, TimingPlan, plan
+from shared.tracing import current_request_span
 from shared.types import (
     AlignedSpec,
     AskEvent,
@@ -66,6 +68,9 @@ from shared.types import (
     ServerLimits,
 )
 from shared.worker import ModelWorker
+
+if TYPE_CHECKING:
+    from edge.metrics import EdgeMetrics
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +188,8 @@ class EdgeAgent:
         self.cloud_wait_s = cloud_wait_s
         self.first_reply_s = first_reply_s
         self.admission = AdmissionQueue(max_waiting=max_queued_asks)
+        #: Prometheus metrics (``--metrics-port``); None: nothing is recorded.
+        self.metrics: EdgeMetrics | None = None
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -392,6 +399,7 @@ class EdgeAgent:
             edge_cost=edge_cost if speculative else None,
             deadline_ms=int(self.request_timeout_s * 1000),
             speculative=speculative,
+            timeline=spec.timeline,
         )
         local_plan, _ = request_plan(info, open_req.edge_cost, facts_from_open(open_req))
         session = EdgeSession(
@@ -404,6 +412,10 @@ class EdgeAgent:
         )
         drafter = Drafter(self.draft)
         stream = self.link.open_stream(self.request_timeout_s)
+        timeline = (EdgeTimeline(started, drafter, wanted=spec.timeline)
+                    if spec.timeline or current_request_span() is not None else None)
+        if timeline is not None:
+            stream = timeline.wrap(stream)
         stage: dict[str, float] = {"edge_render": prepared.render_ms}
         first_commit_at: float | None = None
         tasks: dict[str, asyncio.Future[Any]] = {}
@@ -473,6 +485,8 @@ class EdgeAgent:
                     await task
         done = session.done
         assert done is not None
+        if self.metrics is not None:
+            self.metrics.on_drafting(session.counters, drafter)
         if drafter.drafted_total:
             self.costs.update(drafter.prefill_ms, drafter.ms_per_token)
             stage["draft_prefill"] = drafter.prefill_ms
@@ -487,6 +501,8 @@ class EdgeAgent:
             stats=stats,
             plan=session.plan,
             window=prepared.window,
+            timeline=(timeline.finish(prepared, self.link.rtt.value) if timeline is not None
+                      else None),
         )
 
     async def _first_reply(self, reply: asyncio.Future[Any], upload: asyncio.Future[Any],

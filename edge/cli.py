@@ -14,7 +14,13 @@ from typing import NoReturn
 from edge.config import EdgeSettings, SettingsError
 from edge.model_dirs import TINY_RANDOM
 from shared.helpfmt import DefaultsHelpFormatter
-from shared.serving import LOG_FORMAT, MODEL_DTYPES, quiet_progress_bars, run_node
+from shared.serving import (
+    LOG_FORMAT,
+    MODEL_DTYPES,
+    add_metrics_args,
+    quiet_progress_bars,
+    run_node,
+)
 from shared.wire.flags import (
     add_client_security_args,
     add_health_port_arg,
@@ -107,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="INFO", choices=LOG_LEVELS,
                        type=str.upper, help="log threshold")
     add_health_port_arg(serve, "EVENTSPEC_EDGE_")
+    add_metrics_args(serve)
     add_server_security_args(serve, "EVENTSPEC_EDGE_")
     add_client_security_args(serve, prefix="cloud-", env_prefix="EVENTSPEC_EDGE_CLOUD_",
                              peer="cloud verifier")
@@ -137,6 +144,8 @@ def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
         security=server_security_from_args(args, "EVENTSPEC_EDGE_"),
         cloud_security=client_security_from_args(args, prefix="cloud-",
                                                  env_prefix="EVENTSPEC_EDGE_CLOUD_"),
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
     )
     try:
         settings.check()

@@ -43,6 +43,7 @@ from shared.errors import (
 from shared.estimators import RttEstimator
 from shared.logsafe import scrub_addresses, scrub_operator_hints
 from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
+from shared.tracing import outgoing_metadata
 from shared.types import ServerInfo
 from shared.wire.channel import call_metadata, open_channel
 from shared.wire.interceptors import WARMING_UP_KEY
@@ -370,7 +371,8 @@ class CloudLink:
     def open_stream(self, timeout_s: float) -> CloudStream:
         """Start a Generate call with a deadline of ``timeout_s`` on the next replica."""
         replica = self.pick()
-        call = replica.stub.Generate(timeout=timeout_s, metadata=self._metadata)
+        call = replica.stub.Generate(timeout=timeout_s,
+                                     metadata=self._metadata + outgoing_metadata())
         return CloudStream(call, replica.target, replica)
 
     def mark_failure(self, err: EventSpecError) -> None:

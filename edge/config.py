@@ -56,6 +56,10 @@ class EdgeSettings:
     security: ServerSecurity = field(default_factory=ServerSecurity)
     #: How this edge reaches the cloud: TLS / mutual TLS and its bearer token.
     cloud_security: ClientSecurity | None = None
+    #: Prometheus ``/metrics`` over HTTP on this port (0 picks one); None: off.
+    metrics_port: int | None = None
+    #: Address the metrics endpoint binds (loopback unless told otherwise).
+    metrics_host: str = "127.0.0.1"
 
     @staticmethod
     def from_env() -> EdgeSettings:
@@ -84,6 +88,9 @@ class EdgeSettings:
         """
         if not 0 <= self.port <= 65535:
             raise SettingsError(f"--port must be in 0..65535 (0 picks one), got {self.port}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise SettingsError("--metrics-port must be in 0..65535 (0 picks one), got "
+                                f"{self.metrics_port}")
         if not math.isfinite(self.request_timeout_s) or self.request_timeout_s <= 0:
             raise SettingsError(
                 f"--request-timeout must be > 0 seconds, got {self.request_timeout_s:g}")

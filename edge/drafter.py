@@ -39,6 +39,10 @@ class DraftBackend(Protocol):
     def greedy_next(self, logits_row: torch.Tensor) -> int: ...
 
 
+#: Draft calls one request's timeline keeps.
+MAX_SPANS = 256
+
+
 class Drafter:
     """Prefill, then greedy drafting after whatever context the session names."""
 
@@ -53,6 +57,11 @@ class Drafter:
         self.draft_ms_total = 0.0
         self.drafted_total = 0
         self.rollbacks = 0
+        #: perf_counter at the prefill's start and end (a request's timeline).
+        self.prefill_span: tuple[float, float] | None = None
+        #: Set to a list to log each draft call's (start, end) perf_counter, up to
+        #: ``MAX_SPANS`` (a request's timeline); None: nothing is kept.
+        self.spans: list[tuple[float, float]] | None = None
 
     def prefill(
         self, question: str, pixel_values: torch.Tensor,
@@ -70,7 +79,9 @@ class Drafter:
         self._prefill_logits = logits
         self.last_logits = logits
         self._fed = []
-        self.prefill_ms = (time.perf_counter() - t0) * 1e3
+        t1 = time.perf_counter()
+        self.prefill_ms = (t1 - t0) * 1e3
+        self.prefill_span = (t0, t1)
         return self.prefill_ms
 
     def draft_next(self, context: Sequence[int]) -> int:
@@ -82,8 +93,11 @@ class Drafter:
         if ctx != self._fed or self.last_logits is None:
             self.last_logits = self._sync(ctx)
         token = self.backend.greedy_next(self.last_logits)
-        self.draft_ms_total += (time.perf_counter() - t0) * 1e3
+        t1 = time.perf_counter()
+        self.draft_ms_total += (t1 - t0) * 1e3
         self.drafted_total += 1
+        if self.spans is not None and len(self.spans) < MAX_SPANS:
+            self.spans.append((t0, t1))
         return token
 
     def _sync(self, ctx: list[int]) -> torch.Tensor:

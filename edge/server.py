@@ -12,6 +12,7 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from edge.agent import EdgeAgent
 from edge.align import FeatureAdapter, load_adapter
@@ -27,8 +28,13 @@ from edge.servicer import EdgeAgentServicer
 from shared.errors import ErrorCode, EventSpecError
 from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
 from shared.serving import MODEL_DTYPES
+from shared.tracing import tracer_from_env
 from shared.wire.host import GrpcHost
 from shared.wire.security import check_server_start
+
+if TYPE_CHECKING:
+    from edge.metrics import EdgeMetrics
+    from shared.metrics import MetricsEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +98,13 @@ class EdgeServer:
     _watcher: asyncio.Task[None] | None = None
     _health: set[asyncio.Task[None]] = field(default_factory=set)
     _last_reason: str | None = None
+    #: Prometheus metrics, when ``settings.metrics_port`` is set (else None: no hooks run).
+    metrics: EdgeMetrics | None = None
+    metrics_port: int = 0
+    _metrics_endpoint: MetricsEndpoint | None = None
+    #: An OpenTelemetry tracer (tests inject one); None: from the ``OTEL_*`` environment,
+    #: which leaves tracing off unless it asks for an exporter (``shared.tracing``).
+    tracer: Any = None
 
     async def start(self, *, warm: bool = True) -> int:
         """Bind and report NOT_SERVING; then (``warm``) warm up. Returns the bound port."""
@@ -105,6 +118,10 @@ class EdgeServer:
         self.readiness = Readiness(needs_cloud=bool(s.cloud), on_change=self._health_follows)
         self._servicer = EdgeAgentServicer(self.readiness, wait_s=s.cloud_wait_s)
         edge_pb2_grpc.add_EdgeAgentServicer_to_server(self._servicer, host.server)
+        if s.metrics_port is not None:
+            self._start_metrics(host)
+        self._servicer.tracer = (self.tracer if self.tracer is not None
+                                 else tracer_from_env("eventspec-edge"))
         self.port = await host.start(s.host, s.port, health_port=s.health_port)
         self._host = host
         log.info("edge agent listening on %s:%d (NOT_SERVING while warming up)", s.host,
@@ -162,6 +179,8 @@ class EdgeServer:
             first_reply_s=s.cloud_first_reply_s,
             max_queued_asks=s.max_queued_asks,
         )
+        if self.metrics is not None:
+            self._bind_metrics(self.agent, source)
         readiness.set_edge_phase("measuring the draft model's costs")
         await self.agent.warm_up()
         self._servicer.attach(
@@ -175,6 +194,32 @@ class EdgeServer:
         log.info("edge agent warm on %s:%d, source %s, draft %s%s", s.host, self.port,
                  source.describe(), draft.model_id,
                  "" if readiness.serving else f"; NOT_SERVING: {readiness.not_serving_reason()}")
+
+    def _start_metrics(self, host: GrpcHost) -> None:
+        """Serve ``/metrics`` from this server's own registry (imported only when on)."""
+        from edge.metrics import EdgeMetrics
+        from shared.metrics import MetricsEndpoint
+
+        assert self._servicer is not None
+        self.metrics = EdgeMetrics()
+        self._servicer.metrics = self.metrics
+        if host.auth is not None:
+            auth_failures = self.metrics.auth_failures
+            host.auth.on_denied = lambda code: auth_failures.labels(code).inc()
+        self._metrics_endpoint = MetricsEndpoint(self.metrics.registry, self.settings.metrics_host,
+                                                 self.settings.metrics_port or 0)
+        self.metrics_port = self._metrics_endpoint.start()
+
+    def _bind_metrics(self, agent: EdgeAgent, source: EventSource) -> None:
+        """Hook the metrics into the agent, its link and its source."""
+        metrics = self.metrics
+        assert metrics is not None
+        agent.metrics = metrics
+        link = agent.link
+        metrics.bind(rtt_ms=lambda: link.rtt.value if link is not None else 0.0,
+                     acceptance=lambda: agent.acceptance.value,
+                     queued=lambda: agent.admission.waiting,
+                     in_flight=lambda: agent.admission.in_flight, source=source)
 
     async def _check_cloud(self, link: CloudLink, draft: DraftModel, *, first: bool) -> None:
         """Ask the cloud how it is once, and tell readiness (and health) what it said."""
@@ -218,6 +263,8 @@ class EdgeServer:
             self._last_reason = reason
 
     async def stop(self, grace_s: float | None = None) -> None:
+        if self._metrics_endpoint is not None:
+            self._metrics_endpoint.stop()
         if self._host is None:
             return
         if self._watcher is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edge.agent import EdgeAgent
 from edge.events.base import SourceMeta
@@ -15,7 +15,11 @@ from edge.readiness import Readiness
 from shared import convert
 from shared.errors import EventSpecError
 from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
-from shared.types import ProgressEvent
+from shared.tracing import RequestSpan, final_attributes
+from shared.types import AskSpec, FinalEvent, ProgressEvent
+
+if TYPE_CHECKING:
+    from edge.metrics import AskProbe, EdgeMetrics
 
 
 class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
@@ -31,6 +35,11 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
         self.agent: EdgeAgent | None = None
         self.draft_model_id = ""
         self.adapter_id = ""
+        #: Prometheus metrics (``--metrics-port``); None: nothing is recorded.
+        self.metrics: EdgeMetrics | None = None
+        #: An OpenTelemetry tracer (``shared.tracing``); None: tracing is off.
+        self.tracer: Any = None
+        self._started = time.monotonic()
 
     def attach(self, agent: EdgeAgent, *, draft_model_id: str, adapter_id: str = "") -> None:
         self.agent = agent
@@ -41,6 +50,41 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
         self, request: edge_pb2.AskRequest, context: Any
     ) -> AsyncIterator[edge_pb2.AskResponse]:
         spec = convert.ask_spec_from_pb(request)
+        if self.metrics is None and self.tracer is None:
+            async for msg in self._ask(spec, context):
+                yield msg
+            return
+        probe = self.metrics.ask(spec.mode) if self.metrics is not None else None
+        span = None
+        if self.tracer is not None:
+            span = RequestSpan.begin(self.tracer, "Ask",
+                                     parent_metadata=context.invocation_metadata() or (),
+                                     attributes={"eventspec.mode": spec.mode.name.lower()})
+            span.make_current()  # the agent adds its stages; the cloud call carries it
+        error: str | None = "cancelled"
+        finals: list[FinalEvent] = []
+        try:
+            async for msg in self._ask(spec, context, probe, finals):
+                yield msg
+            error = None
+        except EventSpecError as exc:
+            error = f"{exc.code.name}: {exc.message}"
+            if probe is not None:
+                probe.on_error(exc)
+            raise
+        except BaseException:
+            if probe is not None:
+                probe.on_error(None)
+            raise
+        finally:
+            if span is not None:
+                span.finish({}, attributes=final_attributes(finals[-1] if finals else None),
+                            error=error)
+
+    async def _ask(
+        self, spec: AskSpec, context: Any, probe: AskProbe | None = None,
+        finals: list[FinalEvent] | None = None,
+    ) -> AsyncIterator[edge_pb2.AskResponse]:
         left = context.time_remaining()
         started = time.monotonic()
         budget = self.wait_s if left is None else min(self.wait_s, max(0.0, left - 1.0))
@@ -57,6 +101,10 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
             await self.readiness.next_change(budget - waited)
         left = context.time_remaining()
         async for event in self.agent.ask(spec, deadline_s=left):
+            if probe is not None:
+                probe.on_event(event)
+            if finals is not None and isinstance(event, FinalEvent):
+                finals.append(event)
             yield convert.ask_event_to_pb(event)
 
     async def GetStatus(
@@ -65,6 +113,7 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
         readiness = edge_pb2.EdgeStatus(
             serving=self.readiness.serving,
             not_serving_reason=self.readiness.not_serving_reason(),
+            uptime_s=time.monotonic() - self._started,
         )
         agent = self.agent
         if agent is None:  # still warming up: only the readiness is known
@@ -100,6 +149,10 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
             link=link,
             requests_served=agent.requests_served,
             acceptance_ewma=agent.acceptance.value,
+            asks_in_flight=agent.admission.in_flight,
+            asks_waiting=agent.admission.waiting,
+            cloud_slots=agent.admission.capacity if agent.link is not None else 0,
+            uptime_s=time.monotonic() - self._started,
             **source_status(src),
         )
         status.MergeFrom(readiness)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -46,6 +46,9 @@ class PreparedVisual:
     features: torch.Tensor | None = None  # [F, T, D], aligned mode
     clip_features: torch.Tensor | None = None  # [5, T_s, D_s], when computed for features
     render_ms: float = 0.0
+    #: perf_counter when the inputs were ready (the request's timeline draws the
+    #: rendering as ending here).
+    ready_at: float = field(default_factory=time.perf_counter)
 
 
 def choose_feature_mode(

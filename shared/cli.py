@@ -1,5 +1,6 @@
 """``eventspec``: the client's command. ``ask`` questions an edge agent; ``wait`` waits
-until a node (edge or cloud) reports SERVING, saying what it is doing meanwhile.
+until a node (edge or cloud) reports SERVING, saying what it is doing meanwhile;
+``status`` prints a node's live state.
 
 ``demo`` (the whole system on one machine) and ``toy`` (train or evaluate the demo
 models) belong to the embedded demo world, ``shared.demoworld``: they are imported
@@ -15,6 +16,7 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 from shared.answer_view import (
@@ -41,7 +43,7 @@ from shared.ask_args import (
 )
 from shared.client import AskError, EdgeClient
 from shared.helpfmt import DefaultsHelpFormatter
-from shared.types import AskSpec, FeatureMode, GenerationSettings, Mode
+from shared.types import AskSpec, FeatureMode, FinalEvent, GenerationSettings, Mode
 from shared.wire.flags import add_client_security_args, client_security_from_args
 from shared.wire.health import wait_for_serving
 
@@ -92,6 +94,7 @@ def spec_from_args(args: argparse.Namespace) -> AskSpec:
             top_p=args.top_p, seed=args.seed,
         ),
         feature_mode=_FEATURES[args.feature_mode],
+        timeline=args.timeline is not None,
     )
 
 
@@ -132,6 +135,27 @@ async def _ask(args: argparse.Namespace, spec: AskSpec, view: AnswerView | None)
     note = finish_note(final, spec.generation.max_new_tokens)
     if note is not None:  # an answer arrived, so still status 0; the line says it is cut
         print(note, file=sys.stderr)
+    if args.timeline is not None:
+        return write_timeline(final, args.timeline, title=f"{spec.mode.name.lower()}: "
+                                                          f"{spec.question[:80]!r}")
+    return 0
+
+
+def write_timeline(final: FinalEvent, path: Path, *, title: str) -> int:
+    """Draw ``final``'s timeline to ``path`` (``--timeline``); 1 when it cannot be."""
+    from shared.timeline_plot import TimelineUnavailable, draw
+
+    if final.timeline is None:
+        print("error: the edge sent no timeline (an edge older than this client?)",
+              file=sys.stderr)
+        return 1
+    try:
+        lanes = draw(final.timeline, path, title=title)
+    except (TimelineUnavailable, OSError, ValueError) as exc:
+        print(f"error: --timeline {path}: {exc}", file=sys.stderr)
+        return 1
+    print(f"timeline: {path} ({len(lanes)} lanes, {sum(lanes.values())} events)",
+          file=sys.stderr)
     return 0
 
 
@@ -157,6 +181,26 @@ def _wait(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         print("eventspec wait: interrupted", file=sys.stderr)
         return 130
     print(f"{args.address}: SERVING", file=sys.stderr)
+    return 0
+
+
+def _status(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``eventspec status HOST:PORT``: 0 with the node's live state printed, 1 if unreachable."""
+    from shared.status_view import StatusError, fetch_status, render, to_json
+
+    try:
+        check_address("address", args.address)
+        check_float_range("--timeout", args.timeout, 0.0, 3600.0, lo_open=True)
+    except ArgumentProblem as exc:
+        parser.exit(2, f"eventspec status: error: {exc}\n")
+    security = client_security_from_args(args, prefix="", env_prefix="EVENTSPEC_")
+    try:
+        status = asyncio.run(fetch_status(args.address, security=security,
+                                          timeout_s=args.timeout))
+    except StatusError as exc:
+        print(f"eventspec status: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(to_json(status)) if args.json else render(args.address, status))
     return 0
 
 
@@ -197,6 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--json", action="store_true", help="print one JSON object at the end")
     ask.add_argument("--no-color", action="store_true",
                      help="no styling in the live view (also: a non-empty $NO_COLOR)")
+    ask.add_argument("--timeline", type=Path, default=None, metavar="PNG",
+                     help="draw the request's timeline (edge and cloud lanes, one clock) to "
+                          "this file; needs matplotlib: pip install 'eventspec[timeline]'")
     add_client_security_args(ask, prefix="", env_prefix="EVENTSPEC_", peer="edge agent")
     wait = sub.add_parser("wait", help="wait until a node reports SERVING (prints what it "
                                        "is doing meanwhile)",
@@ -205,6 +252,13 @@ def build_parser() -> argparse.ArgumentParser:
     wait.add_argument("--timeout", type=float, default=600.0,
                       help="give up after this many seconds (exit 1)")
     add_client_security_args(wait, prefix="", env_prefix="EVENTSPEC_", peer="node")
+    status = sub.add_parser("status", help="print a node's live state: an edge agent's "
+                                           "GetStatus or a cloud verifier's GetStats",
+                            formatter_class=DefaultsHelpFormatter)
+    status.add_argument("address", help="HOST:PORT of an edge agent or a cloud verifier")
+    status.add_argument("--timeout", type=float, default=10.0, help="deadline of each call, s")
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    add_client_security_args(status, prefix="", env_prefix="EVENTSPEC_", peer="node")
     for name, help_text in _DEMO_WORLD.items():
         # Listed here for --help; ``main`` hands their arguments over before parsing.
         sub.add_parser(name, help=help_text, add_help=False)
@@ -225,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "wait":
         return _wait(parser, args)
+    if args.command == "status":
+        return _status(parser, args)
     try:
         spec = spec_from_args(args)
     except ArgumentProblem as exc:

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 from shared.codec import TensorHeaderInfo, WireDtype
 from shared.errors import InvalidInput
 from shared.pb.eventspec.v1 import common_pb2, edge_pb2, verifier_pb2
+from shared.timeline import MAX_EVENTS, Timeline, TimelineEvent
 from shared.timing import CloudCost, EdgeCost, TimingPlan
 from shared.types import (
     AlignedSpec,
@@ -31,6 +32,7 @@ from shared.types import (
     ServerInfo,
     ServerLimits,
     TensorChunkData,
+    VerifierStats,
     VisualGeometry,
     WindowInfo,
 )
@@ -210,6 +212,20 @@ def server_info_from_pb(m: verifier_pb2.ServerInfo) -> ServerInfo:
     )
 
 
+def verifier_stats_to_pb(s: VerifierStats) -> verifier_pb2.VerifierStats:
+    fields = dataclasses.asdict(s)
+    by_principal = fields.pop("sessions_by_principal")
+    msg = verifier_pb2.VerifierStats(**fields)
+    msg.sessions_by_principal.update(by_principal)
+    return msg
+
+
+def verifier_stats_from_pb(m: verifier_pb2.VerifierStats) -> VerifierStats:
+    plain = {f.name: getattr(m, f.name) for f in dataclasses.fields(VerifierStats)
+             if f.name != "sessions_by_principal"}
+    return VerifierStats(**plain, sessions_by_principal=dict(m.sessions_by_principal))
+
+
 # -- the Generate stream ------------------------------------------------------------------
 
 
@@ -220,6 +236,7 @@ def open_to_pb(o: OpenRequest) -> verifier_pb2.Open:
         generation=generation_to_pb(o.generation),
         deadline_ms=o.deadline_ms,
         speculative=o.speculative,
+        timeline=o.timeline,
     )
     if o.frames is not None:
         msg.frames.frames.extend(o.frames)
@@ -255,7 +272,23 @@ def open_from_pb(m: verifier_pb2.Open) -> OpenRequest:
         edge_cost=edge_cost_from_pb(m.edge_profile) if m.HasField("edge_profile") else None,
         deadline_ms=m.deadline_ms,
         speculative=m.speculative,
+        timeline=m.timeline,
     )
+
+
+def timeline_to_pb(t: Timeline) -> common_pb2.Timeline:
+    return common_pb2.Timeline(
+        events=[common_pb2.TimelineEvent(**dataclasses.asdict(e)) for e in t.events],
+        dropped=t.dropped, cloud_offset_ms=t.cloud_offset_ms, clock_sync=t.clock_sync,
+    )
+
+
+def timeline_from_pb(m: common_pb2.Timeline, limit: int = MAX_EVENTS) -> Timeline:
+    """Convert, keeping at most ``limit`` events (the rest count as dropped): a peer's
+    log is bounded here whatever it sent."""
+    events = tuple(_copy_fields(e, TimelineEvent) for e in m.events[:limit])
+    return Timeline(events, max(0, m.dropped) + max(0, len(m.events) - limit),
+                    m.cloud_offset_ms, m.clock_sync)
 
 
 def drafts_to_pb(d: DraftTail) -> verifier_pb2.Drafts:
@@ -297,6 +330,8 @@ def done_to_pb(d: DoneEvent) -> verifier_pb2.Done:
     )
     if d.final_plan is not None:
         msg.final_plan.CopyFrom(plan_to_pb(d.final_plan))
+    if d.timeline is not None:
+        msg.timeline.CopyFrom(timeline_to_pb(d.timeline))
     return msg
 
 
@@ -307,6 +342,7 @@ def done_from_pb(m: verifier_pb2.Done) -> DoneEvent:
         text=m.text,
         stats=stats_from_pb(m.stats),
         final_plan=plan_from_pb(m.final_plan) if m.HasField("final_plan") else None,
+        timeline=timeline_from_pb(m.timeline) if m.HasField("timeline") else None,
     )
 
 
@@ -382,6 +418,7 @@ def ask_spec_to_pb(s: AskSpec) -> edge_pb2.AskRequest:
         generation=generation_to_pb(s.generation),
         feature_mode=int(s.feature_mode),  # type: ignore[arg-type]
         jpeg_quality=s.jpeg_quality,
+        timeline=s.timeline,
     )
 
 
@@ -413,6 +450,7 @@ def ask_spec_from_pb(m: edge_pb2.AskRequest) -> AskSpec:
         generation=generation_from_pb(m.generation),
         feature_mode=feature_mode,
         jpeg_quality=m.jpeg_quality,
+        timeline=m.timeline,
     )
 
 
@@ -441,6 +479,8 @@ def ask_event_to_pb(e: AskEvent) -> edge_pb2.AskResponse:
         final.plan.CopyFrom(plan_to_pb(e.plan))
     if e.window is not None:
         final.window.CopyFrom(edge_pb2.WindowInfo(**dataclasses.asdict(e.window)))
+    if e.timeline is not None:
+        final.timeline.CopyFrom(timeline_to_pb(e.timeline))
     return edge_pb2.AskResponse(final=final)
 
 
@@ -465,4 +505,6 @@ def ask_event_from_pb(m: edge_pb2.AskResponse) -> AskEvent:
         stats=stats_from_pb(f.stats),
         plan=plan_from_pb(f.plan) if f.HasField("plan") else None,
         window=_copy_fields(f.window, WindowInfo) if f.HasField("window") else None,
+        timeline=(timeline_from_pb(f.timeline, 2 * MAX_EVENTS) if f.HasField("timeline")
+                  else None),
     )

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from shared.errors import InvalidInput
+from shared.timeline import Timeline
 from shared.timing import CloudCost, EdgeCost, TimingPlan
 
 PROTOCOL = "eventspec.v1"
@@ -169,6 +170,27 @@ class ServerLimits:
 
 
 @dataclass(frozen=True)
+class VerifierStats:
+    """The verifier's live state (``Verifier.GetStats``, ``eventspec status``)."""
+
+    state: str
+    model_id: str = ""
+    live_sessions: int = 0
+    max_sessions: int = 0
+    kv_slots_used: int = 0
+    kv_slots_total: int = 0
+    prefills_waiting: int = 0
+    requests_served: int = 0
+    acceptance_ewma: float = 0.0
+    engine_steps: int = 0
+    mean_batch_size: float = 0.0
+    mean_tokens_per_step: float = 0.0
+    sessions_expired: int = 0
+    uptime_s: float = 0.0
+    sessions_by_principal: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ServerInfo:
     """What a Verifier tells its clients about itself."""
 
@@ -205,6 +227,8 @@ class OpenRequest:
     edge_cost: EdgeCost | None = None
     deadline_ms: int = 0
     speculative: bool = True
+    #: Return the cloud's event log for this request in ``DoneEvent.timeline``.
+    timeline: bool = False
 
 
 @dataclass(frozen=True)
@@ -265,6 +289,8 @@ class DoneEvent:
     text: str
     stats: RequestStats
     final_plan: TimingPlan | None = None
+    #: The cloud's event log on its own clock, when ``OpenRequest.timeline`` asked.
+    timeline: Timeline | None = None
 
 
 @dataclass(frozen=True)
@@ -296,6 +322,8 @@ class AskSpec:
     generation: GenerationSettings = field(default_factory=GenerationSettings)
     feature_mode: FeatureMode = FeatureMode.AUTO
     jpeg_quality: int = 0
+    #: Return the request's timeline (both sides, one clock) in ``FinalEvent.timeline``.
+    timeline: bool = False
 
 
 @dataclass(frozen=True)
@@ -339,6 +367,8 @@ class FinalEvent:
     stats: RequestStats
     plan: TimingPlan | None
     window: WindowInfo | None
+    #: Both sides' event logs on the edge's clock, when ``AskSpec.timeline`` asked.
+    timeline: Timeline | None = None
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ def commands() -> dict[str, Callable[[], argparse.ArgumentParser]]:
     return {
         "eventspec ask": lambda: _sub(ask(), "ask"),
         "eventspec wait": lambda: _sub(ask(), "wait"),
+        "eventspec status": lambda: _sub(ask(), "status"),
         "eventspec demo": demo,
         "eventspec toy train": lambda: _sub(toy(), "train"),
         "eventspec toy eval": lambda: _sub(toy(), "eval"),

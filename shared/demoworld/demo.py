@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -55,6 +56,8 @@ class DemoRuns:
 
     speculative: list[FinalEvent]
     target_only: list[FinalEvent]
+    #: One more speculative request, asked for its timeline (``--timeline``).
+    timeline: FinalEvent | None = None
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -82,6 +85,9 @@ async def _ask_runs(client: EdgeClient, args: argparse.Namespace) -> DemoRuns:
         for s in order:
             final = await client.ask_final(s)
             (runs.speculative if s is spec else runs.target_only).append(final)
+    if args.timeline is not None:  # after the measured runs: recording costs them nothing
+        drawn = await client.ask_final(dataclasses.replace(spec, timeline=True))
+        return dataclasses.replace(runs, timeline=drawn)
     return runs
 
 
@@ -190,6 +196,12 @@ def _report(args: argparse.Namespace, runs: DemoRuns) -> int:
         if truth is not None:
             out["truth"], out["correct"] = truth[1], correct
         print(json.dumps(out))
+        if runs.timeline is not None:
+            from shared.cli import write_timeline
+
+            if write_timeline(runs.timeline, args.timeline,
+                              title=f"speculative: {args.question[:80]!r} (eventspec demo)"):
+                return 1
         return 0 if identical else 3
     print(f"question:     {args.question}")
     if truth is not None:
@@ -212,6 +224,14 @@ def _report(args: argparse.Namespace, runs: DemoRuns) -> int:
         print(f"no speculation: the plan drafted in none of the {args.runs} runs")
     print("median speculative run:")
     print(stats_table(spec_final))
+    if runs.timeline is not None:
+        from shared.cli import write_timeline
+
+        if write_timeline(runs.timeline, args.timeline,
+                          title=f"speculative: {args.question[:80]!r} (eventspec demo)"):
+            return 1
+    else:
+        print("(--timeline out.png draws one speculative request's edge and cloud lanes)")
     return 0 if identical else 3
 
 
@@ -256,6 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--timeout", type=float, default=180.0,
                       help="start-up and per-request deadline, s")
     demo.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    demo.add_argument("--timeline", type=Path, default=None, metavar="PNG",
+                      help="after the measured runs, ask once more and draw that speculative "
+                           "request's timeline to this file (needs matplotlib)")
     return demo
 
 

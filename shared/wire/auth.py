@@ -192,6 +192,8 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
             if security.token_file or security.tokens else None
         )
         self.require_cert = security.tls is not None and security.tls.client_auth == "require"
+        #: Called with the status name of each refused call (the nodes' metrics).
+        self.on_denied: Callable[[str], None] | None = None
 
     def authenticate(self, metadata: Sequence[tuple[str, Any]],
                      context: aio.ServicerContext[Any, Any]) -> Principal:
@@ -240,6 +242,8 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
             except _Denied as denied:
                 log.warning("%s %s from %s (principal %s): %s", denied.code.name, method,
                             context.peer(), denied.principal, denied.reason)
+                if self.on_denied is not None:
+                    self.on_denied(denied.code.name)
                 await context.abort(denied.code, denied.reason)
             token = set_principal(principal)
             try:

@@ -60,8 +60,11 @@ class GrpcHost:
         self.service_name = service_name
         self.security = security or ServerSecurity()
         interceptors: list[aio.ServerInterceptor] = []
-        if self.security.requires_auth:
-            interceptors.append(AuthInterceptor(self.security))
+        #: The auth interceptor, when callers must authenticate (its ``on_denied`` hook
+        #: counts refusals in the nodes' metrics).
+        self.auth = AuthInterceptor(self.security) if self.security.requires_auth else None
+        if self.auth is not None:
+            interceptors.append(self.auth)
         self.limit = ConcurrencyLimitInterceptor(max_rpcs, unlimited_methods)
         interceptors += [FirstMessageGate(first_message_timeout_s), self.limit,
                          ErrorMappingInterceptor()]

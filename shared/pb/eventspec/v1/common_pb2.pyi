@@ -477,3 +477,91 @@ class Stats(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Stats: _TypeAlias = Stats  # noqa: Y015
+
+@_typing.final
+class TimelineEvent(_message.Message):
+    """One span of a request's timeline (an instant when end_ms == start_ms)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LANE_FIELD_NUMBER: _builtins.int
+    START_MS_FIELD_NUMBER: _builtins.int
+    END_MS_FIELD_NUMBER: _builtins.int
+    VERIFIED_FIELD_NUMBER: _builtins.int
+    ACCEPTED_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    PEER_MS_FIELD_NUMBER: _builtins.int
+    lane: _builtins.str
+    """Which lane: "edge.render", "edge.uplink", "edge.draft_prefill", "edge.draft",
+    "edge.drafts_sent", "edge.plan", "edge.commit", "edge.done", "cloud.drafts",
+    "cloud.queue", "cloud.prefill", "cloud.hidden", "cloud.verify", "cloud.commit",
+    "cloud.done".
+    """
+    start_ms: _builtins.float
+    """Start and end in ms from the side's request start (cloud: its session for this
+    Open; edge: the Open being sent). In a Final, cloud events are moved onto the
+    edge's clock.
+    """
+    end_ms: _builtins.float
+    verified: _builtins.int
+    """Draft tokens verified and accepted (cloud.verify, cloud.hidden, edge.commit)."""
+    accepted: _builtins.int
+    tokens: _builtins.int
+    """Tokens carried (commits, Drafts messages, drafted tokens)."""
+    peer_ms: _builtins.float
+    """The other side's timestamp of the same message, on its own clock: the edge's
+    Drafts.sent_at_ms on cloud.drafts, the cloud's Commit.at_ms on edge.commit
+    (how the clocks are aligned); 0 when none.
+    """
+    def __init__(
+        self,
+        *,
+        lane: _builtins.str = ...,
+        start_ms: _builtins.float = ...,
+        end_ms: _builtins.float = ...,
+        verified: _builtins.int = ...,
+        accepted: _builtins.int = ...,
+        tokens: _builtins.int = ...,
+        peer_ms: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "end_ms", b"end_ms", "lane", b"lane", "peer_ms", b"peer_ms", "start_ms", b"start_ms", "tokens", b"tokens", "verified", b"verified"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TimelineEvent: _TypeAlias = TimelineEvent  # noqa: Y015
+
+@_typing.final
+class Timeline(_message.Message):
+    """A request's event log, bounded (at most 512 events per side; the rest are counted)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENTS_FIELD_NUMBER: _builtins.int
+    DROPPED_FIELD_NUMBER: _builtins.int
+    CLOUD_OFFSET_MS_FIELD_NUMBER: _builtins.int
+    CLOCK_SYNC_FIELD_NUMBER: _builtins.int
+    dropped: _builtins.int
+    """Events left out past the bound."""
+    cloud_offset_ms: _builtins.float
+    """In a Final: edge time = cloud time + cloud_offset_ms (0 in a Done)."""
+    clock_sync: _builtins.str
+    """How the offset was found, e.g. "drafts and commits (NTP-style midpoint)"."""
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___TimelineEvent]: ...
+    def __init__(
+        self,
+        *,
+        events: _abc.Iterable[Global___TimelineEvent] | None = ...,
+        dropped: _builtins.int = ...,
+        cloud_offset_ms: _builtins.float = ...,
+        clock_sync: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clock_sync", b"clock_sync", "cloud_offset_ms", b"cloud_offset_ms", "dropped", b"dropped", "events", b"events"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Timeline: _TypeAlias = Timeline  # noqa: Y015

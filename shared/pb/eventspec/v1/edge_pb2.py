@@ -25,41 +25,41 @@ _sym_db = _symbol_database.Default()
 from shared.pb.eventspec.v1 import common_pb2 as eventspec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x65ventspec/v1/edge.proto\x12\x0c\x65ventspec.v1\x1a\x19\x65ventspec/v1/common.proto\")\n\tTimeRange\x12\r\n\x05t0_us\x18\x01 \x01(\x03\x12\r\n\x05t1_us\x18\x02 \x01(\x03\"h\n\x06Window\x12\x13\n\tlatest_ms\x18\x01 \x01(\x05H\x00\x12(\n\x05range\x18\x02 \x01(\x0b\x32\x17.eventspec.v1.TimeRangeH\x00\x12\x17\n\x0f\x65vent_window_ms\x18\x03 \x01(\x05\x42\x06\n\x04\x63lip\"\xe1\x01\n\nAskRequest\x12\x10\n\x08question\x18\x01 \x01(\t\x12$\n\x06window\x18\x02 \x01(\x0b\x32\x14.eventspec.v1.Window\x12 \n\x04mode\x18\x03 \x01(\x0e\x32\x12.eventspec.v1.Mode\x12\x32\n\ngeneration\x18\x04 \x01(\x0b\x32\x1e.eventspec.v1.GenerationConfig\x12/\n\x0c\x66\x65\x61ture_mode\x18\x05 \x01(\x0e\x32\x19.eventspec.v1.FeatureMode\x12\x14\n\x0cjpeg_quality\x18\x06 \x01(\x05\"8\n\x07Preview\x12\x0c\n\x04\x62\x61se\x18\x01 \x01(\x03\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12\x0c\n\x04text\x18\x03 \x01(\t\";\n\tCommitted\x12\r\n\x05start\x18\x01 \x01(\x03\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12\x0c\n\x04text\x18\x03 \x01(\t\"r\n\nWindowInfo\x12\x12\n\nclip_t0_us\x18\x01 \x01(\x03\x12\x12\n\nclip_t1_us\x18\x02 \x01(\x03\x12\x13\n\x0b\x65vent_t0_us\x18\x03 \x01(\x03\x12\x13\n\x0b\x65vent_t1_us\x18\x04 \x01(\x03\x12\x12\n\nnum_events\x18\x05 \x01(\x03\"\xa0\x02\n\x05\x46inal\x12\x0e\n\x06\x61nswer\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12 \n\x04mode\x18\x03 \x01(\x0e\x32\x12.eventspec.v1.Mode\x12/\n\x0c\x66\x65\x61ture_mode\x18\x04 \x01(\x0e\x32\x19.eventspec.v1.FeatureMode\x12\x31\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x1a.eventspec.v1.FinishReason\x12\"\n\x05stats\x18\x06 \x01(\x0b\x32\x13.eventspec.v1.Stats\x12 \n\x04plan\x18\x07 \x01(\x0b\x32\x12.eventspec.v1.Plan\x12(\n\x06window\x18\x08 \x01(\x0b\x32\x18.eventspec.v1.WindowInfo\"<\n\x08Progress\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x10\n\x08waited_s\x18\x03 \x01(\x01\"\xbf\x01\n\x0b\x41skResponse\x12(\n\x07preview\x18\x01 \x01(\x0b\x32\x15.eventspec.v1.PreviewH\x00\x12,\n\tcommitted\x18\x02 \x01(\x0b\x32\x17.eventspec.v1.CommittedH\x00\x12$\n\x05\x66inal\x18\x03 \x01(\x0b\x32\x13.eventspec.v1.FinalH\x00\x12*\n\x08progress\x18\x04 \x01(\x0b\x32\x16.eventspec.v1.ProgressH\x00\x42\x06\n\x04kind\"\x12\n\x10GetStatusRequest\"\x87\x01\n\nLinkStatus\x12\x15\n\rcloud_address\x18\x01 \x01(\t\x12\x11\n\treachable\x18\x02 \x01(\x08\x12\x0e\n\x06rtt_ms\x18\x03 \x01(\x01\x12\x12\n\nlast_error\x18\x04 \x01(\t\x12\x16\n\x0e\x63loud_model_id\x18\x05 \x01(\t\x12\x13\n\x0b\x63loud_state\x18\x06 \x01(\t\"\xa5\x03\n\nEdgeStatus\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x14\n\x0csensor_width\x18\x02 \x01(\x05\x12\x15\n\rsensor_height\x18\x03 \x01(\x05\x12\x14\n\x0csource_t0_us\x18\x04 \x01(\x03\x12\x14\n\x0csource_t1_us\x18\x05 \x01(\x03\x12\x0f\n\x07has_rgb\x18\x06 \x01(\x08\x12\x16\n\x0e\x64raft_model_id\x18\x07 \x01(\t\x12\x12\n\nadapter_id\x18\x08 \x01(\t\x12&\n\x04link\x18\t \x01(\x0b\x32\x18.eventspec.v1.LinkStatus\x12\x17\n\x0frequests_served\x18\n \x01(\x03\x12\x17\n\x0f\x61\x63\x63\x65ptance_ewma\x18\x0b \x01(\x01\x12\x15\n\rsource_format\x18\x0c \x01(\t\x12\x18\n\x10sensor_size_from\x18\r \x01(\t\x12\x11\n\ttime_base\x18\x0e \x01(\t\x12&\n\x04live\x18\x0f \x01(\x0b\x32\x18.eventspec.v1.LiveStatus\x12\x0f\n\x07serving\x18\x10 \x01(\x08\x12\x1a\n\x12not_serving_reason\x18\x11 \x01(\t\"\xa7\x01\n\nLiveStatus\x12\x11\n\tconnected\x18\x01 \x01(\x08\x12\x12\n\nreconnects\x18\x02 \x01(\x03\x12\x12\n\nlast_error\x18\x03 \x01(\t\x12\x1a\n\x12seconds_since_data\x18\x04 \x01(\x01\x12\x10\n\x08received\x18\x05 \x01(\x03\x12\x0f\n\x07\x64ropped\x18\x06 \x01(\x03\x12\x10\n\x08\x62uffered\x18\x07 \x01(\x03\x12\r\n\x05\x65nded\x18\x08 \x01(\x08*]\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\x14\n\x10MODE_SPECULATIVE\x10\x01\x12\x14\n\x10MODE_TARGET_ONLY\x10\x02\x12\x13\n\x0fMODE_DRAFT_ONLY\x10\x03\x32\x90\x01\n\tEdgeAgent\x12<\n\x03\x41sk\x12\x18.eventspec.v1.AskRequest\x1a\x19.eventspec.v1.AskResponse0\x01\x12\x45\n\tGetStatus\x12\x1e.eventspec.v1.GetStatusRequest\x1a\x18.eventspec.v1.EdgeStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x65ventspec/v1/edge.proto\x12\x0c\x65ventspec.v1\x1a\x19\x65ventspec/v1/common.proto\")\n\tTimeRange\x12\r\n\x05t0_us\x18\x01 \x01(\x03\x12\r\n\x05t1_us\x18\x02 \x01(\x03\"h\n\x06Window\x12\x13\n\tlatest_ms\x18\x01 \x01(\x05H\x00\x12(\n\x05range\x18\x02 \x01(\x0b\x32\x17.eventspec.v1.TimeRangeH\x00\x12\x17\n\x0f\x65vent_window_ms\x18\x03 \x01(\x05\x42\x06\n\x04\x63lip\"\xf3\x01\n\nAskRequest\x12\x10\n\x08question\x18\x01 \x01(\t\x12$\n\x06window\x18\x02 \x01(\x0b\x32\x14.eventspec.v1.Window\x12 \n\x04mode\x18\x03 \x01(\x0e\x32\x12.eventspec.v1.Mode\x12\x32\n\ngeneration\x18\x04 \x01(\x0b\x32\x1e.eventspec.v1.GenerationConfig\x12/\n\x0c\x66\x65\x61ture_mode\x18\x05 \x01(\x0e\x32\x19.eventspec.v1.FeatureMode\x12\x14\n\x0cjpeg_quality\x18\x06 \x01(\x05\x12\x10\n\x08timeline\x18\x07 \x01(\x08\"8\n\x07Preview\x12\x0c\n\x04\x62\x61se\x18\x01 \x01(\x03\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12\x0c\n\x04text\x18\x03 \x01(\t\";\n\tCommitted\x12\r\n\x05start\x18\x01 \x01(\x03\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12\x0c\n\x04text\x18\x03 \x01(\t\"r\n\nWindowInfo\x12\x12\n\nclip_t0_us\x18\x01 \x01(\x03\x12\x12\n\nclip_t1_us\x18\x02 \x01(\x03\x12\x13\n\x0b\x65vent_t0_us\x18\x03 \x01(\x03\x12\x13\n\x0b\x65vent_t1_us\x18\x04 \x01(\x03\x12\x12\n\nnum_events\x18\x05 \x01(\x03\"\xca\x02\n\x05\x46inal\x12\x0e\n\x06\x61nswer\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12 \n\x04mode\x18\x03 \x01(\x0e\x32\x12.eventspec.v1.Mode\x12/\n\x0c\x66\x65\x61ture_mode\x18\x04 \x01(\x0e\x32\x19.eventspec.v1.FeatureMode\x12\x31\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x1a.eventspec.v1.FinishReason\x12\"\n\x05stats\x18\x06 \x01(\x0b\x32\x13.eventspec.v1.Stats\x12 \n\x04plan\x18\x07 \x01(\x0b\x32\x12.eventspec.v1.Plan\x12(\n\x06window\x18\x08 \x01(\x0b\x32\x18.eventspec.v1.WindowInfo\x12(\n\x08timeline\x18\t \x01(\x0b\x32\x16.eventspec.v1.Timeline\"<\n\x08Progress\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x10\n\x08waited_s\x18\x03 \x01(\x01\"\xbf\x01\n\x0b\x41skResponse\x12(\n\x07preview\x18\x01 \x01(\x0b\x32\x15.eventspec.v1.PreviewH\x00\x12,\n\tcommitted\x18\x02 \x01(\x0b\x32\x17.eventspec.v1.CommittedH\x00\x12$\n\x05\x66inal\x18\x03 \x01(\x0b\x32\x13.eventspec.v1.FinalH\x00\x12*\n\x08progress\x18\x04 \x01(\x0b\x32\x16.eventspec.v1.ProgressH\x00\x42\x06\n\x04kind\"\x12\n\x10GetStatusRequest\"\x87\x01\n\nLinkStatus\x12\x15\n\rcloud_address\x18\x01 \x01(\t\x12\x11\n\treachable\x18\x02 \x01(\x08\x12\x0e\n\x06rtt_ms\x18\x03 \x01(\x01\x12\x12\n\nlast_error\x18\x04 \x01(\t\x12\x16\n\x0e\x63loud_model_id\x18\x05 \x01(\t\x12\x13\n\x0b\x63loud_state\x18\x06 \x01(\t\"\xfa\x03\n\nEdgeStatus\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x14\n\x0csensor_width\x18\x02 \x01(\x05\x12\x15\n\rsensor_height\x18\x03 \x01(\x05\x12\x14\n\x0csource_t0_us\x18\x04 \x01(\x03\x12\x14\n\x0csource_t1_us\x18\x05 \x01(\x03\x12\x0f\n\x07has_rgb\x18\x06 \x01(\x08\x12\x16\n\x0e\x64raft_model_id\x18\x07 \x01(\t\x12\x12\n\nadapter_id\x18\x08 \x01(\t\x12&\n\x04link\x18\t \x01(\x0b\x32\x18.eventspec.v1.LinkStatus\x12\x17\n\x0frequests_served\x18\n \x01(\x03\x12\x17\n\x0f\x61\x63\x63\x65ptance_ewma\x18\x0b \x01(\x01\x12\x15\n\rsource_format\x18\x0c \x01(\t\x12\x18\n\x10sensor_size_from\x18\r \x01(\t\x12\x11\n\ttime_base\x18\x0e \x01(\t\x12&\n\x04live\x18\x0f \x01(\x0b\x32\x18.eventspec.v1.LiveStatus\x12\x0f\n\x07serving\x18\x10 \x01(\x08\x12\x1a\n\x12not_serving_reason\x18\x11 \x01(\t\x12\x16\n\x0e\x61sks_in_flight\x18\x12 \x01(\x05\x12\x14\n\x0c\x61sks_waiting\x18\x13 \x01(\x05\x12\x13\n\x0b\x63loud_slots\x18\x14 \x01(\x05\x12\x10\n\x08uptime_s\x18\x15 \x01(\x01\"\xa7\x01\n\nLiveStatus\x12\x11\n\tconnected\x18\x01 \x01(\x08\x12\x12\n\nreconnects\x18\x02 \x01(\x03\x12\x12\n\nlast_error\x18\x03 \x01(\t\x12\x1a\n\x12seconds_since_data\x18\x04 \x01(\x01\x12\x10\n\x08received\x18\x05 \x01(\x03\x12\x0f\n\x07\x64ropped\x18\x06 \x01(\x03\x12\x10\n\x08\x62uffered\x18\x07 \x01(\x03\x12\r\n\x05\x65nded\x18\x08 \x01(\x08*]\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\x14\n\x10MODE_SPECULATIVE\x10\x01\x12\x14\n\x10MODE_TARGET_ONLY\x10\x02\x12\x13\n\x0fMODE_DRAFT_ONLY\x10\x03\x32\x90\x01\n\tEdgeAgent\x12<\n\x03\x41sk\x12\x18.eventspec.v1.AskRequest\x1a\x19.eventspec.v1.AskResponse0\x01\x12\x45\n\tGetStatus\x12\x1e.eventspec.v1.GetStatusRequest\x1a\x18.eventspec.v1.EdgeStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'eventspec.v1.edge_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MODE']._serialized_start=1979
-  _globals['_MODE']._serialized_end=2072
+  _globals['_MODE']._serialized_start=2124
+  _globals['_MODE']._serialized_end=2217
   _globals['_TIMERANGE']._serialized_start=68
   _globals['_TIMERANGE']._serialized_end=109
   _globals['_WINDOW']._serialized_start=111
   _globals['_WINDOW']._serialized_end=215
   _globals['_ASKREQUEST']._serialized_start=218
-  _globals['_ASKREQUEST']._serialized_end=443
-  _globals['_PREVIEW']._serialized_start=445
-  _globals['_PREVIEW']._serialized_end=501
-  _globals['_COMMITTED']._serialized_start=503
-  _globals['_COMMITTED']._serialized_end=562
-  _globals['_WINDOWINFO']._serialized_start=564
-  _globals['_WINDOWINFO']._serialized_end=678
-  _globals['_FINAL']._serialized_start=681
-  _globals['_FINAL']._serialized_end=969
-  _globals['_PROGRESS']._serialized_start=971
-  _globals['_PROGRESS']._serialized_end=1031
-  _globals['_ASKRESPONSE']._serialized_start=1034
-  _globals['_ASKRESPONSE']._serialized_end=1225
-  _globals['_GETSTATUSREQUEST']._serialized_start=1227
-  _globals['_GETSTATUSREQUEST']._serialized_end=1245
-  _globals['_LINKSTATUS']._serialized_start=1248
-  _globals['_LINKSTATUS']._serialized_end=1383
-  _globals['_EDGESTATUS']._serialized_start=1386
-  _globals['_EDGESTATUS']._serialized_end=1807
-  _globals['_LIVESTATUS']._serialized_start=1810
-  _globals['_LIVESTATUS']._serialized_end=1977
-  _globals['_EDGEAGENT']._serialized_start=2075
-  _globals['_EDGEAGENT']._serialized_end=2219
+  _globals['_ASKREQUEST']._serialized_end=461
+  _globals['_PREVIEW']._serialized_start=463
+  _globals['_PREVIEW']._serialized_end=519
+  _globals['_COMMITTED']._serialized_start=521
+  _globals['_COMMITTED']._serialized_end=580
+  _globals['_WINDOWINFO']._serialized_start=582
+  _globals['_WINDOWINFO']._serialized_end=696
+  _globals['_FINAL']._serialized_start=699
+  _globals['_FINAL']._serialized_end=1029
+  _globals['_PROGRESS']._serialized_start=1031
+  _globals['_PROGRESS']._serialized_end=1091
+  _globals['_ASKRESPONSE']._serialized_start=1094
+  _globals['_ASKRESPONSE']._serialized_end=1285
+  _globals['_GETSTATUSREQUEST']._serialized_start=1287
+  _globals['_GETSTATUSREQUEST']._serialized_end=1305
+  _globals['_LINKSTATUS']._serialized_start=1308
+  _globals['_LINKSTATUS']._serialized_end=1443
+  _globals['_EDGESTATUS']._serialized_start=1446
+  _globals['_EDGESTATUS']._serialized_end=1952
+  _globals['_LIVESTATUS']._serialized_start=1955
+  _globals['_LIVESTATUS']._serialized_end=2122
+  _globals['_EDGEAGENT']._serialized_start=2220
+  _globals['_EDGEAGENT']._serialized_end=2364
 # @@protoc_insertion_point(module_scope)

@@ -114,6 +114,7 @@ class AskRequest(_message.Message):
     GENERATION_FIELD_NUMBER: _builtins.int
     FEATURE_MODE_FIELD_NUMBER: _builtins.int
     JPEG_QUALITY_FIELD_NUMBER: _builtins.int
+    TIMELINE_FIELD_NUMBER: _builtins.int
     question: _builtins.str
     """The question, e.g. "What is moving?"."""
     mode: Global___Mode.ValueType
@@ -122,6 +123,8 @@ class AskRequest(_message.Message):
     """Visual path to the cloud; unset = auto."""
     jpeg_quality: _builtins.int
     """JPEG quality for frames mode (1..100); 0 = the edge's default."""
+    timeline: _builtins.bool
+    """Return the request's timeline (both sides' event logs on one clock) in Final."""
     @_builtins.property
     def window(self) -> Global___Window:
         """Which clip; unset = the latest 1000 ms."""
@@ -139,10 +142,11 @@ class AskRequest(_message.Message):
         generation: _common_pb2.GenerationConfig | None = ...,
         feature_mode: _common_pb2.FeatureMode.ValueType = ...,
         jpeg_quality: _builtins.int = ...,
+        timeline: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "window", b"window"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["feature_mode", b"feature_mode", "generation", b"generation", "jpeg_quality", b"jpeg_quality", "mode", b"mode", "question", b"question", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["feature_mode", b"feature_mode", "generation", b"generation", "jpeg_quality", b"jpeg_quality", "mode", b"mode", "question", b"question", "timeline", b"timeline", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -258,6 +262,7 @@ class Final(_message.Message):
     STATS_FIELD_NUMBER: _builtins.int
     PLAN_FIELD_NUMBER: _builtins.int
     WINDOW_FIELD_NUMBER: _builtins.int
+    TIMELINE_FIELD_NUMBER: _builtins.int
     answer: _builtins.str
     """The whole answer."""
     mode: Global___Mode.ValueType
@@ -273,6 +278,10 @@ class Final(_message.Message):
     def plan(self) -> _common_pb2.Plan: ...
     @_builtins.property
     def window(self) -> Global___WindowInfo: ...
+    @_builtins.property
+    def timeline(self) -> _common_pb2.Timeline:
+        """The request's timeline, when AskRequest.timeline asked for it."""
+
     def __init__(
         self,
         *,
@@ -284,10 +293,11 @@ class Final(_message.Message):
         stats: _common_pb2.Stats | None = ...,
         plan: _common_pb2.Plan | None = ...,
         window: Global___WindowInfo | None = ...,
+        timeline: _common_pb2.Timeline | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan", "stats", b"stats", "window", b"window"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan", "stats", b"stats", "timeline", b"timeline", "window", b"window"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["answer", b"answer", "feature_mode", b"feature_mode", "finish_reason", b"finish_reason", "mode", b"mode", "plan", b"plan", "stats", b"stats", "token_ids", b"token_ids", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answer", b"answer", "feature_mode", b"feature_mode", "finish_reason", b"finish_reason", "mode", b"mode", "plan", b"plan", "stats", b"stats", "timeline", b"timeline", "token_ids", b"token_ids", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -441,6 +451,10 @@ class EdgeStatus(_message.Message):
     LIVE_FIELD_NUMBER: _builtins.int
     SERVING_FIELD_NUMBER: _builtins.int
     NOT_SERVING_REASON_FIELD_NUMBER: _builtins.int
+    ASKS_IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    ASKS_WAITING_FIELD_NUMBER: _builtins.int
+    CLOUD_SLOTS_FIELD_NUMBER: _builtins.int
+    UPTIME_S_FIELD_NUMBER: _builtins.int
     source: _builtins.str
     """Source description, e.g. "dsec:/data/zurich_city_00_a"."""
     sensor_width: _builtins.int
@@ -473,6 +487,13 @@ class EdgeStatus(_message.Message):
     """Why not, when not serving: "loading the draft model", "the cloud verifier is
     warming up: calibrating, round 2 of 3", ...
     """
+    asks_in_flight: _builtins.int
+    """Asks in flight to the cloud now, and waiting in line for a cloud slot."""
+    asks_waiting: _builtins.int
+    cloud_slots: _builtins.int
+    """Cloud slots this edge keeps to (from the cloud's advertised session caps)."""
+    uptime_s: _builtins.float
+    """Seconds since the edge started."""
     @_builtins.property
     def link(self) -> Global___LinkStatus: ...
     @_builtins.property
@@ -499,10 +520,14 @@ class EdgeStatus(_message.Message):
         live: Global___LiveStatus | None = ...,
         serving: _builtins.bool = ...,
         not_serving_reason: _builtins.str = ...,
+        asks_in_flight: _builtins.int = ...,
+        asks_waiting: _builtins.int = ...,
+        cloud_slots: _builtins.int = ...,
+        uptime_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["link", b"link", "live", b"live"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_ewma", b"acceptance_ewma", "adapter_id", b"adapter_id", "draft_model_id", b"draft_model_id", "has_rgb", b"has_rgb", "link", b"link", "live", b"live", "not_serving_reason", b"not_serving_reason", "requests_served", b"requests_served", "sensor_height", b"sensor_height", "sensor_size_from", b"sensor_size_from", "sensor_width", b"sensor_width", "serving", b"serving", "source", b"source", "source_format", b"source_format", "source_t0_us", b"source_t0_us", "source_t1_us", b"source_t1_us", "time_base", b"time_base"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_ewma", b"acceptance_ewma", "adapter_id", b"adapter_id", "asks_in_flight", b"asks_in_flight", "asks_waiting", b"asks_waiting", "cloud_slots", b"cloud_slots", "draft_model_id", b"draft_model_id", "has_rgb", b"has_rgb", "link", b"link", "live", b"live", "not_serving_reason", b"not_serving_reason", "requests_served", b"requests_served", "sensor_height", b"sensor_height", "sensor_size_from", b"sensor_size_from", "sensor_width", b"sensor_width", "serving", b"serving", "source", b"source", "source_format", b"source_format", "source_t0_us", b"source_t0_us", "source_t1_us", b"source_t1_us", "time_base", b"time_base", "uptime_s", b"uptime_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -25,39 +25,47 @@ _sym_db = _symbol_database.Default()
 from shared.pb.eventspec.v1 import common_pb2 as eventspec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65ventspec/v1/verifier.proto\x12\x0c\x65ventspec.v1\x1a\x19\x65ventspec/v1/common.proto\"\x16\n\x14GetServerInfoRequest\"g\n\x0eVisualGeometry\x12\x12\n\nnum_frames\x18\x01 \x01(\x05\x12\x18\n\x10tokens_per_frame\x18\x02 \x01(\x05\x12\x13\n\x0b\x66\x65\x61ture_dim\x18\x03 \x01(\x05\x12\x12\n\nimage_size\x18\x04 \x01(\x05\"\xd9\x02\n\x06Limits\x12\x14\n\x0cmax_sessions\x18\x01 \x01(\x05\x12\x19\n\x11max_message_bytes\x18\x02 \x01(\x03\x12\x18\n\x10max_tensor_bytes\x18\x03 \x01(\x03\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\x05\x12\x18\n\x10max_draft_tokens\x18\x05 \x01(\x05\x12\x17\n\x0fmax_frame_bytes\x18\x06 \x01(\x03\x12\x19\n\x11max_verify_tokens\x18\x07 \x01(\x05\x12\x1a\n\x12max_question_chars\x18\x08 \x01(\x05\x12\x10\n\x08kv_slots\x18\t \x01(\x05\x12\x1a\n\x12kv_tokens_per_slot\x18\n \x01(\x05\x12\"\n\x1amax_sessions_per_principal\x18\x0b \x01(\x05\x12\x18\n\x10max_stop_strings\x18\x0c \x01(\x05\x12\x16\n\x0emax_stop_chars\x18\r \x01(\x05\"\xe3\x02\n\nServerInfo\x12\x10\n\x08protocol\x18\x01 \x01(\t\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\x12\x17\n\x0ftext_vocab_size\x18\x04 \x01(\x05\x12\x19\n\x11vocab_fingerprint\x18\x05 \x01(\t\x12\x14\n\x0c\x65os_token_id\x18\x06 \x01(\x05\x12.\n\x08geometry\x18\x07 \x01(\x0b\x32\x1c.eventspec.v1.VisualGeometry\x12\x30\n\rfeature_modes\x18\x08 \x03(\x0e\x32\x19.eventspec.v1.FeatureMode\x12+\n\x07profile\x18\t \x01(\x0b\x32\x1a.eventspec.v1.CloudProfile\x12$\n\x06limits\x18\n \x01(\x0b\x32\x14.eventspec.v1.Limits\x12\x1e\n\x16prompt_overhead_tokens\x18\x0b \x01(\x05\"\x1d\n\x0b\x46ramesInput\x12\x0e\n\x06\x66rames\x18\x01 \x03(\x0c\"A\n\x0c\x41lignedInput\x12\"\n\x05\x64type\x18\x01 \x01(\x0e\x32\x13.eventspec.v1.Dtype\x12\r\n\x05shape\x18\x02 \x03(\x03\"\xa1\x02\n\x04Open\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08question\x18\x02 \x01(\t\x12\x32\n\ngeneration\x18\x03 \x01(\x0b\x32\x1e.eventspec.v1.GenerationConfig\x12+\n\x06\x66rames\x18\x04 \x01(\x0b\x32\x19.eventspec.v1.FramesInputH\x00\x12-\n\x07\x61ligned\x18\x05 \x01(\x0b\x32\x1a.eventspec.v1.AlignedInputH\x00\x12/\n\x0c\x65\x64ge_profile\x18\x06 \x01(\x0b\x32\x19.eventspec.v1.EdgeProfile\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x07 \x01(\x03\x12\x13\n\x0bspeculative\x18\x08 \x01(\x08\x42\x08\n\x06visual\"=\n\x06\x44rafts\x12\x0c\n\x04\x62\x61se\x18\x01 \x01(\x03\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12\x12\n\nsent_at_ms\x18\x03 \x01(\x01\"\x18\n\x06\x43\x61ncel\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xf1\x01\n\x0b\x45\x64geMessage\x12\"\n\x04open\x18\x01 \x01(\x0b\x32\x12.eventspec.v1.OpenH\x00\x12\x33\n\rtensor_header\x18\x02 \x01(\x0b\x32\x1a.eventspec.v1.TensorHeaderH\x00\x12\x31\n\x0ctensor_chunk\x18\x03 \x01(\x0b\x32\x19.eventspec.v1.TensorChunkH\x00\x12&\n\x06\x64rafts\x18\x04 \x01(\x0b\x32\x14.eventspec.v1.DraftsH\x00\x12&\n\x06\x63\x61ncel\x18\x05 \x01(\x0b\x32\x14.eventspec.v1.CancelH\x00\x42\x06\n\x04kind\"y\n\x06\x43ommit\x12\r\n\x05start\x18\x01 \x01(\x03\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12\x17\n\x0f\x64rafts_verified\x18\x03 \x01(\x05\x12\x17\n\x0f\x64rafts_accepted\x18\x04 \x01(\x05\x12\x0c\n\x04text\x18\x05 \x01(\t\x12\r\n\x05\x61t_ms\x18\x06 \x01(\x01\"\xa6\x01\n\x04\x44one\x12\x31\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x1a.eventspec.v1.FinishReason\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\"\n\x05stats\x18\x04 \x01(\x0b\x32\x13.eventspec.v1.Stats\x12&\n\nfinal_plan\x18\x05 \x01(\x0b\x32\x12.eventspec.v1.Plan\"\x86\x01\n\x0c\x43loudMessage\x12\"\n\x04plan\x18\x01 \x01(\x0b\x32\x12.eventspec.v1.PlanH\x00\x12&\n\x06\x63ommit\x18\x02 \x01(\x0b\x32\x14.eventspec.v1.CommitH\x00\x12\"\n\x04\x64one\x18\x03 \x01(\x0b\x32\x12.eventspec.v1.DoneH\x00\x42\x06\n\x04kind2\xa0\x01\n\x08Verifier\x12M\n\rGetServerInfo\x12\".eventspec.v1.GetServerInfoRequest\x1a\x18.eventspec.v1.ServerInfo\x12\x45\n\x08Generate\x12\x19.eventspec.v1.EdgeMessage\x1a\x1a.eventspec.v1.CloudMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65ventspec/v1/verifier.proto\x12\x0c\x65ventspec.v1\x1a\x19\x65ventspec/v1/common.proto\"\x16\n\x14GetServerInfoRequest\"\x11\n\x0fGetStatsRequest\"\xe2\x03\n\rVerifierStats\x12\r\n\x05state\x18\x01 \x01(\t\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x15\n\rlive_sessions\x18\x03 \x01(\x05\x12\x14\n\x0cmax_sessions\x18\x04 \x01(\x05\x12\x15\n\rkv_slots_used\x18\x05 \x01(\x05\x12\x16\n\x0ekv_slots_total\x18\x06 \x01(\x05\x12\x18\n\x10prefills_waiting\x18\x07 \x01(\x05\x12\x17\n\x0frequests_served\x18\x08 \x01(\x03\x12\x17\n\x0f\x61\x63\x63\x65ptance_ewma\x18\t \x01(\x01\x12\x14\n\x0c\x65ngine_steps\x18\n \x01(\x03\x12\x17\n\x0fmean_batch_size\x18\x0b \x01(\x01\x12\x1c\n\x14mean_tokens_per_step\x18\x0c \x01(\x01\x12\x18\n\x10sessions_expired\x18\r \x01(\x03\x12\x10\n\x08uptime_s\x18\x0e \x01(\x01\x12S\n\x15sessions_by_principal\x18\x0f \x03(\x0b\x32\x34.eventspec.v1.VerifierStats.SessionsByPrincipalEntry\x1a:\n\x18SessionsByPrincipalEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"g\n\x0eVisualGeometry\x12\x12\n\nnum_frames\x18\x01 \x01(\x05\x12\x18\n\x10tokens_per_frame\x18\x02 \x01(\x05\x12\x13\n\x0b\x66\x65\x61ture_dim\x18\x03 \x01(\x05\x12\x12\n\nimage_size\x18\x04 \x01(\x05\"\xd9\x02\n\x06Limits\x12\x14\n\x0cmax_sessions\x18\x01 \x01(\x05\x12\x19\n\x11max_message_bytes\x18\x02 \x01(\x03\x12\x18\n\x10max_tensor_bytes\x18\x03 \x01(\x03\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\x05\x12\x18\n\x10max_draft_tokens\x18\x05 \x01(\x05\x12\x17\n\x0fmax_frame_bytes\x18\x06 \x01(\x03\x12\x19\n\x11max_verify_tokens\x18\x07 \x01(\x05\x12\x1a\n\x12max_question_chars\x18\x08 \x01(\x05\x12\x10\n\x08kv_slots\x18\t \x01(\x05\x12\x1a\n\x12kv_tokens_per_slot\x18\n \x01(\x05\x12\"\n\x1amax_sessions_per_principal\x18\x0b \x01(\x05\x12\x18\n\x10max_stop_strings\x18\x0c \x01(\x05\x12\x16\n\x0emax_stop_chars\x18\r \x01(\x05\"\xe3\x02\n\nServerInfo\x12\x10\n\x08protocol\x18\x01 \x01(\t\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\x12\x17\n\x0ftext_vocab_size\x18\x04 \x01(\x05\x12\x19\n\x11vocab_fingerprint\x18\x05 \x01(\t\x12\x14\n\x0c\x65os_token_id\x18\x06 \x01(\x05\x12.\n\x08geometry\x18\x07 \x01(\x0b\x32\x1c.eventspec.v1.VisualGeometry\x12\x30\n\rfeature_modes\x18\x08 \x03(\x0e\x32\x19.eventspec.v1.FeatureMode\x12+\n\x07profile\x18\t \x01(\x0b\x32\x1a.eventspec.v1.CloudProfile\x12$\n\x06limits\x18\n \x01(\x0b\x32\x14.eventspec.v1.Limits\x12\x1e\n\x16prompt_overhead_tokens\x18\x0b \x01(\x05\"\x1d\n\x0b\x46ramesInput\x12\x0e\n\x06\x66rames\x18\x01 \x03(\x0c\"A\n\x0c\x41lignedInput\x12\"\n\x05\x64type\x18\x01 \x01(\x0e\x32\x13.eventspec.v1.Dtype\x12\r\n\x05shape\x18\x02 \x03(\x03\"\xb3\x02\n\x04Open\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08question\x18\x02 \x01(\t\x12\x32\n\ngeneration\x18\x03 \x01(\x0b\x32\x1e.eventspec.v1.GenerationConfig\x12+\n\x06\x66rames\x18\x04 \x01(\x0b\x32\x19.eventspec.v1.FramesInputH\x00\x12-\n\x07\x61ligned\x18\x05 \x01(\x0b\x32\x1a.eventspec.v1.AlignedInputH\x00\x12/\n\x0c\x65\x64ge_profile\x18\x06 \x01(\x0b\x32\x19.eventspec.v1.EdgeProfile\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x07 \x01(\x03\x12\x13\n\x0bspeculative\x18\x08 \x01(\x08\x12\x10\n\x08timeline\x18\t \x01(\x08\x42\x08\n\x06visual\"=\n\x06\x44rafts\x12\x0c\n\x04\x62\x61se\x18\x01 \x01(\x03\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12\x12\n\nsent_at_ms\x18\x03 \x01(\x01\"\x18\n\x06\x43\x61ncel\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xf1\x01\n\x0b\x45\x64geMessage\x12\"\n\x04open\x18\x01 \x01(\x0b\x32\x12.eventspec.v1.OpenH\x00\x12\x33\n\rtensor_header\x18\x02 \x01(\x0b\x32\x1a.eventspec.v1.TensorHeaderH\x00\x12\x31\n\x0ctensor_chunk\x18\x03 \x01(\x0b\x32\x19.eventspec.v1.TensorChunkH\x00\x12&\n\x06\x64rafts\x18\x04 \x01(\x0b\x32\x14.eventspec.v1.DraftsH\x00\x12&\n\x06\x63\x61ncel\x18\x05 \x01(\x0b\x32\x14.eventspec.v1.CancelH\x00\x42\x06\n\x04kind\"y\n\x06\x43ommit\x12\r\n\x05start\x18\x01 \x01(\x03\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12\x17\n\x0f\x64rafts_verified\x18\x03 \x01(\x05\x12\x17\n\x0f\x64rafts_accepted\x18\x04 \x01(\x05\x12\x0c\n\x04text\x18\x05 \x01(\t\x12\r\n\x05\x61t_ms\x18\x06 \x01(\x01\"\xd0\x01\n\x04\x44one\x12\x31\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x1a.eventspec.v1.FinishReason\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\"\n\x05stats\x18\x04 \x01(\x0b\x32\x13.eventspec.v1.Stats\x12&\n\nfinal_plan\x18\x05 \x01(\x0b\x32\x12.eventspec.v1.Plan\x12(\n\x08timeline\x18\x06 \x01(\x0b\x32\x16.eventspec.v1.Timeline\"\x86\x01\n\x0c\x43loudMessage\x12\"\n\x04plan\x18\x01 \x01(\x0b\x32\x12.eventspec.v1.PlanH\x00\x12&\n\x06\x63ommit\x18\x02 \x01(\x0b\x32\x14.eventspec.v1.CommitH\x00\x12\"\n\x04\x64one\x18\x03 \x01(\x0b\x32\x12.eventspec.v1.DoneH\x00\x42\x06\n\x04kind2\xe8\x01\n\x08Verifier\x12M\n\rGetServerInfo\x12\".eventspec.v1.GetServerInfoRequest\x1a\x18.eventspec.v1.ServerInfo\x12\x45\n\x08Generate\x12\x19.eventspec.v1.EdgeMessage\x1a\x1a.eventspec.v1.CloudMessage(\x01\x30\x01\x12\x46\n\x08GetStats\x12\x1d.eventspec.v1.GetStatsRequest\x1a\x1b.eventspec.v1.VerifierStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'eventspec.v1.verifier_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_VERIFIERSTATS_SESSIONSBYPRINCIPALENTRY']._loaded_options = None
+  _globals['_VERIFIERSTATS_SESSIONSBYPRINCIPALENTRY']._serialized_options = b'8\001'
   _globals['_GETSERVERINFOREQUEST']._serialized_start=72
   _globals['_GETSERVERINFOREQUEST']._serialized_end=94
-  _globals['_VISUALGEOMETRY']._serialized_start=96
-  _globals['_VISUALGEOMETRY']._serialized_end=199
-  _globals['_LIMITS']._serialized_start=202
-  _globals['_LIMITS']._serialized_end=547
-  _globals['_SERVERINFO']._serialized_start=550
-  _globals['_SERVERINFO']._serialized_end=905
-  _globals['_FRAMESINPUT']._serialized_start=907
-  _globals['_FRAMESINPUT']._serialized_end=936
-  _globals['_ALIGNEDINPUT']._serialized_start=938
-  _globals['_ALIGNEDINPUT']._serialized_end=1003
-  _globals['_OPEN']._serialized_start=1006
-  _globals['_OPEN']._serialized_end=1295
-  _globals['_DRAFTS']._serialized_start=1297
-  _globals['_DRAFTS']._serialized_end=1358
-  _globals['_CANCEL']._serialized_start=1360
-  _globals['_CANCEL']._serialized_end=1384
-  _globals['_EDGEMESSAGE']._serialized_start=1387
-  _globals['_EDGEMESSAGE']._serialized_end=1628
-  _globals['_COMMIT']._serialized_start=1630
-  _globals['_COMMIT']._serialized_end=1751
-  _globals['_DONE']._serialized_start=1754
-  _globals['_DONE']._serialized_end=1920
-  _globals['_CLOUDMESSAGE']._serialized_start=1923
-  _globals['_CLOUDMESSAGE']._serialized_end=2057
-  _globals['_VERIFIER']._serialized_start=2060
-  _globals['_VERIFIER']._serialized_end=2220
+  _globals['_GETSTATSREQUEST']._serialized_start=96
+  _globals['_GETSTATSREQUEST']._serialized_end=113
+  _globals['_VERIFIERSTATS']._serialized_start=116
+  _globals['_VERIFIERSTATS']._serialized_end=598
+  _globals['_VERIFIERSTATS_SESSIONSBYPRINCIPALENTRY']._serialized_start=540
+  _globals['_VERIFIERSTATS_SESSIONSBYPRINCIPALENTRY']._serialized_end=598
+  _globals['_VISUALGEOMETRY']._serialized_start=600
+  _globals['_VISUALGEOMETRY']._serialized_end=703
+  _globals['_LIMITS']._serialized_start=706
+  _globals['_LIMITS']._serialized_end=1051
+  _globals['_SERVERINFO']._serialized_start=1054
+  _globals['_SERVERINFO']._serialized_end=1409
+  _globals['_FRAMESINPUT']._serialized_start=1411
+  _globals['_FRAMESINPUT']._serialized_end=1440
+  _globals['_ALIGNEDINPUT']._serialized_start=1442
+  _globals['_ALIGNEDINPUT']._serialized_end=1507
+  _globals['_OPEN']._serialized_start=1510
+  _globals['_OPEN']._serialized_end=1817
+  _globals['_DRAFTS']._serialized_start=1819
+  _globals['_DRAFTS']._serialized_end=1880
+  _globals['_CANCEL']._serialized_start=1882
+  _globals['_CANCEL']._serialized_end=1906
+  _globals['_EDGEMESSAGE']._serialized_start=1909
+  _globals['_EDGEMESSAGE']._serialized_end=2150
+  _globals['_COMMIT']._serialized_start=2152
+  _globals['_COMMIT']._serialized_end=2273
+  _globals['_DONE']._serialized_start=2276
+  _globals['_DONE']._serialized_end=2484
+  _globals['_CLOUDMESSAGE']._serialized_start=2487
+  _globals['_CLOUDMESSAGE']._serialized_end=2621
+  _globals['_VERIFIER']._serialized_start=2624
+  _globals['_VERIFIER']._serialized_end=2856
 # @@protoc_insertion_point(module_scope)

@@ -35,6 +35,117 @@ class GetServerInfoRequest(_message.Message):
 Global___GetServerInfoRequest: _TypeAlias = GetServerInfoRequest  # noqa: Y015
 
 @_typing.final
+class GetStatsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetStatsRequest: _TypeAlias = GetStatsRequest  # noqa: Y015
+
+@_typing.final
+class VerifierStats(_message.Message):
+    """The verifier's live state, read when asked (no history beyond counters)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class SessionsByPrincipalEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    STATE_FIELD_NUMBER: _builtins.int
+    MODEL_ID_FIELD_NUMBER: _builtins.int
+    LIVE_SESSIONS_FIELD_NUMBER: _builtins.int
+    MAX_SESSIONS_FIELD_NUMBER: _builtins.int
+    KV_SLOTS_USED_FIELD_NUMBER: _builtins.int
+    KV_SLOTS_TOTAL_FIELD_NUMBER: _builtins.int
+    PREFILLS_WAITING_FIELD_NUMBER: _builtins.int
+    REQUESTS_SERVED_FIELD_NUMBER: _builtins.int
+    ACCEPTANCE_EWMA_FIELD_NUMBER: _builtins.int
+    ENGINE_STEPS_FIELD_NUMBER: _builtins.int
+    MEAN_BATCH_SIZE_FIELD_NUMBER: _builtins.int
+    MEAN_TOKENS_PER_STEP_FIELD_NUMBER: _builtins.int
+    SESSIONS_EXPIRED_FIELD_NUMBER: _builtins.int
+    UPTIME_S_FIELD_NUMBER: _builtins.int
+    SESSIONS_BY_PRINCIPAL_FIELD_NUMBER: _builtins.int
+    state: _builtins.str
+    """"serving", "warming up: <phase>", or "engine stopped: <why>"."""
+    model_id: _builtins.str
+    """Model identity (empty while warming up)."""
+    live_sessions: _builtins.int
+    """Generate streams registered now, and the cap."""
+    max_sessions: _builtins.int
+    kv_slots_used: _builtins.int
+    """KV slots held now, and reserved at start-up."""
+    kv_slots_total: _builtins.int
+    prefills_waiting: _builtins.int
+    """Prefills queued in the engine loop now."""
+    requests_served: _builtins.int
+    """Requests answered (Done) since start."""
+    acceptance_ewma: _builtins.float
+    """Smoothed acceptance rate over finished requests."""
+    engine_steps: _builtins.int
+    """Batched engine steps since start, and their mean sessions and tokens per step."""
+    mean_batch_size: _builtins.float
+    mean_tokens_per_step: _builtins.float
+    sessions_expired: _builtins.int
+    """Sessions the TTL sweep released."""
+    uptime_s: _builtins.float
+    """Seconds since the server started."""
+    @_builtins.property
+    def sessions_by_principal(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Live sessions per authenticated principal (at most 32 principals, the busiest)."""
+
+    def __init__(
+        self,
+        *,
+        state: _builtins.str = ...,
+        model_id: _builtins.str = ...,
+        live_sessions: _builtins.int = ...,
+        max_sessions: _builtins.int = ...,
+        kv_slots_used: _builtins.int = ...,
+        kv_slots_total: _builtins.int = ...,
+        prefills_waiting: _builtins.int = ...,
+        requests_served: _builtins.int = ...,
+        acceptance_ewma: _builtins.float = ...,
+        engine_steps: _builtins.int = ...,
+        mean_batch_size: _builtins.float = ...,
+        mean_tokens_per_step: _builtins.float = ...,
+        sessions_expired: _builtins.int = ...,
+        uptime_s: _builtins.float = ...,
+        sessions_by_principal: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_ewma", b"acceptance_ewma", "engine_steps", b"engine_steps", "kv_slots_total", b"kv_slots_total", "kv_slots_used", b"kv_slots_used", "live_sessions", b"live_sessions", "max_sessions", b"max_sessions", "mean_batch_size", b"mean_batch_size", "mean_tokens_per_step", b"mean_tokens_per_step", "model_id", b"model_id", "prefills_waiting", b"prefills_waiting", "requests_served", b"requests_served", "sessions_by_principal", b"sessions_by_principal", "sessions_expired", b"sessions_expired", "state", b"state", "uptime_s", b"uptime_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VerifierStats: _TypeAlias = VerifierStats  # noqa: Y015
+
+@_typing.final
 class VisualGeometry(_message.Message):
     """Where aligned features are injected and what shape they must have."""
 
@@ -280,6 +391,7 @@ class Open(_message.Message):
     EDGE_PROFILE_FIELD_NUMBER: _builtins.int
     DEADLINE_MS_FIELD_NUMBER: _builtins.int
     SPECULATIVE_FIELD_NUMBER: _builtins.int
+    TIMELINE_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Caller-chosen id for logs and statistics."""
     question: _builtins.str
@@ -288,6 +400,8 @@ class Open(_message.Message):
     """Request budget in ms from the cloud receiving Open; 0 = no budget."""
     speculative: _builtins.bool
     """False: target-only baseline, the cloud expects no drafts."""
+    timeline: _builtins.bool
+    """Return the cloud's event log for this request in Done.timeline."""
     @_builtins.property
     def generation(self) -> _common_pb2.GenerationConfig:
         """Decoding settings."""
@@ -311,10 +425,11 @@ class Open(_message.Message):
         edge_profile: _common_pb2.EdgeProfile | None = ...,
         deadline_ms: _builtins.int = ...,
         speculative: _builtins.bool = ...,
+        timeline: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["aligned", b"aligned", "edge_profile", b"edge_profile", "frames", b"frames", "generation", b"generation", "visual", b"visual"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aligned", b"aligned", "deadline_ms", b"deadline_ms", "edge_profile", b"edge_profile", "frames", b"frames", "generation", b"generation", "question", b"question", "request_id", b"request_id", "speculative", b"speculative", "visual", b"visual"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aligned", b"aligned", "deadline_ms", b"deadline_ms", "edge_profile", b"edge_profile", "frames", b"frames", "generation", b"generation", "question", b"question", "request_id", b"request_id", "speculative", b"speculative", "timeline", b"timeline", "visual", b"visual"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_visual: _TypeAlias = _typing.Literal["frames", "aligned"]  # noqa: Y015
     _WhichOneofArgType_visual: _TypeAlias = _typing.Literal["visual", b"visual"]  # noqa: Y015
@@ -471,6 +586,7 @@ class Done(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     STATS_FIELD_NUMBER: _builtins.int
     FINAL_PLAN_FIELD_NUMBER: _builtins.int
+    TIMELINE_FIELD_NUMBER: _builtins.int
     finish_reason: _common_pb2.FinishReason.ValueType
     """Why generation stopped."""
     text: _builtins.str
@@ -487,6 +603,10 @@ class Done(_message.Message):
     def final_plan(self) -> _common_pb2.Plan:
         """The last plan in force (after re-planning)."""
 
+    @_builtins.property
+    def timeline(self) -> _common_pb2.Timeline:
+        """The cloud's event log, on its own clock, when Open.timeline asked for it."""
+
     def __init__(
         self,
         *,
@@ -495,10 +615,11 @@ class Done(_message.Message):
         text: _builtins.str = ...,
         stats: _common_pb2.Stats | None = ...,
         final_plan: _common_pb2.Plan | None = ...,
+        timeline: _common_pb2.Timeline | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["final_plan", b"final_plan", "stats", b"stats"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["final_plan", b"final_plan", "stats", b"stats", "timeline", b"timeline"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["final_plan", b"final_plan", "finish_reason", b"finish_reason", "stats", b"stats", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["final_plan", b"final_plan", "finish_reason", b"finish_reason", "stats", b"stats", "text", b"text", "timeline", b"timeline", "token_ids", b"token_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

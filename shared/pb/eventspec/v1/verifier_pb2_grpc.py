@@ -44,6 +44,11 @@ class VerifierStub:
                 request_serializer=eventspec_dot_v1_dot_verifier__pb2.EdgeMessage.SerializeToString,
                 response_deserializer=eventspec_dot_v1_dot_verifier__pb2.CloudMessage.FromString,
                 _registered_method=True)
+        self.GetStats = channel.unary_unary(
+                '/eventspec.v1.Verifier/GetStats',
+                request_serializer=eventspec_dot_v1_dot_verifier__pb2.GetStatsRequest.SerializeToString,
+                response_deserializer=eventspec_dot_v1_dot_verifier__pb2.VerifierStats.FromString,
+                _registered_method=True)
 
 
 class VerifierServicer:
@@ -64,6 +69,13 @@ class VerifierServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStats(self, request, context):
+        """Live load: sessions, KV slots, queued prefills, acceptance (eventspec status).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_VerifierServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -76,6 +88,11 @@ def add_VerifierServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=eventspec_dot_v1_dot_verifier__pb2.EdgeMessage.FromString,
                     response_serializer=eventspec_dot_v1_dot_verifier__pb2.CloudMessage.SerializeToString,
+            ),
+            'GetStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStats,
+                    request_deserializer=eventspec_dot_v1_dot_verifier__pb2.GetStatsRequest.FromString,
+                    response_serializer=eventspec_dot_v1_dot_verifier__pb2.VerifierStats.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -132,6 +149,33 @@ class Verifier:
             '/eventspec.v1.Verifier/Generate',
             eventspec_dot_v1_dot_verifier__pb2.EdgeMessage.SerializeToString,
             eventspec_dot_v1_dot_verifier__pb2.CloudMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eventspec.v1.Verifier/GetStats',
+            eventspec_dot_v1_dot_verifier__pb2.GetStatsRequest.SerializeToString,
+            eventspec_dot_v1_dot_verifier__pb2.VerifierStats.FromString,
             options,
             channel_credentials,
             insecure,

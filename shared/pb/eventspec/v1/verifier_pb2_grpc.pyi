@@ -37,6 +37,8 @@ class VerifierStub:
     """One bidirectional stream per request: Open, tensors, Drafts, Cancel in;
     Plan, Commit..., Done out. Errors end the stream with a gRPC status.
     """
+    GetStats: _grpc.UnaryUnaryMultiCallable[_verifier_pb2.GetStatsRequest, _verifier_pb2.VerifierStats]
+    """Live load: sessions, KV slots, queued prefills, acceptance (eventspec status)."""
 
 @_typing.type_check_only
 class VerifierAsyncStub(VerifierStub):
@@ -47,6 +49,8 @@ class VerifierAsyncStub(VerifierStub):
     """One bidirectional stream per request: Open, tensors, Drafts, Cancel in;
     Plan, Commit..., Done out. Errors end the stream with a gRPC status.
     """
+    GetStats: _aio.UnaryUnaryMultiCallable[_verifier_pb2.GetStatsRequest, _verifier_pb2.VerifierStats]  # type: ignore[assignment]
+    """Live load: sessions, KV slots, queued prefills, acceptance (eventspec status)."""
 
 class VerifierServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -66,5 +70,13 @@ class VerifierServicer(metaclass=_abc_1.ABCMeta):
         """One bidirectional stream per request: Open, tensors, Drafts, Cancel in;
         Plan, Commit..., Done out. Errors end the stream with a gRPC status.
         """
+
+    @_abc_1.abstractmethod
+    def GetStats(
+        self,
+        request: _verifier_pb2.GetStatsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_verifier_pb2.VerifierStats, _abc.Awaitable[_verifier_pb2.VerifierStats]]:
+        """Live load: sessions, KV slots, queued prefills, acceptance (eventspec status)."""
 
 def add_VerifierServicer_to_server(servicer: VerifierServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,43 @@
+"""The verifier's live view (``Verifier.GetStats``): what it is doing now, read when asked.
+
+Everything comes from state the server keeps anyway (the session registry, the KV slot
+pool, the engine loop's counters, the acceptance estimate), so answering costs a few
+attribute reads and nothing is recorded for it.
+"""
+
+from __future__ import annotations
+
+from cloud.runtime import VerifierRuntime
+from shared.types import VerifierStats
+
+#: Principals listed in ``sessions_by_principal`` (the busiest first).
+MAX_PRINCIPALS = 32
+
+
+def live_stats(rt: VerifierRuntime | None, *, phase: str, uptime_s: float) -> VerifierStats:
+    """The live view; ``rt`` None (still warming up) reports ``phase`` only."""
+    if rt is None:
+        return VerifierStats(state=f"warming up: {phase}", uptime_s=uptime_s)
+    sched = rt.scheduler
+    dead = sched.dead
+    state = "serving" if dead is None else f"engine stopped: {dead}"
+    s = sched.stats
+    batched = sum(size * n for size, n in s.batch_sizes.items())
+    held = sorted(rt.registry.by_principal().items(), key=lambda kv: -kv[1])[:MAX_PRINCIPALS]
+    return VerifierStats(
+        state=state,
+        model_id=rt.info.model_id,
+        live_sessions=len(rt.registry),
+        max_sessions=rt.registry.max_sessions,
+        kv_slots_used=sched.live,
+        kv_slots_total=sched.pool.num_slots,
+        prefills_waiting=sched.waiting,
+        requests_served=rt.requests_served,
+        acceptance_ewma=rt.acceptance.value,
+        engine_steps=s.steps,
+        mean_batch_size=batched / s.steps if s.steps else 0.0,
+        mean_tokens_per_step=s.step_tokens / s.steps if s.steps else 0.0,
+        sessions_expired=rt.registry.expired,
+        uptime_s=uptime_s,
+        sessions_by_principal={str(p): n for p, n in held},
+    )

@@ -1,0 +1,274 @@
+"""The verifier's Prometheus metrics: one registry per server, fed by small hooks.
+
+Where each number comes from, so recording never changes what the server does:
+
+- the engine thread calls :meth:`CloudMetrics.on_step` once per batched step (batch
+  size, tokens, step time: three histogram observations, nothing per token);
+- each Generate stream owns a :class:`RequestProbe`; it counts per Commit on the event
+  loop (inter-token latency, acceptance per draft position) and, at Done, adds the
+  request's final statistics to the counters, so the counters move by exactly what
+  the requests' ``Done.stats`` report;
+- gauges (running, waiting, KV slots) are read at scrape time from the scheduler and
+  the session registry.
+
+Names follow vLLM's where the meaning is the same (README, "Metrics").
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from shared.errors import ErrorCode, EventSpecError
+from shared.metrics import (
+    COUNT_BUCKETS,
+    LATENCY_BUCKETS,
+    PREFIX,
+    STEP_BUCKETS,
+    BoundedLabels,
+)
+from shared.principal import Principal
+from shared.types import DraftTail, RequestStats
+
+#: Draft positions with their own ``accepted_tokens_per_pos`` series; deeper ones are
+#: counted under the last (the verify width is capped at 33 tokens by default anyway).
+MAX_POSITIONS = 32
+
+
+def _name(suffix: str) -> str:
+    return PREFIX + suffix
+
+
+def edge_label(principal: Principal) -> str:
+    """The per-edge label: the authenticated principal's name, or ``anonymous``."""
+    return principal.name
+
+
+class CloudMetrics:
+    """Every verifier metric, registered in ``registry`` (a fresh one by default)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.edges = BoundedLabels()
+        self.request_success = Counter(
+            _name("request_success"), "Generate requests that ended with Done, by mode and "
+            "finish reason", ["mode", "finished_reason"], registry=r)
+        self.request_failure = Counter(
+            _name("request_failure"), "Generate requests that ended with an error status, by "
+            "mode and status code", ["mode", "code"], registry=r)
+        self.sessions_rejected = Counter(
+            _name("sessions_rejected"), "Generate requests refused before they held a KV slot, "
+            "by reason", ["reason"], registry=r)
+        self.auth_failures = Counter(
+            _name("auth_failures"), "Calls refused by authentication or authorisation, by status",
+            ["code"], registry=r)
+        self.num_drafts = Counter(
+            _name("spec_decode_num_drafts"), "Target steps that verified at least one draft",
+            registry=r)
+        self.num_draft_tokens = Counter(
+            _name("spec_decode_num_draft_tokens"), "Draft tokens verified (Done.stats.drafted)",
+            registry=r)
+        self.num_accepted_tokens = Counter(
+            _name("spec_decode_num_accepted_tokens"), "Draft tokens accepted "
+            "(Done.stats.accepted)", registry=r)
+        self.accepted_per_pos = Counter(
+            _name("spec_decode_num_accepted_tokens_per_pos"), "Draft tokens accepted at each "
+            "position of a verify step (0 = the first draft after the committed token)",
+            ["position"], registry=r)
+        self.drafts_received = Counter(
+            _name("drafts_received"), "Drafts messages (draft tails) received from edges",
+            registry=r)
+        self.draft_tokens_received = Counter(
+            _name("draft_tokens_received"), "Token ids in the Drafts messages received",
+            registry=r)
+        self.stale_drafts = Counter(
+            _name("stale_drafts"), "Drafts messages dropped because their overlap disagreed "
+            "with the committed answer (Done.stats.stale_drafts)", registry=r)
+        self.hidden_drafts = Counter(
+            _name("hidden_draft_tokens"), "Drafts that reached the cloud before its prefill "
+            "ended (Done.stats.hidden_drafted)", registry=r)
+        self.hidden_accepted = Counter(
+            _name("hidden_accepted_tokens"), "Of the hidden drafts, accepted "
+            "(Done.stats.hidden_accepted)", registry=r)
+        self.target_steps = Counter(
+            _name("target_steps"), "Per-request target steps, prefill's first token included "
+            "(Done.stats.target_steps)", registry=r)
+        self.generation_tokens = Counter(
+            _name("generation_tokens"), "Committed answer tokens (Done.stats.new_tokens)",
+            registry=r)
+        self.prompt_tokens = Counter(
+            _name("prompt_tokens"), "Prompt tokens prefilled (visual placeholders included)",
+            registry=r)
+        self.batch_size = Histogram(
+            _name("iteration_batch_size"), "Sessions in one batched engine step",
+            buckets=COUNT_BUCKETS, registry=r)
+        self.step_tokens = Histogram(
+            _name("iteration_tokens"), "Tokens fed to one batched engine step (committed "
+            "tokens plus drafts, over all sessions)", buckets=COUNT_BUCKETS, registry=r)
+        self.step_seconds = Histogram(
+            _name("engine_step_seconds"), "One batched engine step: forward plus sampler",
+            buckets=STEP_BUCKETS, registry=r)
+        self.queue_seconds = Histogram(
+            _name("request_queue_time_seconds"), "From a request's prefill being queued to "
+            "its prefill starting", buckets=LATENCY_BUCKETS, registry=r)
+        self.prefill_seconds = Histogram(
+            _name("request_prefill_time_seconds"), "A request's prefill call, first-token "
+            "sampling included", buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft_seconds = Histogram(
+            _name("time_to_first_token_seconds"), "From Open to the first committed token, "
+            "on the cloud (Done.stats.ttft_ms)", buckets=LATENCY_BUCKETS, registry=r)
+        self.itl_seconds = Histogram(
+            _name("inter_token_latency_seconds"), "Per Commit after the first: time since the "
+            "previous Commit divided by the tokens it carries", buckets=STEP_BUCKETS,
+            registry=r)
+        self.e2e_seconds = Histogram(
+            _name("e2e_request_latency_seconds"), "From Open to Done, on the cloud",
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.edge_requests = Counter(
+            _name("requests_by_edge"), "Generate requests that ended with Done, per edge "
+            f"(authenticated principal; at most {self.edges.limit} names, then 'other')",
+            ["edge"], registry=r)
+        self.edge_request_seconds = Counter(
+            _name("request_seconds_by_edge"), "Seconds from Open to Done summed per edge (divide "
+            "by requests_by_edge_total for the mean)", ["edge"], registry=r)
+        self.edge_draft_tokens = Counter(
+            _name("draft_tokens_by_edge"), "Draft tokens verified, per edge", ["edge"], registry=r)
+        self.edge_accepted_tokens = Counter(
+            _name("accepted_tokens_by_edge"), "Draft tokens accepted, per edge", ["edge"],
+            registry=r)
+        self.running = Gauge(_name("num_requests_running"), "Generate streams registered now",
+                             registry=r)
+        self.waiting = Gauge(_name("num_requests_waiting"), "Prefills queued for the engine "
+                             "loop now", registry=r)
+        self.kv_used = Gauge(_name("kv_slots_used"), "KV slots held by requests now",
+                             registry=r)
+        self.kv_total = Gauge(_name("kv_slots_total"), "KV slots the engine reserved at "
+                              "start-up", registry=r)
+        self.kv_usage = Gauge(_name("kv_cache_usage_perc"), "Fraction of KV slots in use "
+                              "(0..1)", registry=r)
+
+    def bind(self, *, running: Callable[[], int], waiting: Callable[[], int],
+             kv_used: Callable[[], int], kv_total: int) -> None:
+        """Read the gauges from the live server at scrape time (no per-request work)."""
+        self.running.set_function(running)
+        self.waiting.set_function(waiting)
+        self.kv_used.set_function(kv_used)
+        self.kv_total.set(kv_total)
+        self.kv_usage.set_function(lambda: kv_used() / kv_total if kv_total else 0.0)
+
+    # -- the engine thread ---------------------------------------------------------------
+
+    def on_step(self, sessions: int, tokens: int, seconds: float) -> None:
+        """One batched step ran (called by the scheduler, once per step)."""
+        self.batch_size.observe(sessions)
+        self.step_tokens.observe(tokens)
+        self.step_seconds.observe(seconds)
+
+    # -- the streams ---------------------------------------------------------------------
+
+    def request(self, principal: Principal) -> RequestProbe:
+        """A probe for one Generate stream."""
+        return RequestProbe(self, self.edges(edge_label(principal)))
+
+    def on_auth_failure(self, code: str) -> None:
+        """A call was refused by the auth interceptor (UNAUTHENTICATED, PERMISSION_DENIED)."""
+        self.auth_failures.labels(code).inc()
+
+
+class RequestProbe:
+    """What one Generate stream reports; every method is cheap and never raises."""
+
+    def __init__(self, metrics: CloudMetrics, edge: str) -> None:
+        self.m = metrics
+        self.edge = edge
+        self.mode = "unknown"
+        #: Where the stream is: "open", "sessions" (registering), "kv" (taking a slot),
+        #: "run"; a refusal's reason follows from it.
+        self.stage = "open"
+        self.per_pos = [0] * MAX_POSITIONS
+        self.num_drafts = 0
+        self._last_commit: float | None = None
+        self._done = False
+
+    def on_drafts(self, tail: DraftTail) -> None:
+        """A Drafts message arrived (well-formed)."""
+        self.m.drafts_received.inc()
+        self.m.draft_tokens_received.inc(len(tail.token_ids))
+
+    def on_commit(self, tokens: int, verified: int, accepted: int) -> None:
+        """A Commit is about to go out: inter-token latency and acceptance by position."""
+        now = time.perf_counter()
+        if self._last_commit is not None and tokens:
+            self.m.itl_seconds.observe((now - self._last_commit) / tokens)
+        self._last_commit = now
+        if verified:
+            self.num_drafts += 1
+            for pos in range(min(accepted, MAX_POSITIONS)):
+                self.per_pos[pos] += 1
+            if accepted > MAX_POSITIONS:
+                self.per_pos[-1] += accepted - MAX_POSITIONS
+
+    def on_prefill(self, prompt_tokens: int, queue_s: float) -> None:
+        """The request's prefill started after ``queue_s`` in the engine loop's queue."""
+        self.m.prompt_tokens.inc(prompt_tokens)
+        self.m.queue_seconds.observe(max(0.0, queue_s))
+
+    def on_done(self, finish_reason: str, stats: RequestStats) -> None:
+        """Done goes out: add this request's final statistics to the counters."""
+        m = self.m
+        self._done = True
+        m.request_success.labels(self.mode, finish_reason.lower()).inc()
+        m.num_drafts.inc(self.num_drafts)
+        m.num_draft_tokens.inc(stats.drafted)
+        m.num_accepted_tokens.inc(stats.accepted)
+        for pos, n in enumerate(self.per_pos):
+            if n:
+                m.accepted_per_pos.labels(str(pos)).inc(n)
+        m.stale_drafts.inc(stats.stale_drafts)
+        m.hidden_drafts.inc(stats.hidden_drafted)
+        m.hidden_accepted.inc(stats.hidden_accepted)
+        m.target_steps.inc(stats.target_steps)
+        m.generation_tokens.inc(stats.new_tokens)
+        if "prefill" in stats.stage_ms:
+            m.prefill_seconds.observe(stats.stage_ms["prefill"] / 1e3)
+        if stats.new_tokens:
+            m.ttft_seconds.observe(stats.ttft_ms / 1e3)
+        m.e2e_seconds.observe(stats.total_ms / 1e3)
+        m.edge_requests.labels(self.edge).inc()
+        m.edge_request_seconds.labels(self.edge).inc(stats.total_ms / 1e3)
+        m.edge_draft_tokens.labels(self.edge).inc(stats.drafted)
+        m.edge_accepted_tokens.labels(self.edge).inc(stats.accepted)
+
+    def on_error(self, error: EventSpecError, reason: str | None = None) -> None:
+        """The stream ended with ``error``; a refusal before the request held a KV slot
+        also counts under ``sessions_rejected`` with its reason."""
+        if self._done:
+            return
+        self._done = True
+        self.m.request_failure.labels(self.mode, error.code.name).inc()
+        if reason is None and self.stage in ("open", "sessions", "kv"):
+            reason = _rejection_reason(self.stage, error)
+        if reason is not None:
+            self.m.sessions_rejected.labels(reason).inc()
+
+    def on_cancelled(self) -> None:
+        """The edge went away before Done."""
+        if not self._done:
+            self._done = True
+            self.m.request_failure.labels(self.mode, "CANCELLED").inc()
+
+
+def _rejection_reason(stage: str, error: EventSpecError) -> str:
+    """A bounded reason for a request refused before it held a KV slot."""
+    if stage == "kv":
+        return "kv_slots" if error.code == ErrorCode.RESOURCE_EXHAUSTED else "engine_unavailable"
+    if stage == "sessions":
+        return "per_principal_cap" if "principal" in error.message else "max_sessions"
+    if error.code == ErrorCode.DEADLINE_EXCEEDED:
+        return "no_open"
+    if error.code == ErrorCode.RESOURCE_EXHAUSTED:
+        return "too_large"
+    return "invalid"
