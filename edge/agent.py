@@ -21,12 +21,16 @@ from typing import TYPE_CHECKING, Any
 
 from edge.admission import AdmissionQueue, cloud_slots
 from edge.align import FeatureAdapter
+from edge.ask_checks import check_ask, draft_only_settings
+from edge.cloud_wait import cloud_info_when_ready, first_reply
+from edge.cost_meter import EdgeCostMeter
 from edge.draft import DraftModel
+from edge.draft_only import answer_draft_only, decode_after
 from edge.drafter import Drafter
 from edge.events.base import EventSource
 from edge.failover import ask_event_is_committed, with_failover
 from edge.link import VerifierLink, VerifierStream
-from edge.readiness import CloudState, CloudView, Readiness
+from edge.readiness import Readiness
 from edge.request_timeline import EdgeTimeline
 from edge.session import Action, EdgeSession, SendDrafts, ShowPreview
 from edge.visual_input import (
@@ -37,15 +41,12 @@ from edge.visual_input import (
 )
 from shared.codec import WireDtype
 from shared.errors import (
-    ErrorCode,
     EventSpecError,
     FailedPrecondition,
-    InvalidInput,
     Unavailable,
 )
-from shared.estimators import AcceptanceEstimator, Ewma, ThroughputEstimator
+from shared.estimators import AcceptanceEstimator, ThroughputEstimator
 from shared.planning import RequestFacts, facts_from_open, plan_inputs, request_plan
-from shared.stops import StopMatcher
 from shared.timing import EdgeCost, TimingPlan, plan
 from shared.tracing import current_request_span
 from shared.types import (
@@ -57,7 +58,6 @@ from shared.types import (
     DoneEvent,
     FeatureMode,
     FinalEvent,
-    FinishReason,
     GenerationSettings,
     Mode,
     OpenRequest,
@@ -74,75 +74,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: The largest max_new_tokens a draft_only answer takes (then clamped to the draft's room).
-DRAFT_ONLY_MAX_NEW_TOKENS = 4096
-#: How often an Ask that waits for the cloud asks it again, s.
-CLOUD_POLL_S = 0.5
-#: An Ask plans with a GetServerInfo answer at most this old (the edge server's watcher
-#: refreshes it every few seconds) instead of asking again.
-INFO_MAX_AGE_S = 10.0
-
-
-class EdgeCostMeter:
-    """The edge's measured draft costs, smoothed over requests (the first one seeds them)."""
-
-    def __init__(self, smoothing: float = 0.3) -> None:
-        self._prefill = Ewma(smoothing, None)
-        self._per_token = Ewma(smoothing, None)
-
-    @property
-    def draft_prefill_ms(self) -> float:
-        return self._prefill.value
-
-    @property
-    def draft_ms_per_token(self) -> float:
-        return self._per_token.value
-
-    def update(self, prefill_ms: float, ms_per_token: float) -> None:
-        if prefill_ms > 0:
-            self._prefill.update(prefill_ms)
-        if ms_per_token > 0:
-            self._per_token.update(ms_per_token)
-
-
-def check_ask(spec: AskSpec, limits: ServerLimits) -> None:
-    """Refuse what the cloud would refuse, before any model work on the edge (a huge
-    question would otherwise keep the single model worker busy for everyone)."""
-    if not spec.question.strip():
-        raise InvalidInput("AskRequest.question is empty")
-    if len(spec.question) > limits.max_question_chars:
-        raise InvalidInput(
-            f"AskRequest.question: {len(spec.question)} characters exceed the cap of "
-            f"{limits.max_question_chars}"
-        )
-    spec.generation.validated(limits.max_new_tokens, max_stop_strings=limits.max_stop_strings,
-                              max_stop_chars=limits.max_stop_chars)
-
-
-def draft_only_settings(spec: AskSpec, draft: DraftModel) -> GenerationSettings:
-    """``spec.generation`` for a draft_only answer, or InvalidInput naming the field.
-
-    The draft decodes greedily, so a temperature would be silently ignored: refused. The
-    prompt (question and event tokens) must leave the draft model room for an answer;
-    ``max_new_tokens`` is clamped to that room, as the cloud clamps it to a KV slot's.
-    Tokenizing is cheap; it runs before any rendering or model work.
-    """
-    settings = spec.generation.validated(DRAFT_ONLY_MAX_NEW_TOKENS)
-    if settings.temperature != 0:
-        raise InvalidInput(
-            f"generation.temperature {settings.temperature:g}: draft_only decodes greedily "
-            "(the draft model's unverified argmax); send temperature 0, or use mode "
-            "speculative or target_only to sample"
-        )
-    prompt = draft.prompt_positions(spec.question)
-    room = draft.max_positions - prompt
-    if room < 1:
-        raise InvalidInput(
-            f"AskRequest.question: its draft_only prompt takes {prompt} positions, and the "
-            f"draft model has {draft.max_positions}, leaving none for the answer; shorten "
-            "the question or use mode target_only"
-        )
-    return replace(settings, max_new_tokens=min(settings.max_new_tokens, room))
 
 
 class EdgeAgent:
@@ -265,8 +196,12 @@ class EdgeAgent:
                       ) -> AsyncIterator[AskEvent]:
         if spec.mode == Mode.DRAFT_ONLY:
             check_ask(spec, ServerLimits())
-            async for event in self._draft_only(spec):
+            settings = draft_only_settings(spec, self.draft)  # before any model work
+            prepared = await self._prepare(spec, need_frames=False, need_features=False)
+            async for event in answer_draft_only(spec, settings, prepared, self.draft,
+                                                 self.worker):
                 yield event
+            self.requests_served += 1
             return
         if self.link is None:
             raise Unavailable(
@@ -276,7 +211,8 @@ class EdgeAgent:
         info: ServerInfo | None = None
         wait_s = self.cloud_wait_s if deadline_s is None else min(self.cloud_wait_s,
                                                                    max(0.0, deadline_s - 1.0))
-        async for item in self._cloud_info_when_ready(wait_s):
+        async for item in cloud_info_when_ready(
+                self.link, self.readiness, wait_s=wait_s, rpc_timeout_s=self.rpc_timeout_s):
             if isinstance(item, ProgressEvent):
                 yield item
             else:
@@ -321,45 +257,6 @@ class EdgeAgent:
                 yield event
         finally:
             self.admission.release()
-
-    async def _cloud_info_when_ready(
-        self, wait_s: float
-    ) -> AsyncIterator[ProgressEvent | ServerInfo]:
-        """The cloud's GetServerInfo, waiting up to ``wait_s`` for a cloud that is warming
-        up or briefly unreachable; yields a ProgressEvent whenever the reason changes,
-        then the info. A cloud that is not a Verifier, or a wait that runs out, gets its
-        own clear error."""
-        assert self.link is not None
-        cached = self.link.fresh_info(INFO_MAX_AGE_S)
-        if cached is not None:
-            yield cached
-            return
-        started = time.monotonic()
-        shown = None
-        while True:
-            try:
-                info = await self.link.server_info(self.rpc_timeout_s)
-            except EventSpecError as exc:
-                if exc.code not in (ErrorCode.UNAVAILABLE, ErrorCode.DEADLINE_EXCEEDED):
-                    raise
-                view = await self.link.diagnose(self.rpc_timeout_s)
-            else:
-                self.readiness.set_cloud(CloudView(CloudState.READY))
-                yield info
-                return
-            self.readiness.set_cloud(view)
-            waited = time.monotonic() - started
-            refusal = self.readiness.refusal(needs_cloud=True)
-            if refusal is not None:
-                raise refusal
-            if waited >= wait_s:
-                raise self.readiness.timeout_error(needs_cloud=True, waited_s=waited)
-            waiting = self.readiness.waiting(needs_cloud=True)
-            if waiting is not None and waiting != shown:
-                shown = waiting
-                log.info("ask waits: %s", waiting.message)
-                yield ProgressEvent(waiting.stage, waiting.message, round(waited, 3))
-            await asyncio.sleep(min(CLOUD_POLL_S, wait_s - waited))
 
     async def _prepare(
         self, spec: AskSpec, *, need_frames: bool, need_features: bool,
@@ -426,7 +323,8 @@ class EdgeAgent:
             replies = aiter(stream.replies())
             tasks["reply"] = asyncio.ensure_future(anext(replies))
             tasks["upload"] = asyncio.ensure_future(send_features(stream, prepared, feature_dtype))
-            await self._first_reply(tasks["reply"], tasks["upload"], stream)
+            await first_reply(self.link, stream, tasks["reply"], tasks["upload"],
+                              within_s=self.first_reply_s)
             sent = await tasks.pop("upload")
             up_s = time.perf_counter() - t_up
             stage["edge_upload"] = up_s * 1e3
@@ -505,29 +403,6 @@ class EdgeAgent:
                       else None),
         )
 
-    async def _first_reply(self, reply: asyncio.Future[Any], upload: asyncio.Future[Any],
-                           stream: VerifierStream) -> None:
-        """Wait for the cloud's first message (its Plan, sent as soon as the Open is
-        admitted, before the visual input), at most ``first_reply_s``.
-
-        A replica that is frozen (SIGSTOPped, hung) keeps its connection open and
-        answers nothing; without this bound a request waited for keepalive to declare
-        the connection dead. UNAVAILABLE here, before anything is committed, lets
-        ``edge.failover`` run the request on another replica.
-        """
-        assert self.link is not None
-        deadline = time.monotonic() + self.first_reply_s
-        while not reply.done():
-            if upload.done() and not upload.cancelled() and upload.exception() is not None:
-                return  # the upload failed (the call ended): the caller raises why
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.link.mark_hung(stream)
-                raise Unavailable(f"cloud verifier: no reply within {self.first_reply_s:g} s "
-                                  "of the request (a hung replica?)")
-            await asyncio.wait({f for f in (reply, upload) if not f.done()}, timeout=left,
-                               return_when=asyncio.FIRST_COMPLETED)
-
     def _reply(self, task: asyncio.Future[Any]) -> TimingPlan | CommitEvent | DoneEvent:
         """The cloud's next message, or the error that ended the stream."""
         assert self.link is not None
@@ -571,11 +446,7 @@ class EdgeAgent:
         return WireDtype.FLOAT16 if fits else WireDtype.INT8
 
     def _decode(self, ids: Sequence[int], prefix: Sequence[int] = ()) -> str:
-        """Text that ``ids`` add after ``prefix`` (decoding together keeps spacing right)."""
-        tok = self.draft.tokenizer
-        whole = str(tok.decode(list(prefix) + list(ids), skip_special_tokens=True))
-        head = str(tok.decode(list(prefix), skip_special_tokens=True)) if prefix else ""
-        return whole[len(head) :] if whole.startswith(head) else whole
+        return decode_after(self.draft, ids, prefix)
 
     def _edge_stats(
         self,
@@ -595,51 +466,4 @@ class EdgeAgent:
             uplink_bytes=stream.uplink_bytes,
             downlink_bytes=stream.downlink_bytes,
             stage_ms=merged,
-        )
-
-    async def _draft_only(self, spec: AskSpec) -> AsyncIterator[AskEvent]:
-        """The edge alone: greedy EventGPT output, labelled as unverified, under the same
-        stop rules as the cloud's (EOS, stop strings, token cap, context); what it cannot
-        do (sampling, a prompt past the draft's positions) is refused before model work."""
-        started = time.perf_counter()
-        settings = draft_only_settings(spec, self.draft)
-        prepared = await self._prepare(spec, need_frames=False, need_features=False)
-        drafter = Drafter(self.draft)
-        await self.worker.run(lambda: drafter.prefill(spec.question, prepared.event_pixels))
-        first_at: float | None = None
-        text = ""
-        answer: list[int] = []
-        stops = StopMatcher(settings.stop)
-        reason: FinishReason | None = None
-        while reason is None:
-            token = await self.worker.run(lambda seq=tuple(answer): drafter.draft_next(seq))  # type: ignore[misc]
-            answer.append(token)
-            first_at = first_at or time.perf_counter()
-            text = self._decode(answer)
-            stop_at = stops.feed(text)
-            if token == self.draft.eos_token_id:
-                reason = FinishReason.EOS
-            elif stop_at is not None:
-                reason, text = FinishReason.STOP_STRING, text[:stop_at]
-            elif len(answer) >= settings.max_new_tokens:
-                reason = FinishReason.MAX_TOKENS
-            yield CommittedEvent(len(answer) - 1, (token,), text)
-        ids = tuple(answer)
-        now = time.perf_counter()
-        self.requests_served += 1
-        yield FinalEvent(
-            answer=text,
-            token_ids=ids,
-            mode=Mode.DRAFT_ONLY,
-            feature_mode=None,
-            finish_reason=reason,
-            stats=RequestStats(
-                target_steps=0,
-                new_tokens=len(ids),
-                ttft_ms=((first_at or now) - started) * 1e3,
-                total_ms=(now - started) * 1e3,
-                stage_ms={"draft_prefill": drafter.prefill_ms, "edge_render": prepared.render_ms},
-            ),
-            plan=None,
-            window=prepared.window,
         )
