@@ -14,6 +14,9 @@ way a user does (``shared.launch``), asks through ``EdgeClient``, and writes one
   same port: seconds from its SERVING to the edge's SERVING and to the first answer.
 - ``load``: 50 clients ask in a loop for ``--load-s`` seconds against a cloud with 8
   sessions: answered within the deadline, refused, failed.
+- ``stops``: 4 clients' median latency alone, then while another process keeps sending
+  Asks with 10^6 one-character stop strings (refused: at most 16 are allowed). Both
+  share this machine's 2 cores, so the attacker's own CPU counts against the others.
 
     python benchmarks/bench_hardening.py --out benchmarks/results/hardening-cpu.json
 
@@ -208,9 +211,68 @@ async def load(seconds: float, clients: int, deadline_s: float) -> dict[str, obj
             "latency_p50_s": round(statistics.median(t for t, _ in outcomes), 2)}
 
 
+ATTACKER = """
+import asyncio, sys, time
+from dataclasses import replace
+from shared.client import AskError, EdgeClient
+from shared.types import AskSpec, GenerationSettings, Mode
+port, seconds = sys.argv[1], float(sys.argv[2])
+huge = AskSpec(question="What is moving?", mode=Mode.SPECULATIVE, generation=GenerationSettings(
+    max_new_tokens=16, stop=tuple("abcdefgh"[i % 8] for i in range(1_000_000))))
+async def main():
+    codes, took = [], []
+    async with EdgeClient(f"127.0.0.1:{port}", timeout_s=60) as client:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            t0 = time.monotonic()
+            try:
+                await client.ask_final(huge)
+                codes.append("OK")
+            except AskError as exc:
+                codes.append(exc.code.name)
+            took.append(time.monotonic() - t0)
+    print(len(codes), sorted(set(codes)), sorted(took)[len(took) // 2])
+asyncio.run(main())
+"""
+
+
+async def stops(seconds: float, clients: int) -> dict[str, object]:
+    """Other clients' latency alone, then while another process keeps sending Asks with
+    10^6 one-character stop strings (3 MB; refused: at most 16 are allowed)."""
+    async with nodes() as n:
+        cport = await n.cloud("c")
+        port = await n.edge(f"127.0.0.1:{cport}")
+
+        async def normal(into: list[float], end: float) -> None:
+            async with EdgeClient(f"127.0.0.1:{port}", timeout_s=60) as client:
+                while time.monotonic() < end:
+                    took, outcome = await timed_ask(client)
+                    if outcome == "ok":
+                        into.append(took)
+
+        alone: list[float] = []
+        end = time.monotonic() + seconds
+        await asyncio.gather(*(normal(alone, end) for _ in range(clients)))
+        attacker = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", ATTACKER, str(port), str(seconds),
+            stdout=asyncio.subprocess.PIPE, cwd=str(Path(__file__).resolve().parent.parent))
+        beside: list[float] = []
+        end = time.monotonic() + seconds
+        await asyncio.gather(*(normal(beside, end) for _ in range(clients)))
+        out, _ = await attacker.communicate()
+    count, codes, median_refused = out.decode().strip().split(" ", 1)[0], *out.decode(
+    ).strip().split(" ", 1)[1].rsplit(" ", 1)
+    return {"clients": clients, "seconds": seconds,
+            "median_alone_ms": round(statistics.median(alone) * 1e3, 1),
+            "median_beside_attacker_ms": round(statistics.median(beside) * 1e3, 1),
+            "ratio": round(statistics.median(beside) / statistics.median(alone), 3),
+            "attacks": int(count), "attack_outcomes": codes,
+            "attack_refused_median_ms": round(float(median_refused) * 1e3, 1)}
+
+
 async def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--only", default="spread,sigstop,recovery,load")
+    p.add_argument("--only", default="spread,sigstop,recovery,load,stops")
     p.add_argument("--stop-s", type=float, default=30.0)
     p.add_argument("--outage-s", type=float, default=40.0)
     p.add_argument("--load-s", type=float, default=60.0)
@@ -232,7 +294,12 @@ async def main(argv: Sequence[str] | None = None) -> int:
     if "load" in chosen:
         out["load"] = await load(args.load_s, 50, 30.0)
         print(json.dumps({"load": out["load"]}), flush=True)
+    if "stops" in chosen:
+        out["stops"] = await stops(20.0, 4)
+        print(json.dumps({"stops": out["stops"]}), flush=True)
     if args.out is not None:
+        if args.out.exists() and chosen != set(p.get_default("only").split(",")):
+            out = {**json.loads(args.out.read_text()), **out}  # one scenario re-run
         args.out.write_text(json.dumps(out, indent=2) + "\n")
     return 0
 
