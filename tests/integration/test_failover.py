@@ -19,7 +19,6 @@ import pytest
 from cloud.engine.hf import HFEngine
 from cloud.engine.paced import PacedEngine
 from cloud.server import VerifierServer
-from cloud.target import TargetModel
 from edge.cloud_link import CloudLink, cloud_target
 from edge.failover import with_failover
 from shared.errors import Unavailable
@@ -35,17 +34,7 @@ QUESTION = "What is moving?"
 PREFILL_S, STEP_S = 0.6, 0.08
 MAX_NEW = 8
 
-_TOY: TargetModel | None = None
-
-
-def toy_target() -> TargetModel:
-    global _TOY
-    if _TOY is None:
-        from cloud.model_dirs import TOY, model_dir
-        from cloud.target import load_target
-
-        _TOY = load_target(model_dir(TOY))
-    return _TOY
+toy_target = eh.toy_target
 
 
 @dataclass
@@ -261,7 +250,7 @@ async def test_replica_killed_with_sigkill_mid_prefill(tmp_path: Path) -> None:
         await wait_until(lambda: process in planned, timeout=20)
         proc.send_signal(signal.SIGKILL)
         results = await asyncio.wait_for(both, 60)
-        assert results == [baseline, baseline]
+        assert list(results) == [baseline, baseline]
         assert sorted(attempts) == [0, 0, 1]  # exactly one request was rerun
     finally:
         if proc.poll() is None:
