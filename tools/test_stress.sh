@@ -70,10 +70,11 @@ for i in $(seq "$runs"); do
         failed=$((failed + 1))
         keep=1
     fi
-    summary="$(grep -E '^(=+ )?[0-9]+ (passed|failed)|^=+ .*(passed|failed|error)' "$log" | tail -n 1)"
+    summary="$(grep -E '(passed|failed|error|errors|no tests ran).* in [0-9.]+s' "$log" | tail -n 1)"
     echo "run $i/$runs: $outcome in $((SECONDS - start)) s: ${summary:-no pytest summary}"
     if [ "$outcome" = FAIL ]; then
-        grep -E '^(FAILED|ERROR) ' "$log" | sed 's/^/    /'
+        # pytest's short summary (-ra), or the log's tail when there is none.
+        grep -E '^(FAILED|ERROR)' "$log" | sed 's/^/    /' | grep . || tail -n 5 "$log" | sed 's/^/    /'
     fi
 done
 
