@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.eventspec-installed
 
-.PHONY: demo test test-all test-gpu lint proto proto-check bench clean
+.PHONY: demo test test-all test-stress test-gpu lint proto proto-check bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -16,11 +16,17 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/eventspec demo
 
+# Extra pytest arguments, e.g. `make test PYTEST_ARGS='-x tests/unit'` (default: none).
+PYTEST_ARGS ?=
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m ''
+
+# `make test` STRESS_RUNS times (5) on a fresh clone of HEAD under two busy loops.
+test-stress:
+	tools/test_stress.sh
 
 # On a CUDA machine, with its own PyTorch (no venv): the static engine's graphs, padding,
 # fused kernels, verify steps and the server on it. GPU_OUT is the JSON summary.

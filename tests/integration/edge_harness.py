@@ -64,6 +64,47 @@ def shared_models() -> tuple[TargetModel, DraftModel]:
     return _TARGET, _DRAFT
 
 
+_TOY_TARGET: TargetModel | None = None
+
+
+def toy_target() -> TargetModel:
+    """The shipped toy target, once per test process (the toy draft agrees with it)."""
+    global _TOY_TARGET
+    if _TOY_TARGET is None:
+        from cloud.model_dirs import TOY, model_dir
+        from cloud.target import load_target
+
+        _TOY_TARGET = load_target(model_dir(TOY))
+    return _TOY_TARGET
+
+
+async def start_toy_stack(
+    seed: int, *, slow: tuple[float, float] | None = None,
+    edge_settings: dict[str, Any] | None = None,
+) -> tuple[VerifierServer, EdgeServer]:
+    """The toy pair on toy scene ``seed``: the cloud's toy target (optionally paced) and
+    an edge that loads the shipped toy draft and adapter itself (``model="toy"``).
+    Unlike the tiny random pair, the draft's tokens are mostly accepted."""
+    from edge.events.toy import ToySource
+
+    target = toy_target()
+    engine = cost = None
+    if slow is not None:
+        engine = PacedEngine(HFEngine(target), prefill_ms=slow[0] * 1e3, step_ms=slow[1] * 1e3)
+        cost = slow_cost(*slow)
+    cloud = VerifierServer(ch.settings(max_sessions=4), target=target, engine=engine, cost=cost)
+    await cloud.start()
+    settings = replace(EdgeSettings(), cloud=f"127.0.0.1:{cloud.port}", port=0, model="toy",
+                       **(edge_settings or {}))
+    edge = EdgeServer(settings, source=ToySource([seed]))
+    try:
+        await edge.start()
+    except BaseException:
+        await cloud.stop(0)
+        raise
+    return cloud, edge
+
+
 def adapter_for(target: TargetModel, draft: DraftModel) -> FeatureAdapter:
     """An untrained adapter from the draft's CLIP features to the target's video space."""
     s = draft.image_size

@@ -363,9 +363,16 @@ def test_ctrl_c_ends_with_one_line_and_status_130() -> None:
             entry_point_command("eventspec", ["ask", "--edge", f"127.0.0.1:{port}", "What?"]),
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
-        time.sleep(3)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        # ^C once the ask is under way: its channel has connected to the silent server.
+        silent.settimeout(60)
+        try:
+            conn, _ = silent.accept()
+        except TimeoutError:
+            proc.kill()
+            raise AssertionError(f"the ask never connected: {proc.communicate()}") from None
+        with conn:  # held open: the ask waits for an answer that never comes
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert err.strip().splitlines() == ["eventspec ask: interrupted"], err
     assert out == ""

@@ -32,6 +32,7 @@ from shared.types import (
 from tests.integration import cloud_harness as h
 from tests.integration import edge_harness as eh
 from tests.integration.tls_harness import TOKEN_A, TOKEN_B
+from tests.waiting import until
 
 Q = "Describe the scene."
 LONG_Q, LONG_SEED = "What is moving?", 1000  # greedy answer runs past 300 tokens
@@ -83,9 +84,10 @@ async def test_a_stream_that_never_sends_open_is_ended_by_the_first_message_time
         failure = await h.expect_failure(plain.port, [], timeout=20)
     elapsed = time.monotonic() - t0
     assert failure.code == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert "no complete request message within 0.5 s" in failure.details
+    # The server's bound ended it, not the client's 20 s deadline: the details say so.
+    assert "no complete request message within 0.5 s" in failure.details, failure.details
     assert "first-message timeout" in failure.details
-    assert elapsed < 3.0, elapsed  # the server's bound, not the client's 20 s deadline
+    assert elapsed >= 0.5 * 0.9, elapsed
     assert plain._host.limit.in_flight == 0  # it never took an RPC slot
     gate = [r.getMessage() for r in caplog.records if r.name == "shared.wire.gate"]
     assert any("DEADLINE_EXCEEDED" in line and "first-message" in line for line in gate), gate
@@ -103,7 +105,7 @@ async def test_features_timeout_scales_with_the_declared_size_over_the_uplink(
     assert failure.code == grpc.StatusCode.DEADLINE_EXCEEDED
     assert f"did not arrive within {expected_s:.1f} s" in failure.details, failure.details
     assert "17408 declared bytes" in failure.details
-    assert expected_s * 0.9 <= elapsed < expected_s + 2.0
+    assert elapsed >= expected_s * 0.9, elapsed  # the server's bound; details say which
     await h.wait_for_sessions(plain, 0)
 
 
@@ -285,7 +287,9 @@ async def test_one_line_per_request_with_outcome_never_the_question(
                 pass  # the answer is under way
             call.cancel()
         await h.wait_for_sessions(plain, 0)
-        await asyncio.sleep(0.2)
+        # The cancelled handler logs its line in its finally, after the stream has ended.
+        await until(lambda: any(line.startswith("generate gone-1:") for line in _lines(caplog)),
+                    "the cancelled request's log line")
     lines = _lines(caplog)
     ok = [line for line in lines if line.startswith("generate ok-1:")]
     gone = [line for line in lines if line.startswith("generate gone-1:")]

@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
+from typing import Any
 
 import grpc
 import pytest
@@ -18,6 +19,7 @@ from cloud.server import VerifierServer
 from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from tests.integration import cloud_harness as h
 from tests.integration import edge_harness as eh
+from tests.waiting import until
 
 #: GetServerInfo's worst latency under attack.
 PROBE_BOUND_S = 2.0
@@ -27,10 +29,10 @@ GOOD_BOUND_S = 8.0
 FIRST_S = 1.0
 Q = "Describe the scene."
 
-Attack = Callable[[str], Awaitable[None]]
+Attack = Callable[[str, asyncio.Event], Coroutine[Any, Any, None]]
 
 
-async def _slowloris(address: str) -> None:
+async def _slowloris(address: str, started: asyncio.Event) -> None:
     """Three streams declare aligned features and trickle them a chunk a second."""
     target, _ = eh.shared_models()
     chunks = h.tensor_msgs(h.features_for(target, h.make_frames(1)), chunk_bytes=512)
@@ -40,6 +42,7 @@ async def _slowloris(address: str) -> None:
             call = verifier_pb2_grpc.VerifierStub(channel).Generate(timeout=20)
             with contextlib.suppress(aio.AioRpcError, aio.UsageError):
                 await call.write(h.aligned_open_msg(Q))
+                started.set()
                 for msg in chunks:
                     await call.write(msg)
                     await asyncio.sleep(1.0)
@@ -47,12 +50,13 @@ async def _slowloris(address: str) -> None:
     await asyncio.gather(*(one() for _ in range(3)))
 
 
-async def _oversize(address: str) -> None:
+async def _oversize(address: str, started: asyncio.Event) -> None:
     """Messages just over the server's 8 MiB limit, again and again."""
     big = verifier_pb2.EdgeMessage(open=verifier_pb2.Open(question="x" * (9 << 20)))
     options = [("grpc.max_send_message_length", 64 << 20)]
     async with aio.insecure_channel(address, options=options) as channel:
         stub = verifier_pb2_grpc.VerifierStub(channel)
+        started.set()
         for _ in range(15):
             call = stub.Generate(timeout=5)
             with contextlib.suppress(aio.AioRpcError, aio.UsageError):
@@ -60,14 +64,17 @@ async def _oversize(address: str) -> None:
                 await call.read()
 
 
-async def _flood(address: str) -> None:
+async def _flood(address: str, started: asyncio.Event) -> None:
     """200 Generate calls that never send Open (far past the RPC limit) on one connection:
     the first-message timeout ends them (any sent before the client learned the
     connection's stream cap may be refused by HTTP/2, REFUSED_STREAM)."""
     async with aio.insecure_channel(address) as channel:
         stub = verifier_pb2_grpc.VerifierStub(channel)
         calls = [stub.Generate(timeout=20) for _ in range(200)]
-        for outcome in await asyncio.gather(*(c.read() for c in calls), return_exceptions=True):
+        reads = asyncio.gather(*(c.read() for c in calls), return_exceptions=True)
+        await channel.channel_ready()  # the connection the streams go out on is up
+        started.set()
+        for outcome in await reads:
             assert isinstance(outcome, aio.AioRpcError), outcome
             refused = (outcome.code() == grpc.StatusCode.UNAVAILABLE
                        and "RST_STREAM" in (outcome.details() or ""))
@@ -112,9 +119,12 @@ async def test_server_stays_responsive_under(attack: Attack) -> None:
     try:
         stop = asyncio.Event()
         prober = asyncio.create_task(_probe(address, stop))
-        attacker = asyncio.create_task(attack(address))
-        await asyncio.sleep(0.5)  # the attack is under way
-        assert not attacker.done() or attack is _oversize
+        started = asyncio.Event()
+        attacker = asyncio.create_task(attack(address, started))
+        # The good request goes out once the attack is under way (was: a 0.5 s sleep).
+        await asyncio.wait_for(started.wait(), 30)
+        if attack is _slowloris:
+            await until(lambda: server.live_sessions >= 1, "a slowloris session is open")
         good_s = await _good_request(server.port)
         await attacker
         stop.set()

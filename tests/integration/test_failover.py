@@ -13,16 +13,17 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pytest
 
 from cloud.engine.hf import HFEngine
 from cloud.engine.paced import PacedEngine
 from cloud.server import VerifierServer
-from cloud.target import TargetModel
 from edge.cloud_link import CloudLink, cloud_target
 from edge.failover import with_failover
 from shared.errors import Unavailable
 from shared.launch import entry_point_command
+from shared.timing import TimingPlan
 from shared.types import CommitEvent, DoneEvent, GenerationSettings, OpenRequest
 from shared.wire.health import wait_for_serving
 from shared.wire.security import SecurityConfigError
@@ -33,17 +34,7 @@ QUESTION = "What is moving?"
 PREFILL_S, STEP_S = 0.6, 0.08
 MAX_NEW = 8
 
-_TOY: TargetModel | None = None
-
-
-def toy_target() -> TargetModel:
-    global _TOY
-    if _TOY is None:
-        from cloud.model_dirs import TOY, model_dir
-        from cloud.target import load_target
-
-        _TOY = load_target(model_dir(TOY))
-    return _TOY
+toy_target = eh.toy_target
 
 
 @dataclass
@@ -86,13 +77,17 @@ def open_request(seed: int = 0) -> OpenRequest:
     )
 
 
-async def generate(link: CloudLink, req: OpenRequest) -> AsyncIterator[CommitEvent | DoneEvent]:
-    """One target-only Generate attempt over the edge's real transport."""
+async def generate(link: CloudLink, req: OpenRequest, planned: list[str] | None = None
+                   ) -> AsyncIterator[CommitEvent | DoneEvent]:
+    """One target-only Generate attempt over the edge's real transport; the replica is
+    appended to ``planned`` when its Plan arrives (the request is admitted, in prefill)."""
     stream = link.open_stream(60.0)
     finished = False
     try:
         await stream.send(req)
         async for msg in stream.replies():
+            if isinstance(msg, TimingPlan) and planned is not None:
+                planned.append(stream.replica.target if stream.replica else "")
             if isinstance(msg, CommitEvent | DoneEvent):
                 yield msg
             if isinstance(msg, DoneEvent):
@@ -105,12 +100,12 @@ async def generate(link: CloudLink, req: OpenRequest) -> AsyncIterator[CommitEve
             stream.cancel()
 
 
-async def answer(link: CloudLink, req: OpenRequest, attempts: list[int] | None = None
-                 ) -> tuple[int, ...]:
+async def answer(link: CloudLink, req: OpenRequest, attempts: list[int] | None = None,
+                 planned: list[str] | None = None) -> tuple[int, ...]:
     def attempt(n: int) -> AsyncIterator[CommitEvent | DoneEvent]:
         if attempts is not None:
             attempts.append(n)
-        return generate(link, req)
+        return generate(link, req, planned)
 
     async for event in with_failover(attempt):
         if isinstance(event, DoneEvent):
@@ -194,7 +189,10 @@ async def test_a_replica_reporting_not_serving_gets_no_new_requests(replicas: Re
     draining = replicas.servers[0]
     assert draining._host is not None
     await draining._host.set_serving(False)
-    await asyncio.sleep(0.3)  # the Watch stream delivers NOT_SERVING
+    # The channel's health Watch has delivered NOT_SERVING: the replica is out of rotation.
+    channel = replicas.link.replicas[0].channel
+    await wait_until(lambda: channel.get_state(try_to_connect=True)
+                     == grpc.ChannelConnectivity.TRANSIENT_FAILURE)
     peak = [0, 0, 0]
 
     async def watch() -> None:
@@ -243,12 +241,16 @@ async def test_replica_killed_with_sigkill_mid_prefill(tmp_path: Path) -> None:
         await wait_until(lambda: survivor.live_sessions == 0)
         # Two at once: round_robin puts one on each replica.
         attempts: list[int] = []
-        both = asyncio.gather(answer(link, req, attempts), answer(link, req, attempts))
+        planned: list[str] = []
+        both = asyncio.gather(answer(link, req, attempts, planned),
+                              answer(link, req, attempts, planned))
         await wait_until(lambda: survivor.live_sessions == 1, timeout=20)
-        await asyncio.sleep(0.3)  # the other one is now in the process's slow prefill
+        # Both have their Plan: the other one is now in the process's 2 s prefill.
+        process = link.replicas[0].target
+        await wait_until(lambda: process in planned, timeout=20)
         proc.send_signal(signal.SIGKILL)
         results = await asyncio.wait_for(both, 60)
-        assert results == [baseline, baseline]
+        assert list(results) == [baseline, baseline]
         assert sorted(attempts) == [0, 0, 1]  # exactly one request was rerun
     finally:
         if proc.poll() is None:

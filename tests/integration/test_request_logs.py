@@ -6,7 +6,6 @@ reason) and the ones the edge abandoned, not only those that reached Done (issue
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 
@@ -18,6 +17,7 @@ from cloud.server import VerifierServer
 from shared.logsafe import safe_request_id
 from shared.pb.eventspec.v1 import verifier_pb2_grpc
 from tests.integration import cloud_harness as h
+from tests.waiting import until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -36,16 +36,20 @@ def request_lines(caplog: pytest.LogCaptureFixture, question: str) -> list[str]:
             if r.name.startswith("cloud") and r.getMessage().startswith(prefix)]
 
 
+async def one_line(caplog: pytest.LogCaptureFixture, question: str) -> str:
+    """The request's one line, once written: the handler writes it in its ``finally``,
+    which runs after the client has seen Done or the status."""
+    await until(lambda: request_lines(caplog, question), f"the log line of {question!r}")
+    (line,) = request_lines(caplog, question)
+    return line
+
+
 async def test_a_finished_request_is_one_line(server: VerifierServer,
                                               caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="cloud")
     await h.run_generate(server.port, h.open_msg("Finished?", h.make_frames(1), max_new_tokens=4,
                                                  speculative=False))
-    for _ in range(60):  # the line is written when the stream closes, just after Done
-        if request_lines(caplog, "Finished?"):
-            break
-        await asyncio.sleep(0.05)
-    (line,) = request_lines(caplog, "Finished?")
+    line = await one_line(caplog, "Finished?")
     assert "MAX_TOKENS, 4 tokens" in line
 
 
@@ -56,8 +60,7 @@ async def test_a_refused_request_is_one_line_with_code_and_reason(
     failure = await h.expect_failure(server.port, [
         h.open_msg("Refused?", h.make_frames(1), max_new_tokens=33)])
     assert failure.code.name == "INVALID_ARGUMENT"
-    await asyncio.sleep(0.2)  # the handler's finally runs after the status is sent
-    (line,) = request_lines(caplog, "Refused?")
+    line = await one_line(caplog, "Refused?")
     assert "INVALID_ARGUMENT, 0 tokens" in line
     assert "max_new_tokens 33 exceeds this server's cap of 32" in line
 
@@ -73,6 +76,5 @@ async def test_a_request_the_edge_abandons_is_one_cancelled_line(
         assert first.HasField("plan")
         call.cancel()
     await h.wait_for_sessions(server, 0)
-    await asyncio.sleep(0.2)
-    (line,) = request_lines(caplog, "Abandoned?")
+    line = await one_line(caplog, "Abandoned?")
     assert ", CANCELLED, 0 tokens" in line

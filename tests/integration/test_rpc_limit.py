@@ -6,7 +6,6 @@ call takes a slot of the concurrent-call limit only once its first message arriv
 from __future__ import annotations
 
 import asyncio
-import time
 
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -31,13 +30,12 @@ async def test_streams_without_a_message_take_no_slot_and_probes_answer() -> Non
             waiting = asyncio.gather(*(c.wait_for_connection() for c in idle))
             await asyncio.wait_for(waiting, timeout=10)
             assert server._host.limit.in_flight == 0
-            t0 = time.monotonic()
+            # Each call's own deadline (BOUND_S) bounds it: exempt calls are answered.
             health = await health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(), timeout=BOUND_S)
             info = await stub.GetServerInfo(verifier_pb2.GetServerInfoRequest(), timeout=BOUND_S)
             assert health.status == health_pb2.HealthCheckResponse.SERVING
             assert info.model_id
-            assert time.monotonic() - t0 < BOUND_S
             out = await ch.run_generate(server.port, ch.open_msg("What is moving?",
                                                                  ch.make_frames(1),
                                                                  max_new_tokens=4),

@@ -31,6 +31,7 @@ from tests.integration import cloud_harness as ch
 from tests.integration import edge_harness as eh
 from tests.integration import tls_harness as th
 from tests.integration.tls_harness import TOKEN_A, TOKEN_B, Pki
+from tests.waiting import until_async
 
 CALL_TIMEOUT = 5.0
 
@@ -491,8 +492,12 @@ async def test_sighup_reloads_a_certificate_whose_file_times_did_not_change(
         new_client = th.client_security(pki, ca=new_ca)
         assert await _health_status(server.port, new_client) == grpc.StatusCode.UNAVAILABLE
         os.kill(os.getpid(), signal.SIGHUP)
-        await asyncio.sleep(0.1)  # the loop runs the handler
-        assert await _health_status(server.port, new_client) == grpc.StatusCode.OK
+
+        async def renewed_in_use() -> bool:  # once the loop has run the handler
+            return await _health_status(server.port, new_client) == grpc.StatusCode.OK
+
+        await until_async(renewed_in_use, "the renewed certificate serves after SIGHUP",
+                          timeout_s=20, poll_s=0.1)
         assert await _health_status(server.port, th.client_security(pki)) != grpc.StatusCode.OK
     finally:
         await server.stop(0)

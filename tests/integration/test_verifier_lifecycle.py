@@ -151,9 +151,10 @@ async def test_open_deadline_ms_ends_with_done_deadline(server: VerifierServer) 
 async def test_open_deadline_ms_while_waiting_for_features(server: VerifierServer) -> None:
     t0 = time.perf_counter()
     failure = await h.expect_failure(server.port, [h.aligned_open_msg(Q, deadline_ms=200)])
-    assert time.perf_counter() - t0 < INPUT_TIMEOUT_S + 2
+    assert time.perf_counter() - t0 >= 0.2 * 0.9
     assert failure.code == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert "did not arrive within 0.2 s" in failure.details
+    # The request's deadline ended it (0.2 s), not the input timeout: the details say which.
+    assert "did not arrive within 0.2 s" in failure.details, failure.details
     await h.wait_for_sessions(server, 0)
 
 
@@ -163,7 +164,7 @@ async def test_features_that_never_arrive_time_out(server: VerifierServer) -> No
     elapsed = time.perf_counter() - t0
     assert failure.code == grpc.StatusCode.DEADLINE_EXCEEDED
     assert f"did not arrive within {INPUT_TIMEOUT_S:.1f} s" in failure.details
-    assert INPUT_TIMEOUT_S * 0.9 <= elapsed < INPUT_TIMEOUT_S + 3
+    assert elapsed >= INPUT_TIMEOUT_S * 0.9, elapsed  # the details name the bound that fired
     await h.wait_for_sessions(server, 0)
 
 

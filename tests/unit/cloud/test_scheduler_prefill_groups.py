@@ -16,20 +16,24 @@ from cloud.scheduler import Failure, Scheduler, Ticket
 from shared.errors import InvalidInput
 from shared.types import GenerationSettings
 from tests.unit.cloud.test_scheduler_property import EOS, TEXT_VOCAB, FakeEngine, target_only
+from tests.waiting import until
 
 POISON = 31  # a prompt holding this token is refused by the engine
 
 
 class RecordingEngine(FakeEngine):
-    """Records each prefill call's slots; the first call waits for ``gate``."""
+    """Records each prefill call's slots; the first call sets ``entered`` and waits
+    for ``gate``."""
 
     def __init__(self, num_slots: int) -> None:
         super().__init__(num_slots)
         self.calls: list[list[int]] = []
+        self.entered = threading.Event()
         self.gate = threading.Event()
 
     def prefill(self, requests: Sequence[PrefillRequest]) -> torch.Tensor:
         if not self.calls:
+            self.entered.set()
             assert self.gate.wait(timeout=10), "the test never opened the gate"
         self.calls.append([r.slot for r in requests])
         if any(POISON in r.input_ids for r in requests):
@@ -72,7 +76,8 @@ async def test_waiting_prefills_share_a_call_within_the_budget_and_a_bad_one_fai
             sched.submit_prefill(ticket, prompt, video_features=torch.zeros(1))
             tickets.append(ticket)
             if i == 0:
-                await asyncio.sleep(0.2)  # the first call is running (and blocked) now
+                # The others must queue while the first call runs (and is blocked).
+                await until(engine.entered.is_set, "the first prefill call is running")
         engine.gate.set()
         results = await asyncio.gather(*(_answer(t) for t in tickets))
     finally:

@@ -22,6 +22,7 @@ from cloud.engine.base import PrefillRequest, StepBatch
 from cloud.scheduler import Failure, Scheduler
 from shared.errors import ResourceExhausted
 from shared.types import DraftTail, FinishReason, GenerationSettings
+from tests.waiting import until
 
 VOCAB, TEXT_VOCAB, EOS = 40, 32, 2
 
@@ -170,13 +171,11 @@ async def drive(reqs: Sequence[Req], num_slots: int, yields: Sequence[int]) -> N
 
     try:
         await asyncio.gather(*(one(i, r) for i, r in enumerate(reqs)))
-        for _ in range(200):  # releases are commands: let the engine thread take them
-            if sched.pool.free == num_slots:
-                break
-            await asyncio.sleep(0.005)
+        # Releases are commands: the engine thread takes them when it next runs.
+        await until(lambda: sched.pool.free == num_slots, "every KV slot is back (none leaked)",
+                    timeout_s=10)
     finally:
         await asyncio.to_thread(sched.stop)
-    assert sched.pool.free == num_slots, "a KV slot leaked"
     assert engine.slots == [None] * num_slots, "a slot was not freed in the engine"
 
 

@@ -7,7 +7,6 @@ import threading
 import numpy as np
 import pytest
 
-from edge.events.base import EventSource
 from edge.events.live import LiveEventBuffer, LiveSource, ReplayReader
 from edge.events.types import EVENT_DTYPE
 from shared.errors import InvalidInput
@@ -81,7 +80,6 @@ def test_live_source_over_replay_reader() -> None:
     with LiveSource(
         ReplayReader(events, batch_size=333), capacity=2_000, sensor_size=(32, 8)
     ) as src:
-        assert isinstance(src, EventSource)
         assert src.wait_for(timeout_s=5.0)
         assert src.finished and src.error is None
         s = src.buffer.stats()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge.events.base import EventSource, RgbIndex
 from edge.events.render import events_to_frames
 from edge.events.sources import open_source
 from edge.events.toy import TOY_SCENE_US, ToySource
@@ -27,9 +26,8 @@ def test_toy_event_dtype_matches_the_edge() -> None:
     assert TOY_EVENT_DTYPE == EVENT_DTYPE
 
 
-def test_is_an_event_source_with_an_rgb_index() -> None:
+def test_covers_its_scenes_back_to_back_with_rgb() -> None:
     src = ToySource(TEST_SEEDS)
-    assert isinstance(src, EventSource) and isinstance(src, RgbIndex)
     assert src.has_rgb and src.sensor_size == (64, 64)
     assert src.time_range_us() == (0, 6 * TOY_SCENE_US)
     assert "1010000..1010005" in src.describe()

