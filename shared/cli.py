@@ -15,9 +15,11 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from shared.answer_view import (
     AnswerView,
@@ -122,6 +124,12 @@ async def _ask(args: argparse.Namespace, spec: AskSpec, view: AnswerView | None)
                     client, spec, sys.stdout, view, waiting=waiting, suffix=label,
                     progress=None if isinstance(view, LiveView) else sys.stderr)
         except AskError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # ^C cancelled the call while gRPC was connecting, and gRPC turned the
+                # cancellation into a status: the user interrupted, and that is the
+                # answer (asyncio.run then raises KeyboardInterrupt: status 130).
+                raise asyncio.CancelledError from exc
             if view is not None:
                 sys.stdout.write(view.interrupt())
                 sys.stdout.flush()
@@ -202,6 +210,24 @@ def _status(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return 1
     print(json.dumps(to_json(status)) if args.json else render(args.address, status))
     return 0
+
+
+async def _interruptible(work: Coroutine[Any, Any, int]) -> int:
+    """``work``, cancelled at once by ^C.
+
+    The loop's own SIGINT handler wakes it whichever thread the signal lands on (gRPC
+    runs threads of its own); a plain Python handler ran only once the loop woke for
+    another reason, so a ^C during a connection attempt waited for its 20 s timeout and
+    the ask then failed instead of stopping.
+    """
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    if task is not None:
+        loop.add_signal_handler(signal.SIGINT, task.cancel)
+    try:
+        return await work
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -288,8 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     view = view_for(args)
     try:
-        return asyncio.run(_ask(args, spec, view))
-    except KeyboardInterrupt:
+        return asyncio.run(_interruptible(_ask(args, spec, view)))
+    except (KeyboardInterrupt, asyncio.CancelledError):
         with contextlib.suppress(BrokenPipeError):
             sys.stdout.write(view.interrupt() if view is not None else "")
             sys.stdout.flush()
