@@ -6,8 +6,10 @@ The CPU tests in ``tests/unit/cloud/test_static_engine.py`` cover the same code 
 graphs or Triton; these cover what only a GPU runs.
 
 Tolerances: the toy target runs in float32, where a replayed graph and the eager forward
-of the same shapes do the same arithmetic (bitwise equal), while a padded or differently
-shaped step may pick other GEMM kernels: logits agree to 1e-3 and greedy tokens exactly.
+of the same shapes do the same arithmetic (asserted bitwise equal), while a padded or
+differently shaped step may pick other GEMM kernels: logits agree to 1e-3 (an H100 gave
+at most 3.4e-4) and greedy tokens exactly. Attention's dot products run in TF32 (Triton's
+default for float32), the same in every shape.
 The full-size target runs in bf16 with random weights; there only token identity of a
 whole answer is asserted, at N = 1 (the same batch shapes on both sides).
 """
@@ -103,9 +105,8 @@ def test_every_bucket_replays_what_the_eager_forward_computes(
         tokens = _tokens(toy, bp * qp, seed=bp * 100 + qp)
         args = (slots, [start] * bp, [qp] * bp, tokens)
         got, want = _step(graphed, *args), _step(eager, *args)  # each [bp*qp, V]
-        recorded(record_property, f"bucket_{bp}x{qp}", got, want)
-        torch.testing.assert_close(got, want, atol=ATOL, rtol=0, msg=f"bucket {(bp, qp)}")
-        assert torch.equal(got.argmax(-1), want.argmax(-1)), (bp, qp)
+        d = recorded(record_property, f"bucket_{bp}x{qp}", got, want)
+        assert d["bitwise"], ((bp, qp), d)
         _free(engines, slots)
 
 
