@@ -29,11 +29,13 @@ test-stress:
 	tools/test_stress.sh
 
 # On a CUDA machine, with its own PyTorch (no venv): the static engine's graphs, padding,
-# fused kernels, verify steps and the server on it. GPU_OUT is the JSON summary.
+# fused kernels, verify steps and the server on it. GPU_OUT is the JSON summary
+# (default benchmarks/results/test-gpu-<device>.json); GPU_ARGS go to pytest.
 GPU_PY ?= python3
-GPU_OUT ?= benchmarks/results/test-gpu.json
+GPU_OUT ?=
+GPU_ARGS ?=
 test-gpu:
-	$(GPU_PY) tools/test_gpu.py --out $(GPU_OUT)
+	$(GPU_PY) tools/test_gpu.py $(if $(GPU_OUT),--out $(GPU_OUT)) $(GPU_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

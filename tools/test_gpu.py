@@ -1,10 +1,13 @@
 """``make test-gpu``: the GPU tests (marker ``gpu``), with a JSON summary to commit.
 
-    python3 tools/test_gpu.py --out benchmarks/results/test-gpu-h100.json [pytest args]
+    python3 tools/test_gpu.py [--out benchmarks/results/test-gpu-h100.json] [pytest args]
 
 Runs ``pytest -m gpu`` over the GPU test modules in this interpreter (no virtual
 environment is made: a GPU machine brings its own CUDA PyTorch) and writes the device,
-the library versions and each test's outcome and duration. Exits with pytest's status.
+the library versions and each test's outcome, duration and recorded measurements
+(``record_property``: how far graphs, padding and verify steps moved the logits). The
+default ``--out`` is ``benchmarks/results/test-gpu-<device>.json`` (e.g. ``h100``).
+Exits with pytest's status.
 """
 
 from __future__ import annotations
@@ -33,8 +36,11 @@ class Summary:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-            self.tests.append({"test": report.nodeid, "outcome": report.outcome,
-                               "seconds": round(report.duration, 3)})
+            entry: dict[str, Any] = {"test": report.nodeid, "outcome": report.outcome,
+                                     "seconds": round(report.duration, 3)}
+            if report.user_properties:
+                entry["measured"] = dict(report.user_properties)
+            self.tests.append(entry)
 
 
 def _versions() -> dict[str, str]:
@@ -54,9 +60,18 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def device_slug(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100'; 'no CUDA device' -> 'no-cuda'."""
+    for word in name.lower().replace("nvidia", "").replace("-", " ").split():
+        if any(c.isdigit() for c in word) and any(c.isalpha() for c in word):
+            return "".join(c for c in word if c.isalnum())
+    return "no-cuda" if "no cuda" in name.lower() else "gpu"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="the JSON summary")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the JSON summary (default: results/test-gpu-<device>.json)")
     args, rest = parser.parse_known_args()
     sys.path.insert(0, str(ROOT))
     summary = Summary()
@@ -66,12 +81,15 @@ def main() -> int:
     counts: dict[str, int] = {}
     for t in summary.tests:
         counts[t["outcome"]] = counts.get(t["outcome"], 0) + 1
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "command": "make test-gpu", **_versions(), "exit_status": int(status),
+    versions = _versions()
+    out: Path = args.out or ROOT / "benchmarks" / "results" / (
+        f"test-gpu-{device_slug(versions['device'])}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "command": "make test-gpu", **versions, "exit_status": int(status),
         "wall_s": round(time.time() - started, 1), "counts": counts, "tests": summary.tests,
     }, indent=2) + "\n")
-    print(f"wrote {args.out}: {counts}")
+    print(f"wrote {out}: {counts}")
     return int(status)
 
 
