@@ -222,12 +222,18 @@ async def _interruptible(work: Coroutine[Any, Any, int]) -> int:
     """
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
+    handled = False
     if task is not None:
-        loop.add_signal_handler(signal.SIGINT, task.cancel)
+        try:
+            loop.add_signal_handler(signal.SIGINT, task.cancel)
+            handled = True
+        except (RuntimeError, ValueError, NotImplementedError):
+            pass  # not the main thread (main() called from a thread): no ^C to handle
     try:
         return await work
     finally:
-        loop.remove_signal_handler(signal.SIGINT)
+        if handled:
+            loop.remove_signal_handler(signal.SIGINT)
 
 
 def build_parser() -> argparse.ArgumentParser:
