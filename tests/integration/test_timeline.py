@@ -82,7 +82,9 @@ async def test_ask_timeline_writes_a_png_with_the_expected_lanes(
     t = check_lanes(final)
     assert final.stats.hidden_drafted > 0, "a 150 ms prefill hides drafts"
     assert len(t.lane("edge.draft")) >= final.stats.hidden_drafted
-    assert len(t.lane("edge.drafts_sent")) == len(t.lane("cloud.drafts"))
+    # Drafts are sent best-effort: the last tail may reach the cloud after its Done (a
+    # stress run saw 16 sent, 15 received), so the cloud logs at most what was sent.
+    assert 0 < len(t.lane("cloud.drafts")) <= len(t.lane("edge.drafts_sent"))
     assert t.clock_sync.startswith("Drafts and Commits")
     lanes = draw(t, tmp_path / "again.png", title="test")
     assert list(lanes)[:1] == ["edge.render"] and list(lanes)[-1] == "cloud.done"
