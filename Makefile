@@ -37,9 +37,21 @@ GPU_ARGS ?=
 test-gpu:
 	$(GPU_PY) tools/test_gpu.py $(if $(GPU_OUT),--out $(GPU_OUT)) $(GPU_ARGS)
 
-lint: $(STAMP)
+# The installed names (eventspec.shared, .edge, .cloud, .demoworld) as a folder of links
+# to the top-level folders: for mypy, and for PYTHONPATH on a machine without the venv
+# (the GPU machine: PYTHONPATH=$(TREE)).
+TREE := .eventspec-tree
+$(TREE)/eventspec:
+	mkdir -p $@
+	ln -sfn ../../shared $@/shared
+	ln -sfn ../../edge $@/edge
+	ln -sfn ../../cloud $@/cloud
+	ln -sfn ../../tools/demoworld $@/demoworld
+
+lint: $(STAMP) $(TREE)/eventspec
 	$(PY) -m ruff check .
-	$(PY) -m mypy shared edge cloud
+	MYPYPATH=$(TREE) $(PY) -m mypy -p eventspec.shared -p eventspec.edge -p eventspec.cloud \
+		-p eventspec.demoworld
 	$(VENV)/bin/lint-imports
 
 proto: $(STAMP)
@@ -49,7 +61,7 @@ proto-check: $(STAMP)
 	$(PY) tools/gen_protos.py --check
 
 bench: $(STAMP)
-	$(PY) benchmarks/bench_speculation.py
+	$(PY) -m benchmarks.bench_speculation
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

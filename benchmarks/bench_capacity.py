@@ -9,7 +9,7 @@ target-only answer as drafts, each token wrong with probability 1 - alpha (label
 such: it measures the verifier, not an edge). Answers must be identical across N and
 modes, or the script exits 1.
 
-    python benchmarks/bench_capacity.py [--concurrency 1 4 16] [--requests 32]
+    python -m benchmarks.bench_capacity [--concurrency 1 4 16] [--requests 32]
         [--alpha 0.8] [--draft-k 4] [--max-new-tokens 32] [--device cpu]
         [--emulate-prefill-ms 50 --emulate-step-ms 20]
 
@@ -38,26 +38,23 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from grpc import aio
 
-from cloud.config import CloudSettings
-from cloud.server import VerifierServer, load_target_for
-from cloud.target import TargetModel
-from shared import convert
-from shared.demoworld.qa import all_questions
-from shared.demoworld.scenes import EVAL_SEED_MIN, clip_frames, sample_scene
-from shared.imageproc import encode_jpeg
-from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
-from shared.types import (
+from eventspec.cloud.config import CloudSettings
+from eventspec.cloud.server import VerifierServer, load_target_for
+from eventspec.cloud.target import TargetModel
+from eventspec.shared.contract import convert
+from eventspec.shared.contract.types import (
     CommitEvent,
     DoneEvent,
     GenerationSettings,
     OpenRequest,
     ServerLimits,
 )
+from eventspec.shared.node.imageproc import encode_jpeg
+from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
+from eventspec.shared.toyworld.qa import all_questions
+from eventspec.shared.toyworld.scenes import EVAL_SEED_MIN, clip_frames, sample_scene
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SEED0 = EVAL_SEED_MIN + 7000
@@ -217,7 +214,7 @@ async def main_async(args: argparse.Namespace) -> int:
         profile_path=RESULTS / ".capacity-profile.msgpack",
     )
     if args.model == "full-size-random":
-        from benchmarks.fullsize import build_full_target
+        from tests.support.fullsize import build_full_target
 
         target = build_full_target(args.device, getattr(torch, args.dtype))
     else:

@@ -16,8 +16,8 @@ One run measures, and writes to ``$OUT/engine_<device>.json`` and ``.png``:
 
 Timing does not depend on weight values; slots beyond the first get a copy of its KV.
 
-    python benchmarks/bench_engine.py                 # GPU, full size
-    python benchmarks/bench_engine.py --tiny          # CPU smoke run of the same code
+    python -m benchmarks.bench_engine                 # GPU, full size
+    python -m benchmarks.bench_engine --tiny          # CPU smoke run of the same code
 """
 
 from __future__ import annotations
@@ -39,16 +39,14 @@ from transformers import (
     DynamicCache,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks.fullsize import build_full_target
-from cloud.engine.base import PrefillRequest, StepBatch
-from cloud.engine.static import StaticEngine
-from cloud.engine.static_attention import HAVE_TRITON, num_splits_for, splitkv_attention
-from cloud.engine.static_build import build_static_engine, kv_bytes_per_slot
-from cloud.target import TargetModel
-from shared.demoworld.tiny_target import build_tiny_random_target
-from shared.kvcache import crop_cache
+from eventspec.cloud.engine.base import PrefillRequest, StepBatch
+from eventspec.cloud.engine.static.attention import HAVE_TRITON, num_splits_for, splitkv_attention
+from eventspec.cloud.engine.static.build import build_static_engine, kv_bytes_per_slot
+from eventspec.cloud.engine.static.engine import StaticEngine
+from eventspec.cloud.target import TargetModel
+from eventspec.demoworld.tiny_target import build_tiny_random_target
+from eventspec.shared.node.kvcache import crop_cache
+from tests.support.fullsize import build_full_target
 
 QUESTION = "What is moving in the scene, and which way does it go?"
 SESSIONS = (1, 4, 16, 32, 64)

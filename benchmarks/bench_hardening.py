@@ -1,7 +1,8 @@
 """Issue 19's load and fault goals, measured with real processes on loopback (toy models).
 
 Each scenario starts ``eventspec-cloud serve`` and ``eventspec-edge serve`` processes the
-way a user does (``shared.launch``), asks through ``EdgeClient``, and writes one JSON:
+way a user does (``eventspec.shared.client.launch``), asks through ``EdgeClient``, and writes one
+JSON:
 
 - ``spread``: two cloud replicas behind one edge (``--cloud A,B``), 60 Asks in turn:
   how many Generate streams each replica served (from its request log).
@@ -18,7 +19,7 @@ way a user does (``shared.launch``), asks through ``EdgeClient``, and writes one
   Asks with 10^6 one-character stop strings (refused: at most 16 are allowed). Both
   share this machine's 2 cores, so the attacker's own CPU counts against the others.
 
-    python benchmarks/bench_hardening.py --out benchmarks/results/hardening-cpu.json
+    python -m benchmarks.bench_hardening --out benchmarks/results/hardening-cpu.json
 
 The clouds are paced (50 ms prefill, 10 ms per step) so an Ask takes a while, as on a
 GPU server, and the toy models' CPU time does not dominate.
@@ -40,12 +41,10 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from shared.client import AskError, EdgeClient
-from shared.launch import start_node, stop_node, wait_for_port
-from shared.types import AskSpec, GenerationSettings, Mode
-from shared.wire.health import wait_for_serving
+from eventspec.shared.client.edge_client import AskError, EdgeClient
+from eventspec.shared.client.launch import start_node, stop_node, wait_for_port
+from eventspec.shared.contract.types import AskSpec, GenerationSettings, Mode
+from eventspec.shared.wire.health import wait_for_serving
 
 ASK = AskSpec(question="Which way is the object moving?", mode=Mode.SPECULATIVE,
               generation=GenerationSettings(max_new_tokens=16))
@@ -86,7 +85,8 @@ class Nodes:
     def served(self, name: str) -> int:
         """Generate requests a cloud finished, from its request log."""
         text = (self.tmp / f"{name}.log").read_text(errors="replace")
-        return sum(1 for line in text.splitlines() if "cloud.request_log: generate" in line
+        return sum(1 for line in text.splitlines()
+                   if "eventspec.cloud.request_log: generate" in line
                    and (", EOS," in line or ", MAX_TOKENS," in line))
 
     def stop_all(self) -> None:
@@ -214,8 +214,8 @@ async def load(seconds: float, clients: int, deadline_s: float) -> dict[str, obj
 ATTACKER = """
 import asyncio, sys, time
 from dataclasses import replace
-from shared.client import AskError, EdgeClient
-from shared.types import AskSpec, GenerationSettings, Mode
+from eventspec.shared.client.edge_client import AskError, EdgeClient
+from eventspec.shared.contract.types import AskSpec, GenerationSettings, Mode
 port, seconds = sys.argv[1], float(sys.argv[2])
 huge = AskSpec(question="What is moving?", mode=Mode.SPECULATIVE, generation=GenerationSettings(
     max_new_tokens=16, stop=tuple("abcdefgh"[i % 8] for i in range(1_000_000))))

@@ -1,6 +1,6 @@
 """What one prefill call costs as it groups more requests (the scheduler's prefill groups).
 
-    python benchmarks/bench_prefill.py [--model toy] [--device cpu] [--groups 1 4 8]
+    python -m benchmarks.bench_prefill [--model toy] [--device cpu] [--groups 1 4 8]
 
 Builds the static engine on the committed toy Video-LLaVA (or ``--model DIR``) and times
 ``engine.prefill`` of R requests in one call (median of ``--repeats``), so the per-request
@@ -22,13 +22,11 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from benchmarks.bench_capacity import requests
-from cloud.config import CloudSettings
-from cloud.engine.base import PrefillRequest
-from cloud.engine.static_build import build_static_engine
-from cloud.server import load_target_for
+from eventspec.cloud.config import CloudSettings
+from eventspec.cloud.engine.base import PrefillRequest
+from eventspec.cloud.engine.static.build import build_static_engine
+from eventspec.cloud.server import load_target_for
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GEMM_OPS = ("aten::mm", "aten::addmm")

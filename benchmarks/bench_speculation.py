@@ -11,7 +11,7 @@ time and TTFT, the median per-request speedup, the acceptance (– when nothing 
 drafted) and how many plans chose to draft. Outputs must be identical, or the script
 exits 1.
 
-    python benchmarks/bench_speculation.py [--scenes 8] [--paces 0:0 200:10 200:30]
+    python -m benchmarks.bench_speculation [--scenes 8] [--paces 0:0 200:10 200:30]
 """
 
 from __future__ import annotations
@@ -25,24 +25,22 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from cloud.engine.hf import HFEngine
-from cloud.engine.paced import PacedEngine
-from cloud.model_dirs import TOY_TARGET_DIR
-from cloud.server import VerifierServer
-from cloud.target import load_target
-from edge.align import load_adapter
-from edge.config import EdgeSettings
-from edge.draft_checkpoint import load_draft
-from edge.events.toy import ToySource
-from edge.model_dirs import TOY_ADAPTER_DIR, TOY_DRAFT_DIR
-from edge.server import EdgeServer
-from shared.client import EdgeClient
-from shared.demoworld.qa import all_questions
-from shared.demoworld.scenes import EVAL_SEED_MIN, sample_scene
-from shared.types import AskSpec, FeatureMode, GenerationSettings, Mode
-from tests.integration import cloud_harness as ch
+from eventspec.cloud.engine.hf import HFEngine
+from eventspec.cloud.engine.paced import PacedEngine
+from eventspec.cloud.model_dirs import TOY_TARGET_DIR
+from eventspec.cloud.server import VerifierServer
+from eventspec.cloud.target import load_target
+from eventspec.edge.align import load_adapter
+from eventspec.edge.config import EdgeSettings
+from eventspec.edge.draft_checkpoint import load_draft
+from eventspec.edge.events.toy import ToySource
+from eventspec.edge.model_dirs import TOY_ADAPTER_DIR, TOY_DRAFT_DIR
+from eventspec.edge.server import EdgeServer
+from eventspec.shared.client.edge_client import EdgeClient
+from eventspec.shared.contract.types import AskSpec, FeatureMode, GenerationSettings, Mode
+from eventspec.shared.toyworld.qa import all_questions
+from eventspec.shared.toyworld.scenes import EVAL_SEED_MIN, sample_scene
+from tests.support import cloud_harness as ch
 
 SEED0 = EVAL_SEED_MIN + 5000
 

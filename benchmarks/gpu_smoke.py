@@ -13,7 +13,7 @@ model, vocab 32064) with random weights, then:
 Timing does not depend on weight values. The tokenizer is the tiny one (its special
 ids are placed at 512/513); only sizes matter for timing.
 
-    python benchmarks/gpu_smoke.py --device cuda --dtype bfloat16
+    python -m benchmarks.gpu_smoke --device cuda --dtype bfloat16
 """
 
 from __future__ import annotations
@@ -30,16 +30,14 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks.fullsize import build_full_target
-from cloud.config import CloudSettings
-from cloud.engine.base import PrefillRequest, StepBatch
-from cloud.engine.hf import HFEngine
-from cloud.server import VerifierServer
-from cloud.target import TargetModel
-from shared.types import ServerLimits
-from tests.integration import cloud_harness as h
+from eventspec.cloud.config import CloudSettings
+from eventspec.cloud.engine.base import PrefillRequest, StepBatch
+from eventspec.cloud.engine.hf import HFEngine
+from eventspec.cloud.server import VerifierServer
+from eventspec.cloud.target import TargetModel
+from eventspec.shared.contract.types import ServerLimits
+from tests.support import cloud_harness as h
+from tests.support.fullsize import build_full_target
 
 
 def sync() -> None:

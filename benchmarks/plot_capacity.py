@@ -1,6 +1,6 @@
 """Plot ``bench_capacity.py`` results: tokens/s and ms per token against concurrency.
 
-    python benchmarks/plot_capacity.py benchmarks/results/capacity-cuda-*.json \
+    python -m benchmarks.plot_capacity benchmarks/results/capacity-cuda-*.json \
         --out benchmarks/results/capacity_h200.png
 
 One line per (result file, mode); needs matplotlib (not a dependency of the nodes).

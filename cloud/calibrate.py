@@ -1,10 +1,10 @@
 """Warm-up calibration of the cloud's cost model, persisted as a profile file.
 
 Times real prefills and batched verify steps of the loaded engine on dummy inputs and
-fits the linear cost model that ``shared.timing`` uses: prefill = per-visual-token *
-visual + per-text-token * text, and a step over B sessions feeding N tokens = base +
-per-session * (B - 1) + per-token * N (non-negative least squares over the medians of a
-grid of B and tokens per session, with the worst outliers set aside). The result is
+fits the linear cost model that ``eventspec.shared.contract.timing`` uses:
+prefill = per-visual-token * visual + per-text-token * text, and a step over B sessions feeding N
+tokens = base + per-session * (B - 1) + per-token * N (non-negative least squares over the medians
+of a grid of B and tokens per session, with the worst outliers set aside). The result is
 saved with the model identity and device, and reused at the next start if they match.
 
 Timings taken on a busy machine can be nonsense (a negative slope clamped to 0 with a
@@ -31,11 +31,11 @@ from pathlib import Path
 
 import torch
 
-from cloud.engine.base import BatchedEngine, PrefillRequest, StepBatch
-from cloud.target import TargetModel
-from shared.errors import EventSpecError
-from shared.profile import CalibrationProfile, load_profile, save_profile
-from shared.timing import CloudCost
+from eventspec.cloud.engine.base import BatchedEngine, PrefillRequest, StepBatch
+from eventspec.cloud.target import TargetModel
+from eventspec.shared.contract.errors import EventSpecError
+from eventspec.shared.contract.profile import CalibrationProfile, load_profile, save_profile
+from eventspec.shared.contract.timing import CloudCost
 
 log = logging.getLogger(__name__)
 

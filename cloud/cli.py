@@ -11,18 +11,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
 
-from cloud.config import CloudSettings, SettingsError
-from cloud.model_dirs import TINY_RANDOM
-from shared.helpfmt import DefaultsHelpFormatter
-from shared.serving import (
+from eventspec.cloud.config import CloudSettings, SettingsError
+from eventspec.cloud.model_dirs import TINY_RANDOM
+from eventspec.shared.contract.types import ServerLimits
+from eventspec.shared.helpfmt import DefaultsHelpFormatter
+from eventspec.shared.node.serving import (
     LOG_FORMAT,
     MODEL_DTYPES,
     add_metrics_args,
     quiet_progress_bars,
     run_node,
 )
-from shared.types import ServerLimits
-from shared.wire.flags import (
+from eventspec.shared.wire.flags import (
     add_health_port_arg,
     add_server_security_args,
     server_security_from_args,
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = settings_from_args(args)
     logging.basicConfig(level=args.log_level, format=LOG_FORMAT)
     quiet_progress_bars()
-    from cloud.server import VerifierServer
+    from eventspec.cloud.server import VerifierServer
 
     with contextlib.ExitStack() as scratch:
         if settings.model == TINY_RANDOM:
@@ -163,7 +163,7 @@ def _tiny_random_dir(scratch: contextlib.ExitStack, seed: int) -> Path:
     The cloud's only import of the demo world, here at the command's edge and lazy, so
     the server itself knows nothing but model directories.
     """
-    from shared.demoworld.tiny_target import TINY_TARGET_ID, save_tiny_random_target
+    from eventspec.demoworld.tiny_target import TINY_TARGET_ID, save_tiny_random_target
 
     tmp = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="eventspec-cloud-")))
     return save_tiny_random_target(tmp / TINY_TARGET_ID, seed)

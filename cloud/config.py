@@ -7,13 +7,13 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cloud.timeouts import (
+from eventspec.cloud.timeouts import (
     FEATURES_BASE_TIMEOUT_S,
     FEATURES_MAX_TIMEOUT_S,
     FIRST_MESSAGE_TIMEOUT_S,
 )
-from shared.types import ServerLimits
-from shared.wire.security import ServerSecurity
+from eventspec.shared.contract.types import ServerLimits
+from eventspec.shared.wire.security import ServerSecurity
 
 
 def _env(name: str, default: str) -> str:
@@ -63,10 +63,10 @@ class CloudSettings:
     max_verify_tokens: int = 33
     #: Sessions older than this are released by the sweeper (a leak guard).
     session_ttl_s: float = 600.0
-    #: How long a Generate call may take to send its Open (``cloud.timeouts``).
+    #: How long a Generate call may take to send its Open (``eventspec.cloud.timeouts``).
     first_message_timeout_s: float = FIRST_MESSAGE_TIMEOUT_S
     #: Aligned features get this long plus their declared size over the edge's measured
-    #: uplink (``cloud.timeouts.features_timeout_s``) ...
+    #: uplink (``eventspec.cloud.timeouts.features_timeout_s``) ...
     features_base_timeout_s: float = FEATURES_BASE_TIMEOUT_S
     #: ... but never longer than this after Open.
     input_timeout_s: float = FEATURES_MAX_TIMEOUT_S
@@ -87,7 +87,7 @@ class CloudSettings:
     #: After Done, how long to wait for the edge to half-close the stream.
     drain_timeout_s: float = 2.0
     seed: int = 0
-    #: TLS, tokens, allowed principals, --insecure, reflection (``shared.wire.flags``).
+    #: TLS, tokens, allowed principals, --insecure, reflection (``eventspec.shared.wire.flags``).
     security: ServerSecurity = field(default_factory=ServerSecurity)
     #: Prometheus ``/metrics`` over HTTP on this port (0 picks one); None: off.
     metrics_port: int | None = None

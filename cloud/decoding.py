@@ -21,9 +21,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from shared.errors import InvalidInput
-from shared.stops import StopMatcher
-from shared.types import DraftTail, FinishReason, GenerationSettings, RequestStats
+from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.contract.stops import StopMatcher
+from eventspec.shared.contract.types import (
+    DraftTail,
+    FinishReason,
+    GenerationSettings,
+    RequestStats,
+)
 
 
 def check_tail(tail: DraftTail, *, committed_len: int, max_draft_tokens: int,

@@ -4,7 +4,7 @@ The servicer converts wire messages to domain messages and back; this module own
 order of events: Open, the visual input, Plan, prefill (while hidden drafts arrive),
 then the commits of the steps that verify whatever valid drafts extend C, then Done. A
 reader task consumes the edge's messages concurrently, so drafts land while the model
-works. The stream talks only to the scheduler (``cloud.scheduler``): it never calls the
+works. The stream talks only to the scheduler (``eventspec.cloud.scheduler``): it never calls the
 engine, and it never reads the session while the engine thread owns it.
 """
 
@@ -21,26 +21,23 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from cloud.decoding import Committed, DecodingSession, check_tail
-from cloud.request_log import RequestRecord
-from cloud.request_timeline import CloudTimeline
-from cloud.runtime import VerifierRuntime
-from cloud.scheduler import Failure, Ticket
-from cloud.timeouts import features_timeout_s
-from shared.codec import TensorAssembler, TensorHeaderInfo, WireDtype
-from shared.convert import CloudOutbound, EdgeInbound
-from shared.errors import (
+from eventspec.cloud.decoding import Committed, DecodingSession, check_tail
+from eventspec.cloud.request_log import RequestRecord
+from eventspec.cloud.request_timeline import CloudTimeline
+from eventspec.cloud.runtime import VerifierRuntime
+from eventspec.cloud.scheduler import Failure, Ticket
+from eventspec.cloud.timeouts import features_timeout_s
+from eventspec.shared.contract.codec import TensorAssembler, TensorHeaderInfo, WireDtype
+from eventspec.shared.contract.convert import CloudOutbound, EdgeInbound
+from eventspec.shared.contract.errors import (
     DeadlineExceeded,
     EventSpecError,
     FailedPrecondition,
     InvalidInput,
     ResourceExhausted,
 )
-from shared.imageproc import frame_size
-from shared.logsafe import safe_request_id
-from shared.principal import current_principal
-from shared.tracing import CLOUD_SPANS, RequestSpan, final_attributes, incoming_metadata
-from shared.types import (
+from eventspec.shared.contract.principal import current_principal
+from eventspec.shared.contract.types import (
     VIDEO_FEATURES_TENSOR,
     CancelRequest,
     CommitEvent,
@@ -50,9 +47,17 @@ from shared.types import (
     OpenRequest,
     TensorChunkData,
 )
+from eventspec.shared.node.imageproc import frame_size
+from eventspec.shared.node.logsafe import safe_request_id
+from eventspec.shared.node.tracing import (
+    CLOUD_SPANS,
+    RequestSpan,
+    final_attributes,
+    incoming_metadata,
+)
 
 if TYPE_CHECKING:
-    from cloud.metrics import RequestProbe
+    from eventspec.cloud.metrics import RequestProbe
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +243,7 @@ async def run_generate(
 ) -> AsyncIterator[CloudOutbound]:
     """Serve one Generate stream: yields a Plan, Commits, then Done.
 
-    Whatever happens, one INFO line records the request (``cloud.request_log``):
+    Whatever happens, one INFO line records the request (``eventspec.cloud.request_log``):
     answers, refusals, failures and cancellations alike, never the question.
     """
     record = RequestRecord(principal=str(current_principal()))

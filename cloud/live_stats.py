@@ -7,8 +7,8 @@ attribute reads and nothing is recorded for it.
 
 from __future__ import annotations
 
-from cloud.runtime import VerifierRuntime
-from shared.types import VerifierStats
+from eventspec.cloud.runtime import VerifierRuntime
+from eventspec.shared.contract.types import VerifierStats
 
 #: Principals listed in ``sessions_by_principal`` (the busiest first).
 MAX_PRINCIPALS = 32

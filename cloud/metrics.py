@@ -21,16 +21,16 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from shared.errors import ErrorCode, EventSpecError
-from shared.metrics import (
+from eventspec.shared.contract.errors import ErrorCode, EventSpecError
+from eventspec.shared.contract.principal import Principal
+from eventspec.shared.contract.types import DraftTail, RequestStats
+from eventspec.shared.node.metrics import (
     COUNT_BUCKETS,
     LATENCY_BUCKETS,
     PREFIX,
     STEP_BUCKETS,
     BoundedLabels,
 )
-from shared.principal import Principal
-from shared.types import DraftTail, RequestStats
 
 #: Draft positions with their own ``accepted_tokens_per_pos`` series; deeper ones are
 #: counted under the last (the verify width is capped at 33 tokens by default anyway).

@@ -2,7 +2,7 @@
 
 The cloud only ever loads a model directory. ``toy`` names the trained demo target
 shipped as package data; ``tiny-random`` is written to a temporary directory by the
-demo world at the CLI's edge (:mod:`cloud.cli`), then loaded like any other.
+demo world at the CLI's edge (:mod:`eventspec.cloud.cli`), then loaded like any other.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """One INFO line per Generate request, however it ends.
 
 Operators read the verifier's traffic from this line alone: the request id (already
-made safe by ``shared.logsafe``), the principal, the mode, the outcome (a finish reason
-such as ``EOS``, or the status code of a refusal, failure or cancellation), the tokens
-committed and the time taken. The question text never appears here: it is the user's
+made safe by ``eventspec.shared.node.logsafe``), the principal, the mode, the outcome
+(a finish reason such as ``EOS``, or the status code of a refusal, failure or cancellation), the
+tokens committed and the time taken. The question text never appears here: it is the user's
 data, and it is not needed to operate the server.
 """
 
@@ -13,7 +13,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from shared.types import RequestStats
+from eventspec.shared.contract.types import RequestStats
 
 log = logging.getLogger(__name__)
 

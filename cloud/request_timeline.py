@@ -1,4 +1,5 @@
-"""The cloud's side of a request's timeline (``shared.timeline``), when Open asks for it.
+"""The cloud's side of a request's timeline (``eventspec.shared.contract.timeline``), when Open
+asks for it.
 
 Everything is logged on the session's clock (ms since the request took its KV slot)
 from what the stream already sees on the event loop: the scheduler's timestamps on the
@@ -9,10 +10,10 @@ thread, and nothing runs at all unless ``Open.timeline`` is set.
 
 from __future__ import annotations
 
-from cloud.decoding import Committed
-from cloud.scheduler import Ticket
-from shared.timeline import Timeline, TimelineLog
-from shared.types import CommitEvent, DraftTail, RequestStats
+from eventspec.cloud.decoding import Committed
+from eventspec.cloud.scheduler import Ticket
+from eventspec.shared.contract.timeline import Timeline, TimelineLog
+from eventspec.shared.contract.types import CommitEvent, DraftTail, RequestStats
 
 
 class CloudTimeline:

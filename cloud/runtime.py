@@ -12,18 +12,18 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cloud.config import CloudSettings
-from cloud.engine.base import BatchedEngine
-from cloud.scheduler import Scheduler
-from cloud.sessions import SessionRegistry
-from cloud.target import TargetModel
-from shared.estimators import AcceptanceEstimator
-from shared.planning import facts_from_open, request_plan
-from shared.timing import CloudCost, PlanInputs, TimingPlan, replan
-from shared.types import FeatureMode, OpenRequest, RequestStats, ServerInfo
+from eventspec.cloud.config import CloudSettings
+from eventspec.cloud.engine.base import BatchedEngine
+from eventspec.cloud.scheduler import Scheduler
+from eventspec.cloud.sessions import SessionRegistry
+from eventspec.cloud.target import TargetModel
+from eventspec.shared.contract.estimators import AcceptanceEstimator
+from eventspec.shared.contract.planning import facts_from_open, request_plan
+from eventspec.shared.contract.timing import CloudCost, PlanInputs, TimingPlan, replan
+from eventspec.shared.contract.types import FeatureMode, OpenRequest, RequestStats, ServerInfo
 
 if TYPE_CHECKING:
-    from cloud.metrics import CloudMetrics
+    from eventspec.cloud.metrics import CloudMetrics
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class VerifierRuntime:
     requests_served: int = 0
     #: Prometheus metrics (``--metrics-port``); None: nothing is recorded.
     metrics: CloudMetrics | None = None
-    #: An OpenTelemetry tracer (``shared.tracing``); None: tracing is off.
+    #: An OpenTelemetry tracer (``eventspec.shared.node.tracing``); None: tracing is off.
     tracer: Any = None
 
     def current_info(self, *, joining: int = 1) -> ServerInfo:

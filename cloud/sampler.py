@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shared.errors import InvalidInput
+from eventspec.shared.contract.errors import InvalidInput
 
 
 @dataclass(frozen=True)

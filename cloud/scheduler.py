@@ -52,11 +52,11 @@ from typing import Protocol
 
 import torch
 
-from cloud.decoding import Committed, DecodingSession
-from cloud.engine.base import BatchedEngine, PrefillRequest, StepBatch
-from cloud.sampler import BatchedSampler, SampleSpec, make_generator
-from shared.errors import EventSpecError, ResourceExhausted, Unavailable
-from shared.types import DraftTail, FinishReason
+from eventspec.cloud.decoding import Committed, DecodingSession
+from eventspec.cloud.engine.base import BatchedEngine, PrefillRequest, StepBatch
+from eventspec.cloud.sampler import BatchedSampler, SampleSpec, make_generator
+from eventspec.shared.contract.errors import EventSpecError, ResourceExhausted, Unavailable
+from eventspec.shared.contract.types import DraftTail, FinishReason
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ class SchedulerStats:
 
 
 class StepObserver(Protocol):
-    """Told of every batched step (``cloud.metrics``); must be cheap and never raise."""
+    """Told of every batched step (``eventspec.cloud.metrics``); must be cheap and never raise."""
 
     def on_step(self, sessions: int, tokens: int, seconds: float) -> None: ...
 

@@ -13,30 +13,30 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cloud.calibrate import Progress, load_or_calibrate, no_progress
-from cloud.config import CloudSettings
-from cloud.engine.base import BatchedEngine
-from cloud.engine.hf import HFEngine
-from cloud.engine.kv import kv_bytes_per_token, plan_kv
-from cloud.engine.paced import PacedEngine
-from cloud.engine.static_build import build_static_engine
-from cloud.engine.static_weights import static_unsupported_reason
-from cloud.model_dirs import model_dir
-from cloud.runtime import VerifierRuntime, server_info_for
-from cloud.scheduler import Scheduler
-from cloud.servicer import VerifierServicer
-from cloud.sessions import SessionRegistry
-from cloud.target import TargetModel, load_target
-from shared.errors import InvalidInput
-from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
-from shared.serving import MODEL_DTYPES
-from shared.timing import CloudCost
-from shared.tracing import tracer_from_env
-from shared.wire.host import GrpcHost
+from eventspec.cloud.calibrate import Progress, load_or_calibrate, no_progress
+from eventspec.cloud.config import CloudSettings
+from eventspec.cloud.engine.base import BatchedEngine
+from eventspec.cloud.engine.hf import HFEngine
+from eventspec.cloud.engine.kv import kv_bytes_per_token, plan_kv
+from eventspec.cloud.engine.paced import PacedEngine
+from eventspec.cloud.engine.static.build import build_static_engine
+from eventspec.cloud.engine.static.weights import static_unsupported_reason
+from eventspec.cloud.model_dirs import model_dir
+from eventspec.cloud.runtime import VerifierRuntime, server_info_for
+from eventspec.cloud.scheduler import Scheduler
+from eventspec.cloud.servicer import VerifierServicer
+from eventspec.cloud.sessions import SessionRegistry
+from eventspec.cloud.target import TargetModel, load_target
+from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.contract.timing import CloudCost
+from eventspec.shared.node.serving import MODEL_DTYPES
+from eventspec.shared.node.tracing import tracer_from_env
+from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
+from eventspec.shared.wire.host import GrpcHost
 
 if TYPE_CHECKING:
-    from cloud.metrics import CloudMetrics
-    from shared.metrics import MetricsEndpoint
+    from eventspec.cloud.metrics import CloudMetrics
+    from eventspec.shared.node.metrics import MetricsEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ class VerifierServer:
     metrics_port: int = 0
     _metrics_endpoint: MetricsEndpoint | None = None
     #: An OpenTelemetry tracer (tests inject one); None: from the ``OTEL_*`` environment,
-    #: which leaves tracing off unless it asks for an exporter (``shared.tracing``).
+    #: which leaves tracing off unless it asks for an exporter (``eventspec.shared.node.tracing``).
     tracer: Any = None
 
     async def start(self, *, warm: bool = True) -> int:
@@ -226,8 +226,8 @@ class VerifierServer:
 
     def _start_metrics(self, host: GrpcHost) -> None:
         """Serve ``/metrics`` from this server's own registry (imported only when on)."""
-        from cloud.metrics import CloudMetrics
-        from shared.metrics import MetricsEndpoint
+        from eventspec.cloud.metrics import CloudMetrics
+        from eventspec.shared.node.metrics import MetricsEndpoint
 
         self.metrics = CloudMetrics()
         if host.auth is not None:

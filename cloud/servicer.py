@@ -1,8 +1,8 @@
-"""The Verifier gRPC servicer: thin. Parses, delegates to ``cloud.generation``, converts.
+"""The Verifier gRPC servicer: thin. Parses, delegates to ``eventspec.cloud.generation``, converts.
 
-Errors are raised as ``shared.errors`` exceptions and mapped to statuses by
-``shared.wire.interceptors.ErrorMappingInterceptor``. Every request, however it ends,
-leaves one log line (``cloud.request_log``, written by ``cloud.generation``).
+Errors are raised as ``eventspec.shared.contract.errors`` exceptions and mapped to statuses by
+``eventspec.shared.wire.interceptors.ErrorMappingInterceptor``. Every request, however it ends,
+leaves one log line (``eventspec.cloud.request_log``, written by ``eventspec.cloud.generation``).
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from cloud.generation import ByteCounter, run_generate
-from cloud.live_stats import live_stats
-from cloud.runtime import VerifierRuntime
-from shared import convert
-from shared.convert import EdgeInbound
-from shared.errors import WarmingUp
-from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
-from shared.tracing import set_incoming
+from eventspec.cloud.generation import ByteCounter, run_generate
+from eventspec.cloud.live_stats import live_stats
+from eventspec.cloud.runtime import VerifierRuntime
+from eventspec.shared.contract import convert
+from eventspec.shared.contract.convert import EdgeInbound
+from eventspec.shared.contract.errors import WarmingUp
+from eventspec.shared.node.tracing import set_incoming
+from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServicer):

@@ -18,8 +18,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from shared.errors import ResourceExhausted
-from shared.principal import ANONYMOUS_PRINCIPAL, Principal
+from eventspec.shared.contract.errors import ResourceExhausted
+from eventspec.shared.contract.principal import ANONYMOUS_PRINCIPAL, Principal
 
 log = logging.getLogger(__name__)
 

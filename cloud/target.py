@@ -3,12 +3,12 @@
 The cloud verifies drafts against ``transformers.VideoLlavaForConditionalGeneration``.
 This module is the only place in the cloud that knows how that model is laid out:
 where the video tower and projector live, how many ``<video>`` placeholders a clip
-needs, which ids are text. Engines (``cloud.engine``) and the verifier only see
+needs, which ids are text. Engines (``eventspec.cloud.engine``) and the verifier only see
 token ids, tensors and a :class:`VisualGeometry`.
 
 :func:`load_target` reads a local directory with the real
 ``LanguageBind/Video-LLaVA-7B-hf`` layout (never a hub id); the small models of the
-demo world (``shared.demoworld``) are built there and wrapped in the same
+demo world (``eventspec.demoworld``) are built there and wrapped in the same
 :class:`TargetModel`.
 """
 
@@ -28,10 +28,10 @@ from transformers import (
     VideoLlavaForConditionalGeneration,
 )
 
-from shared.errors import InvalidInput, NotFound
-from shared.imageproc import frames_to_pixels
-from shared.types import VisualGeometry
-from shared.vocab import text_vocab_fingerprint
+from eventspec.shared.contract.errors import InvalidInput, NotFound
+from eventspec.shared.contract.types import VisualGeometry
+from eventspec.shared.node.imageproc import frames_to_pixels
+from eventspec.shared.node.vocab import text_vocab_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ class TargetModel:
         if len(frames) != g.num_frames:
             raise InvalidInput(f"the target needs {g.num_frames} frames, got {len(frames)}")
         # One frame decoded at a time, each held to the frame caps before decoding
-        # (shared.imageproc.preprocess_memory_bound); errors name the frame.
+        # (eventspec.shared.node.imageproc.preprocess_memory_bound); errors name the frame.
         pixels = frames_to_pixels(frames, g.image_size)  # [F, 3, S, S]
         return pixels.unsqueeze(0)  # [1, F, 3, S, S]
 

@@ -17,8 +17,8 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 
-from shared.errors import DeadlineExceeded, ResourceExhausted
-from shared.types import ServerLimits
+from eventspec.shared.contract.errors import DeadlineExceeded, ResourceExhausted
+from eventspec.shared.contract.types import ServerLimits
 
 
 def cloud_slots(limits: ServerLimits) -> int:

@@ -19,37 +19,42 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from edge.admission import AdmissionQueue, cloud_slots
-from edge.align import FeatureAdapter
-from edge.ask_checks import check_ask, draft_only_settings
-from edge.cloud_wait import cloud_info_when_ready, first_reply
-from edge.cost_meter import EdgeCostMeter
-from edge.draft import DraftModel
-from edge.draft_only import answer_draft_only, decode_after
-from edge.drafter import Drafter
-from edge.events.base import EventSource
-from edge.failover import ask_event_is_committed, with_failover
-from edge.link import VerifierLink, VerifierStream
-from edge.readiness import Readiness
-from edge.request_timeline import EdgeTimeline
-from edge.session import Action, EdgeSession, SendDrafts, ShowPreview
-from edge.visual_input import (
+from eventspec.edge.admission import AdmissionQueue, cloud_slots
+from eventspec.edge.align import FeatureAdapter
+from eventspec.edge.ask_checks import check_ask, draft_only_settings
+from eventspec.edge.cloud_wait import cloud_info_when_ready, first_reply
+from eventspec.edge.cost_meter import EdgeCostMeter
+from eventspec.edge.draft import DraftModel
+from eventspec.edge.draft_only import answer_draft_only, decode_after
+from eventspec.edge.drafter import Drafter
+from eventspec.edge.events.base import EventSource
+from eventspec.edge.failover import ask_event_is_committed, with_failover
+from eventspec.edge.link import VerifierLink, VerifierStream
+from eventspec.edge.readiness import Readiness
+from eventspec.edge.request_timeline import EdgeTimeline
+from eventspec.edge.session import Action, EdgeSession, SendDrafts, ShowPreview
+from eventspec.edge.visual_input import (
     PreparedVisual,
     choose_feature_mode,
     prepare_visual,
     send_features,
 )
-from shared.codec import WireDtype
-from shared.errors import (
+from eventspec.edge.worker import ModelWorker
+from eventspec.shared.contract.codec import WireDtype
+from eventspec.shared.contract.errors import (
     EventSpecError,
     FailedPrecondition,
     Unavailable,
 )
-from shared.estimators import AcceptanceEstimator, ThroughputEstimator
-from shared.planning import RequestFacts, facts_from_open, plan_inputs, request_plan
-from shared.timing import EdgeCost, TimingPlan, plan
-from shared.tracing import current_request_span
-from shared.types import (
+from eventspec.shared.contract.estimators import AcceptanceEstimator, ThroughputEstimator
+from eventspec.shared.contract.planning import (
+    RequestFacts,
+    facts_from_open,
+    plan_inputs,
+    request_plan,
+)
+from eventspec.shared.contract.timing import EdgeCost, TimingPlan, plan
+from eventspec.shared.contract.types import (
     AlignedSpec,
     AskEvent,
     AskSpec,
@@ -67,10 +72,10 @@ from shared.types import (
     ServerInfo,
     ServerLimits,
 )
-from shared.worker import ModelWorker
+from eventspec.shared.node.tracing import current_request_span
 
 if TYPE_CHECKING:
-    from edge.metrics import EdgeMetrics
+    from eventspec.edge.metrics import EdgeMetrics
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +230,8 @@ class EdgeAgent:
                 f"differs from the draft model's ({self.draft.vocab_fingerprint[:12]}), so "
                 "drafts cannot be verified; use mode target_only"
             )
-        # A slot on the cloud before any model work: wait in line for one (edge.admission).
+        # A slot on the cloud before any model work: wait in line for one
+        # (eventspec.edge.admission).
         self.admission.set_capacity(cloud_slots(info.limits))
         queued_at = time.monotonic()
         budget = self.request_timeout_s if deadline_s is None else max(0.0, deadline_s - 1.0)
@@ -243,7 +249,7 @@ class EdgeAgent:
                 info=info,
             )
             # A replica that dies before anything is committed gets the request re-run
-            # once on another (edge.failover); after a commit the answer fails clearly
+            # once on another (eventspec.edge.failover); after a commit the answer fails clearly
             # instead. A cloud full for a moment is asked again within the wait budget.
             left = budget - (time.monotonic() - queued_at)
             async for event in with_failover(

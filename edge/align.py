@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from shared.errors import InvalidInput, NotFound
+from eventspec.shared.contract.errors import InvalidInput, NotFound
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter.safetensors"

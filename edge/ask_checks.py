@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from edge.draft import DraftModel
-from shared.errors import InvalidInput
-from shared.types import AskSpec, GenerationSettings, ServerLimits
+from eventspec.edge.draft import DraftModel
+from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.contract.types import AskSpec, GenerationSettings, ServerLimits
 
 #: The largest max_new_tokens a draft_only answer takes (then clamped to the draft's room).
 DRAFT_ONLY_MAX_NEW_TOKENS = 4096

@@ -11,17 +11,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
 
-from edge.config import EdgeSettings, SettingsError
-from edge.model_dirs import TINY_RANDOM
-from shared.helpfmt import DefaultsHelpFormatter
-from shared.serving import (
+from eventspec.edge.config import EdgeSettings, SettingsError
+from eventspec.edge.model_dirs import TINY_RANDOM
+from eventspec.shared.helpfmt import DefaultsHelpFormatter
+from eventspec.shared.node.serving import (
     LOG_FORMAT,
     MODEL_DTYPES,
     add_metrics_args,
     quiet_progress_bars,
     run_node,
 )
-from shared.wire.flags import (
+from eventspec.shared.wire.flags import (
     add_client_security_args,
     add_health_port_arg,
     add_server_security_args,
@@ -157,8 +157,8 @@ def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
 def _sensor_size(text: str | None) -> tuple[int, int] | None:
     if text is None:
         return None
-    from edge.events.sources import parse_sensor_size
-    from shared.errors import InvalidInput
+    from eventspec.edge.events.sources import parse_sensor_size
+    from eventspec.shared.contract.errors import InvalidInput
 
     try:
         return parse_sensor_size(text)
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = settings_from_args(args)
     logging.basicConfig(level=args.log_level, format=LOG_FORMAT)
     quiet_progress_bars()
-    from edge.server import EdgeServer
+    from eventspec.edge.server import EdgeServer
 
     with contextlib.ExitStack() as scratch:
         if settings.model == TINY_RANDOM:
@@ -187,7 +187,7 @@ def _tiny_random_dir(scratch: contextlib.ExitStack, seed: int) -> Path:
     The edge's only import of the demo world, here at the command's edge and lazy, so
     the server itself knows nothing but model directories.
     """
-    from shared.demoworld.tiny_draft import TINY_DRAFT_ID, save_tiny_random_draft
+    from eventspec.demoworld.tiny_draft import TINY_DRAFT_ID, save_tiny_random_draft
 
     tmp = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="eventspec-edge-")))
     return save_tiny_random_draft(tmp / f"{TINY_DRAFT_ID}-{seed}", seed)

@@ -2,7 +2,7 @@
 
 Wraps the Verifier stub: GetServerInfo (which also samples the RTT) and Generate
 streams with explicit deadlines, converting wire messages to domain types and gRPC
-failures into ``shared.errors`` with a message that names the cloud.
+failures into ``eventspec.shared.contract.errors`` with a message that names the cloud.
 
 The cloud may be several replicas (``cloud_target``): a DNS name that resolves to all
 of them (``dns:///verifier.ns.svc:50061``, a Kubernetes headless Service) or a list of
@@ -10,7 +10,7 @@ addresses. The channel balances calls over them with gRPC's ``round_robin`` and 
 a replica from the rotation while its ``grpc.health.v1`` Watch says it is not serving
 (client-side health checking, both through the service config). One Generate call is
 one HTTP/2 stream, so a request stays on the replica it started on; moving a failed
-request to another replica is ``edge.failover``'s job.
+request to another replica is ``eventspec.edge.failover``'s job.
 """
 
 from __future__ import annotations
@@ -29,27 +29,27 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from edge.link import VerifierStream
-from edge.readiness import CloudState, CloudView
-from shared import convert
-from shared.convert import CloudOutbound, EdgeInbound
-from shared.errors import (
+from eventspec.edge.link import VerifierStream
+from eventspec.edge.readiness import CloudState, CloudView
+from eventspec.shared.contract import convert
+from eventspec.shared.contract.convert import CloudOutbound, EdgeInbound
+from eventspec.shared.contract.errors import (
     DeadlineExceeded,
     EventSpecError,
     InvalidInput,
     ResourceExhausted,
     Unavailable,
 )
-from shared.estimators import RttEstimator
-from shared.logsafe import scrub_addresses, scrub_operator_hints
-from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
-from shared.tracing import outgoing_metadata
-from shared.types import ServerInfo
-from shared.wire.channel import call_metadata, open_channel
-from shared.wire.interceptors import WARMING_UP_KEY
-from shared.wire.options import channel_options
-from shared.wire.security import ClientSecurity, SecurityConfigError
-from shared.wire.status import from_grpc
+from eventspec.shared.contract.estimators import RttEstimator
+from eventspec.shared.contract.types import ServerInfo
+from eventspec.shared.node.logsafe import scrub_addresses, scrub_operator_hints
+from eventspec.shared.node.tracing import outgoing_metadata
+from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
+from eventspec.shared.wire.channel import call_metadata, open_channel
+from eventspec.shared.wire.interceptors import WARMING_UP_KEY
+from eventspec.shared.wire.options import channel_options
+from eventspec.shared.wire.security import ClientSecurity, SecurityConfigError
+from eventspec.shared.wire.status import from_grpc
 
 log = logging.getLogger(__name__)
 

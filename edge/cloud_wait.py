@@ -10,10 +10,10 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from edge.link import VerifierLink, VerifierStream
-from edge.readiness import CloudState, CloudView, Readiness
-from shared.errors import ErrorCode, EventSpecError, Unavailable
-from shared.types import ProgressEvent, ServerInfo
+from eventspec.edge.link import VerifierLink, VerifierStream
+from eventspec.edge.readiness import CloudState, CloudView, Readiness
+from eventspec.shared.contract.errors import ErrorCode, EventSpecError, Unavailable
+from eventspec.shared.contract.types import ProgressEvent, ServerInfo
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ async def first_reply(link: VerifierLink, stream: VerifierStream, reply: asyncio
     A replica that is frozen (SIGSTOPped, hung) keeps its connection open and
     answers nothing; without this bound a request waited for keepalive to declare
     the connection dead. UNAVAILABLE here, before anything is committed, lets
-    ``edge.failover`` run the request on another replica.
+    ``eventspec.edge.failover`` run the request on another replica.
     """
     deadline = time.monotonic() + within_s
     while not reply.done():

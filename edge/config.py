@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.wire.security import ClientSecurity, ServerSecurity
+from eventspec.shared.wire.security import ClientSecurity, ServerSecurity
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ shared plan) says drafting costs on this machine."""
 
 from __future__ import annotations
 
-from shared.estimators import Ewma
+from eventspec.shared.contract.estimators import Ewma
 
 
 class EdgeCostMeter:

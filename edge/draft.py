@@ -8,7 +8,7 @@ a config so that:
   (``model.embed_tokens``, ``model.layers``, ``model.norm``, ``lm_head``,
   ``model.visual_projector.{0,2}``, ``model.feature_adaptor``, and CLIP at
   ``model.visual_tower.visual_tower``);
-- small models of the same classes (the demo world's, ``shared.demoworld``) run the
+- small models of the same classes (the demo world's, ``eventspec.demoworld``) run the
   whole system in tests and the demo;
 - loading is explicit and bit-exact: 0 missing, 0 unexpected keys, or a clear error.
 
@@ -46,9 +46,9 @@ from transformers import (
 from transformers.initialization import no_init_weights
 from transformers.models.llama.modeling_llama import LlamaPreTrainedModel
 
-from shared.errors import InvalidInput
-from shared.kvcache import cache_kwarg, crop_cache
-from shared.vocab import text_vocab_fingerprint
+from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.node.kvcache import cache_kwarg, crop_cache
+from eventspec.shared.node.vocab import text_vocab_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class EventGPTConfig(LlamaConfig):  # type: ignore[no-untyped-call]
     event_feature_adaptor: bool = True
     vision_config: dict[str, Any] | None = None
     image_size: int | None = None
-    #: How the model's event frames were drawn (``edge.events.render``): EventGPT's own
+    #: How the model's event frames were drawn (``eventspec.edge.events.render``): EventGPT's own
     #: per-frame canvas, or the full sensor (the embedded toy draft).
     event_canvas: str = "eventgpt"
 
@@ -329,7 +329,7 @@ class DraftModel:
     def rollback(self, state: DraftState, keep_len: int) -> None:
         """Cut the cache back to its first ``keep_len`` positions (never into the prompt).
 
-        Through ``shared.kvcache.crop_cache``, the crop the cloud's engine uses too.
+        Through ``eventspec.shared.node.kvcache.crop_cache``, the crop the cloud's engine uses too.
         """
         crop_cache(state.cache, keep_len, floor=state.prompt_len)
 

@@ -27,7 +27,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from edge.draft import (
+from eventspec.edge.draft import (
     CLIP_PREFIX,
     DraftModel,
     EventGPTConfig,
@@ -36,7 +36,7 @@ from edge.draft import (
     empty_init,
     image_size_of,
 )
-from shared.errors import InvalidInput, NotFound
+from eventspec.shared.contract.errors import InvalidInput, NotFound
 
 log = logging.getLogger(__name__)
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Sequence
 
-from edge.draft import DraftModel
-from edge.drafter import Drafter
-from edge.visual_input import PreparedVisual
-from shared.stops import StopMatcher
-from shared.types import (
+from eventspec.edge.draft import DraftModel
+from eventspec.edge.drafter import Drafter
+from eventspec.edge.visual_input import PreparedVisual
+from eventspec.edge.worker import ModelWorker
+from eventspec.shared.contract.stops import StopMatcher
+from eventspec.shared.contract.types import (
     AskEvent,
     AskSpec,
     CommittedEvent,
@@ -19,7 +20,6 @@ from shared.types import (
     Mode,
     RequestStats,
 )
-from shared.worker import ModelWorker
 
 
 def decode_after(draft: DraftModel, ids: Sequence[int], prefix: Sequence[int] = ()) -> str:
@@ -36,7 +36,7 @@ async def answer_draft_only(
 ) -> AsyncIterator[AskEvent]:
     """The edge alone: greedy EventGPT output, labelled as unverified, under the same
     stop rules as the cloud's (EOS, stop strings, token cap, context). ``settings`` come
-    from ``edge.ask_checks.draft_only_settings``, which refuses what this cannot do."""
+    from ``eventspec.edge.ask_checks.draft_only_settings``, which refuses what this cannot do."""
     started = time.perf_counter()
     drafter = Drafter(draft)
     await worker.run(lambda: drafter.prefill(spec.question, prepared.event_pixels))

@@ -1,6 +1,6 @@
 """The draft model's KV cache for one request, kept in sync with a token sequence.
 
-``edge.session`` decides what to draft after (the committed answer C plus the edge's
+``eventspec.edge.session`` decides what to draft after (the committed answer C plus the edge's
 tail); this class computes the greedy token after any such context. Its cache holds
 ``prompt + fed`` and the logits after it. Asked for a new context, it crops the cache to
 the longest prefix the two share and feeds the rest in one forward, so a Commit that
@@ -20,7 +20,7 @@ import torch
 
 
 class DraftBackend(Protocol):
-    """The parts of ``edge.draft.DraftModel`` the drafter needs."""
+    """The parts of ``eventspec.edge.draft.DraftModel`` the drafter needs."""
 
     text_vocab_size: int
     eos_token_id: int

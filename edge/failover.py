@@ -26,8 +26,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
-from shared.errors import ResourceExhausted, Unavailable
-from shared.types import CommitEvent, CommittedEvent, DoneEvent, FinalEvent
+from eventspec.shared.contract.errors import ResourceExhausted, Unavailable
+from eventspec.shared.contract.types import CommitEvent, CommittedEvent, DoneEvent, FinalEvent
 
 log = logging.getLogger(__name__)
 

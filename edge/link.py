@@ -1,6 +1,6 @@
 """The edge's view of the cloud verifier, as Protocols: what the agent needs of a link.
 
-``edge.cloud_link`` implements them over gRPC; tests implement them in memory, so the
+``eventspec.edge.cloud_link`` implements them over gRPC; tests implement them in memory, so the
 agent and its session run without a network.
 """
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from edge.readiness import CloudView
-from shared.convert import CloudOutbound, EdgeInbound
-from shared.errors import EventSpecError
-from shared.estimators import RttEstimator
-from shared.types import ServerInfo
+from eventspec.edge.readiness import CloudView
+from eventspec.shared.contract.convert import CloudOutbound, EdgeInbound
+from eventspec.shared.contract.errors import EventSpecError
+from eventspec.shared.contract.estimators import RttEstimator
+from eventspec.shared.contract.types import ServerInfo
 
 
 class VerifierStream(Protocol):

@@ -23,13 +23,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from shared.errors import EventSpecError
-from shared.metrics import LATENCY_BUCKETS, PREFIX, STEP_BUCKETS, BoundedLabels
-from shared.types import AskEvent, CommittedEvent, FinalEvent, Mode, PreviewEvent
+from eventspec.shared.contract.errors import EventSpecError
+from eventspec.shared.contract.types import AskEvent, CommittedEvent, FinalEvent, Mode, PreviewEvent
+from eventspec.shared.node.metrics import LATENCY_BUCKETS, PREFIX, STEP_BUCKETS, BoundedLabels
 
 if TYPE_CHECKING:
-    from edge.drafter import Drafter
-    from edge.session import EdgeCounters
+    from eventspec.edge.drafter import Drafter
+    from eventspec.edge.session import EdgeCounters
 
 #: Distinct plan reasons kept as label values (the rest: "other").
 MAX_REASONS = 16

@@ -2,7 +2,7 @@
 
 The edge only ever loads model directories. ``toy`` names the trained demo draft and
 its feature adapter, shipped as package data; ``tiny-random`` is written to a
-temporary directory by the demo world at the CLI's edge (:mod:`edge.cli`), then
+temporary directory by the demo world at the CLI's edge (:mod:`eventspec.edge.cli`), then
 loaded like any other.
 """
 

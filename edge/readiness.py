@@ -19,7 +19,12 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shared.errors import EventSpecError, FailedPrecondition, Unavailable, WarmingUp
+from eventspec.shared.contract.errors import (
+    EventSpecError,
+    FailedPrecondition,
+    Unavailable,
+    WarmingUp,
+)
 
 
 class CloudState(enum.Enum):

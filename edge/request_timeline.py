@@ -1,4 +1,5 @@
-"""The edge's side of a request's timeline (``shared.timeline``), and the merge with the
+"""The edge's side of a request's timeline (``eventspec.shared.contract.timeline``), and the merge
+with the
 cloud's, when the Ask asks for it (``AskRequest.timeline``).
 
 What is logged, on the edge's clock (ms since this request's Open was sent, the same
@@ -20,14 +21,14 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from edge.drafter import Drafter
-from edge.link import VerifierStream
-from edge.visual_input import PreparedVisual
-from shared.convert import CloudOutbound, EdgeInbound
-from shared.timeline import Timeline, TimelineLog, merge
-from shared.timing import TimingPlan
-from shared.tracing import EDGE_SPANS, current_request_span
-from shared.types import CommitEvent, DoneEvent, DraftTail
+from eventspec.edge.drafter import Drafter
+from eventspec.edge.link import VerifierStream
+from eventspec.edge.visual_input import PreparedVisual
+from eventspec.shared.contract.convert import CloudOutbound, EdgeInbound
+from eventspec.shared.contract.timeline import Timeline, TimelineLog, merge
+from eventspec.shared.contract.timing import TimingPlan
+from eventspec.shared.contract.types import CommitEvent, DoneEvent, DraftTail
+from eventspec.shared.node.tracing import EDGE_SPANS, current_request_span
 
 
 class EdgeTimeline:

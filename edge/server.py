@@ -14,27 +14,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edge.agent import EdgeAgent
-from edge.align import FeatureAdapter, load_adapter
-from edge.cloud_link import CloudLink
-from edge.config import EdgeSettings
-from edge.draft import DraftModel
-from edge.draft_checkpoint import load_draft
-from edge.events.base import EventSource
-from edge.events.sources import open_source
-from edge.model_dirs import TOY, adapter_dir, draft_dir
-from edge.readiness import CloudState, CloudView, Readiness
-from edge.servicer import EdgeAgentServicer
-from shared.errors import ErrorCode, EventSpecError
-from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
-from shared.serving import MODEL_DTYPES
-from shared.tracing import tracer_from_env
-from shared.wire.host import GrpcHost
-from shared.wire.security import check_server_start
+from eventspec.edge.agent import EdgeAgent
+from eventspec.edge.align import FeatureAdapter, load_adapter
+from eventspec.edge.cloud_link import CloudLink
+from eventspec.edge.config import EdgeSettings
+from eventspec.edge.draft import DraftModel
+from eventspec.edge.draft_checkpoint import load_draft
+from eventspec.edge.events.base import EventSource
+from eventspec.edge.events.sources import open_source
+from eventspec.edge.model_dirs import TOY, adapter_dir, draft_dir
+from eventspec.edge.readiness import CloudState, CloudView, Readiness
+from eventspec.edge.servicer import EdgeAgentServicer
+from eventspec.shared.contract.errors import ErrorCode, EventSpecError
+from eventspec.shared.node.serving import MODEL_DTYPES
+from eventspec.shared.node.tracing import tracer_from_env
+from eventspec.shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
+from eventspec.shared.wire.host import GrpcHost
+from eventspec.shared.wire.security import check_server_start
 
 if TYPE_CHECKING:
-    from edge.metrics import EdgeMetrics
-    from shared.metrics import MetricsEndpoint
+    from eventspec.edge.metrics import EdgeMetrics
+    from eventspec.shared.node.metrics import MetricsEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class EdgeServer:
     metrics_port: int = 0
     _metrics_endpoint: MetricsEndpoint | None = None
     #: An OpenTelemetry tracer (tests inject one); None: from the ``OTEL_*`` environment,
-    #: which leaves tracing off unless it asks for an exporter (``shared.tracing``).
+    #: which leaves tracing off unless it asks for an exporter (``eventspec.shared.node.tracing``).
     tracer: Any = None
 
     async def start(self, *, warm: bool = True) -> int:
@@ -197,8 +197,8 @@ class EdgeServer:
 
     def _start_metrics(self, host: GrpcHost) -> None:
         """Serve ``/metrics`` from this server's own registry (imported only when on)."""
-        from edge.metrics import EdgeMetrics
-        from shared.metrics import MetricsEndpoint
+        from eventspec.edge.metrics import EdgeMetrics
+        from eventspec.shared.node.metrics import MetricsEndpoint
 
         assert self._servicer is not None
         self.metrics = EdgeMetrics()

@@ -1,4 +1,4 @@
-"""The EdgeAgent gRPC servicer: thin. Parses, delegates to ``edge.agent``, converts."""
+"""The EdgeAgent gRPC servicer: thin. Parses, delegates to ``eventspec.edge.agent``, converts."""
 
 from __future__ import annotations
 
@@ -7,19 +7,19 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from edge.agent import EdgeAgent
-from edge.events.base import SourceMeta
-from edge.events.live import LiveSource
-from edge.events.live_sources import StreamHealth
-from edge.readiness import Readiness
-from shared import convert
-from shared.errors import EventSpecError
-from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
-from shared.tracing import RequestSpan, final_attributes
-from shared.types import AskSpec, FinalEvent, ProgressEvent
+from eventspec.edge.agent import EdgeAgent
+from eventspec.edge.events.base import SourceMeta
+from eventspec.edge.events.live import LiveSource
+from eventspec.edge.events.live_sources import StreamHealth
+from eventspec.edge.readiness import Readiness
+from eventspec.shared.contract import convert
+from eventspec.shared.contract.errors import EventSpecError
+from eventspec.shared.contract.types import AskSpec, FinalEvent, ProgressEvent
+from eventspec.shared.node.tracing import RequestSpan, final_attributes
+from eventspec.shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
 
 if TYPE_CHECKING:
-    from edge.metrics import AskProbe, EdgeMetrics
+    from eventspec.edge.metrics import AskProbe, EdgeMetrics
 
 
 class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
@@ -37,7 +37,7 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
         self.adapter_id = ""
         #: Prometheus metrics (``--metrics-port``); None: nothing is recorded.
         self.metrics: EdgeMetrics | None = None
-        #: An OpenTelemetry tracer (``shared.tracing``); None: tracing is off.
+        #: An OpenTelemetry tracer (``eventspec.shared.node.tracing``); None: tracing is off.
         self.tracer: Any = None
         self._started = time.monotonic()
 

@@ -13,7 +13,7 @@ of greedy drafts beyond it (DESIGN, "Speculation invariants"). This module decid
   that has since changed is discarded here (:meth:`on_draft`);
 - previews and statistics.
 
-No asyncio, gRPC or model calls: ``edge.agent`` executes the actions, and tests drive
+No asyncio, gRPC or model calls: ``eventspec.edge.agent`` executes the actions, and tests drive
 this class directly against a fake cloud.
 """
 
@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from shared.errors import FailedPrecondition
-from shared.timing import TimingPlan
-from shared.types import CommitEvent, DoneEvent, DraftTail
+from eventspec.shared.contract.errors import FailedPrecondition
+from eventspec.shared.contract.timing import TimingPlan
+from eventspec.shared.contract.types import CommitEvent, DoneEvent, DraftTail
 
 #: Drafting budget when ``--speculation always`` overrides a plan that said no.
 FORCED_HIDDEN_DRAFTS = 16

@@ -15,16 +15,16 @@ from functools import partial
 
 import torch
 
-from edge.align import FeatureAdapter
-from edge.draft import DraftModel
-from edge.events.base import EventSource
-from edge.events.render import canvas_for, event_pixel_values
-from edge.events.windows import events_for_window, sample_rgb_frames, select_window
-from edge.link import VerifierStream
-from shared.codec import WireDtype, encode_tensor, quantize_int8
-from shared.errors import FailedPrecondition, InvalidInput
-from shared.imageproc import downscale_short_side, encode_jpeg
-from shared.types import (
+from eventspec.edge.align import FeatureAdapter
+from eventspec.edge.draft import DraftModel
+from eventspec.edge.events.base import EventSource
+from eventspec.edge.events.render import canvas_for, event_pixel_values
+from eventspec.edge.events.windows import events_for_window, sample_rgb_frames, select_window
+from eventspec.edge.link import VerifierStream
+from eventspec.edge.worker import ModelWorker
+from eventspec.shared.contract.codec import WireDtype, encode_tensor, quantize_int8
+from eventspec.shared.contract.errors import FailedPrecondition, InvalidInput
+from eventspec.shared.contract.types import (
     VIDEO_FEATURES_TENSOR,
     AskSpec,
     FeatureMode,
@@ -32,7 +32,7 @@ from shared.types import (
     TensorChunkData,
     WindowInfo,
 )
-from shared.worker import ModelWorker
+from eventspec.shared.node.imageproc import downscale_short_side, encode_jpeg
 
 
 @dataclass

@@ -13,9 +13,6 @@ import argparse
 import re
 import sys
 from collections.abc import Callable
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 _ENV = re.compile(r"\(?\$(EVENTSPEC_[A-Z_]+)(?:=\S+)?\)?")
 
@@ -30,11 +27,11 @@ def _sub(parser: argparse.ArgumentParser, *names: str) -> argparse.ArgumentParse
 def commands() -> dict[str, Callable[[], argparse.ArgumentParser]]:
     """Command line -> a function building its parser (imported lazily: the nodes' CLIs
     import no model code at parse time, but keep this script cheap anyway)."""
-    from cloud.cli import build_parser as cloud
-    from edge.cli import build_parser as edge
-    from shared.cli import build_parser as ask
-    from shared.demoworld.cli import build_parser as toy
-    from shared.demoworld.demo import build_parser as demo
+    from eventspec.cloud.cli import build_parser as cloud
+    from eventspec.demoworld.cli import build_parser as toy
+    from eventspec.edge.cli import build_parser as edge
+    from eventspec.shared.client.cli import build_parser as ask
+    from eventspec.shared.client.demo import build_parser as demo
 
     return {
         "eventspec ask": lambda: _sub(ask(), "ask"),

@@ -1,7 +1,7 @@
 """Regenerate shared/pb from protos/ (``make proto``), or check for drift (``--check``).
 
 The generated modules import each other as ``eventspec.v1.*``; they are rewritten to
-``shared.pb.eventspec.v1.*`` so the stubs live inside the project's package.
+``eventspec.shared.pb.eventspec.v1.*`` so the stubs live inside the project's package.
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ def generate(out: Path) -> None:
         raise SystemExit("protoc failed")
     for path in out.rglob("*.py*"):
         text = path.read_text()
-        text = re.sub(r"^from eventspec\.v1 import", "from shared.pb.eventspec.v1 import",
+        text = re.sub(r"^from eventspec\.v1 import", "from eventspec.shared.pb.eventspec.v1 import",
                       text, flags=re.M)
-        text = re.sub(r"^import eventspec\.v1\.", "import shared.pb.eventspec.v1.",
+        text = re.sub(r"^import eventspec\.v1\.", "import eventspec.shared.pb.eventspec.v1.",
                       text, flags=re.M)
         path.write_text(text)
     for pkg in [out, *(p for p in out.rglob("*") if p.is_dir())]:

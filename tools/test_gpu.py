@@ -73,7 +73,6 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None,
                         help="the JSON summary (default: results/test-gpu-<device>.json)")
     args, rest = parser.parse_known_args()
-    sys.path.insert(0, str(ROOT))
     summary = Summary()
     started = time.time()
     status = pytest.main(["-m", "gpu", "-p", "no:cacheprovider", "-q", "-rs",

@@ -17,10 +17,10 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from cloud.engine.base import PrefillRequest, StepBatch
-from cloud.target import TargetModel
-from shared.errors import FailedPrecondition, InvalidInput
-from shared.kvcache import cache_kwarg, crop_cache
+from eventspec.cloud.engine.base import PrefillRequest, StepBatch
+from eventspec.cloud.target import TargetModel
+from eventspec.shared.contract.errors import FailedPrecondition, InvalidInput
+from eventspec.shared.node.kvcache import cache_kwarg, crop_cache
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ class HFEngine:
     """``BatchedEngine`` over a ``TargetModel`` with HF eager forwards, looping over slots.
 
     Synchronous; one engine thread calls it (the model's forward is not re-entrant on
-    GPU). ``num_slots`` and ``max_seq_len`` come from the KV plan (``cloud.engine.kv``):
+    GPU). ``num_slots`` and ``max_seq_len`` come from the KV plan (``eventspec.cloud.engine.kv``):
     a ``DynamicCache`` grows on demand, so the reservation is an admission budget that
     the scheduler enforces, not preallocated memory.
     """

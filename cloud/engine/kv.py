@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from shared.errors import InvalidInput
+from eventspec.shared.contract.errors import InvalidInput
 
 GIB = 1 << 30
 #: Budget on a CPU device, where "free device memory" is not a useful number.

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 
 import torch
 
-from cloud.engine.base import BatchedEngine, PrefillRequest, StepBatch
-from shared.timing import CloudCost
+from eventspec.cloud.engine.base import BatchedEngine, PrefillRequest, StepBatch
+from eventspec.shared.contract.timing import CloudCost
 
 #: Extra cost of each session beyond the first, as a fraction of the single-token step.
 SESSION_FRACTION = 0.044

@@ -46,7 +46,7 @@ COPY shared ./shared
 COPY cloud ./cloud
 COPY edge ./edge
 RUN /opt/venv/bin/pip install ".[cloud]" \
- && /opt/venv/bin/python -c "import torch, transformers, cloud.cli; print('torch', torch.__version__)" \
+ && /opt/venv/bin/python -c "import torch, transformers, eventspec.cloud.cli; print('torch', torch.__version__)" \
  && /opt/venv/bin/eventspec-cloud serve --help >/dev/null
 
 # ---- runtime --------------------------------------------------------------------------

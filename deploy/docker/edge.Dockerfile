@@ -35,7 +35,7 @@ COPY shared ./shared
 COPY edge ./edge
 COPY cloud ./cloud
 RUN /opt/venv/bin/pip install ".[edge]" \
- && /opt/venv/bin/python -c "import torch, h5py, hdf5plugin, edge.cli; print('torch', torch.__version__)" \
+ && /opt/venv/bin/python -c "import torch, h5py, hdf5plugin, eventspec.edge.cli; print('torch', torch.__version__)" \
  && /opt/venv/bin/eventspec-edge serve --help >/dev/null
 
 # ---- runtime --------------------------------------------------------------------------

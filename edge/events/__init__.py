@@ -1,13 +1,19 @@
 """Event data on the edge: the internal dtype, sources, windows and rendering."""
 
-from edge.events.base import ArraySource, EventSource, RgbIndex
-from edge.events.dsec import DsecSource
-from edge.events.live import BufferStats, EventReader, LiveEventBuffer, LiveSource, ReplayReader
-from edge.events.render import event_pixel_values, events_to_frames
-from edge.events.sources import EventGptNpySource, NpzSource, open_source
-from edge.events.synthetic import SceneSpec, ShapeSpec, SyntheticSource
-from edge.events.types import EVENT_DTYPE, coerce_events, make_events, validate_events
-from edge.events.windows import (
+from eventspec.edge.events.base import ArraySource, EventSource, RgbIndex
+from eventspec.edge.events.dsec import DsecSource
+from eventspec.edge.events.live import (
+    BufferStats,
+    EventReader,
+    LiveEventBuffer,
+    LiveSource,
+    ReplayReader,
+)
+from eventspec.edge.events.render import event_pixel_values, events_to_frames
+from eventspec.edge.events.sources import EventGptNpySource, NpzSource, open_source
+from eventspec.edge.events.synthetic import SceneSpec, ShapeSpec, SyntheticSource
+from eventspec.edge.events.types import EVENT_DTYPE, coerce_events, make_events, validate_events
+from eventspec.edge.events.windows import (
     MAX_EVENT_WINDOW_MS,
     MIN_EVENTS,
     ClipWindow,

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from edge.events.base import SourceMeta, check_range
-from edge.events.types import EVENT_DTYPE, empty_events
-from shared.errors import FailedPrecondition, InvalidInput, NotFound
+from eventspec.edge.events.base import SourceMeta, check_range
+from eventspec.edge.events.types import EVENT_DTYPE, empty_events
+from eventspec.shared.contract.errors import FailedPrecondition, InvalidInput, NotFound
 
 log = logging.getLogger(__name__)
 

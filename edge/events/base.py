@@ -14,8 +14,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from edge.events.types import EVENT_DTYPE, sensor_size_of, sort_by_time, validate_events
-from shared.errors import InvalidInput
+from eventspec.edge.events.types import EVENT_DTYPE, sensor_size_of, sort_by_time, validate_events
+from eventspec.shared.contract.errors import InvalidInput
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
-from edge.events.aedat4 import AEDAT4_MAGIC
-from edge.events.prophesee_raw import read_raw_header
-from shared.errors import InvalidInput, NotFound
+from eventspec.edge.events.aedat4 import AEDAT4_MAGIC
+from eventspec.edge.events.prophesee_raw import read_raw_header
+from eventspec.shared.contract.errors import InvalidInput, NotFound
 
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 _BY_EXTENSION = {

@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from edge.events.base import SourceMeta, check_range
-from edge.events.types import EVENT_DTYPE, empty_events, validate_events
-from shared.errors import InvalidInput, NotFound
-from shared.imageproc import decode_image
+from eventspec.edge.events.base import SourceMeta, check_range
+from eventspec.edge.events.types import EVENT_DTYPE, empty_events, validate_events
+from eventspec.shared.contract.errors import InvalidInput, NotFound
+from eventspec.shared.node.imageproc import decode_image
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.events.base import ArraySource, SourceMeta
-from edge.events.types import make_events
-from shared.errors import InvalidInput, NotFound
+from eventspec.edge.events.base import ArraySource, SourceMeta
+from eventspec.edge.events.types import make_events
+from eventspec.shared.contract.errors import InvalidInput, NotFound
 
 
 def read_ecd_text(data: bytes, name: str) -> np.ndarray:

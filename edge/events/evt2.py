@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edge.events.types import EVENT_DTYPE
-from shared.errors import InvalidInput
+from eventspec.edge.events.types import EVENT_DTYPE
+from eventspec.shared.contract.errors import InvalidInput
 
 CD_OFF, CD_ON, TIME_HIGH, EXT_TRIGGER, OTHERS, CONTINUED = 0x0, 0x1, 0x8, 0xA, 0xE, 0xF
 VALID_TYPES = frozenset({CD_OFF, CD_ON, TIME_HIGH, EXT_TRIGGER, OTHERS, CONTINUED})

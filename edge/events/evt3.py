@@ -31,7 +31,7 @@ the wraps seen since (Metavision has the same limit).
 Events before the first TIME_HIGH have no time and are dropped, as Metavision does.
 
 The decoder is a pure function of (words, state) -> (events, state), so a large file
-can be decoded in blocks from a saved state (see ``edge.events.prophesee_raw``).
+can be decoded in blocks from a saved state (see ``eventspec.edge.events.prophesee_raw``).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edge.events.types import EVENT_DTYPE
-from shared.errors import InvalidInput
+from eventspec.edge.events.types import EVENT_DTYPE
+from eventspec.shared.contract.errors import InvalidInput
 
 ADDR_Y, ADDR_X, VECT_BASE_X, VECT_12, VECT_8 = 0x0, 0x2, 0x3, 0x4, 0x5
 TIME_LOW, CONTINUED_4, TIME_HIGH, EXT_TRIGGER, OTHERS, CONTINUED_12 = (

@@ -15,9 +15,9 @@ from typing import Protocol
 
 import numpy as np
 
-from edge.events.base import check_range
-from edge.events.types import EVENT_DTYPE, coerce_events, sort_by_time, validate_events
-from shared.errors import InvalidInput, Unavailable
+from eventspec.edge.events.base import check_range
+from eventspec.edge.events.types import EVENT_DTYPE, coerce_events, sort_by_time, validate_events
+from eventspec.shared.contract.errors import InvalidInput, Unavailable
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Live cameras and streams feeding the edge's ring buffer (``edge.events.live``).
+"""Live cameras and streams feeding the edge's ring buffer (``eventspec.edge.events.live``).
 
 * ``dv-net:HOST:PORT``: an iniVation DV network stream, what DV's "Network output"
   module and ``dv-processing``'s ``NetworkWriter`` send (AEDAT4 packets over TCP).
@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from edge.events.aedat4 import dv_module, events_from_dv
-from edge.events.live import LiveSource
-from edge.events.types import EVENT_DTYPE
-from shared.errors import FailedPrecondition, InvalidInput
+from eventspec.edge.events.aedat4 import dv_module, events_from_dv
+from eventspec.edge.events.live import LiveSource
+from eventspec.edge.events.types import EVENT_DTYPE
+from eventspec.shared.contract.errors import FailedPrecondition, InvalidInput
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ def open_live_source(
         cam = DvCameraReader(arg)
         return LiveSource(cam, capacity, sensor_size or cam.resolution, name=f"dv-camera:{arg}")
     if kind == "prophesee-camera":
-        from edge.events.prophesee_camera import PropheseeCameraReader
+        from eventspec.edge.events.prophesee_camera import PropheseeCameraReader
 
         pc = PropheseeCameraReader(arg)
         return LiveSource(pc, capacity, sensor_size or pc.resolution,

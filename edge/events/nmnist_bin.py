@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.events.base import ArraySource, SourceMeta
-from edge.events.types import EVENT_DTYPE
-from shared.errors import InvalidInput, NotFound
+from eventspec.edge.events.base import ArraySource, SourceMeta
+from eventspec.edge.events.types import EVENT_DTYPE
+from eventspec.shared.contract.errors import InvalidInput, NotFound
 
 NMNIST_SIZE = (34, 34)
 _OVERFLOW_Y = 240

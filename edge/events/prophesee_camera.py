@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from edge.events.types import EVENT_DTYPE
-from shared.errors import FailedPrecondition
+from eventspec.edge.events.types import EVENT_DTYPE
+from eventspec.shared.contract.errors import FailedPrecondition
 
 #: Each yielded batch spans this much camera time.
 BATCH_US = 1000

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.events.base import SourceMeta, check_range, describe_recording
-from edge.events.types import EVENT_DTYPE
-from shared.errors import InvalidInput, NotFound
+from eventspec.edge.events.base import SourceMeta, check_range, describe_recording
+from eventspec.edge.events.types import EVENT_DTYPE
+from eventspec.shared.contract.errors import InvalidInput, NotFound
 
 _RECORD = np.dtype([("t", "<u4"), ("w", "<u4")])
 _TD_TYPES = (0, 12)  # Event2d, EventCD

@@ -26,11 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.events.base import SourceMeta, check_range, describe_recording
-from edge.events.evt2 import Evt2State, decode_evt2
-from edge.events.evt3 import Evt3State, decode_evt3
-from edge.events.types import EVENT_DTYPE, empty_events
-from shared.errors import InvalidInput, NotFound
+from eventspec.edge.events.base import SourceMeta, check_range, describe_recording
+from eventspec.edge.events.evt2 import Evt2State, decode_evt2
+from eventspec.edge.events.evt3 import Evt3State, decode_evt3
+from eventspec.edge.events.types import EVENT_DTYPE, empty_events
+from eventspec.shared.contract.errors import InvalidInput, NotFound
 
 log = logging.getLogger(__name__)
 

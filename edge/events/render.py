@@ -21,10 +21,10 @@ from typing import Literal
 import numpy as np
 import torch
 
-from edge.events.types import validate_events
-from edge.events.windows import EVENTGPT_N_FRAMES
-from shared.errors import InvalidInput
-from shared.imageproc import clip_preprocess
+from eventspec.edge.events.types import validate_events
+from eventspec.edge.events.windows import EVENTGPT_N_FRAMES
+from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.node.imageproc import clip_preprocess
 
 #: "eventgpt": each frame's canvas is its own events' (y.max+1) x (x.max+1);
 #: "sensor": the sensor size for every frame.

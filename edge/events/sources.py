@@ -5,8 +5,8 @@ Specs: ``synthetic``, ``synthetic:SEED``, ``toy`` (the toy world's demo scene),
 ``KIND:PATH`` with KIND one of ``aedat4``, ``raw`` (EVT 2.0/3.0 from the header),
 ``evt2``, ``evt3``, ``dat``, ``bin`` (N-MNIST/N-Caltech101), ``txt`` (ECD events.txt or
 a .zip of it), ``dsec`` (DIR or events.h5), ``npy``, ``npz``, or a bare ``PATH`` whose
-format is detected (``edge.events.detect``); live: ``dv-net:HOST:PORT``,
-``dv-camera[:SERIAL]``, ``prophesee-camera[:SERIAL]`` (``edge.events.live_sources``).
+format is detected (``eventspec.edge.events.detect``); live: ``dv-net:HOST:PORT``,
+``dv-camera[:SERIAL]``, ``prophesee-camera[:SERIAL]`` (``eventspec.edge.events.live_sources``).
 
 EventGPT ships its samples as ``.npy`` files holding a *pickled* dict {x, y, t, p}.
 Unpickling runs code from the file, so those are only read behind an explicit
@@ -22,18 +22,18 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.events.aedat4 import Aedat4Source
-from edge.events.base import ArraySource, EventSource, RgbIndex, SourceMeta, check_range
-from edge.events.detect import detect_kind
-from edge.events.dsec import DsecSource
-from edge.events.ecd_txt import EcdTextSource
-from edge.events.nmnist_bin import NmnistBinSource
-from edge.events.prophesee_dat import PropheseeDatSource
-from edge.events.prophesee_raw import PropheseeRawSource
-from edge.events.synthetic import SceneSpec, ShapeSpec, SyntheticSource
-from edge.events.toy import ToySource, parse_toy_spec
-from edge.events.types import coerce_events
-from shared.errors import InvalidInput, NotFound
+from eventspec.edge.events.aedat4 import Aedat4Source
+from eventspec.edge.events.base import ArraySource, EventSource, RgbIndex, SourceMeta, check_range
+from eventspec.edge.events.detect import detect_kind
+from eventspec.edge.events.dsec import DsecSource
+from eventspec.edge.events.ecd_txt import EcdTextSource
+from eventspec.edge.events.nmnist_bin import NmnistBinSource
+from eventspec.edge.events.prophesee_dat import PropheseeDatSource
+from eventspec.edge.events.prophesee_raw import PropheseeRawSource
+from eventspec.edge.events.synthetic import SceneSpec, ShapeSpec, SyntheticSource
+from eventspec.edge.events.toy import ToySource, parse_toy_spec
+from eventspec.edge.events.types import coerce_events
+from eventspec.shared.contract.errors import InvalidInput, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +198,7 @@ def open_source(
     if scheme == "toy":
         return parse_toy_spec(arg)
     if scheme in LIVE_KINDS:
-        from edge.events.live_sources import open_live_source
+        from eventspec.edge.events.live_sources import open_live_source
 
         return open_live_source(scheme, arg, sensor_size=sensor_size)
     if scheme not in FILE_KINDS:

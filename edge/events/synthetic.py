@@ -19,9 +19,9 @@ from typing import Literal
 
 import numpy as np
 
-from edge.events.base import ArraySource, check_range
-from edge.events.types import EVENT_DTYPE
-from shared.errors import InvalidInput
+from eventspec.edge.events.base import ArraySource, check_range
+from eventspec.edge.events.types import EVENT_DTYPE
+from eventspec.shared.contract.errors import InvalidInput
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Toy-world scenes played back to back as an event source with RGB frames.
 
-The embedded demo models are trained on :mod:`shared.demoworld`; this source shows
+The embedded demo models are trained on :mod:`eventspec.demoworld`; this source shows
 them the same world through the edge's ordinary path (window selection, event
 rendering, frame sampling), so what the demo answers about is exactly what the models
 learned. Scene ``i`` of the seed list occupies source time ``[i*D, (i+1)*D)`` µs
@@ -20,10 +20,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edge.events.base import check_range
-from edge.events.types import EVENT_DTYPE, empty_events
-from shared.demoworld.events import TOY_EVENT_DTYPE, simulate_events
-from shared.demoworld.scenes import (
+from eventspec.edge.events.base import check_range
+from eventspec.edge.events.types import EVENT_DTYPE, empty_events
+from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.toyworld.events import TOY_EVENT_DTYPE, simulate_events
+from eventspec.shared.toyworld.scenes import (
     DEMO_SEED,
     SCENE_DURATION_US,
     SCENE_HEIGHT,
@@ -33,7 +34,6 @@ from shared.demoworld.scenes import (
     rgb_frame_times_us,
     sample_scene,
 )
-from shared.errors import InvalidInput
 
 #: Scenes whose events and frames stay cached (a request touches one, rarely two).
 CACHE_SCENES = 4
@@ -42,7 +42,7 @@ TOY_SENSOR_SIZE = (SCENE_WIDTH, SCENE_HEIGHT)
 TOY_SCENE_US = SCENE_DURATION_US
 
 if TOY_EVENT_DTYPE != EVENT_DTYPE:  # pragma: no cover - guards a future edit of either
-    raise RuntimeError("shared.demoworld's event dtype drifted from the edge's EVENT_DTYPE")
+    raise RuntimeError("eventspec.demoworld's event dtype drifted from the edge's EVENT_DTYPE")
 
 
 class _Scene:

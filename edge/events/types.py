@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from shared.errors import InvalidInput
+from eventspec.shared.contract.errors import InvalidInput
 
 #: x, y in pixels; t in absolute microseconds (int64, so DSEC's t + t_offset fits);
 #: p is 0 (OFF, darker) or 1 (ON, brighter).

@@ -14,8 +14,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from edge.events.base import EventSource, RgbIndex
-from shared.errors import InvalidInput
+from eventspec.edge.events.base import EventSource, RgbIndex
+from eventspec.shared.contract.errors import InvalidInput
 
 #: EventGPT refuses event windows of this length or longer (common.py in the original).
 MAX_EVENT_WINDOW_MS = 100
@@ -24,7 +24,7 @@ DEFAULT_EVENT_WINDOW_MS = 50
 DEFAULT_CLIP_MS = 1000
 #: Fewer events than this in the event window render five nearly empty frames.
 MIN_EVENTS = 100
-#: Frames EventGPT draws per window (``edge.events.render`` re-exports it).
+#: Frames EventGPT draws per window (``eventspec.edge.events.render`` re-exports it).
 EVENTGPT_N_FRAMES = 5
 
 

@@ -9,7 +9,7 @@ Authenticated principals outside ``allow_principals`` (when that is set) are ref
   both are logged with the method, peer and principal, never the token.
 - the health service stays open so load balancers and Kubernetes probes work;
   reflection and every other service sit behind the same check.
-- the principal is bound to ``shared.principal`` for the duration of the call, so
+- the principal is bound to ``eventspec.shared.contract.principal`` for the duration of the call, so
   per-principal limits can be enforced by domain code without grpc.
 """
 
@@ -28,9 +28,9 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from shared.principal import Principal, set_principal
-from shared.wire.handlers import wrap_handler
-from shared.wire.security import SecurityConfigError, ServerSecurity
+from eventspec.shared.contract.principal import Principal, set_principal
+from eventspec.shared.wire.handlers import wrap_handler
+from eventspec.shared.wire.security import SecurityConfigError, ServerSecurity
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from grpc import aio
 
-from shared.wire.security import ClientSecurity, SecurityConfigError
-from shared.wire.tls import channel_credentials, client_channel_options
+from eventspec.shared.wire.security import ClientSecurity, SecurityConfigError
+from eventspec.shared.wire.tls import channel_credentials, client_channel_options
 
 Metadata = tuple[tuple[str, str], ...]
 

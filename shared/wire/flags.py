@@ -11,9 +11,9 @@ import argparse
 import os
 from pathlib import Path
 
-from shared.wire.auth import parse_tokens
-from shared.wire.channel import read_token
-from shared.wire.security import (
+from eventspec.shared.wire.auth import parse_tokens
+from eventspec.shared.wire.channel import read_token
+from eventspec.shared.wire.security import (
     CLIENT_AUTH_CHOICES,
     ClientSecurity,
     SecurityConfigError,

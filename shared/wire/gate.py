@@ -14,7 +14,7 @@ DEADLINE_EXCEEDED otherwise, and only then enters the inner interceptors: the
 concurrency limit therefore counts calls whose message has arrived, and an
 unauthenticated stream (the auth interceptor, installed outside this one, refuses it
 at HEADERS) costs nothing. The number of streams per connection is capped by HTTP/2's
-``MAX_CONCURRENT_STREAMS`` (``shared.wire.options``).
+``MAX_CONCURRENT_STREAMS`` (``eventspec.shared.wire.options``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc import aio
 
-from shared.wire.handlers import FACTORIES, Behaviour
+from eventspec.shared.wire.handlers import FACTORIES, Behaviour
 
 log = logging.getLogger(__name__)
 

@@ -10,10 +10,15 @@ import grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc, verifier_pb2, verifier_pb2_grpc
-from shared.wire.channel import Metadata, call_metadata, open_channel
-from shared.wire.interceptors import WARMING_UP_KEY
-from shared.wire.security import ClientSecurity
+from eventspec.shared.pb.eventspec.v1 import (
+    edge_pb2,
+    edge_pb2_grpc,
+    verifier_pb2,
+    verifier_pb2_grpc,
+)
+from eventspec.shared.wire.channel import Metadata, call_metadata, open_channel
+from eventspec.shared.wire.interceptors import WARMING_UP_KEY
+from eventspec.shared.wire.security import ClientSecurity
 
 
 async def not_serving_reason(channel: aio.Channel, metadata: Metadata = ()) -> str:

@@ -18,14 +18,14 @@ import signal
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from shared.wire.auth import AuthInterceptor
-from shared.wire.gate import FIRST_MESSAGE_TIMEOUT_S, FirstMessageGate
-from shared.wire.interceptors import ErrorMappingInterceptor
-from shared.wire.limits import ConcurrencyLimitInterceptor
-from shared.wire.options import server_options
-from shared.wire.reflection import enable_reflection
-from shared.wire.security import SecurityConfigError, ServerSecurity, check_server_start
-from shared.wire.tls import ReloadingServerCredentials
+from eventspec.shared.wire.auth import AuthInterceptor
+from eventspec.shared.wire.gate import FIRST_MESSAGE_TIMEOUT_S, FirstMessageGate
+from eventspec.shared.wire.interceptors import ErrorMappingInterceptor
+from eventspec.shared.wire.limits import ConcurrencyLimitInterceptor
+from eventspec.shared.wire.options import server_options
+from eventspec.shared.wire.reflection import enable_reflection
+from eventspec.shared.wire.security import SecurityConfigError, ServerSecurity, check_server_start
+from eventspec.shared.wire.tls import ReloadingServerCredentials
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """One server interceptor that maps domain exceptions to gRPC statuses.
 
-Servicers raise ``shared.errors.EventSpecError`` subclasses (or let them bubble up from
-the pure logic); this interceptor turns them into ``context.abort(code, message)`` for
-unary and streaming RPCs alike, so the client always sees a clear status, never a hang.
-Unexpected exceptions become INTERNAL with the exception's type, and are logged.
+Servicers raise ``eventspec.shared.contract.errors.EventSpecError`` subclasses (or let
+them bubble up from the pure logic); this interceptor turns them into ``context.abort(code,
+message)`` for unary and streaming RPCs alike, so the client always sees a clear status, never a
+hang. Unexpected exceptions become INTERNAL with the exception's type, and are logged.
 
 Bytes that do not parse as the request message are INVALID_ARGUMENT on every method. For
 a streaming request the parse happens inside the handler (as its iterator is read), so
@@ -24,9 +24,9 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc import aio
 
-from shared.errors import EventSpecError, WarmingUp
-from shared.wire.handlers import FACTORIES, Behaviour, wrap_handler
-from shared.wire.status import to_grpc
+from eventspec.shared.contract.errors import EventSpecError, WarmingUp
+from eventspec.shared.wire.handlers import FACTORIES, Behaviour, wrap_handler
+from eventspec.shared.wire.status import to_grpc
 
 log = logging.getLogger(__name__)
 

@@ -4,9 +4,9 @@ gRPC's ``maximum_concurrent_rpcs`` counts every call from its HEADERS, so stream
 hold their slot (a Generate that never sends Open, a request message never finished)
 also shut out health checks and GetServerInfo: probes fail and load balancers drop a
 server that is merely busy. This interceptor applies the limit to the node's work only,
-and it sits inside ``shared.wire.gate.FirstMessageGate``, so it counts only calls whose
+and it sits inside ``eventspec.shared.wire.gate.FirstMessageGate``, so it counts only calls whose
 first message has arrived; the exempt methods are cheap and bounded. gRPC's own limit
-is not used (``shared.wire.host``).
+is not used (``eventspec.shared.wire.host``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from shared.wire.handlers import wrap_handler
+from eventspec.shared.wire.handlers import wrap_handler
 
 log = logging.getLogger(__name__)
 

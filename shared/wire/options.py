@@ -14,7 +14,7 @@ Message limits are explicit on both sides; large tensors are always chunked belo
 
 Streams per connection are capped at ``MAX_STREAMS_PER_CONNECTION`` (HTTP/2's
 ``MAX_CONCURRENT_STREAMS``, grpc core's ``grpc.max_concurrent_streams``): with the
-first-message bound of ``shared.wire.gate`` it bounds what one connection of stalled
+first-message bound of ``eventspec.shared.wire.gate`` it bounds what one connection of stalled
 streams can hold.
 """
 

@@ -31,7 +31,8 @@ class ServerTls:
 
 @dataclass(frozen=True)
 class ServerSecurity:
-    """How a server authenticates callers (see ``shared.wire.auth``) and protects the wire."""
+    """How a server authenticates callers (see ``eventspec.shared.wire.auth``) and protects the
+    wire."""
 
     tls: ServerTls | None = None
     #: A file of ``NAME:TOKEN`` lines, re-read when it changes (rotation).

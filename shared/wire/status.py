@@ -1,10 +1,11 @@
-"""The one mapping between ``shared.errors.ErrorCode`` and ``grpc.StatusCode``."""
+"""The one mapping between ``eventspec.shared.contract.errors.ErrorCode`` and
+``grpc.StatusCode``."""
 
 from __future__ import annotations
 
 import grpc
 
-from shared.errors import ErrorCode
+from eventspec.shared.contract.errors import ErrorCode
 
 
 def to_grpc(code: ErrorCode) -> grpc.StatusCode:

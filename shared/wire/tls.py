@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 
-from shared.wire.security import ClientSecurity, SecurityConfigError, ServerTls
+from eventspec.shared.wire.security import ClientSecurity, SecurityConfigError, ServerTls
 
 log = logging.getLogger(__name__)
 

@@ -17,22 +17,20 @@ whole answer is asserted, at N = 1 (the same batch shapes on both sides).
 from __future__ import annotations
 
 import random
-import sys
 from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
 
-from cloud.engine.base import PrefillRequest, StepBatch
-from cloud.engine.static import StaticEngine
-from cloud.engine.static_build import build_static_engine
-from cloud.model_dirs import TOY, model_dir
-from cloud.server import VerifierServer
-from cloud.target import TargetModel, load_target
-from tests.gpu.compare import Record, recorded
-from tests.integration import cloud_harness as ch
+from eventspec.cloud.engine.base import PrefillRequest, StepBatch
+from eventspec.cloud.engine.static.build import build_static_engine
+from eventspec.cloud.engine.static.engine import StaticEngine
+from eventspec.cloud.model_dirs import TOY, model_dir
+from eventspec.cloud.server import VerifierServer
+from eventspec.cloud.target import TargetModel, load_target
+from tests.support import cloud_harness as ch
+from tests.support.gpu_compare import Record, recorded
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -154,8 +152,8 @@ def test_fused_norm_and_silu_match_torch(dtype: torch.dtype, m: int, hidden: int
                                          inter: int) -> None:
     """The Triton RMSNorm and SiLU-mul against the torch functions the CPU path uses
     (the toy's 192 is no power of two: the norm's masked block)."""
-    from cloud.engine.static_kernels import rms_norm, silu_mul
-    from cloud.engine.static_layers import rms_norm as rms_norm_ref
+    from eventspec.cloud.engine.static.kernels import rms_norm, silu_mul
+    from eventspec.cloud.engine.static.layers import rms_norm as rms_norm_ref
 
     gen = torch.Generator(device="cuda").manual_seed(m)
     x = torch.randn(m, hidden, device="cuda", generator=gen).to(dtype)
@@ -226,8 +224,7 @@ async def test_the_server_on_the_static_engine_is_lossless_with_the_toy_target(
 async def test_the_server_on_the_static_engine_is_lossless_at_full_size() -> None:
     """Video-LLaVA-7B shapes, random bf16 weights, graphs captured: speculative answers
     equal target-only at N = 1."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from fullsize import build_full_target
+    from tests.support.fullsize import build_full_target
 
     target = build_full_target("cuda", torch.bfloat16)
     settings = replace(ch.settings(max_sessions=2), engine="static", device="cuda",

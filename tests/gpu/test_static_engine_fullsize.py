@@ -25,17 +25,15 @@ from __future__ import annotations
 
 import gc
 import random
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
 
-from cloud.engine.base import StepBatch
-from cloud.engine.static import StaticEngine
-from cloud.engine.static_buckets import SESSION_BUCKETS, TOKEN_BUCKETS
-from tests.gpu.compare import Record, recorded
+from eventspec.cloud.engine.base import StepBatch
+from eventspec.cloud.engine.static.buckets import SESSION_BUCKETS, TOKEN_BUCKETS
+from eventspec.cloud.engine.static.engine import StaticEngine
+from tests.support.gpu_compare import Record, recorded
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -47,8 +45,7 @@ REL = 0.1  # other GEMM row counts in bf16 (see the module docstring)
 
 @pytest.fixture(scope="module")
 def full() -> Iterator[StaticEngine]:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from fullsize import build_full_target
+    from tests.support.fullsize import build_full_target
 
     target = build_full_target("cuda", torch.bfloat16)
     engine = StaticEngine(target, num_slots=SLOTS, max_seq_len=SEQ, use_graphs=True,

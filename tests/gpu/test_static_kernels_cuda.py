@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.gpu.compare import Record
+from tests.support.gpu_compare import Record
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -33,8 +33,8 @@ HEADS = [(6, 6, 32), (32, 32, 128), (32, 8, 128)]  # (Hq, Hkv, D): toy, 7B, grou
 @pytest.mark.parametrize("m", [1, 37, 264])
 def test_rope_and_kv_write_match_torch(dtype: torch.dtype, hq: int, hkv: int, d: int,
                                        m: int) -> None:
-    from cloud.engine.static_kernels import rope_and_write_kv
-    from cloud.engine.static_layers import rotate
+    from eventspec.cloud.engine.static.kernels import rope_and_write_kv
+    from eventspec.cloud.engine.static.layers import rotate
 
     gen = torch.Generator(device="cuda").manual_seed(m * hkv)
     qkv = torch.randn(m, (hq + 2 * hkv) * d, device="cuda", generator=gen).to(dtype)
@@ -67,7 +67,7 @@ def test_splitkv_attention_matches_dense_attention(
 ) -> None:
     """Ragged sessions (rolled-back ones: garbage beyond each length) at every split
     count the engine uses, against dense masked SDPA in float64."""
-    from cloud.engine.static_attention import reference_attention, splitkv_attention
+    from eventspec.cloud.engine.static.attention import reference_attention, splitkv_attention
 
     gen = torch.Generator(device="cuda").manual_seed(hq + hkv + d)
     worst = 0.0

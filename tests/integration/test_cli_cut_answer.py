@@ -10,12 +10,12 @@ from dataclasses import replace
 
 import pytest
 
-from cloud.server import VerifierServer
-from edge.config import EdgeSettings
-from edge.server import EdgeServer
-from shared import cli
-from tests.integration import cloud_harness as ch
-from tests.integration import edge_harness as eh
+from eventspec.cloud.server import VerifierServer
+from eventspec.edge.config import EdgeSettings
+from eventspec.edge.server import EdgeServer
+from eventspec.shared.client import cli
+from tests.support import cloud_harness as ch
+from tests.support import edge_harness as eh
 
 Q = "What is moving?"
 ROOM = 5  # answer positions a KV slot has after the prompt

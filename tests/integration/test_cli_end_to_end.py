@@ -3,69 +3,33 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from shared.launch import entry_point_command
-from tests.integration.test_end_to_end import _write_dsec
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _spawn(script: str, args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    with open(log, "wb") as f:
-        return subprocess.Popen(entry_point_command(script, args), cwd=ROOT, stdout=f,
-                                stderr=subprocess.STDOUT, env=env)
-
-
-#: The last line a node logs once warm (the port file is written at bind time, before).
-WARM_LINES = ("verifier SERVING", "edge agent warm on")
-
-
-def _port(proc: subprocess.Popen[bytes], port_file: Path, log: Path, timeout: float = 120) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"exited {proc.returncode}: {log.read_text()[-2000:]}")
-        text = log.read_text(errors="replace") if log.exists() else ""
-        if port_file.exists() and port_file.read_text() and any(w in text for w in WARM_LINES):
-            return int(port_file.read_text())
-        time.sleep(0.1)
-    raise AssertionError(f"no port or not warm: {log.read_text()[-2000:]}")
-
-
-def _ask(edge: int, mode: str, question: str, *extra: str) -> dict:
-    out = subprocess.run(
-        entry_point_command("eventspec", ["ask", "--edge", f"127.0.0.1:{edge}", "--mode", mode,
-                                          "--json", "--max-new-tokens", "12", *extra, question]),
-        cwd=ROOT, capture_output=True, text=True, timeout=180,
-    )
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+from eventspec.shared.client.launch import entry_point_command
+from tests.support.cli_processes import ROOT, ask_json, spawn, wait_port
+from tests.support.recordings import write_dsec
 
 
 def test_serve_and_ask_json_on_a_dsec_sequence(tmp_path: Path) -> None:
     seq = tmp_path / "seq"
     seq.mkdir()
-    _write_dsec(seq, seed=21)
-    cloud = _spawn("eventspec-cloud", ["serve", "--model", "tiny-random", "--port", "0",
+    write_dsec(seq, seed=21)
+    cloud = spawn("eventspec-cloud", ["serve", "--model", "tiny-random", "--port", "0",
                     "--port-file", str(tmp_path / "c"), "--no-calibrate"], tmp_path / "c.log")
     edge = None
     try:
-        cport = _port(cloud, tmp_path / "c", tmp_path / "c.log")
-        edge = _spawn("eventspec-edge", ["serve", "--cloud", f"127.0.0.1:{cport}", "--source",
+        cport = wait_port(cloud, tmp_path / "c", tmp_path / "c.log")
+        edge = spawn("eventspec-edge", ["serve", "--cloud", f"127.0.0.1:{cport}", "--source",
                        f"dsec:{seq}", "--model", "tiny-random", "--port", "0",
                        "--port-file", str(tmp_path / "e")], tmp_path / "e.log")
-        eport = _port(edge, tmp_path / "e", tmp_path / "e.log")
+        eport = wait_port(edge, tmp_path / "e", tmp_path / "e.log")
         for q in ("What is moving?", "Is anything turning left?"):
-            a = _ask(eport, "speculative", q, "--clip-ms", "800")
-            b = _ask(eport, "target_only", q, "--clip-ms", "800")
+            a = ask_json(eport, "speculative", q, "--clip-ms", "800")
+            b = ask_json(eport, "target_only", q, "--clip-ms", "800")
             assert a["token_ids"] == b["token_ids"]
             assert a["mode"] == "speculative" and b["mode"] == "target_only"
             for key in ("drafted", "accepted", "acceptance_rate", "mean_accepted_length",

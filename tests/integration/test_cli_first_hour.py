@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.launch import entry_point_command
+from eventspec.shared.client.launch import entry_point_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -252,10 +252,11 @@ def test_a_real_ask_loads_no_torch_and_nothing_of_the_nodes(
     import sys
 
     _, eport, _ = nodes
-    probe = ("import sys\nfrom shared.cli import main\ncode = main(['ask', '--edge', "
+    probe = ("import sys\nfrom eventspec.shared.client.cli import main\n"
+             "code = main(['ask', '--edge', "
              f"'127.0.0.1:{eport}', '--json', '--max-new-tokens', '4', 'What is moving?'])\n"
-             "heavy = sorted(m for m in ('torch', 'transformers', 'edge', 'cloud', "
-             "'shared.demoworld') if m in sys.modules)\n"
+             "heavy = sorted(m for m in ('torch', 'transformers', 'eventspec.edge', "
+             "'eventspec.cloud', 'eventspec.demoworld') if m in sys.modules)\n"
              "print(repr(heavy), file=sys.stderr)\nraise SystemExit(code)")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)

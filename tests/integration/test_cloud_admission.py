@@ -15,13 +15,11 @@ import grpc
 import pytest
 from grpc import aio
 
-from cloud.config import CloudSettings
-from cloud.server import VerifierServer
-from shared import convert
-from shared.imageproc import encode_png
-from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
-from shared.timing import EdgeCost, TimingPlan
-from shared.types import (
+from eventspec.cloud.config import CloudSettings
+from eventspec.cloud.server import VerifierServer
+from eventspec.shared.contract import convert
+from eventspec.shared.contract.timing import EdgeCost, TimingPlan
+from eventspec.shared.contract.types import (
     AlignedSpec,
     CommitEvent,
     DoneEvent,
@@ -29,10 +27,12 @@ from shared.types import (
     GenerationSettings,
     OpenRequest,
 )
-from tests.integration import cloud_harness as h
-from tests.integration import edge_harness as eh
-from tests.integration.tls_harness import TOKEN_A, TOKEN_B
-from tests.waiting import until
+from eventspec.shared.node.imageproc import encode_png
+from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
+from tests.support import cloud_harness as h
+from tests.support import edge_harness as eh
+from tests.support.tls_harness import TOKEN_A, TOKEN_B
+from tests.support.waiting import until
 
 Q = "Describe the scene."
 LONG_Q, LONG_SEED = "What is moving?", 1000  # greedy answer runs past 300 tokens
@@ -62,7 +62,7 @@ def _open(question: str = Q, *, request_id: str = "req-1", frames: Sequence[byte
 
 
 def _lines(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "cloud.request_log"]
+    return [r.getMessage() for r in caplog.records if r.name == "eventspec.cloud.request_log"]
 
 
 @pytest.fixture
@@ -80,7 +80,7 @@ async def test_a_stream_that_never_sends_open_is_ended_by_the_first_message_time
 ) -> None:
     assert plain._host is not None
     t0 = time.monotonic()
-    with caplog.at_level(logging.INFO, logger="shared.wire.gate"):
+    with caplog.at_level(logging.INFO, logger="eventspec.shared.wire.gate"):
         failure = await h.expect_failure(plain.port, [], timeout=20)
     elapsed = time.monotonic() - t0
     assert failure.code == grpc.StatusCode.DEADLINE_EXCEEDED
@@ -89,7 +89,7 @@ async def test_a_stream_that_never_sends_open_is_ended_by_the_first_message_time
     assert "first-message timeout" in failure.details
     assert elapsed >= 0.5 * 0.9, elapsed
     assert plain._host.limit.in_flight == 0  # it never took an RPC slot
-    gate = [r.getMessage() for r in caplog.records if r.name == "shared.wire.gate"]
+    gate = [r.getMessage() for r in caplog.records if r.name == "eventspec.shared.wire.gate"]
     assert any("DEADLINE_EXCEEDED" in line and "first-message" in line for line in gate), gate
 
 
@@ -114,7 +114,7 @@ async def test_features_timeout_scales_with_the_declared_size_over_the_uplink(
 
 @pytest.fixture
 async def two_principals() -> AsyncIterator[VerifierServer]:
-    from shared.wire.security import ServerSecurity
+    from eventspec.shared.wire.security import ServerSecurity
 
     security = ServerSecurity(tokens=(("app-a", TOKEN_A), ("app-b", TOKEN_B)))
     server = await _start(max_sessions_per_principal=2, security=security)
@@ -141,7 +141,7 @@ async def test_one_principal_cannot_take_every_slot(
         stub = verifier_pb2_grpc.VerifierStub(channel)
         a1, a2 = await _hold(stub, TOKEN_A), await _hold(stub, TOKEN_A)
         third = stub.Generate(timeout=10, metadata=(("authorization", f"Bearer {TOKEN_A}"),))
-        with caplog.at_level(logging.INFO, logger="cloud.request_log"):
+        with caplog.at_level(logging.INFO, logger="eventspec.cloud.request_log"):
             await third.write(_open(aligned=True, request_id="a-third"))
             with pytest.raises(aio.AioRpcError) as err:
                 await third.read()
@@ -202,7 +202,7 @@ async def test_oversized_or_elongated_frames_are_refused_naming_the_frame(
 ) -> None:
     frames = list(h.make_frames(1003))
     frames[3] = _flat_png(*size)  # a few KB of PNG, megapixels once decoded
-    with caplog.at_level(logging.INFO, logger="cloud.request_log"):
+    with caplog.at_level(logging.INFO, logger="eventspec.cloud.request_log"):
         failure = await h.expect_failure(plain.port, [_open(frames=frames)])
     assert failure.code == grpc.StatusCode.INVALID_ARGUMENT
     assert failure.details.startswith("frame 3: "), failure.details

@@ -14,9 +14,9 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from shared.launch import entry_point_command
-from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
-from shared.wire.health import wait_for_serving
+from eventspec.shared.client.launch import entry_point_command
+from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
+from eventspec.shared.wire.health import wait_for_serving
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60.0

@@ -16,10 +16,15 @@ import grpc
 import numpy as np
 import pytest
 
-from shared.codec import TensorAssembler, TensorHeaderInfo, WireDtype, encode_tensor
-from shared.errors import CodecError
-from shared.pb.eventspec.v1 import common_pb2, verifier_pb2
-from shared.wire.status import to_grpc
+from eventspec.shared.contract.codec import (
+    TensorAssembler,
+    TensorHeaderInfo,
+    WireDtype,
+    encode_tensor,
+)
+from eventspec.shared.contract.errors import CodecError
+from eventspec.shared.pb.eventspec.v1 import common_pb2, verifier_pb2
+from eventspec.shared.wire.status import to_grpc
 
 MiB = 1 << 20
 MAX_MESSAGE = 4 * MiB + 64 * 1024  # 4 MiB plus framing slack

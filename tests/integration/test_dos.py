@@ -15,11 +15,11 @@ import grpc
 import pytest
 from grpc import aio
 
-from cloud.server import VerifierServer
-from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
-from tests.integration import cloud_harness as h
-from tests.integration import edge_harness as eh
-from tests.waiting import until
+from eventspec.cloud.server import VerifierServer
+from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
+from tests.support import cloud_harness as h
+from tests.support import edge_harness as eh
+from tests.support.waiting import until
 
 #: GetServerInfo's worst latency under attack.
 PROBE_BOUND_S = 2.0

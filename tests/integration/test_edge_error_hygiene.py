@@ -12,15 +12,15 @@ import grpc
 import pytest
 from grpc import aio
 
-from edge.config import EdgeSettings
-from edge.server import EdgeServer
-from shared import convert
-from shared.client import AskError, EdgeClient
-from shared.logsafe import scrub_addresses, scrub_operator_hints
-from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc, verifier_pb2_grpc
-from shared.types import AskSpec, Mode
-from tests.integration import cloud_harness as ch
-from tests.integration import edge_harness as eh
+from eventspec.edge.config import EdgeSettings
+from eventspec.edge.server import EdgeServer
+from eventspec.shared.client.edge_client import AskError, EdgeClient
+from eventspec.shared.contract import convert
+from eventspec.shared.contract.types import AskSpec, Mode
+from eventspec.shared.node.logsafe import scrub_addresses, scrub_operator_hints
+from eventspec.shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc, verifier_pb2_grpc
+from tests.support import cloud_harness as ch
+from tests.support import edge_harness as eh
 
 HOST_PORT = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}:\d+|localhost:\d+|\[[0-9a-f:]+\]:\d+")
 
@@ -43,7 +43,7 @@ async def test_ask_against_a_dead_cloud_hides_the_address_but_logs_it(
     await edge.start()
     try:
         spec = AskSpec("What is moving?", mode=Mode.TARGET_ONLY)
-        with caplog.at_level(logging.WARNING, logger="edge"):
+        with caplog.at_level(logging.WARNING, logger="eventspec.edge"):
             async with aio.insecure_channel(f"127.0.0.1:{edge.port}") as channel:
                 call = edge_pb2_grpc.EdgeAgentStub(channel).Ask(
                     convert.ask_spec_to_pb(spec), timeout=30)
@@ -117,7 +117,7 @@ async def test_a_full_cloud_tells_the_asker_it_is_full_without_the_operators_fla
             await call.write(ch.open_msg("Holding?", ch.make_frames(1), max_new_tokens=32))
             assert (await call.read()).HasField("plan")  # the only session is taken
             spec = AskSpec("What is moving?", mode=Mode.TARGET_ONLY)
-            with caplog.at_level(logging.WARNING, logger="edge"):
+            with caplog.at_level(logging.WARNING, logger="eventspec.edge"):
                 async with aio.insecure_channel(f"127.0.0.1:{edge.port}") as channel:
                     ask = edge_pb2_grpc.EdgeAgentStub(channel).Ask(
                         convert.ask_spec_to_pb(spec), timeout=30)

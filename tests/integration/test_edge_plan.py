@@ -1,6 +1,7 @@
 """The edge plans from the cloud's inputs and sends what it measured (issue 8).
 
-Both ends run ``shared.planning.request_plan`` on the same facts, so the plan the edge
+Both ends run ``eventspec.shared.contract.planning.request_plan`` on the same facts, so the plan
+the edge
 drafts by must equal the ``Plan`` the cloud sends back, field for field, on frames and on
 aligned features. The uplink the edge reports in ``Open`` is the one it measured on its
 earlier uploads (0 only before any), and aligned features go as int8 exactly when the
@@ -14,13 +15,20 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from cloud.runtime import VerifierRuntime
-from edge.session import EdgeSession
-from shared.client import EdgeClient
-from shared.estimators import ThroughputEstimator
-from shared.timing import PlanInputs, TimingPlan
-from shared.types import AskSpec, FeatureMode, FinalEvent, GenerationSettings, Mode, OpenRequest
-from tests.integration import edge_harness as eh
+from eventspec.cloud.runtime import VerifierRuntime
+from eventspec.edge.session import EdgeSession
+from eventspec.shared.client.edge_client import EdgeClient
+from eventspec.shared.contract.estimators import ThroughputEstimator
+from eventspec.shared.contract.timing import PlanInputs, TimingPlan
+from eventspec.shared.contract.types import (
+    AskSpec,
+    FeatureMode,
+    FinalEvent,
+    GenerationSettings,
+    Mode,
+    OpenRequest,
+)
+from tests.support import edge_harness as eh
 
 
 @dataclass

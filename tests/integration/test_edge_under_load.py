@@ -20,17 +20,23 @@ import pytest
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from cloud.server import VerifierServer
-from edge.cloud_link import CloudLink
-from edge.config import EdgeSettings
-from edge.server import EdgeServer
-from shared import convert
-from shared.client import AskError, EdgeClient
-from shared.errors import ResourceExhausted
-from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
-from shared.types import AskSpec, FinalEvent, GenerationSettings, Mode, ProgressEvent
-from tests.integration import cloud_harness as ch
-from tests.integration.edge_harness import shared_models
+from eventspec.cloud.server import VerifierServer
+from eventspec.edge.cloud_link import CloudLink
+from eventspec.edge.config import EdgeSettings
+from eventspec.edge.server import EdgeServer
+from eventspec.shared.client.edge_client import AskError, EdgeClient
+from eventspec.shared.contract import convert
+from eventspec.shared.contract.errors import ResourceExhausted
+from eventspec.shared.contract.types import (
+    AskSpec,
+    FinalEvent,
+    GenerationSettings,
+    Mode,
+    ProgressEvent,
+)
+from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
+from tests.support import cloud_harness as ch
+from tests.support.edge_harness import shared_models
 
 ASK = AskSpec(question="What is moving?", mode=Mode.TARGET_ONLY,
               generation=GenerationSettings(max_new_tokens=4))

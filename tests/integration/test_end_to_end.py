@@ -10,25 +10,21 @@ import grpc
 import numpy as np
 import pytest
 
-from edge.config import EdgeSettings
-from edge.events.sources import NpzSource, open_source
-from edge.server import EdgeServer
-from shared.client import AskError, EdgeClient
-from shared.types import AskSpec, FeatureMode, FinalEvent, GenerationSettings, Mode
-from tests.integration import edge_harness as eh
-from tests.waiting import until
+from eventspec.edge.config import EdgeSettings
+from eventspec.edge.events.sources import NpzSource, open_source
+from eventspec.edge.server import EdgeServer
+from eventspec.shared.client.edge_client import AskError
+from eventspec.shared.contract.types import (
+    FeatureMode,
+    Mode,
+)
+from tests.support import edge_harness as eh
+from tests.support.edge_harness import ask
+from tests.support.recordings import write_dsec
+from tests.support.waiting import until
 
 QUESTIONS = ["What is moving?", "Which way does it go?", "Describe the scene.",
              "How many objects are there?"]
-
-
-async def ask(address: str, question: str, mode: Mode, *, seed: int = 0, max_new: int = 16,
-              feature_mode: FeatureMode = FeatureMode.AUTO, **window: int) -> FinalEvent:
-    async with EdgeClient(address, timeout_s=120) as client:
-        return await client.ask_final(AskSpec(
-            question, mode=mode, feature_mode=feature_mode,
-            generation=GenerationSettings(max_new_tokens=max_new, seed=seed), **window,
-        ))
 
 
 #: Questions the toy pair was trained on (the toy world's templates).
@@ -88,37 +84,8 @@ async def test_fast_cloud_speculative_equals_target_only(seed: int) -> None:
         await cloud.stop(0)
 
 
-def _write_dsec(root: Path, seed: int) -> None:
-    import h5py
-    import hdf5plugin
-
-    from shared.imageproc import encode_png
-
-    rng = np.random.default_rng(seed)
-    n, span_us, w, h = 60_000, 1_200_000, 64, 48
-    t = np.sort(rng.integers(0, span_us, n)).astype(np.uint32)
-    ev = root / "events" / "left"
-    ev.mkdir(parents=True)
-    with h5py.File(ev / "events.h5", "w") as f:
-        blosc = hdf5plugin.Blosc(cname="zstd", clevel=3)
-        f.create_dataset("events/x", data=rng.integers(0, w, n).astype(np.uint16), **blosc)
-        f.create_dataset("events/y", data=rng.integers(0, h, n).astype(np.uint16), **blosc)
-        f.create_dataset("events/p", data=rng.integers(0, 2, n).astype(np.uint8), **blosc)
-        f.create_dataset("events/t", data=t, **blosc)
-        f.create_dataset("ms_to_idx", data=np.searchsorted(t, np.arange(span_us // 1000 + 2)
-                                                           * 1000).astype(np.uint64))
-        f.create_dataset("t_offset", data=np.int64(5_000_000))
-    img = root / "images" / "left" / "rectified"
-    img.mkdir(parents=True)
-    stamps = [5_000_000 + i * 50_000 for i in range(span_us // 50_000)]
-    for i in range(len(stamps)):
-        (img / f"{i:06d}.png").write_bytes(encode_png(rng.integers(0, 256, (h, w, 3),
-                                                                   dtype=np.uint8)))
-    (root / "images" / "timestamps.txt").write_text("\n".join(map(str, stamps)) + "\n")
-
-
 async def test_dsec_source_end_to_end(tmp_path: Path) -> None:
-    _write_dsec(tmp_path, seed=11)
+    write_dsec(tmp_path, seed=11)
     stack = await eh.start_stack(source=open_source(f"dsec:{tmp_path}"), slow=(1.0, 0.15))
     try:
         for question in QUESTIONS[:2]:

@@ -9,12 +9,12 @@ from dataclasses import replace
 
 import pytest
 
-from cloud.engine.hf import HFEngine
-from cloud.engine.static import StaticEngine
-from cloud.server import VerifierServer, build_engine, choose_engine
-from cloud.target import TargetModel
-from shared.demoworld.tiny_target import build_tiny_random_target
-from tests.integration import cloud_harness as h
+from eventspec.cloud.engine.hf import HFEngine
+from eventspec.cloud.engine.static.engine import StaticEngine
+from eventspec.cloud.server import VerifierServer, build_engine, choose_engine
+from eventspec.cloud.target import TargetModel
+from eventspec.demoworld.tiny_target import build_tiny_random_target
+from tests.support import cloud_harness as h
 
 QUESTIONS = ["What is moving?", "Which way does the red square go?", "How many objects?"]
 
@@ -32,8 +32,9 @@ def test_auto_is_hf_on_cpu(target: TargetModel) -> None:
 def test_unsupported_model_falls_back_with_a_logged_reason(
     target: TargetModel, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr("cloud.server.static_unsupported_reason", lambda t: "rope type 'yarn'")
-    with caplog.at_level(logging.WARNING, logger="cloud.server"):
+    monkeypatch.setattr("eventspec.cloud.server.static_unsupported_reason",
+                        lambda t: "rope type 'yarn'")
+    with caplog.at_level(logging.WARNING, logger="eventspec.cloud.server"):
         assert choose_engine("static", target) == "hf"
     assert "rope type 'yarn'" in caplog.text
 

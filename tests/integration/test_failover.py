@@ -16,19 +16,19 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cloud.engine.hf import HFEngine
-from cloud.engine.paced import PacedEngine
-from cloud.server import VerifierServer
-from edge.cloud_link import CloudLink, cloud_target
-from edge.failover import with_failover
-from shared.errors import Unavailable
-from shared.launch import entry_point_command
-from shared.timing import TimingPlan
-from shared.types import CommitEvent, DoneEvent, GenerationSettings, OpenRequest
-from shared.wire.health import wait_for_serving
-from shared.wire.security import SecurityConfigError
-from tests.integration import cloud_harness as ch
-from tests.integration import edge_harness as eh
+from eventspec.cloud.engine.hf import HFEngine
+from eventspec.cloud.engine.paced import PacedEngine
+from eventspec.cloud.server import VerifierServer
+from eventspec.edge.cloud_link import CloudLink, cloud_target
+from eventspec.edge.failover import with_failover
+from eventspec.shared.client.launch import entry_point_command
+from eventspec.shared.contract.errors import Unavailable
+from eventspec.shared.contract.timing import TimingPlan
+from eventspec.shared.contract.types import CommitEvent, DoneEvent, GenerationSettings, OpenRequest
+from eventspec.shared.wire.health import wait_for_serving
+from eventspec.shared.wire.security import SecurityConfigError
+from tests.support import cloud_harness as ch
+from tests.support import edge_harness as eh
 
 QUESTION = "What is moving?"
 PREFILL_S, STEP_S = 0.6, 0.08

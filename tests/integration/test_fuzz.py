@@ -26,18 +26,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cloud.server import VerifierServer
-from edge.config import EdgeSettings
-from edge.server import EdgeServer
-from shared.pb.eventspec.v1 import (
+from eventspec.cloud.server import VerifierServer
+from eventspec.edge.config import EdgeSettings
+from eventspec.edge.server import EdgeServer
+from eventspec.shared.pb.eventspec.v1 import (
     common_pb2,
     edge_pb2,
     edge_pb2_grpc,
     verifier_pb2,
     verifier_pb2_grpc,
 )
-from tests.integration import cloud_harness as ch
-from tests.integration import edge_harness as eh
+from tests.support import cloud_harness as ch
+from tests.support import edge_harness as eh
 
 T = TypeVar("T")
 BAD = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}

@@ -11,9 +11,9 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from shared.client import AskError, EdgeClient
-from shared.types import AskSpec, FinalEvent, GenerationSettings, Mode
-from tests.integration import edge_harness as eh
+from eventspec.shared.client.edge_client import AskError, EdgeClient
+from eventspec.shared.contract.types import AskSpec, FinalEvent, GenerationSettings, Mode
+from tests.support import edge_harness as eh
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

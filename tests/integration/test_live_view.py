@@ -14,13 +14,13 @@ import re
 
 import pytest
 
-from cloud.server import VerifierServer
-from shared import cli
-from shared.client import EdgeClient
-from shared.status_view import fetch_status
-from shared.types import AskSpec, GenerationSettings, Mode
-from tests.integration import cloud_harness as ch
-from tests.integration import edge_harness as eh
+from eventspec.cloud.server import VerifierServer
+from eventspec.shared.client import cli
+from eventspec.shared.client.edge_client import EdgeClient
+from eventspec.shared.client.status_view import fetch_status
+from eventspec.shared.contract.types import AskSpec, GenerationSettings, Mode
+from tests.support import cloud_harness as ch
+from tests.support import edge_harness as eh
 
 
 async def _poll(address: str, kind: str, ready: object, timeout_s: float = 10.0) -> object:

@@ -15,15 +15,15 @@ from dataclasses import replace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cloud.engine.hf import HFEngine
-from cloud.engine.paced import PacedEngine
-from cloud.server import VerifierServer
-from edge.config import EdgeSettings
-from edge.server import EdgeServer
-from shared.client import EdgeClient
-from shared.types import AskSpec, FinalEvent, GenerationSettings, Mode
-from tests.integration import cloud_harness as ch
-from tests.integration import edge_harness as eh
+from eventspec.cloud.engine.hf import HFEngine
+from eventspec.cloud.engine.paced import PacedEngine
+from eventspec.cloud.server import VerifierServer
+from eventspec.edge.config import EdgeSettings
+from eventspec.edge.server import EdgeServer
+from eventspec.shared.client.edge_client import EdgeClient
+from eventspec.shared.contract.types import AskSpec, FinalEvent, GenerationSettings, Mode
+from tests.support import cloud_harness as ch
+from tests.support import edge_harness as eh
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -171,7 +171,7 @@ def test_metrics_are_off_by_default() -> None:
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1", "localhost"])
 def test_loopback_names(host: str) -> None:
-    from shared.metrics import is_loopback
+    from eventspec.shared.node.metrics import is_loopback
 
     assert is_loopback(host)
     assert not is_loopback("0.0.0.0")
@@ -185,7 +185,7 @@ def test_loopback_names(host: str) -> None:
     ("target-only request: no drafts expected", "target-only request"),
 ])
 def test_plan_reasons_become_a_few_label_values(reason: str, label: str) -> None:
-    from edge.metrics import plan_reason
+    from eventspec.edge.metrics import plan_reason
 
     assert plan_reason(reason) == label
 
@@ -194,8 +194,8 @@ async def test_auth_failures_and_per_edge_series_name_the_principal() -> None:
     import grpc
     from grpc import aio
 
-    from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
-    from shared.wire.security import ServerSecurity
+    from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
+    from eventspec.shared.wire.security import ServerSecurity
 
     token = "edge-a-token-0123456789abcdef"
     settings = replace(ch.settings(), metrics_port=0,

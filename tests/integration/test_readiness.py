@@ -20,14 +20,20 @@ import pytest
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cloud.server import VerifierServer
-from edge.config import EdgeSettings, SettingsError, check_cloud_address
-from edge.server import EdgeServer
-from shared.client import AskError, EdgeClient
-from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
-from shared.types import AskSpec, FinalEvent, GenerationSettings, Mode, ProgressEvent
-from tests.integration import cloud_harness as ch
-from tests.integration.edge_harness import shared_models
+from eventspec.cloud.server import VerifierServer
+from eventspec.edge.config import EdgeSettings, SettingsError, check_cloud_address
+from eventspec.edge.server import EdgeServer
+from eventspec.shared.client.edge_client import AskError, EdgeClient
+from eventspec.shared.contract.types import (
+    AskSpec,
+    FinalEvent,
+    GenerationSettings,
+    Mode,
+    ProgressEvent,
+)
+from eventspec.shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
+from tests.support import cloud_harness as ch
+from tests.support.edge_harness import shared_models
 
 TARGET_ONLY = AskSpec(question="What is moving?", mode=Mode.TARGET_ONLY,
                       generation=GenerationSettings(max_new_tokens=4))

@@ -11,17 +11,17 @@ import grpc
 import numpy as np
 import pytest
 
-from edge.events.base import EventSource
-from edge.events.detect import detect_kind
-from edge.events.prophesee_raw import PropheseeRawSource
-from edge.events.render import event_pixel_values, events_to_frames, split_equal_counts
-from edge.events.sources import open_source
-from edge.events.windows import MIN_EVENTS, events_for_window, select_window
-from shared.client import AskError, EdgeClient
-from shared.errors import InvalidInput
-from shared.types import FeatureMode, Mode
-from tests.integration import edge_harness as eh
-from tests.integration.test_end_to_end import ask
+from eventspec.edge.events.base import EventSource
+from eventspec.edge.events.detect import detect_kind
+from eventspec.edge.events.prophesee_raw import PropheseeRawSource
+from eventspec.edge.events.render import event_pixel_values, events_to_frames, split_equal_counts
+from eventspec.edge.events.sources import open_source
+from eventspec.edge.events.windows import MIN_EVENTS, events_for_window, select_window
+from eventspec.shared.client.edge_client import AskError, EdgeClient
+from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.contract.types import FeatureMode, Mode
+from tests.support import edge_harness as eh
+from tests.support.edge_harness import ask
 
 REAL = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "real"
 pytestmark = pytest.mark.skipif(not REAL.is_dir(), reason=f"real recordings not found at {REAL}")
@@ -184,7 +184,7 @@ async def test_a_request_runs_end_to_end_on_every_format() -> None:
     try:
         from dataclasses import replace
 
-        from edge.server import EdgeServer
+        from eventspec.edge.server import EdgeServer
 
         for name in sorted(EXPECTED):
             exp = EXPECTED[name]
@@ -234,12 +234,12 @@ def test_eventspec_edge_serve_answers_on_every_real_file(tmp_path: Path) -> None
     the detected ones), and ``eventspec ask`` gets an answer from each."""
     import signal
 
-    from tests.integration.test_cli_end_to_end import _ask, _port, _spawn
+    from tests.support.cli_processes import ask_json, spawn, wait_port
 
-    cloud = _spawn(["cloud.cli", "serve", "--model", "toy", "--port", "0", "--port-file",
-                    str(tmp_path / "c"), "--no-calibrate"], tmp_path / "c.log")
+    cloud = spawn("eventspec-cloud", ["serve", "--model", "toy", "--port", "0", "--port-file",
+                                      str(tmp_path / "c"), "--no-calibrate"], tmp_path / "c.log")
     try:
-        cport = _port(cloud, tmp_path / "c", tmp_path / "c.log")
+        cport = wait_port(cloud, tmp_path / "c", tmp_path / "c.log")
         for i, name in enumerate(sorted(EXPECTED)):
             exp = EXPECTED[name]
             spec = str(REAL / name) if i % 2 else f"{exp.kind}:{REAL / name}"
@@ -247,15 +247,15 @@ def test_eventspec_edge_serve_answers_on_every_real_file(tmp_path: Path) -> None
             if exp.kind in FLAG_SIZE:
                 extra += ["--sensor-size", "{}x{}".format(*FLAG_SIZE[exp.kind])]
             log, port_file = tmp_path / f"e{i}.log", tmp_path / f"e{i}"
-            edge = _spawn(["edge.cli", "serve", "--cloud", f"127.0.0.1:{cport}", "--source",
-                           spec, "--model", "toy", "--port", "0", "--port-file",
-                           str(port_file), *extra], log)
+            edge = spawn("eventspec-edge", ["serve", "--cloud", f"127.0.0.1:{cport}",
+                                            "--source", spec, "--model", "toy", "--port", "0",
+                                            "--port-file", str(port_file), *extra], log)
             try:
-                eport = _port(edge, port_file, log)
+                eport = wait_port(edge, port_file, log)
                 if exp.events < MIN_EVENTS:
                     continue  # refused as too sparse: the in-process test checks how
-                out = _ask(eport, "speculative", "What is moving?", "--event-window-ms",
-                           str(WINDOW_MS.get(exp.kind, 20)))
+                out = ask_json(eport, "speculative", "What is moving?", "--event-window-ms",
+                               str(WINDOW_MS.get(exp.kind, 20)))
                 assert out["answer"] and out["mode"] == "speculative", (name, out)
             finally:
                 edge.send_signal(signal.SIGTERM)

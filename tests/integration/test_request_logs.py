@@ -13,11 +13,11 @@ import pytest
 import pytest_asyncio
 from grpc import aio
 
-from cloud.server import VerifierServer
-from shared.logsafe import safe_request_id
-from shared.pb.eventspec.v1 import verifier_pb2_grpc
-from tests.integration import cloud_harness as h
-from tests.waiting import until
+from eventspec.cloud.server import VerifierServer
+from eventspec.shared.node.logsafe import safe_request_id
+from eventspec.shared.pb.eventspec.v1 import verifier_pb2_grpc
+from tests.support import cloud_harness as h
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -33,7 +33,7 @@ def request_lines(caplog: pytest.LogCaptureFixture, question: str) -> list[str]:
     """The cloud's lines about the request ``h.open_msg(question, ...)`` opened."""
     prefix = f"generate {safe_request_id(f'test-{question[:8]}')}:"
     return [r.getMessage() for r in caplog.records
-            if r.name.startswith("cloud") and r.getMessage().startswith(prefix)]
+            if r.name.startswith("eventspec.cloud") and r.getMessage().startswith(prefix)]
 
 
 async def one_line(caplog: pytest.LogCaptureFixture, question: str) -> str:
@@ -46,7 +46,7 @@ async def one_line(caplog: pytest.LogCaptureFixture, question: str) -> str:
 
 async def test_a_finished_request_is_one_line(server: VerifierServer,
                                               caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="cloud")
+    caplog.set_level(logging.INFO, logger="eventspec.cloud")
     await h.run_generate(server.port, h.open_msg("Finished?", h.make_frames(1), max_new_tokens=4,
                                                  speculative=False))
     line = await one_line(caplog, "Finished?")
@@ -56,7 +56,7 @@ async def test_a_finished_request_is_one_line(server: VerifierServer,
 async def test_a_refused_request_is_one_line_with_code_and_reason(
     server: VerifierServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="cloud")
+    caplog.set_level(logging.INFO, logger="eventspec.cloud")
     failure = await h.expect_failure(server.port, [
         h.open_msg("Refused?", h.make_frames(1), max_new_tokens=33)])
     assert failure.code.name == "INVALID_ARGUMENT"
@@ -68,7 +68,7 @@ async def test_a_refused_request_is_one_line_with_code_and_reason(
 async def test_a_request_the_edge_abandons_is_one_cancelled_line(
     server: VerifierServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="cloud")
+    caplog.set_level(logging.INFO, logger="eventspec.cloud")
     async with aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
         call = verifier_pb2_grpc.VerifierStub(ch).Generate(timeout=30)
         await call.write(h.open_msg("Abandoned?", h.make_frames(1), max_new_tokens=32))

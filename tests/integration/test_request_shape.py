@@ -14,17 +14,17 @@ import pytest
 import pytest_asyncio
 from grpc import aio
 
-from shared import convert
-from shared.pb.eventspec.v1 import edge_pb2_grpc, verifier_pb2, verifier_pb2_grpc
-from shared.types import (
+from eventspec.shared.contract import convert
+from eventspec.shared.contract.types import (
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
     AskSpec,
     GenerationSettings,
     Mode,
 )
-from tests.integration import cloud_harness as h
-from tests.integration import edge_harness as eh
+from eventspec.shared.pb.eventspec.v1 import edge_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+from tests.support import cloud_harness as h
+from tests.support import edge_harness as eh
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -10,9 +10,9 @@ import asyncio
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
-from tests.integration import cloud_harness as ch
-from tests.integration import edge_harness as eh
+from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
+from tests.support import cloud_harness as ch
+from tests.support import edge_harness as eh
 
 BOUND_S = 2.0
 SERVED_WITHIN_S = 30.0

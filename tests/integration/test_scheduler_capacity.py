@@ -11,13 +11,13 @@ import pytest
 import pytest_asyncio
 from grpc import aio
 
-from cloud.server import VerifierServer
-from cloud.target import TargetModel
-from shared import convert
-from shared.demoworld.tiny_target import build_tiny_random_target
-from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
-from shared.types import DoneEvent, FinishReason
-from tests.integration import cloud_harness as h
+from eventspec.cloud.server import VerifierServer
+from eventspec.cloud.target import TargetModel
+from eventspec.demoworld.tiny_target import build_tiny_random_target
+from eventspec.shared.contract import convert
+from eventspec.shared.contract.types import DoneEvent, FinishReason
+from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
+from tests.support import cloud_harness as h
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

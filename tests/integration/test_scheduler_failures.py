@@ -10,11 +10,11 @@ import torch
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cloud.engine.base import StepBatch
-from cloud.engine.hf import HFEngine
-from cloud.server import VerifierServer
-from shared.demoworld.tiny_target import build_tiny_random_target
-from tests.integration import cloud_harness as h
+from eventspec.cloud.engine.base import StepBatch
+from eventspec.cloud.engine.hf import HFEngine
+from eventspec.cloud.server import VerifierServer
+from eventspec.demoworld.tiny_target import build_tiny_random_target
+from tests.support import cloud_harness as h
 
 pytestmark = pytest.mark.asyncio
 Q = "What is moving?"

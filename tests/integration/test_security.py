@@ -18,20 +18,20 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
 
-from cloud.server import VerifierServer
-from edge.config import EdgeSettings
-from edge.server import EdgeServer
-from shared.client import AskError, EdgeClient
-from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
-from shared.types import AskSpec, GenerationSettings, Mode
-from shared.wire.channel import call_metadata, open_channel
-from shared.wire.host import GrpcHost
-from shared.wire.security import ClientSecurity, SecurityConfigError, ServerSecurity
-from tests.integration import cloud_harness as ch
-from tests.integration import edge_harness as eh
-from tests.integration import tls_harness as th
-from tests.integration.tls_harness import TOKEN_A, TOKEN_B, Pki
-from tests.waiting import until_async
+from eventspec.cloud.server import VerifierServer
+from eventspec.edge.config import EdgeSettings
+from eventspec.edge.server import EdgeServer
+from eventspec.shared.client.edge_client import AskError, EdgeClient
+from eventspec.shared.contract.types import AskSpec, GenerationSettings, Mode
+from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
+from eventspec.shared.wire.channel import call_metadata, open_channel
+from eventspec.shared.wire.host import GrpcHost
+from eventspec.shared.wire.security import ClientSecurity, SecurityConfigError, ServerSecurity
+from tests.support import cloud_harness as ch
+from tests.support import edge_harness as eh
+from tests.support import tls_harness as th
+from tests.support.tls_harness import TOKEN_A, TOKEN_B, Pki
+from tests.support.waiting import until_async
 
 CALL_TIMEOUT = 5.0
 
@@ -155,7 +155,7 @@ async def test_tokens_missing_wrong_and_rotated(
 ) -> None:
     tokens = th.write_tokens(tmp_path / "tokens", edge_a=TOKEN_A)
     port = await run(cloud_factory, th.server_security(pki, token_file=tokens))
-    with caplog.at_level(logging.WARNING, logger="shared.wire.auth"):
+    with caplog.at_level(logging.WARNING, logger="eventspec.shared.wire.auth"):
         missing = await server_info(port, th.client_security(pki))
         wrong = await server_info(port, th.client_security(pki, token=TOKEN_A[:-1] + "X"))
     assert missing == wrong == grpc.StatusCode.UNAUTHENTICATED
@@ -334,7 +334,7 @@ async def test_port_out_of_range_is_refused(port: int) -> None:
 
 def test_cli_refuses_non_loopback_plaintext(tmp_path: Path) -> None:
     """The real command line: exit 1 with the reason, before loading any model."""
-    from cloud.cli import main
+    from eventspec.cloud.cli import main
 
     with pytest.raises(SystemExit, match="--tls-cert and --tls-key go together"):
         main(["serve", "--host", "0.0.0.0", "--tls-cert", str(tmp_path / "x.pem")])
@@ -381,8 +381,9 @@ async def test_ask_through_tls_edge_and_mtls_cloud(pki: Pki, tmp_path: Path) -> 
 # -- the principal reaches the handler; the deploy probe speaks TLS -----------------------
 
 async def test_handlers_see_the_callers_principal(pki: Pki, tmp_path: Path) -> None:
-    """Per-principal limits need the principal inside the servicer (shared.principal)."""
-    from shared.principal import current_principal
+    """Per-principal limits need the principal inside the servicer
+    (eventspec.shared.contract.principal)."""
+    from eventspec.shared.contract.principal import current_principal
 
     async def who(request: bytes, context: aio.ServicerContext) -> bytes:
         await asyncio.sleep(0)

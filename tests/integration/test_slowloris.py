@@ -20,18 +20,23 @@ import pytest
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cloud.server import VerifierServer
-from edge.config import EdgeSettings
-from edge.server import EdgeServer
-from shared import convert
-from shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc, verifier_pb2, verifier_pb2_grpc
-from shared.types import AskSpec, DoneEvent, GenerationSettings, Mode
-from shared.wire.channel import call_metadata, open_channel
-from shared.wire.security import ClientSecurity, ServerSecurity
-from tests.integration import cloud_harness as ch
-from tests.integration import edge_harness as eh
-from tests.integration import tls_harness as th
-from tests.integration.h2_slowloris import Slowloris
+from eventspec.cloud.server import VerifierServer
+from eventspec.edge.config import EdgeSettings
+from eventspec.edge.server import EdgeServer
+from eventspec.shared.contract import convert
+from eventspec.shared.contract.types import AskSpec, DoneEvent, GenerationSettings, Mode
+from eventspec.shared.pb.eventspec.v1 import (
+    edge_pb2,
+    edge_pb2_grpc,
+    verifier_pb2,
+    verifier_pb2_grpc,
+)
+from eventspec.shared.wire.channel import call_metadata, open_channel
+from eventspec.shared.wire.security import ClientSecurity, ServerSecurity
+from tests.support import cloud_harness as ch
+from tests.support import edge_harness as eh
+from tests.support import tls_harness as th
+from tests.support.h2_slowloris import Slowloris
 
 log = logging.getLogger(__name__)
 

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from cloud.config import CloudSettings
-from cloud.server import VerifierServer
-from edge.config import EdgeSettings
-from edge.server import EdgeServer
-from shared.client import AskError, EdgeClient
-from shared.types import AskSpec, GenerationSettings, Mode, ServerLimits
+from eventspec.cloud.config import CloudSettings
+from eventspec.cloud.server import VerifierServer
+from eventspec.edge.config import EdgeSettings
+from eventspec.edge.server import EdgeServer
+from eventspec.shared.client.edge_client import AskError, EdgeClient
+from eventspec.shared.contract.types import AskSpec, GenerationSettings, Mode, ServerLimits
 
 pytestmark = pytest.mark.slow
 

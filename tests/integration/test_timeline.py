@@ -15,12 +15,19 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from shared import cli, convert
-from shared.client import EdgeClient
-from shared.timeline import MAX_EVENTS, Timeline, TimelineEvent, align_clocks, merge
-from shared.timeline_plot import draw
-from shared.types import AskSpec, FinalEvent, GenerationSettings, Mode
-from tests.integration import edge_harness as eh
+from eventspec.shared.client import cli
+from eventspec.shared.client.edge_client import EdgeClient
+from eventspec.shared.client.timeline_plot import draw
+from eventspec.shared.contract import convert
+from eventspec.shared.contract.timeline import (
+    MAX_EVENTS,
+    Timeline,
+    TimelineEvent,
+    align_clocks,
+    merge,
+)
+from eventspec.shared.contract.types import AskSpec, FinalEvent, GenerationSettings, Mode
+from tests.support import edge_harness as eh
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from cloud.model_dirs import SHIPPED_MODELS as CLOUD_MODELS
-from cloud.target import load_target
-from edge.align import load_adapter
-from edge.draft_checkpoint import load_draft
-from edge.model_dirs import SHIPPED_MODELS as EDGE_MODELS
-from shared.launch import entry_point_command
+from eventspec.cloud.model_dirs import SHIPPED_MODELS as CLOUD_MODELS
+from eventspec.cloud.target import load_target
+from eventspec.edge.align import load_adapter
+from eventspec.edge.draft_checkpoint import load_draft
+from eventspec.edge.model_dirs import SHIPPED_MODELS as EDGE_MODELS
+from eventspec.shared.client.launch import entry_point_command
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--scenes", "12", "--steps", "2", "--batch", "4", "--val-scenes", "2",

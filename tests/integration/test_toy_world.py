@@ -9,22 +9,22 @@ from collections import defaultdict
 import pytest
 import torch
 
-from cloud.model_dirs import model_dir
-from cloud.target import TargetModel, load_target
-from edge.align import load_adapter
-from edge.draft import DraftModel
-from edge.draft_checkpoint import load_draft
-from edge.events.toy import ToySource
-from edge.model_dirs import adapter_dir, draft_dir
-from shared.client import EdgeClient
-from shared.demoworld.qa import all_questions, parse_answer
-from shared.demoworld.scenes import SPLITS, sample_scene
-from shared.demoworld.train import draft as draft_training
-from shared.demoworld.train import target as target_training
-from shared.demoworld.train.adapter import draft_clip_features
-from shared.demoworld.train.common import accuracy_by_type, examples_for
-from shared.types import AskSpec, FeatureMode, GenerationSettings, Mode
-from tests.integration import edge_harness as eh
+from eventspec.cloud.model_dirs import model_dir
+from eventspec.cloud.target import TargetModel, load_target
+from eventspec.demoworld.train import draft as draft_training
+from eventspec.demoworld.train import target as target_training
+from eventspec.demoworld.train.adapter import draft_clip_features
+from eventspec.demoworld.train.common import accuracy_by_type, examples_for
+from eventspec.edge.align import load_adapter
+from eventspec.edge.draft import DraftModel
+from eventspec.edge.draft_checkpoint import load_draft
+from eventspec.edge.events.toy import ToySource
+from eventspec.edge.model_dirs import adapter_dir, draft_dir
+from eventspec.shared.client.edge_client import EdgeClient
+from eventspec.shared.contract.types import AskSpec, FeatureMode, GenerationSettings, Mode
+from eventspec.shared.toyworld.qa import all_questions, parse_answer
+from eventspec.shared.toyworld.scenes import SPLITS, sample_scene
+from tests.support import edge_harness as eh
 
 #: Fresh scenes: the test split, never trained on (training used seeds 0..11999).
 TEST_SEEDS = range(SPLITS["test"].start + 500, SPLITS["test"].start + 548)
@@ -104,10 +104,10 @@ def test_target_reads_direction_and_shape_from_adapted_event_features(
 ) -> None:
     """The aligned path: the trained adapter's features, injected in place of the video
     tower, let the target answer what events carry."""
-    from cloud.alone import decode_alone
-    from cloud.decoding import DecodingSession
-    from cloud.engine.hf import HFEngine
-    from shared.types import GenerationSettings as Gen
+    from eventspec.cloud.alone import decode_alone
+    from eventspec.cloud.decoding import DecodingSession
+    from eventspec.cloud.engine.hf import HFEngine
+    from eventspec.shared.contract.types import GenerationSettings as Gen
 
     adapter = load_adapter(adapter_dir("toy"))
     engine = HFEngine(target, num_slots=1)

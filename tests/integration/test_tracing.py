@@ -20,16 +20,16 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from cloud.engine.hf import HFEngine
-from cloud.engine.paced import PacedEngine
-from cloud.server import VerifierServer
-from edge.config import EdgeSettings
-from edge.server import EdgeServer
-from shared.client import EdgeClient
-from shared.tracing import tracer_from_env, tracing_requested
-from shared.types import AskSpec, GenerationSettings, Mode
-from tests.integration import cloud_harness as ch
-from tests.integration import edge_harness as eh
+from eventspec.cloud.engine.hf import HFEngine
+from eventspec.cloud.engine.paced import PacedEngine
+from eventspec.cloud.server import VerifierServer
+from eventspec.edge.config import EdgeSettings
+from eventspec.edge.server import EdgeServer
+from eventspec.shared.client.edge_client import EdgeClient
+from eventspec.shared.contract.types import AskSpec, GenerationSettings, Mode
+from eventspec.shared.node.tracing import tracer_from_env, tracing_requested
+from tests.support import cloud_harness as ch
+from tests.support import edge_harness as eh
 
 
 @pytest.fixture

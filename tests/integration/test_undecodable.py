@@ -11,8 +11,8 @@ import pytest
 import pytest_asyncio
 from grpc import aio
 
-from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
-from tests.integration import edge_harness as eh
+from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
+from tests.support import edge_harness as eh
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -12,11 +12,11 @@ import pytest_asyncio
 import torch
 from grpc import aio
 
-from cloud.server import VerifierServer
-from cloud.target import TargetModel
-from shared.demoworld.tiny_target import build_tiny_random_target
-from shared.pb.eventspec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
-from tests.integration import cloud_harness as h
+from eventspec.cloud.server import VerifierServer
+from eventspec.cloud.target import TargetModel
+from eventspec.demoworld.tiny_target import build_tiny_random_target
+from eventspec.shared.pb.eventspec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
+from tests.support import cloud_harness as h
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -216,7 +216,7 @@ async def test_unknown_dtype(server: VerifierServer, reference: list[int],
 
 async def test_dtype_differs_from_open(server: VerifierServer, reference: list[int],
                                        features: torch.Tensor) -> None:
-    from shared.codec import quantize_int8
+    from eventspec.shared.contract.codec import quantize_int8
 
     q, scale = quantize_int8(features.numpy())
     await _check(server, reference, [_aligned(dtype="float32"), *h.tensor_msgs(q, scale=scale)],
@@ -251,7 +251,7 @@ async def test_wrong_shape_in_open(server: VerifierServer, reference: list[int])
 
 async def test_tensor_over_max_tensor_bytes(small_server: VerifierServer, reference: list[int],
                                             features: torch.Tensor) -> None:
-    from shared.codec import quantize_int8
+    from eventspec.shared.contract.codec import quantize_int8
 
     assert features.numel() * 4 > SMALL_TENSOR_CAP
     f = await _check(small_server, reference, [_aligned(), *h.tensor_msgs(features)], EXHAUSTED,

@@ -24,17 +24,17 @@ import pytest_asyncio
 import torch
 from transformers import DynamicCache
 
-from cloud.model_dirs import model_dir
-from cloud.server import VerifierServer
-from cloud.target import TargetModel, load_target
-from shared.demoworld.qa import all_questions
-from shared.demoworld.scenes import EVAL_SEED_MIN, clip_frames, sample_scene
-from shared.demoworld.tiny_target import build_tiny_random_target
-from shared.imageproc import encode_png
-from shared.kvcache import cache_kwarg
-from shared.pb.eventspec.v1 import verifier_pb2
-from shared.types import FinishReason
-from tests.integration import cloud_harness as h
+from eventspec.cloud.model_dirs import model_dir
+from eventspec.cloud.server import VerifierServer
+from eventspec.cloud.target import TargetModel, load_target
+from eventspec.demoworld.tiny_target import build_tiny_random_target
+from eventspec.shared.contract.types import FinishReason
+from eventspec.shared.node.imageproc import encode_png
+from eventspec.shared.node.kvcache import cache_kwarg
+from eventspec.shared.pb.eventspec.v1 import verifier_pb2
+from eventspec.shared.toyworld.qa import all_questions
+from eventspec.shared.toyworld.scenes import EVAL_SEED_MIN, clip_frames, sample_scene
+from tests.support import cloud_harness as h
 
 TINY_QUESTIONS = [
     "What is moving?",

@@ -13,16 +13,16 @@ import pytest_asyncio
 import torch
 from grpc import aio
 
-from cloud.server import VerifierServer
-from cloud.sessions import SessionRegistry
-from cloud.target import TargetModel
-from shared import convert
-from shared.codec import quantize_int8
-from shared.demoworld.tiny_target import build_tiny_random_target
-from shared.pb.eventspec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
-from shared.timing import TimingPlan
-from shared.types import CommitEvent, DoneEvent, FinishReason
-from tests.integration import cloud_harness as h
+from eventspec.cloud.server import VerifierServer
+from eventspec.cloud.sessions import SessionRegistry
+from eventspec.cloud.target import TargetModel
+from eventspec.demoworld.tiny_target import build_tiny_random_target
+from eventspec.shared.contract import convert
+from eventspec.shared.contract.codec import quantize_int8
+from eventspec.shared.contract.timing import TimingPlan
+from eventspec.shared.contract.types import CommitEvent, DoneEvent, FinishReason
+from eventspec.shared.pb.eventspec.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
+from tests.support import cloud_harness as h
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

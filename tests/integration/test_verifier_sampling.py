@@ -25,15 +25,15 @@ import pytest
 import pytest_asyncio
 import torch
 
-from cloud.decoding import DecodingSession
-from cloud.engine.base import PrefillRequest, StepBatch
-from cloud.engine.hf import HFEngine
-from cloud.sampler import BatchedSampler, SampleSpec, make_generator, target_probs
-from cloud.server import VerifierServer
-from cloud.target import TargetModel
-from shared.demoworld.tiny_target import build_tiny_random_target
-from shared.types import DraftTail, GenerationSettings
-from tests.integration import cloud_harness as h
+from eventspec.cloud.decoding import DecodingSession
+from eventspec.cloud.engine.base import PrefillRequest, StepBatch
+from eventspec.cloud.engine.hf import HFEngine
+from eventspec.cloud.sampler import BatchedSampler, SampleSpec, make_generator, target_probs
+from eventspec.cloud.server import VerifierServer
+from eventspec.cloud.target import TargetModel
+from eventspec.demoworld.tiny_target import build_tiny_random_target
+from eventspec.shared.contract.types import DraftTail, GenerationSettings
+from tests.support import cloud_harness as h
 
 TEMPERATURE = 0.1  # the tiny model's logits are flat; this gives p(top) ~ 0.5
 TOP_P = 0.95

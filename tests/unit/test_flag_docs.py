@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
+from tests.support.tools import load_tool
 
-import flag_docs  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+flag_docs = load_tool("flag_docs")
 
 
 def _documented() -> dict[str, set[str]]:

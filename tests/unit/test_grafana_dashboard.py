@@ -14,8 +14,8 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
-from cloud.metrics import CloudMetrics
-from edge.metrics import EdgeMetrics, _LiveSourceCollector
+from eventspec.cloud.metrics import CloudMetrics
+from eventspec.edge.metrics import EdgeMetrics, _LiveSourceCollector
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "eventspec-dashboard.json"

@@ -15,9 +15,12 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_client_imports_without_torch_or_transformers() -> None:
     code = (
         "import sys, time; t = time.perf_counter(); "
-        "import shared.client, shared.convert, shared.codec, shared.timing, shared.types; "
+        "import eventspec.shared.client.edge_client, eventspec.shared.contract.convert, "
+        "eventspec.shared.contract.codec, eventspec.shared.contract.timing, "
+        "eventspec.shared.contract.types; "
         "print(time.perf_counter() - t); "
-        "print(sorted(m for m in ('torch', 'transformers', 'edge', 'cloud') if m in sys.modules))"
+        "print(sorted(m for m in ('torch', 'transformers', 'eventspec.edge', 'eventspec.cloud') "
+        "if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, check=True).stdout.splitlines()

@@ -22,16 +22,15 @@ import ast
 import json
 import re
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.tools import load_tool
+
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
-sys.path.insert(0, str(ROOT / "tools"))
-
-import flag_docs  # noqa: E402
+flag_docs = load_tool("flag_docs")
 
 
 def _blocks(text: str, lang: str | None = None) -> list[str]:

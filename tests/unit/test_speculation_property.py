@@ -18,13 +18,19 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cloud.alone import decode_alone
-from cloud.decoding import Committed, DecodingSession
-from cloud.engine.base import PrefillRequest, StepBatch
-from cloud.sampler import BatchedSampler, SampleSpec
-from edge.session import EdgeSession, SendDrafts
-from shared.timing import TimingPlan
-from shared.types import CommitEvent, DoneEvent, DraftTail, FinishReason, GenerationSettings
+from eventspec.cloud.alone import decode_alone
+from eventspec.cloud.decoding import Committed, DecodingSession
+from eventspec.cloud.engine.base import PrefillRequest, StepBatch
+from eventspec.cloud.sampler import BatchedSampler, SampleSpec
+from eventspec.edge.session import EdgeSession, SendDrafts
+from eventspec.shared.contract.timing import TimingPlan
+from eventspec.shared.contract.types import (
+    CommitEvent,
+    DoneEvent,
+    DraftTail,
+    FinishReason,
+    GenerationSettings,
+)
 
 VOCAB = 40
 EOS = 2

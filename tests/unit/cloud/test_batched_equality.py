@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 import torch
 
-from cloud.alone import decode_alone
-from cloud.decoding import DecodingSession
-from cloud.engine.hf import HFEngine
-from cloud.scheduler import Failure, Scheduler
-from cloud.target import TargetModel
-from shared.demoworld.tiny_target import build_tiny_random_target
-from shared.types import DraftTail, GenerationSettings
+from eventspec.cloud.alone import decode_alone
+from eventspec.cloud.decoding import DecodingSession
+from eventspec.cloud.engine.hf import HFEngine
+from eventspec.cloud.scheduler import Failure, Scheduler
+from eventspec.cloud.target import TargetModel
+from eventspec.demoworld.tiny_target import build_tiny_random_target
+from eventspec.shared.contract.types import DraftTail, GenerationSettings
 
 MAX_VERIFY = 9  # C[-1] plus up to 8 drafts
 
@@ -171,8 +171,8 @@ def test_tiny_target_batched_equals_alone_equals_generate(run: int) -> None:
 
 
 def test_toy_target_batched_equals_generate() -> None:
-    from cloud.model_dirs import TOY, model_dir
-    from cloud.target import load_target
+    from eventspec.cloud.model_dirs import TOY, model_dir
+    from eventspec.cloud.target import load_target
 
     target = load_target(model_dir(TOY))
     engine = HFEngine(target, num_slots=4)

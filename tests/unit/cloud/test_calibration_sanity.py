@@ -15,16 +15,16 @@ from grpc import aio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cloud import calibrate
-from cloud.cli import build_parser, settings_from_args
-from cloud.engine.hf import HFEngine
-from cloud.engine.paced import PacedEngine
-from cloud.server import VerifierServer, build_runtime
-from cloud.target import TargetModel
-from shared.demoworld.tiny_target import build_tiny_random_target
-from shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
-from shared.profile import CalibrationProfile, load_profile, save_profile
-from shared.timing import CloudCost
+from eventspec.cloud import calibrate
+from eventspec.cloud.cli import build_parser, settings_from_args
+from eventspec.cloud.engine.hf import HFEngine
+from eventspec.cloud.engine.paced import PacedEngine
+from eventspec.cloud.server import VerifierServer, build_runtime
+from eventspec.cloud.target import TargetModel
+from eventspec.demoworld.tiny_target import build_tiny_random_target
+from eventspec.shared.contract.profile import CalibrationProfile, load_profile, save_profile
+from eventspec.shared.contract.timing import CloudCost
+from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 
 RESULTS = Path(__file__).resolve().parents[3] / "benchmarks" / "results"
 POINTS = [(b, b * k, 5.0 + 0.5 * (b - 1) + 0.1 * b * k) for b in (1, 2, 4) for k in (1, 4, 8)]
@@ -139,7 +139,7 @@ async def test_serve_flags_reach_calibration_and_the_log_names_the_cost_model(
     args = build_parser().parse_args(["serve", "--port", "0", "--profile", str(path),
                                       *(["--recalibrate"] if recalibrate else [])])
     server = VerifierServer(settings_from_args(args), target=target)
-    caplog.set_level(logging.INFO, logger="cloud")
+    caplog.set_level(logging.INFO, logger="eventspec.cloud")
     await server.start()
     try:
         planned = server.runtime.info.cloud_cost.step_base_ms

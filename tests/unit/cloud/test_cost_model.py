@@ -1,4 +1,5 @@
-"""The batch-aware cost model: the fit (cloud/calibrate.py) and its use (shared/timing.py)."""
+"""The batch-aware cost model: the fit (cloud/calibrate.py) and its use
+(shared/contract/timing.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from cloud.calibrate import fit_step_cost
-from shared import convert
-from shared.timing import CloudCost
+from eventspec.cloud.calibrate import fit_step_cost
+from eventspec.shared.contract import convert
+from eventspec.shared.contract.timing import CloudCost
 
 COST = CloudCost(prefill_base_ms=0.0, prefill_ms_per_visual_token=0.1,
                  prefill_ms_per_text_token=0.1, step_base_ms=20.0, step_ms_per_token=0.5,

@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 import torch
 
-from cloud.alone import decode_alone
-from cloud.decoding import DecodingSession
-from cloud.engine.base import PrefillRequest, StepBatch
-from cloud.engine.hf import HFEngine
-from cloud.target import TargetModel
-from shared.demoworld.tiny_target import build_tiny_random_target
-from shared.errors import FailedPrecondition, InvalidInput
-from shared.types import DraftTail, GenerationSettings
+from eventspec.cloud.alone import decode_alone
+from eventspec.cloud.decoding import DecodingSession
+from eventspec.cloud.engine.base import PrefillRequest, StepBatch
+from eventspec.cloud.engine.hf import HFEngine
+from eventspec.cloud.target import TargetModel
+from eventspec.demoworld.tiny_target import build_tiny_random_target
+from eventspec.shared.contract.errors import FailedPrecondition, InvalidInput
+from eventspec.shared.contract.types import DraftTail, GenerationSettings
 
 Proposer = Callable[[list[int], int], list[int]]
 

@@ -9,8 +9,14 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from cloud.sampler import BatchedSampler, SampleSpec, Verdict, make_generator, target_probs
-from shared.errors import InvalidInput
+from eventspec.cloud.sampler import (
+    BatchedSampler,
+    SampleSpec,
+    Verdict,
+    make_generator,
+    target_probs,
+)
+from eventspec.shared.contract.errors import InvalidInput
 
 V = 8
 

@@ -9,11 +9,11 @@ from collections.abc import Sequence
 
 import torch
 
-from cloud.decoding import Committed, DecodingSession
-from cloud.engine.base import PrefillRequest, StepBatch
-from cloud.scheduler import Scheduler
-from shared.types import GenerationSettings
-from tests.unit.cloud.test_scheduler_property import EOS, TEXT_VOCAB, FakeEngine
+from eventspec.cloud.decoding import Committed, DecodingSession
+from eventspec.cloud.engine.base import PrefillRequest, StepBatch
+from eventspec.cloud.scheduler import Scheduler
+from eventspec.shared.contract.types import GenerationSettings
+from tests.support.fake_engine import EOS, TEXT_VOCAB, FakeEngine
 
 
 class GatedStepEngine(FakeEngine):

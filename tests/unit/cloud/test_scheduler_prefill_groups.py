@@ -10,13 +10,13 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from cloud.decoding import Committed, DecodingSession
-from cloud.engine.base import PrefillRequest
-from cloud.scheduler import Failure, Scheduler, Ticket
-from shared.errors import InvalidInput
-from shared.types import GenerationSettings
-from tests.unit.cloud.test_scheduler_property import EOS, TEXT_VOCAB, FakeEngine, target_only
-from tests.waiting import until
+from eventspec.cloud.decoding import Committed, DecodingSession
+from eventspec.cloud.engine.base import PrefillRequest
+from eventspec.cloud.scheduler import Failure, Scheduler, Ticket
+from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.contract.types import GenerationSettings
+from tests.support.fake_engine import EOS, TEXT_VOCAB, FakeEngine, target_only
+from tests.support.waiting import until
 
 POISON = 31  # a prompt holding this token is refused by the engine
 

@@ -1,4 +1,4 @@
-"""The static-KV engine (cloud/engine/static.py) against the HF reference, on CPU.
+"""The static-KV engine (cloud/engine/static/engine.py) against the HF reference, on CPU.
 
 The reference is the HF model's own forward over a ``DynamicCache`` per session,
 cropped to each step's start (what a rejected draft does). Greedy fp32 on the tiny
@@ -16,15 +16,15 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from cloud.engine.base import PrefillRequest, StepBatch
-from cloud.engine.static import StaticEngine
-from cloud.engine.static_attention import num_splits_for, reference_attention
-from cloud.engine.static_build import build_static_engine, kv_bytes_per_slot
-from cloud.engine.static_weights import static_unsupported_reason
-from cloud.target import TargetModel, load_target
-from shared.demoworld.tiny_target import build_tiny_random_target
-from shared.errors import InvalidInput
-from shared.kvcache import cache_kwarg, crop_cache
+from eventspec.cloud.engine.base import PrefillRequest, StepBatch
+from eventspec.cloud.engine.static.attention import num_splits_for, reference_attention
+from eventspec.cloud.engine.static.build import build_static_engine, kv_bytes_per_slot
+from eventspec.cloud.engine.static.engine import StaticEngine
+from eventspec.cloud.engine.static.weights import static_unsupported_reason
+from eventspec.cloud.target import TargetModel, load_target
+from eventspec.demoworld.tiny_target import build_tiny_random_target
+from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.node.kvcache import cache_kwarg, crop_cache
 
 TOY_DIR = Path(__file__).resolve().parents[3] / "cloud" / "models" / "toy-video-llava"
 QUESTIONS = (
@@ -277,7 +277,7 @@ def test_splitkv_kernel_matches_reference() -> None:
     """The Triton split-KV kernel against dense masked attention, bf16 on CUDA."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from cloud.engine.static_attention import splitkv_attention
+    from eventspec.cloud.engine.static.attention import splitkv_attention
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     for bp, nq, splits in ((1, 1, 16), (4, 9, 4), (3, 33, 2), (8, 16, 1)):
@@ -298,9 +298,9 @@ def test_fused_kernels_match_torch() -> None:
     """RoPE + KV write and SiLU-mul (Triton) against the CPU path's torch functions."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from cloud.engine.static_kernels import rms_norm, rope_and_write_kv, silu_mul
-    from cloud.engine.static_layers import rms_norm as rms_norm_ref
-    from cloud.engine.static_layers import rotate
+    from eventspec.cloud.engine.static.kernels import rms_norm, rope_and_write_kv, silu_mul
+    from eventspec.cloud.engine.static.layers import rms_norm as rms_norm_ref
+    from eventspec.cloud.engine.static.layers import rotate
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     m, hq, hkv, d = 37, 32, 32, 128

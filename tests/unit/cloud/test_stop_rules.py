@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cloud.decoding import DecodingSession
-from shared.errors import InvalidInput
-from shared.estimators import AcceptanceEstimator
-from shared.stops import StopMatcher, first_stop
-from shared.types import (
+from eventspec.cloud.decoding import DecodingSession
+from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.contract.estimators import AcceptanceEstimator
+from eventspec.shared.contract.stops import StopMatcher, first_stop
+from eventspec.shared.contract.types import (
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
     DraftTail,

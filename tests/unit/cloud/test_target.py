@@ -8,17 +8,17 @@ import numpy as np
 import pytest
 import torch
 
-from cloud.target import (
+from eventspec.cloud.target import (
     TargetModel,
     VisualGeometry,
     load_target,
     save_target,
 )
-from shared.demoworld.tiny_target import build_tiny_random_target
-from shared.demoworld.tiny_tokenizer import TINY_TEXT_VOCAB_SIZE, build_tiny_tokenizer
-from shared.errors import InvalidInput, NotFound
-from shared.imageproc import encode_jpeg, encode_png
-from shared.vocab import text_vocab_fingerprint
+from eventspec.demoworld.tiny_target import build_tiny_random_target
+from eventspec.demoworld.tiny_tokenizer import TINY_TEXT_VOCAB_SIZE, build_tiny_tokenizer
+from eventspec.shared.contract.errors import InvalidInput, NotFound
+from eventspec.shared.node.imageproc import encode_jpeg, encode_png
+from eventspec.shared.node.vocab import text_vocab_fingerprint
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The edge's admission queue (edge.admission): never more in flight than the cloud's
+"""The edge's admission queue (eventspec.edge.admission): never more in flight than the cloud's
 slots, waiters admitted in arrival order, an abandoned wait leaves no trace, and a full
 queue refuses at once."""
 
@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge.admission import AdmissionQueue, cloud_slots
-from shared.errors import DeadlineExceeded, ResourceExhausted
-from shared.types import ServerLimits
+from eventspec.edge.admission import AdmissionQueue, cloud_slots
+from eventspec.shared.contract.errors import DeadlineExceeded, ResourceExhausted
+from eventspec.shared.contract.types import ServerLimits
 
 
 async def _drain(gen: object) -> list[int]:

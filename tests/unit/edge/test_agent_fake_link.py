@@ -10,16 +10,16 @@ from dataclasses import replace
 
 import pytest
 
-from edge.agent import EdgeAgent
-from edge.draft import DraftModel
-from edge.events.sources import open_source
-from edge.readiness import CloudState, CloudView
-from shared.convert import CloudOutbound, EdgeInbound
-from shared.demoworld.tiny_draft import build_tiny_random_draft
-from shared.errors import EventSpecError, FailedPrecondition, InvalidInput
-from shared.estimators import RttEstimator
-from shared.timing import CloudCost
-from shared.types import (
+from eventspec.demoworld.tiny_draft import build_tiny_random_draft
+from eventspec.edge.agent import EdgeAgent
+from eventspec.edge.draft import DraftModel
+from eventspec.edge.events.sources import open_source
+from eventspec.edge.readiness import CloudState, CloudView
+from eventspec.shared.contract.convert import CloudOutbound, EdgeInbound
+from eventspec.shared.contract.errors import EventSpecError, FailedPrecondition, InvalidInput
+from eventspec.shared.contract.estimators import RttEstimator
+from eventspec.shared.contract.timing import CloudCost
+from eventspec.shared.contract.types import (
     AskSpec,
     CommitEvent,
     DoneEvent,
@@ -148,7 +148,7 @@ async def test_vocabulary_mismatch_refuses_speculation_but_not_target_only(
     agent, link = agent_for(draft, info_for(draft, fingerprint="0" * 64))
     with pytest.raises(FailedPrecondition, match="use mode target_only"):
         await collect(agent, AskSpec(question="What is moving?"))
-    caplog.set_level(logging.INFO, logger="edge.agent")
+    caplog.set_level(logging.INFO, logger="eventspec.edge.agent")
     events = await collect(agent, replace(AskSpec(question="What is moving?"),
                                           mode=Mode.TARGET_ONLY))
     final = events[-1]
@@ -162,13 +162,13 @@ async def test_vocabulary_mismatch_refuses_speculation_but_not_target_only(
 
 def _ask_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records
-            if r.name == "edge.agent" and r.getMessage().startswith("ask ")]
+            if r.name == "eventspec.edge.agent" and r.getMessage().startswith("ask ")]
 
 
 async def test_a_refused_ask_is_one_line_with_its_code(
     draft: DraftModel, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="edge.agent")
+    caplog.set_level(logging.INFO, logger="eventspec.edge.agent")
     agent, _ = agent_for(draft, info_for(draft))
     with pytest.raises(InvalidInput):
         await collect(agent, AskSpec(question="x" * 65))
@@ -179,7 +179,7 @@ async def test_a_refused_ask_is_one_line_with_its_code(
 async def test_an_ask_the_client_abandons_is_one_cancelled_line(
     draft: DraftModel, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="edge.agent")
+    caplog.set_level(logging.INFO, logger="eventspec.edge.agent")
     agent, _ = agent_for(draft, info_for(draft))
     events = agent.ask(AskSpec(question="What is moving?", mode=Mode.TARGET_ONLY))
     await anext(events)  # the first Commit arrives, then the client goes away

@@ -10,9 +10,9 @@ import random
 import pytest
 import torch
 
-from edge.draft import DraftModel
-from edge.drafter import Drafter
-from shared.demoworld.tiny_draft import build_tiny_random_draft
+from eventspec.demoworld.tiny_draft import build_tiny_random_draft
+from eventspec.edge.draft import DraftModel
+from eventspec.edge.drafter import Drafter
 
 QUESTION = "What is moving?"
 

@@ -7,9 +7,9 @@ import threading
 import numpy as np
 import pytest
 
-from edge.events.live import LiveEventBuffer, LiveSource, ReplayReader
-from edge.events.types import EVENT_DTYPE
-from shared.errors import InvalidInput
+from eventspec.edge.events.live import LiveEventBuffer, LiveSource, ReplayReader
+from eventspec.edge.events.types import EVENT_DTYPE
+from eventspec.shared.contract.errors import InvalidInput
 
 
 def _batch(t0: int, n: int, x: int = 0) -> np.ndarray:

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from edge.events.render import event_pixel_values, events_to_frames, split_equal_counts
-from edge.events.types import make_events
-from shared.errors import InvalidInput
-from shared.imageproc import clip_preprocess
+from eventspec.edge.events.render import event_pixel_values, events_to_frames, split_equal_counts
+from eventspec.edge.events.types import make_events
+from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.node.imageproc import clip_preprocess
 
 WHITE, BLUE, RED = [255, 255, 255], [0, 0, 255], [255, 0, 0]
 

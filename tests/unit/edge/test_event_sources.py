@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge.events.sources import (
+from eventspec.edge.events.sources import (
     DsecSource,
     EventGptNpySource,
     NpzSource,
@@ -15,10 +15,10 @@ from edge.events.sources import (
     npy_needs_pickle,
     open_source,
 )
-from edge.events.synthetic import SceneSpec, ShapeSpec
-from edge.events.types import EVENT_DTYPE, validate_events
-from shared.errors import InvalidInput, NotFound
-from shared.imageproc import encode_png
+from eventspec.edge.events.synthetic import SceneSpec, ShapeSpec
+from eventspec.edge.events.types import EVENT_DTYPE, validate_events
+from eventspec.shared.contract.errors import InvalidInput, NotFound
+from eventspec.shared.node.imageproc import encode_png
 
 T_OFFSET = 1_000_000_000
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge.events.types import EVENT_DTYPE, coerce_events, make_events, validate_events
-from shared.errors import InvalidInput
+from eventspec.edge.events.types import EVENT_DTYPE, coerce_events, make_events, validate_events
+from eventspec.shared.contract.errors import InvalidInput
 
 
 def _events(xs: list[int], ys: list[int], ts: list[int], ps: list[int]) -> np.ndarray:

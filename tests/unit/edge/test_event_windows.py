@@ -5,17 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge.events.base import ArraySource
-from edge.events.synthetic import SyntheticSource
-from edge.events.types import EVENT_DTYPE
-from edge.events.windows import (
+from eventspec.edge.events.base import ArraySource
+from eventspec.edge.events.synthetic import SyntheticSource
+from eventspec.edge.events.types import EVENT_DTYPE
+from eventspec.edge.events.windows import (
     MIN_EVENTS,
     ClipWindow,
     events_for_window,
     sample_rgb_frames,
     select_window,
 )
-from shared.errors import InvalidInput
+from eventspec.shared.contract.errors import InvalidInput
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from edge.failover import with_failover
-from shared.errors import InvalidInput, Unavailable
+from eventspec.edge.failover import with_failover
+from eventspec.shared.contract.errors import InvalidInput, Unavailable
 
 
 def attempts(*plans: list[str]) -> tuple[list[int], object]:

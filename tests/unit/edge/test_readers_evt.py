@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge.events.evt2 import Evt2State, decode_evt2, encode_evt2
-from edge.events.evt3 import TIME_HIGH, TIME_LOW, Evt3State, decode_evt3, encode_evt3
-from edge.events.prophesee_raw import PropheseeRawSource, read_raw_header
-from edge.events.sources import open_source
-from edge.events.types import EVENT_DTYPE
-from shared.errors import InvalidInput
+from eventspec.edge.events.evt2 import Evt2State, decode_evt2, encode_evt2
+from eventspec.edge.events.evt3 import TIME_HIGH, TIME_LOW, Evt3State, decode_evt3, encode_evt3
+from eventspec.edge.events.prophesee_raw import PropheseeRawSource, read_raw_header
+from eventspec.edge.events.sources import open_source
+from eventspec.edge.events.types import EVENT_DTYPE
+from eventspec.shared.contract.errors import InvalidInput
 
 
 @st.composite

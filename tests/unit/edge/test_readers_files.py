@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge.events.detect import detect_kind
-from edge.events.ecd_txt import EcdTextSource
-from edge.events.evt2 import encode_evt2
-from edge.events.nmnist_bin import NmnistBinSource
-from edge.events.prophesee_dat import PropheseeDatSource
-from edge.events.sources import open_source, parse_sensor_size
-from edge.events.types import EVENT_DTYPE
-from shared.errors import InvalidInput, NotFound
+from eventspec.edge.events.detect import detect_kind
+from eventspec.edge.events.ecd_txt import EcdTextSource
+from eventspec.edge.events.evt2 import encode_evt2
+from eventspec.edge.events.nmnist_bin import NmnistBinSource
+from eventspec.edge.events.prophesee_dat import PropheseeDatSource
+from eventspec.edge.events.sources import open_source, parse_sensor_size
+from eventspec.edge.events.types import EVENT_DTYPE
+from eventspec.shared.contract.errors import InvalidInput, NotFound
 
 
 def _events(n: int, w: int, h: int, span: int, seed: int = 0) -> np.ndarray:

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from edge.events.live import LiveSource, ReplayReader
-from edge.events.live_sources import StreamHealth, open_live_source
-from edge.events.types import EVENT_DTYPE
-from edge.events.windows import events_for_window, select_window
-from edge.servicer import source_status
-from shared.errors import FailedPrecondition, InvalidInput, Unavailable
+from eventspec.edge.events.live import LiveSource, ReplayReader
+from eventspec.edge.events.live_sources import StreamHealth, open_live_source
+from eventspec.edge.events.types import EVENT_DTYPE
+from eventspec.edge.events.windows import events_for_window, select_window
+from eventspec.edge.servicer import source_status
+from eventspec.shared.contract.errors import FailedPrecondition, InvalidInput, Unavailable
 
 pytest.importorskip("dv_processing")
 REAL = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "real"
@@ -47,7 +47,7 @@ class Writer:
 
     def __init__(self, port: int, start_us: int) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.unit.edge.dv_net_writer", str(RECORDING), str(port),
+            [sys.executable, "-m", "tests.support.dv_net_writer", str(RECORDING), str(port),
              str(start_us)], cwd=ROOT, stdout=subprocess.PIPE, text=True,
         )
         assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "ready"

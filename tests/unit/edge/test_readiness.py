@@ -1,12 +1,12 @@
-"""The edge's readiness (edge.readiness): one answer for health, GetStatus and waiting
+"""The edge's readiness (eventspec.edge.readiness): one answer for health, GetStatus and waiting
 Asks, with a distinct error for each way of not being ready."""
 
 from __future__ import annotations
 
 import pytest
 
-from edge.readiness import CloudState, CloudView, Readiness
-from shared.errors import ErrorCode, WarmingUp
+from eventspec.edge.readiness import CloudState, CloudView, Readiness
+from eventspec.shared.contract.errors import ErrorCode, WarmingUp
 
 
 async def test_health_follows_the_edge_then_its_cloud() -> None:

@@ -5,19 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge.events.render import events_to_frames
-from edge.events.sources import open_source
-from edge.events.toy import TOY_SCENE_US, ToySource
-from edge.events.types import EVENT_DTYPE, validate_events
-from edge.events.windows import (
+from eventspec.edge.events.render import events_to_frames
+from eventspec.edge.events.sources import open_source
+from eventspec.edge.events.toy import TOY_SCENE_US, ToySource
+from eventspec.edge.events.types import EVENT_DTYPE, validate_events
+from eventspec.edge.events.windows import (
     MIN_EVENTS,
     events_for_window,
     sample_rgb_frames,
     select_window,
 )
-from shared.demoworld.events import TOY_EVENT_DTYPE, events_in_window, simulate_events
-from shared.demoworld.scenes import DEMO_SEED, SPLITS, clip_frames, sample_scene
-from shared.errors import InvalidInput
+from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.toyworld.events import TOY_EVENT_DTYPE, events_in_window, simulate_events
+from eventspec.shared.toyworld.scenes import DEMO_SEED, SPLITS, clip_frames, sample_scene
 
 TEST_SEEDS = range(SPLITS["test"].start, SPLITS["test"].start + 6)
 

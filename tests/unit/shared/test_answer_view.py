@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from shared.answer_view import (
+from eventspec.shared.client.answer_view import (
     CLEAR_DOWN,
     MUTED,
     NOT_APPLICABLE,
@@ -22,8 +22,8 @@ from shared.answer_view import (
     wants_colour,
     wants_live,
 )
-from shared.timing import TimingPlan
-from shared.types import (
+from eventspec.shared.contract.timing import TimingPlan
+from eventspec.shared.contract.types import (
     CommittedEvent,
     FeatureMode,
     FinalEvent,

@@ -9,10 +9,10 @@ import sys
 import tomllib
 from pathlib import Path
 
-from shared.launch import ENTRY_POINTS, entry_point_command
+from eventspec.shared.client.launch import ENTRY_POINTS, entry_point_command
 
 ROOT = Path(__file__).resolve().parents[3]
-HEAVY = ("torch", "transformers", "shared.demoworld", "edge", "cloud")
+HEAVY = ("torch", "transformers", "eventspec.demoworld", "eventspec.edge", "eventspec.cloud")
 
 
 def _loaded_after(code: str) -> list[str]:
@@ -26,11 +26,12 @@ def _loaded_after(code: str) -> list[str]:
 
 
 def test_client_and_cli_import_without_torch_or_the_demo_world() -> None:
-    assert _loaded_after("import shared.client, shared.cli") == []
+    assert _loaded_after(
+        "import eventspec.shared.client.edge_client, eventspec.shared.client.cli") == []
 
 
 def test_ask_help_imports_no_torch() -> None:
-    code = ("import contextlib, io\nfrom shared.cli import main\n"
+    code = ("import contextlib, io\nfrom eventspec.shared.client.cli import main\n"
             "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
             "    main(['ask', '--help'])")
     assert _loaded_after(code) == []

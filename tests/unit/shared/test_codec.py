@@ -9,7 +9,7 @@ import zlib
 import numpy as np
 import pytest
 
-from shared.codec import (
+from eventspec.shared.contract.codec import (
     DEFAULT_CHUNK_BYTES,
     TensorAssembler,
     TensorHeaderInfo,
@@ -18,7 +18,7 @@ from shared.codec import (
     encode_tensor,
     quantize_int8,
 )
-from shared.errors import CodecError, InvalidInput
+from eventspec.shared.contract.errors import CodecError, InvalidInput
 
 MiB = 1 << 20
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shared import convert
-from shared.codec import encode_tensor
-from shared.errors import InvalidInput
-from shared.pb.eventspec.v1 import edge_pb2, verifier_pb2
-from shared.timing import CloudCost, EdgeCost, TimingPlan
-from shared.types import (
+from eventspec.shared.contract import convert
+from eventspec.shared.contract.codec import encode_tensor
+from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.contract.timing import CloudCost, EdgeCost, TimingPlan
+from eventspec.shared.contract.types import (
     AlignedSpec,
     AskSpec,
     CancelRequest,
@@ -32,6 +31,7 @@ from shared.types import (
     VisualGeometry,
     WindowInfo,
 )
+from eventspec.shared.pb.eventspec.v1 import edge_pb2, verifier_pb2
 
 PLAN = TimingPlan(True, 27, 4, 2, False, 0.6, 568.0, 30.0, 1.4, "because")
 STATS = RequestStats(drafted=10, accepted=7, hidden_drafted=5, hidden_accepted=3,

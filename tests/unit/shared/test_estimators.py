@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.errors import InvalidInput
-from shared.estimators import AcceptanceEstimator, Ewma, RttEstimator
+from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.contract.estimators import AcceptanceEstimator, Ewma, RttEstimator
 
 
 def test_ewma() -> None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from shared import convert
-from shared.errors import InvalidInput
-from shared.pb.eventspec.v1 import common_pb2
-from shared.timing import EdgeCost
-from shared.types import GenerationSettings
+from eventspec.shared.contract import convert
+from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.contract.timing import EdgeCost
+from eventspec.shared.contract.types import GenerationSettings
+from eventspec.shared.pb.eventspec.v1 import common_pb2
 
 
 def edge(**kw: float) -> EdgeCost:

@@ -10,8 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
-from shared.errors import InvalidInput
-from shared.imageproc import (
+from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.node.imageproc import (
     clip_preprocess,
     encode_png,
     frame_size,

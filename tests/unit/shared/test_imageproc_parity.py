@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge.events.render import events_to_frames, split_equal_counts
-from edge.events.types import make_events
-from shared.imageproc import (
+from eventspec.edge.events.render import events_to_frames, split_equal_counts
+from eventspec.edge.events.types import make_events
+from eventspec.shared.node.imageproc import (
     clip_preprocess,
     decode_image,
     downscale_short_side,

@@ -1,4 +1,4 @@
-"""The one KV-crop helper (shared/kvcache.py), on real DynamicCaches and both tiny models.
+"""The one KV-crop helper (shared/node/kvcache.py), on real DynamicCaches and both tiny models.
 
 The crop is the edge's rollback after a Commit and the cloud engine's implicit rollback
 to a step's start. A crop that keeps one position too many or too few changes every
@@ -14,12 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import DynamicCache
 
-from cloud.target import TargetModel
-from edge.draft import DraftModel
-from shared.demoworld.tiny_draft import build_tiny_random_draft
-from shared.demoworld.tiny_target import build_tiny_random_target
-from shared.errors import InvalidInput
-from shared.kvcache import CroppableCache, cache_kwarg, crop_cache
+from eventspec.cloud.target import TargetModel
+from eventspec.demoworld.tiny_draft import build_tiny_random_draft
+from eventspec.demoworld.tiny_target import build_tiny_random_target
+from eventspec.edge.draft import DraftModel
+from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.node.kvcache import CroppableCache, cache_kwarg, crop_cache
 
 QUESTION = "Is it dark?"
 

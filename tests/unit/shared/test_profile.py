@@ -10,8 +10,8 @@ from typing import Any
 import msgpack
 import pytest
 
-from shared.errors import InvalidInput, NotFound
-from shared.profile import (
+from eventspec.shared.contract.errors import InvalidInput, NotFound
+from eventspec.shared.contract.profile import (
     PROFILE_FORMAT_VERSION,
     CalibrationProfile,
     ProfileMismatch,
@@ -19,7 +19,7 @@ from shared.profile import (
     load_profile,
     save_profile,
 )
-from shared.timing import CloudCost, EdgeCost
+from eventspec.shared.contract.timing import CloudCost, EdgeCost
 
 CLOUD = CalibrationProfile(
     role="cloud",

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from shared.errors import InvalidInput
-from shared.timing import (
+from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.contract.timing import (
     CloudCost,
     EdgeCost,
     PlanInputs,
@@ -186,7 +186,7 @@ def test_plan_mirrors_proto_fields() -> None:
         "reason",
         "max_new_tokens",
     ]
-    from shared.pb.eventspec.v1 import common_pb2
+    from eventspec.shared.pb.eventspec.v1 import common_pb2
 
     assert [f.name for f in common_pb2.Plan.DESCRIPTOR.fields] == [
         f.name for f in dataclasses.fields(TimingPlan)]

@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from cloud.model_dirs import TOY_TARGET_DIR
-from edge.model_dirs import TOY_ADAPTER_DIR, TOY_DRAFT_DIR
-from shared.demoworld.cli import build_parser, train_run
-from shared.demoworld.train.settings import (
+from eventspec.cloud.model_dirs import TOY_TARGET_DIR
+from eventspec.demoworld.cli import build_parser, train_run
+from eventspec.demoworld.train.settings import (
     STAGES,
     TrainRun,
     TrainUsageError,
     check,
     output_dirs,
 )
+from eventspec.edge.model_dirs import TOY_ADAPTER_DIR, TOY_DRAFT_DIR
 
 
 def _run(tmp_path: Path, *flags: str) -> TrainRun:

@@ -9,13 +9,21 @@ import random
 import numpy as np
 import pytest
 
-from cloud.model_dirs import TOY_TARGET_DIR
-from cloud.target import PROMPT_TEMPLATE as TARGET_PROMPT
-from edge.draft import PROMPT_TEMPLATE as DRAFT_PROMPT
-from edge.draft import SYSTEM_PROMPT
-from edge.model_dirs import TOY_DRAFT_DIR
-from shared.demoworld.events import TOY_EVENT_DTYPE, events_in_window, simulate_events
-from shared.demoworld.qa import (
+from eventspec.cloud.model_dirs import TOY_TARGET_DIR
+from eventspec.cloud.target import PROMPT_TEMPLATE as TARGET_PROMPT
+from eventspec.demoworld.tiny_tokenizer import build_tiny_tokenizer
+from eventspec.demoworld.tokenizer import BOS_ID, EOS_ID, UNK_ID
+from eventspec.demoworld.toy_tokenizer import (
+    TOY_TEXT_VOCAB_SIZE,
+    build_toy_tokenizer,
+    corpus_lines,
+    save_toy_tokenizer,
+)
+from eventspec.edge.draft import PROMPT_TEMPLATE as DRAFT_PROMPT
+from eventspec.edge.draft import SYSTEM_PROMPT
+from eventspec.edge.model_dirs import TOY_DRAFT_DIR
+from eventspec.shared.toyworld.events import TOY_EVENT_DTYPE, events_in_window, simulate_events
+from eventspec.shared.toyworld.qa import (
     QTYPES,
     QUESTION_TEMPLATES,
     VALUES,
@@ -27,7 +35,7 @@ from shared.demoworld.qa import (
     qa_pairs,
     truth,
 )
-from shared.demoworld.scenes import (
+from eventspec.shared.toyworld.scenes import (
     EVAL_SEED_MIN,
     RGB_FRAME_TIMES_US,
     SIZE_RANGE_PX,
@@ -42,14 +50,6 @@ from shared.demoworld.scenes import (
     rgb_frame_times_us,
     sample_scene,
     split_of,
-)
-from shared.demoworld.tiny_tokenizer import build_tiny_tokenizer
-from shared.demoworld.tokenizer import BOS_ID, EOS_ID, UNK_ID
-from shared.demoworld.toy_tokenizer import (
-    TOY_TEXT_VOCAB_SIZE,
-    build_toy_tokenizer,
-    corpus_lines,
-    save_toy_tokenizer,
 )
 
 #: Digests of the tiny tokenizer before the trainer was factored out of it: the

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.wire.auth import TokenStore, parse_tokens
-from shared.wire.security import (
+from eventspec.shared.wire.auth import TokenStore, parse_tokens
+from eventspec.shared.wire.security import (
     SecurityConfigError,
     ServerSecurity,
     ServerTls,

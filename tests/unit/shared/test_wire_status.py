@@ -1,6 +1,7 @@
 """The one mapping between the transport-neutral error codes and gRPC's (shared/wire/status).
 
-Domain code raises ``shared.errors`` exceptions without importing grpc; the servers'
+Domain code raises ``eventspec.shared.contract.errors`` exceptions without importing grpc; the
+servers'
 interceptors and the client stubs translate through this mapping, so it must be total
 and lossless both ways or some error would reach the other end under a wrong code.
 """
@@ -10,8 +11,13 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from shared.errors import ErrorCode, EventSpecError, FailedPrecondition, InvalidInput
-from shared.wire.status import from_grpc, to_grpc
+from eventspec.shared.contract.errors import (
+    ErrorCode,
+    EventSpecError,
+    FailedPrecondition,
+    InvalidInput,
+)
+from eventspec.shared.wire.status import from_grpc, to_grpc
 
 
 @pytest.mark.parametrize("code", list(ErrorCode), ids=lambda c: c.name)

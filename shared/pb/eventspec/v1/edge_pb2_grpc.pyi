@@ -4,7 +4,7 @@ isort:skip_file
 The edge's service: questions about what the event camera sees."""
 
 from collections import abc as _abc
-from shared.pb.eventspec.v1 import edge_pb2 as _edge_pb2
+from eventspec.shared.pb.eventspec.v1 import edge_pb2 as _edge_pb2
 from grpc import aio as _aio
 import abc as _abc_1
 import grpc as _grpc

@@ -4,7 +4,7 @@ isort:skip_file
 The cloud's service: Video-LLaVA prefill, draft verification and decoding."""
 
 from collections import abc as _abc
-from shared.pb.eventspec.v1 import common_pb2 as _common_pb2
+from eventspec.shared.pb.eventspec.v1 import common_pb2 as _common_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from shared.pb.eventspec.v1 import verifier_pb2 as eventspec_dot_v1_dot_verifier__pb2
+from eventspec.shared.pb.eventspec.v1 import verifier_pb2 as eventspec_dot_v1_dot_verifier__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

@@ -4,7 +4,7 @@ isort:skip_file
 The cloud's service: Video-LLaVA prefill, draft verification and decoding."""
 
 from collections import abc as _abc
-from shared.pb.eventspec.v1 import verifier_pb2 as _verifier_pb2
+from eventspec.shared.pb.eventspec.v1 import verifier_pb2 as _verifier_pb2
 from grpc import aio as _aio
 import abc as _abc_1
 import grpc as _grpc

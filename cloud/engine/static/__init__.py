@@ -1,0 +1,7 @@
+"""The static-KV engine: preallocated KV slots, bucketed shapes and CUDA graphs.
+
+:mod:`.engine` is the :class:`~eventspec.cloud.engine.base.Engine` itself; :mod:`.build`
+sizes and allocates it, :mod:`.weights` lifts a Hugging Face model's weights into
+:mod:`.layers`, :mod:`.attention` and :mod:`.kernels` do the arithmetic and
+:mod:`.buckets` picks the captured shapes. See docs/engine.md.
+"""

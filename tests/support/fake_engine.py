@@ -1,0 +1,73 @@
+"""A fake ``BatchedEngine`` with a deterministic "model", for the scheduler's tests.
+
+The next token is a hash of the whole sequence so far, so a wrong start position, a lost
+rollback or a draft accepted against the wrong row changes the answer. It keeps every
+slot's tokens, so a test can also check that the scheduler freed every slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from eventspec.cloud.engine.base import PrefillRequest, StepBatch
+
+VOCAB, TEXT_VOCAB, EOS = 40, 32, 2
+
+
+def next_token(seq: Sequence[int]) -> int:
+    """The fake model's greedy choice after ``seq``: a hash, EOS now and then."""
+    h = 0
+    for t in seq:
+        h = (h * 1_000_003 + t + 1) % 2_147_483_647
+    return h % TEXT_VOCAB
+
+
+class FakeEngine:
+    """``BatchedEngine`` whose logits are one-hot at ``next_token`` of each prefix."""
+
+    def __init__(self, num_slots: int, max_seq_len: int = 64) -> None:
+        self.device = torch.device("cpu")
+        self.num_slots = num_slots
+        self.max_seq_len = max_seq_len
+        self.slots: list[list[int] | None] = [None] * num_slots
+
+    def _row(self, seq: Sequence[int]) -> torch.Tensor:
+        row = torch.zeros(VOCAB)
+        row[next_token(seq)] = 1.0
+        row[TEXT_VOCAB + 1] = 5.0  # a non-text id that must never be chosen
+        return row
+
+    def prefill(self, requests: Sequence[PrefillRequest]) -> torch.Tensor:
+        rows = []
+        for r in requests:
+            self.slots[r.slot] = list(r.input_ids)
+            rows.append(self._row(r.input_ids))
+        return torch.stack(rows)  # [R, V]
+
+    def step(self, batch: StepBatch) -> torch.Tensor:
+        rows, offset = [], 0
+        for slot, start, count in zip(batch.slots, batch.start_positions, batch.counts,
+                                      strict=True):
+            held = self.slots[slot]
+            assert held is not None, f"slot {slot} stepped while free"
+            assert start <= len(held), "start beyond what the slot holds"
+            assert start + count <= self.max_seq_len
+            seq = held[:start] + batch.token_ids[offset : offset + count].tolist()
+            self.slots[slot] = seq
+            rows += [self._row(seq[: start + i + 1]) for i in range(count)]
+            offset += count
+        return torch.stack(rows)  # [N, V]
+
+    def free(self, slot: int) -> None:
+        self.slots[slot] = None
+
+
+def target_only(prompt: Sequence[int], max_new: int, max_seq_len: int) -> list[int]:
+    out: list[int] = []
+    while True:
+        tok = next_token([*prompt, *out])
+        out.append(tok)
+        if tok == EOS or len(out) >= max_new or len(prompt) + len(out) >= max_seq_len:
+            return out
