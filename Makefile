@@ -24,19 +24,6 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m ''
 
-# `make test` STRESS_RUNS times (5) on a fresh clone of HEAD under two busy loops.
-test-stress:
-	tools/test_stress.sh
-
-# On a CUDA machine, with its own PyTorch (no venv): the static engine's graphs, padding,
-# fused kernels, verify steps and the server on it. GPU_OUT is the JSON summary
-# (default benchmarks/results/test-gpu-<device>.json); GPU_ARGS go to pytest.
-GPU_PY ?= python3
-GPU_OUT ?=
-GPU_ARGS ?=
-test-gpu:
-	$(GPU_PY) tools/test_gpu.py $(if $(GPU_OUT),--out $(GPU_OUT)) $(GPU_ARGS)
-
 # The installed names (eventspec.shared, .edge, .cloud, .demoworld) as a folder of links
 # to the top-level folders: for mypy, and for PYTHONPATH on a machine without the venv
 # (the GPU machine: PYTHONPATH=$(TREE)).
@@ -47,6 +34,20 @@ $(TREE)/eventspec:
 	ln -sfn ../../edge $@/edge
 	ln -sfn ../../cloud $@/cloud
 	ln -sfn ../../tools/demoworld $@/demoworld
+
+# `make test` STRESS_RUNS times (5) on a fresh clone of HEAD under two busy loops.
+test-stress:
+	tools/test_stress.sh
+
+# On a CUDA machine, with its own PyTorch (no venv): the static engine's graphs, padding,
+# fused kernels, verify steps and the server on it. GPU_OUT is the JSON summary
+# (default benchmarks/results/test-gpu-<device>.json); GPU_ARGS go to pytest.
+GPU_PY ?= python3
+GPU_OUT ?=
+GPU_ARGS ?=
+test-gpu: $(TREE)/eventspec
+	PYTHONPATH=$(CURDIR)/$(TREE)$${PYTHONPATH:+:$$PYTHONPATH} \
+		$(GPU_PY) tools/test_gpu.py $(if $(GPU_OUT),--out $(GPU_OUT)) $(GPU_ARGS)
 
 lint: $(STAMP) $(TREE)/eventspec
 	$(PY) -m ruff check .
