@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import re
-import socket
 from dataclasses import replace
 
 import grpc
@@ -21,15 +20,9 @@ from eventspec.shared.node.logsafe import scrub_addresses, scrub_operator_hints
 from eventspec.shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc, verifier_pb2_grpc
 from tests.support import cloud_harness as ch
 from tests.support import edge_harness as eh
+from tests.support.ports import refusing_port
 
 HOST_PORT = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}:\d+|localhost:\d+|\[[0-9a-f:]+\]:\d+")
-
-
-def _closed_port() -> int:
-    """A loopback port with nothing listening on it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.parametrize("cloud_host", ["127.0.0.1", "localhost"])
@@ -37,30 +30,31 @@ async def test_ask_against_a_dead_cloud_hides_the_address_but_logs_it(
     cloud_host: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     _, draft = eh.shared_models()
-    cloud = f"{cloud_host}:{_closed_port()}"
-    edge = EdgeServer(replace(EdgeSettings(), cloud=cloud, port=0, rpc_timeout_s=2.0),
-                      draft=draft)
-    await edge.start()
-    try:
-        spec = AskSpec("What is moving?", mode=Mode.TARGET_ONLY)
-        with caplog.at_level(logging.WARNING, logger="eventspec.edge"):
-            async with aio.insecure_channel(f"127.0.0.1:{edge.port}") as channel:
-                call = edge_pb2_grpc.EdgeAgentStub(channel).Ask(
-                    convert.ask_spec_to_pb(spec), timeout=30)
-                with pytest.raises(aio.AioRpcError) as err:
-                    async for _ in call:
-                        pass
-                status = await edge_pb2_grpc.EdgeAgentStub(channel).GetStatus(
-                    edge_pb2.GetStatusRequest(), timeout=10)
-        details = err.value.details() or ""
-        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert "unreachable" in details, details
-        assert not HOST_PORT.search(details), details
-        assert "--" not in details, details  # no flag hints for the operator
-        assert not HOST_PORT.search(status.link.last_error), status.link.last_error
-        assert cloud in caplog.text  # the operator's copy names the cloud
-    finally:
-        await edge.stop(0)
+    with refusing_port() as port:
+        cloud = f"{cloud_host}:{port}"
+        edge = EdgeServer(replace(EdgeSettings(), cloud=cloud, port=0, rpc_timeout_s=2.0),
+                          draft=draft)
+        await edge.start()
+        try:
+            spec = AskSpec("What is moving?", mode=Mode.TARGET_ONLY)
+            with caplog.at_level(logging.WARNING, logger="eventspec.edge"):
+                async with aio.insecure_channel(f"127.0.0.1:{edge.port}") as channel:
+                    call = edge_pb2_grpc.EdgeAgentStub(channel).Ask(
+                        convert.ask_spec_to_pb(spec), timeout=30)
+                    with pytest.raises(aio.AioRpcError) as err:
+                        async for _ in call:
+                            pass
+                    status = await edge_pb2_grpc.EdgeAgentStub(channel).GetStatus(
+                        edge_pb2.GetStatusRequest(), timeout=10)
+            details = err.value.details() or ""
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "unreachable" in details, details
+            assert not HOST_PORT.search(details), details
+            assert "--" not in details, details  # no flag hints for the operator
+            assert not HOST_PORT.search(status.link.last_error), status.link.last_error
+            assert cloud in caplog.text  # the operator's copy names the cloud
+        finally:
+            await edge.stop(0)
 
 
 @pytest.mark.parametrize("text", [
@@ -139,16 +133,17 @@ async def test_the_client_blames_the_cloud_not_the_edge_when_the_cloud_is_down()
     """The edge answered with "cloud verifier: ... unreachable": `eventspec ask` used to
     say it could not reach the edge agent, which sent users to debug the wrong hop."""
     _, draft = eh.shared_models()
-    edge = EdgeServer(replace(EdgeSettings(), cloud=f"127.0.0.1:{_closed_port()}", port=0,
-                              rpc_timeout_s=2.0), draft=draft)
-    await edge.start()
-    try:
-        async with EdgeClient(f"127.0.0.1:{edge.port}", timeout_s=30) as client:
-            with pytest.raises(AskError) as err:
-                await client.ask_final(AskSpec("What is moving?", mode=Mode.TARGET_ONLY))
-        text = str(err.value)
-        assert err.value.code == grpc.StatusCode.UNAVAILABLE
-        assert f"the edge agent at 127.0.0.1:{edge.port} cannot use its cloud verifier" in text
-        assert "cannot reach the edge agent" not in text
-    finally:
-        await edge.stop(0)
+    with refusing_port() as port:
+        edge = EdgeServer(replace(EdgeSettings(), cloud=f"127.0.0.1:{port}", port=0,
+                                  rpc_timeout_s=2.0), draft=draft)
+        await edge.start()
+        try:
+            async with EdgeClient(f"127.0.0.1:{edge.port}", timeout_s=30) as client:
+                with pytest.raises(AskError) as err:
+                    await client.ask_final(AskSpec("What is moving?", mode=Mode.TARGET_ONLY))
+            text = str(err.value)
+            assert err.value.code == grpc.StatusCode.UNAVAILABLE
+            assert f"the edge agent at 127.0.0.1:{edge.port} cannot use its cloud verifier" in text
+            assert "cannot reach the edge agent" not in text
+        finally:
+            await edge.stop(0)

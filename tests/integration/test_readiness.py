@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
@@ -34,6 +33,7 @@ from eventspec.shared.contract.types import (
 from eventspec.shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
 from tests.support import cloud_harness as ch
 from tests.support.edge_harness import shared_models
+from tests.support.ports import refusing_port
 
 TARGET_ONLY = AskSpec(question="What is moving?", mode=Mode.TARGET_ONLY,
                       generation=GenerationSettings(max_new_tokens=4))
@@ -61,13 +61,6 @@ async def status_of(port: int) -> edge_pb2.EdgeStatus:
         status: edge_pb2.EdgeStatus = await edge_pb2_grpc.EdgeAgentStub(channel).GetStatus(
             edge_pb2.GetStatusRequest(), timeout=5)
         return status
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on (bound, then closed)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.asynccontextmanager
@@ -161,18 +154,19 @@ async def test_an_ask_waits_for_a_warming_cloud_with_its_phase_then_answers() ->
 
 
 async def test_an_ask_to_an_unreachable_cloud_fails_after_the_wait_saying_so() -> None:
-    async with edge_for(f"127.0.0.1:{free_port()}", cloud_wait_s=1.0) as edge:
-        assert await health_of(edge.port) == health_pb2.HealthCheckResponse.NOT_SERVING
-        events: list[object] = []
-        async with EdgeClient(f"127.0.0.1:{edge.port}", timeout_s=60) as client:
-            with pytest.raises(AskError) as err:
-                async for event in client.ask(TARGET_ONLY):
-                    events.append(event)
-    assert err.value.code == grpc.StatusCode.UNAVAILABLE
-    assert "cannot use its cloud verifier: cloud verifier: unreachable" in err.value.details, \
-        err.value.details
-    assert "after waiting" in err.value.details
-    assert [e.stage for e in events if isinstance(e, ProgressEvent)] == ["cloud_unreachable"]
+    with refusing_port() as port:
+        async with edge_for(f"127.0.0.1:{port}", cloud_wait_s=1.0) as edge:
+            assert await health_of(edge.port) == health_pb2.HealthCheckResponse.NOT_SERVING
+            events: list[object] = []
+            async with EdgeClient(f"127.0.0.1:{edge.port}", timeout_s=60) as client:
+                with pytest.raises(AskError) as err:
+                    async for event in client.ask(TARGET_ONLY):
+                        events.append(event)
+        assert err.value.code == grpc.StatusCode.UNAVAILABLE
+        assert "cannot use its cloud verifier: cloud verifier: unreachable" in err.value.details, \
+            err.value.details
+        assert "after waiting" in err.value.details
+        assert [e.stage for e in events if isinstance(e, ProgressEvent)] == ["cloud_unreachable"]
 
 
 async def test_a_cloud_address_that_is_another_edge_is_refused_at_once_as_not_a_verifier(
