@@ -41,7 +41,11 @@ from transformers import (
 
 from eventspec.cloud.engine.base import PrefillRequest, StepBatch
 from eventspec.cloud.engine.static.attention import HAVE_TRITON, num_splits_for, splitkv_attention
-from eventspec.cloud.engine.static.build import build_static_engine, kv_bytes_per_slot
+from eventspec.cloud.engine.static.build import (
+    build_static_engine,
+    kv_bytes_per_slot,
+    static_kv_plan,
+)
 from eventspec.cloud.engine.static.engine import StaticEngine
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_target import build_tiny_random_target
@@ -473,13 +477,11 @@ def main() -> int:
     build_s = time.perf_counter() - t0
     dev = target.device
     n_slots = max(sessions)
-    per_slot = kv_bytes_per_slot(target, max_seq)
+    kv = static_kv_plan(target, kv_cache_bytes=(n_slots + 1) * kv_bytes_per_slot(target, max_seq),
+                        max_seq_len=max_seq)  # n_slots and the padding slot
     t0 = time.perf_counter()
     if args.invariance:
-        engine = build_static_engine(
-            target, kv_cache_bytes=(n_slots + 1) * per_slot, max_seq_len=max_seq,
-            token_buckets=(1, 9),
-        )  # fmt: skip
+        engine = build_static_engine(target, kv, token_buckets=(1, 9))
         engine.prefill([PrefillRequest(0, target.build_prompt_ids(QUESTION), pixels(target, 0))])
         fill_slots(engine, n_slots)
         companions = (3, 15, 63) if not args.tiny else (1, 3)
@@ -489,10 +491,7 @@ def main() -> int:
         Path(args.out, "batch_invariance.json").write_text(json.dumps(inv, indent=1))
         return 0
     if args.host_phases:
-        engine = build_static_engine(
-            target, kv_cache_bytes=(n_slots + 1) * per_slot, max_seq_len=max_seq,
-            session_buckets=(1, 64), token_buckets=(1, 9),
-        )  # fmt: skip
+        engine = build_static_engine(target, kv, session_buckets=(1, 64), token_buckets=(1, 9))
         ctx = len(target.build_prompt_ids(QUESTION))
         engine.prefill([PrefillRequest(0, target.build_prompt_ids(QUESTION), pixels(target, 0))])
         fill_slots(engine, n_slots)
@@ -502,10 +501,7 @@ def main() -> int:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         Path(args.out, "host_phases.json").write_text(json.dumps(phases, indent=1))
         return 0
-    engine = build_static_engine(
-        target, kv_cache_bytes=(n_slots + 1) * per_slot, max_seq_len=max_seq,
-        compile_layers=args.compile,
-    )  # fmt: skip
+    engine = build_static_engine(target, kv, compile_layers=args.compile)
     engine_s = time.perf_counter() - t0
     result: dict[str, Any] = {
         "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
@@ -543,7 +539,7 @@ def main() -> int:
     result["copy_bandwidth_GBps"] = bw / 1e9
     weight_bytes = engine.weights.weight_bytes
     result["weight_GB"] = weight_bytes / 1e9
-    kv_per_token = per_slot // max_seq
+    kv_per_token = kv.bytes_per_token
     result.update(time_prefill(engine, target, max(3, args.repeats // 2)))
     ctx = int(result["prompt_tokens"])
     fill_slots(engine, n_slots)

@@ -25,7 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 from benchmarks.bench_capacity import requests
 from eventspec.cloud.config import CloudSettings
 from eventspec.cloud.engine.base import PrefillRequest
-from eventspec.cloud.engine.static.build import build_static_engine
+from eventspec.cloud.engine.static.build import build_static_engine, static_kv_plan
 from eventspec.cloud.server import load_target_for
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -43,8 +43,8 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     target = load_target_for(replace(CloudSettings(), model=args.model, device=args.device))
     top = max(args.groups)
-    engine = build_static_engine(target, kv_cache_bytes=None, max_seq_len=512, max_slots=top,
-                                 use_graphs=False)
+    kv = static_kv_plan(target, kv_cache_bytes=None, max_seq_len=512, max_slots=top)
+    engine = build_static_engine(target, kv, use_graphs=False)
     reqs = requests(top, 32)
     prefills = [PrefillRequest(i, target.build_prompt_ids(r.question),
                                target.preprocess_frames(r.frames) if r.frames else None)

@@ -116,7 +116,7 @@ class BatchedSampler:
         top_ps = torch.tensor([s.top_p if s.top_p < 1.0 else 2.0 for s in specs],
                               device=device)  # [B]; 2.0 disables the nucleus exactly
         flat_rows = rows.reshape(-1)  # [B*W]
-        probs = _nucleus(
+        probs = nucleus(
             text[flat_rows].float() / temps.repeat_interleave(width).unsqueeze(1),
             top_ps.repeat_interleave(width),
         ).view(len(specs), width, -1)  # [B, W, Vt]
@@ -211,23 +211,12 @@ def _uniforms(spec: SampleSpec, n: int, device: torch.device) -> torch.Tensor:
     return out
 
 
-def target_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
-    """The target's sampling distribution over the text ids: logits [n, Vt] -> probs [n, Vt].
-
-    Exactly what the sampler draws from, so tests can compute exact distributions.
-    """
-    if not temperature > 0 or not 0 < top_p <= 1:
-        raise InvalidInput(f"need temperature > 0 and top_p in (0, 1], got {temperature}, "
-                           f"{top_p}")
-    p = torch.full((logits.shape[0],), top_p if top_p < 1.0 else 2.0, device=logits.device)
-    return _nucleus(logits.float() / temperature, p)
-
-
-def _nucleus(scaled: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def nucleus(scaled: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """softmax(scaled) [M, Vt], then top-p per row (``top_p`` [M]; > 1 keeps every id).
 
-    The nucleus keeps the most probable ids until their mass reaches ``top_p``, and
-    always the most probable id (ties by id, via a stable sort), then renormalises.
+    The sampler draws from this (tests compute exact distributions with it). The
+    nucleus keeps the most probable ids until their mass reaches ``top_p``, and always
+    the most probable id (ties by id, via a stable sort), then renormalises.
     """
     probs = torch.softmax(scaled, dim=-1)  # [M, Vt]
     sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)  # [M, Vt]

@@ -19,7 +19,7 @@ from eventspec.cloud.engine.base import BatchedEngine
 from eventspec.cloud.engine.hf import HFEngine
 from eventspec.cloud.engine.kv import kv_bytes_per_token, plan_kv
 from eventspec.cloud.engine.paced import PacedEngine
-from eventspec.cloud.engine.static.build import build_static_engine
+from eventspec.cloud.engine.static.build import SCRATCH_SLOTS, build_static_engine
 from eventspec.cloud.engine.static.weights import static_unsupported_reason
 from eventspec.cloud.model_dirs import model_dir
 from eventspec.cloud.runtime import VerifierRuntime, server_info_for
@@ -86,6 +86,7 @@ def choose_engine(requested: str, target: TargetModel) -> str:
 
 def build_engine(settings: CloudSettings, target: TargetModel) -> BatchedEngine:
     """The chosen engine with KV slots reserved from the memory budget (logged)."""
+    kind = choose_engine(settings.engine, target)
     text_config = target.model.config.get_text_config(decoder=True)
     kv = plan_kv(
         bytes_per_token=kv_bytes_per_token(text_config, target.dtype),
@@ -94,12 +95,12 @@ def build_engine(settings: CloudSettings, target: TargetModel) -> BatchedEngine:
         kv_cache_gb=settings.kv_cache_gb,
         memory_fraction=settings.kv_memory_fraction,
         max_slots=settings.limits.max_sessions,
+        scratch_slots=SCRATCH_SLOTS if kind == "static" else 0,
     )
-    log.info("KV capacity: %s", kv.describe())
+    log.info("KV capacity: %s", kv.describe())  # the engine is built with exactly these
     engine: BatchedEngine
-    if choose_engine(settings.engine, target) == "static":
-        engine = build_static_engine(target, kv_cache_bytes=kv.budget_bytes,
-                                     max_seq_len=kv.max_seq_len, max_slots=kv.num_slots)
+    if kind == "static":
+        engine = build_static_engine(target, kv)
     else:
         engine = HFEngine(target, num_slots=kv.num_slots, max_seq_len=kv.max_seq_len)
     if settings.emulate_prefill_ms or settings.emulate_step_ms:

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from eventspec.shared.contract.errors import InvalidInput, NotFound
+from eventspec.shared.contract.errors import FailedPrecondition, InvalidInput, NotFound
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter.safetensors"
@@ -182,18 +182,13 @@ def build_adapter_for(
         return FeatureAdapter(config)
 
 
-def check_geometry(adapter: FeatureAdapter, dst: Geometry, src: Geometry | None = None) -> None:
+def check_geometry(adapter: FeatureAdapter, dst: Geometry) -> None:
     """Refuse an adapter whose output does not fit the cloud's video geometry (from
-    GetServerInfo), or whose input does not fit the edge's CLIP features."""
-    have = adapter.config
-    if tuple(dst) != have.dst:
-        raise InvalidInput(
-            f"feature adapter produces {list(have.dst)} (frames, tokens, dim) but the cloud "
-            f"expects {list(dst)}; train or load an adapter for this cloud model"
-        )
-    if src is not None and tuple(src) != have.src:
-        raise InvalidInput(
-            f"feature adapter reads {list(have.src)} but the draft model produces {list(src)}"
+    GetServerInfo): FailedPrecondition, since the edge's setup, not the request, is wrong."""
+    if tuple(dst) != adapter.config.dst:
+        raise FailedPrecondition(
+            f"the adapter produces {list(adapter.config.dst)}, but the cloud expects "
+            f"{list(dst)}; retrain or reload the adapter"
         )
 
 

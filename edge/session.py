@@ -82,7 +82,6 @@ class EdgeCounters:
     drafted: int = 0
     discarded: int = 0  # drafts computed for a context a commit had changed
     tails_sent: int = 0
-    commits: int = 0
     rollbacks: int = 0  # commits that cut a non-empty tail
 
 
@@ -179,7 +178,6 @@ class EdgeSession:
         while agree < min(len(tokens), len(self.tail)) and tokens[agree] == self.tail[agree]:
             agree += 1
         self.committed.extend(tokens)
-        self.counters.commits += 1
         if agree == len(tokens):
             self.tail = self.tail[agree:]
         else:

@@ -15,7 +15,7 @@ from functools import partial
 
 import torch
 
-from eventspec.edge.align import FeatureAdapter
+from eventspec.edge.align import FeatureAdapter, check_geometry
 from eventspec.edge.draft import DraftModel
 from eventspec.edge.events.base import EventSource
 from eventspec.edge.events.render import canvas_for, event_pixel_values
@@ -122,6 +122,7 @@ async def prepare_visual(
         prepared.frames = tuple(await asyncio.to_thread(encode))
     if need_features:
         assert adapter is not None and info is not None
+        check_geometry(adapter, info.geometry.feature_shape)
         chosen = adapter
 
         def features() -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,12 +131,7 @@ async def prepare_visual(
                 out = chosen(clip.to(next(chosen.parameters()).dtype))  # [F, T, D]
             return clip, out.float().cpu()
 
-        clip, feats = await worker.run(features)
-        if tuple(feats.shape) != info.geometry.feature_shape:
-            raise FailedPrecondition(
-                f"the adapter produces {list(feats.shape)}, but the cloud expects "
-                f"{list(info.geometry.feature_shape)}; retrain or reload the adapter"
-            )
+        clip, feats = await worker.run(features)  # [F, T, D] = the adapter's dst
         prepared.feature_mode = FeatureMode.ALIGNED
         prepared.features = feats
         prepared.clip_features = clip

@@ -22,21 +22,25 @@ CPU_DEFAULT_KV_GB = 2.0
 
 @dataclass(frozen=True)
 class KVPlan:
-    """The reservation: ``num_slots`` slots of ``max_seq_len`` positions each."""
+    """The reservation: ``num_slots`` slots of ``max_seq_len`` positions each, plus
+    ``scratch_slots`` the engine keeps for itself out of the same budget (the static
+    engine's padding slot). Sessions get ``num_slots``; the engine is built with it."""
 
     num_slots: int
     max_seq_len: int
     bytes_per_token: int
     budget_bytes: int
     source: str  # where the budget came from, for the start-up log
+    scratch_slots: int = 0
 
     @property
     def slot_bytes(self) -> int:
         return self.bytes_per_token * self.max_seq_len
 
     def describe(self) -> str:
+        scratch = f" + {self.scratch_slots} scratch" if self.scratch_slots else ""
         return (
-            f"{self.num_slots} KV slots x {self.max_seq_len} tokens "
+            f"{self.num_slots} KV slots{scratch} x {self.max_seq_len} tokens "
             f"({self.slot_bytes / GIB:.3f} GiB each, {self.bytes_per_token} B/token; "
             f"budget {self.budget_bytes / GIB:.2f} GiB from {self.source})"
         )
@@ -52,6 +56,35 @@ def kv_bytes_per_token(text_config: Any, dtype: torch.dtype) -> int:
     return 2 * layers * kv_heads * head_dim * itemsize
 
 
+def fit_slots(
+    budget_bytes: int,
+    source: str,
+    *,
+    bytes_per_token: int,
+    max_seq_len: int,
+    max_slots: int | None,
+    scratch_slots: int = 0,
+) -> KVPlan:
+    """The one place slots are sized: as many slots of ``max_seq_len`` positions as the
+    budget holds once the engine's ``scratch_slots`` are taken out of it, at most
+    ``max_slots`` (None: no cap). Raises InvalidInput when not one slot fits."""
+    if max_seq_len < 1 or bytes_per_token < 1 or scratch_slots < 0:
+        raise InvalidInput(f"max_seq_len and bytes_per_token must be >= 1 and scratch_slots "
+                           f">= 0, got {max_seq_len}, {bytes_per_token}, {scratch_slots}")
+    slot_bytes = bytes_per_token * max_seq_len
+    slots = budget_bytes // slot_bytes - scratch_slots
+    if max_slots is not None:
+        slots = min(slots, max_slots)
+    if slots < 1:
+        scratch = f", plus {scratch_slots} scratch for padding" if scratch_slots else ""
+        raise InvalidInput(
+            f"the KV budget of {budget_bytes / GIB:.3f} GiB ({source}) holds no slot of "
+            f"{max_seq_len} tokens ({slot_bytes / GIB:.3f} GiB each{scratch}); raise "
+            "--kv-cache-gb or lower --max-seq-len"
+        )
+    return KVPlan(int(slots), max_seq_len, bytes_per_token, budget_bytes, source, scratch_slots)
+
+
 def plan_kv(
     *,
     bytes_per_token: int,
@@ -60,13 +93,12 @@ def plan_kv(
     kv_cache_gb: float | None,
     memory_fraction: float,
     max_slots: int,
+    scratch_slots: int = 0,
 ) -> KVPlan:
-    """Slots that fit the budget: ``kv_cache_gb``, else a fraction of free device memory
-    (CUDA) or ``CPU_DEFAULT_KV_GB`` (CPU); at most ``max_slots`` (the session cap, since
-    a slot nobody can use is wasted memory). Raises InvalidInput when not one slot fits."""
-    if max_seq_len < 1 or bytes_per_token < 1:
-        raise InvalidInput(f"max_seq_len and bytes_per_token must be >= 1, got "
-                           f"{max_seq_len}, {bytes_per_token}")
+    """The server's budget: ``kv_cache_gb``, else a fraction of free device memory (CUDA)
+    or ``CPU_DEFAULT_KV_GB`` (CPU); then :func:`fit_slots`, at most ``max_slots`` (the
+    session cap, since a slot nobody can use is wasted memory). Raises InvalidInput when
+    not one slot fits."""
     if kv_cache_gb is not None:
         if not kv_cache_gb > 0:
             raise InvalidInput(f"--kv-cache-gb must be > 0, got {kv_cache_gb}")
@@ -79,11 +111,5 @@ def plan_kv(
         source = f"{memory_fraction:.0%} of {free / GIB:.1f} GiB free on {device}"
     else:
         budget, source = int(CPU_DEFAULT_KV_GB * GIB), f"the CPU default of {CPU_DEFAULT_KV_GB} GiB"
-    slots = min(budget // (bytes_per_token * max_seq_len), max_slots)
-    if slots < 1:
-        raise InvalidInput(
-            f"the KV budget of {budget / GIB:.3f} GiB ({source}) holds no slot of "
-            f"{max_seq_len} tokens ({bytes_per_token * max_seq_len / GIB:.3f} GiB); raise "
-            "--kv-cache-gb or lower --max-seq-len"
-        )
-    return KVPlan(int(slots), max_seq_len, bytes_per_token, budget, source)
+    return fit_slots(budget, source, bytes_per_token=bytes_per_token, max_seq_len=max_seq_len,
+                     max_slots=max_slots, scratch_slots=scratch_slots)

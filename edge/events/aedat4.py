@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from eventspec.edge.events.base import SourceMeta, check_range
+from eventspec.edge.events.base import FixedSensor, SourceMeta, check_range
 from eventspec.edge.events.types import EVENT_DTYPE, empty_events
 from eventspec.shared.contract.errors import FailedPrecondition, InvalidInput, NotFound
 
@@ -93,7 +93,7 @@ def locate_damage(path: Path) -> str:
     return f"byte offset {offset}: packet framing ends here; expected a packet header"
 
 
-class Aedat4Source:
+class Aedat4Source(FixedSensor):
     """An EventSource over an AEDAT4 recording (see the module docstring)."""
 
     def __init__(self, path: str | Path) -> None:
@@ -123,10 +123,10 @@ class Aedat4Source:
         if not self._rec.isEventStreamAvailable():
             raise InvalidInput(f"{self._path}: has no events stream")
         res = self._rec.getEventResolution()
-        self._sensor_size = (int(res[0]), int(res[1]))
         self._camera = str(self._rec.getCameraName())
         self._lock = threading.Lock()
-        self._has_frames = bool(self._rec.isFrameStreamAvailable())
+        self._fix_sensor((int(res[0]), int(res[1])),
+                         has_rgb=bool(self._rec.isFrameStreamAvailable()))
         tr = self._rec.getTimeRange()
         self._indexed = int(tr[1]) > int(tr[0])
         self._events: np.ndarray | None = None
@@ -155,7 +155,7 @@ class Aedat4Source:
         if bool(np.any(np.diff(ev["t"]) < 0)):
             ev = ev[np.argsort(ev["t"], kind="stable")]
         self._events = ev
-        if self._has_frames:
+        if self.has_rgb:
             while (frame := self._rec.getNextFrame()) is not None:
                 self._frames.append((int(frame.timestamp), _to_rgb(frame.image)))
         self._t_first, self._t_last = int(ev["t"][0]), int(ev["t"][-1])
@@ -174,18 +174,10 @@ class Aedat4Source:
         last = int(tail["t"].max()) if tail.size else int(first["t"][-1])
         return int(first["t"][0]), last
 
-    @property
-    def sensor_size(self) -> tuple[int, int]:
-        return self._sensor_size
-
-    @property
-    def has_rgb(self) -> bool:
-        return self._has_frames
-
     def describe(self) -> str:
         t0, t1 = self.time_range_us()
         w, h = self._sensor_size
-        frames = ", with frames" if self._has_frames else ""
+        frames = ", with frames" if self.has_rgb else ""
         return (
             f"aedat4:{self._path} ({self._camera}, {w}x{h} [{self.meta.size_from}], "
             f"{(t1 - t0) / 1e6:.3f} s{frames}, t: {self.meta.time_base})"
@@ -208,7 +200,7 @@ class Aedat4Source:
 
     def rgb_frames_between(self, t0_us: int, t1_us: int) -> list[tuple[int, np.ndarray]]:
         check_range(t0_us, t1_us)
-        if not self._has_frames:
+        if not self.has_rgb:
             return []
         if not self._indexed:
             return [(t, img) for t, img in self._frames if t0_us <= t < t1_us]

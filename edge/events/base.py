@@ -1,4 +1,5 @@
-"""The EventSource role and an in-memory implementation the file sources share.
+"""The EventSource role, what the sources share (``FixedSensor``, the sensor-size
+precedence of recordings), and an in-memory implementation.
 
 Every source (file, dataset, synthetic, live camera) answers the same four questions:
 what it is, how big the sensor is, which time span it covers, and which events/RGB
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -71,6 +73,60 @@ class SourceMeta:
     time_base: str
 
 
+class FixedSensor:
+    """``sensor_size`` and ``has_rgb`` as every source answers them: fixed when it opens.
+
+    The base of the sources; each calls :meth:`_fix_sensor` once it knows its size and
+    whether it holds RGB frames.
+    """
+
+    _sensor_size: tuple[int, int]
+    _has_rgb: bool
+
+    def _fix_sensor(self, size: tuple[int, int], *, has_rgb: bool = False) -> None:
+        self._sensor_size = (int(size[0]), int(size[1]))
+        self._has_rgb = has_rgb
+
+    @property
+    def sensor_size(self) -> tuple[int, int]:
+        """(width, height) in pixels."""
+        return self._sensor_size
+
+    @property
+    def has_rgb(self) -> bool:
+        """Whether ``rgb_frames_between`` can ever return frames."""
+        return self._has_rgb
+
+
+def recorded_sensor_size(
+    path: Path,
+    from_header: tuple[tuple[int, int], str] | None,
+    flag: tuple[int, int] | None,
+    events_reach: tuple[int, int],
+    *,
+    hint: str = "",
+) -> tuple[tuple[int, int], str]:
+    """A recording's sensor size and where it came from (``SourceMeta.size_from``): the
+    file's header, else the ``--sensor-size`` flag, else the events (max coordinate + 1).
+
+    ``events_reach`` is the events' (max x, max y); InvalidInput when they fall outside
+    the size chosen, with ``hint`` appended to say what may be wrong.
+    """
+    max_x, max_y = events_reach
+    if from_header is not None:
+        size, size_from = from_header
+    elif flag is not None:
+        size, size_from = flag, "flag"
+    else:
+        size, size_from = (max_x + 1, max_y + 1), "inferred from events"
+    if max_x >= size[0] or max_y >= size[1]:
+        raise InvalidInput(
+            f"{path}: events reach ({max_x}, {max_y}), outside the {size[0]}x{size[1]} "
+            f"sensor from the {size_from}{hint}"
+        )
+    return (int(size[0]), int(size[1])), size_from
+
+
 def describe_recording(label: str, num_events: int, sensor_size: tuple[int, int],
                        meta: SourceMeta, time_range_us: tuple[int, int]) -> str:
     """The one-line summary of a recorded event source, the same for every file format:
@@ -102,7 +158,7 @@ def check_range(t0_us: int, t1_us: int) -> None:
         raise InvalidInput(f"time range is inverted: [{t0_us}, {t1_us}) µs")
 
 
-class ArraySource:
+class ArraySource(FixedSensor):
     """Events held in memory, sorted by t; windows are two binary searches.
 
     Base of the file sources and the synthetic scene. The array is made read-only so a
@@ -116,6 +172,7 @@ class ArraySource:
         *,
         name: str = "array",
         meta: SourceMeta | None = None,
+        has_rgb: bool = False,
     ) -> None:
         if events.dtype != EVENT_DTYPE:
             raise InvalidInput(f"events must have dtype {EVENT_DTYPE}, got {events.dtype}")
@@ -128,19 +185,11 @@ class ArraySource:
         validate_events(sorted_ev, size)
         self._events = np.ascontiguousarray(sorted_ev)
         self._events.flags.writeable = False
-        self._sensor_size = (int(size[0]), int(size[1]))
+        self._fix_sensor(size, has_rgb=has_rgb)
         self._name = name
         self.meta = meta or SourceMeta(
             "array", "given" if sensor_size is not None else "inferred from events", "µs"
         )
-
-    @property
-    def sensor_size(self) -> tuple[int, int]:
-        return self._sensor_size
-
-    @property
-    def has_rgb(self) -> bool:
-        return False
 
     @property
     def num_events(self) -> int:

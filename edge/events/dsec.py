@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from eventspec.edge.events.base import SourceMeta, check_range
+from eventspec.edge.events.base import FixedSensor, SourceMeta, check_range
 from eventspec.edge.events.types import EVENT_DTYPE, empty_events, validate_events
 from eventspec.shared.contract.errors import InvalidInput, NotFound
 from eventspec.shared.node.imageproc import decode_image
@@ -36,7 +36,7 @@ _IMAGES_REL = Path("images/left/rectified")
 _TIMESTAMPS_REL = Path("images/timestamps.txt")
 
 
-class DsecSource:
+class DsecSource(FixedSensor):
     """An EventSource over one DSEC sequence directory (or its ``events.h5`` directly)."""
 
     def __init__(
@@ -63,7 +63,6 @@ class DsecSource:
             raise InvalidInput(f"{events_path} is not a readable HDF5 file: {exc}") from exc
         self._lock = threading.Lock()
         self._path = events_path
-        self._sensor_size = (int(sensor_size[0]), int(sensor_size[1]))
         self.meta = SourceMeta(
             "DSEC HDF5", "format (DSEC's Gen3.1 camera)", "µs, t + t_offset (the images' clock)"
         )
@@ -96,16 +95,9 @@ class DsecSource:
         self._t_first = int(self._t[0])
         self._t_last = int(self._t[self._n - 1])
         self._frames, self._frame_ts = _find_frames(seq_root)
+        self._fix_sensor(sensor_size, has_rgb=len(self._frames) > 0)
 
     # -- EventSource ---------------------------------------------------------------------
-
-    @property
-    def sensor_size(self) -> tuple[int, int]:
-        return self._sensor_size
-
-    @property
-    def has_rgb(self) -> bool:
-        return len(self._frames) > 0
 
     def describe(self) -> str:
         t0, t1 = self.time_range_us()

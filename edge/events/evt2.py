@@ -82,23 +82,3 @@ def decode_evt2(
     ev["p"] = typ[ei]
     return ev, Evt2State(int(time_high[-1]))
 
-
-def encode_evt2(events: np.ndarray) -> np.ndarray:
-    """Encode time-sorted EVENT_DTYPE events as EVT 2.0 words (uint32): a TIME_HIGH
-    whenever t >> 6 changes, then one CD word per event. For tests and generated files."""
-    t = events["t"].astype(np.int64)
-    hi = t >> 6  # [E]
-    new_hi = np.ones(t.size, dtype=bool)
-    new_hi[1:] = hi[1:] != hi[:-1]
-    cd = (
-        (events["p"].astype(np.int64) << 28)
-        | ((t & 0x3F) << 22)
-        | (events["x"].astype(np.int64) << 11)
-        | events["y"].astype(np.int64)
-    )  # [E]
-    th_words = (TIME_HIGH << 28) | (hi & 0x0FFFFFFF)  # [E]
-    out = np.empty(t.size + int(new_hi.sum()), dtype=np.int64)
-    pos = np.arange(t.size) + np.cumsum(new_hi)  # [E] slot of each CD word
-    out[pos] = cd
-    out[pos[new_hi] - 1] = th_words[new_hi]
-    return out.astype(np.uint32)

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from eventspec.edge.events.base import check_range
+from eventspec.edge.events.base import FixedSensor, check_range
 from eventspec.edge.events.types import EVENT_DTYPE, coerce_events, sort_by_time, validate_events
 from eventspec.shared.contract.errors import InvalidInput, Unavailable
 
@@ -174,7 +174,7 @@ class ReplayReader:
         self._closed.set()
 
 
-class LiveSource:
+class LiveSource(FixedSensor):
     """An EventSource over a LiveEventBuffer that a background thread keeps filling.
 
     Batches that fail validation (coordinates off the sensor, bad polarity) are logged
@@ -193,7 +193,7 @@ class LiveSource:
         max_wait_s: float = 2.0,
     ) -> None:
         self._reader = reader
-        self._sensor_size = (int(sensor_size[0]), int(sensor_size[1]))
+        self._fix_sensor(sensor_size)
         self.buffer = LiveEventBuffer(capacity)
         self._name = name
         self._idle_sleep_s = idle_sleep_s
@@ -307,14 +307,6 @@ class LiveSource:
                 self._cond.notify_all()
 
     # -- EventSource ---------------------------------------------------------------------
-
-    @property
-    def sensor_size(self) -> tuple[int, int]:
-        return self._sensor_size
-
-    @property
-    def has_rgb(self) -> bool:
-        return False
 
     def describe(self) -> str:
         s = self.buffer.stats()

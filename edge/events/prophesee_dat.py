@@ -20,7 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
-from eventspec.edge.events.base import SourceMeta, check_range, describe_recording
+from eventspec.edge.events.base import (
+    FixedSensor,
+    SourceMeta,
+    check_range,
+    describe_recording,
+    recorded_sensor_size,
+)
 from eventspec.edge.events.types import EVENT_DTYPE
 from eventspec.shared.contract.errors import InvalidInput, NotFound
 
@@ -28,7 +34,7 @@ _RECORD = np.dtype([("t", "<u4"), ("w", "<u4")])
 _TD_TYPES = (0, 12)  # Event2d, EventCD
 
 
-class PropheseeDatSource:
+class PropheseeDatSource(FixedSensor):
     """An EventSource over a DAT file's memory-mapped records."""
 
     def __init__(self, path: str | Path, *, sensor_size: tuple[int, int] | None = None) -> None:
@@ -72,29 +78,10 @@ class PropheseeDatSource:
         max_x, max_y = int((w & 0x3FFF).max()), int(((w >> 14) & 0x3FFF).max())
         if int((w >> 28).max()) > 1:
             raise InvalidInput(f"{self._path}: polarity above 1; expected 0/1 (not a CD stream?)")
-        if "width" in fields and "height" in fields:
-            size, size_from = (int(fields["width"]), int(fields["height"])), "header geometry"
-        elif m := re.fullmatch(r"(\d+)x(\d+)", fields.get("geometry", "")):
-            size, size_from = (int(m[1]), int(m[2])), "header geometry"
-        elif sensor_size is not None:
-            size, size_from = sensor_size, "flag"
-        else:
-            size, size_from = (max_x + 1, max_y + 1), "inferred from events"
-        if max_x >= size[0] or max_y >= size[1]:
-            raise InvalidInput(
-                f"{self._path}: events reach ({max_x}, {max_y}), outside the "
-                f"{size[0]}x{size[1]} sensor ({size_from})"
-            )
-        self._sensor_size = (int(size[0]), int(size[1]))
+        size, size_from = recorded_sensor_size(
+            self._path, _header_geometry(fields), sensor_size, (max_x, max_y))
+        self._fix_sensor(size)
         self.meta = SourceMeta("DAT", size_from, "µs since the recording started")
-
-    @property
-    def sensor_size(self) -> tuple[int, int]:
-        return self._sensor_size
-
-    @property
-    def has_rgb(self) -> bool:
-        return False
 
     @property
     def num_events(self) -> int:
@@ -122,6 +109,15 @@ class PropheseeDatSource:
     def rgb_frames_between(self, t0_us: int, t1_us: int) -> list[tuple[int, np.ndarray]]:
         check_range(t0_us, t1_us)
         return []
+
+
+def _header_geometry(fields: dict[str, str]) -> tuple[tuple[int, int], str] | None:
+    """Sensor size from ``% Width`` / ``% Height``, else ``% geometry``, or None."""
+    if "width" in fields and "height" in fields:
+        return (int(fields["width"]), int(fields["height"])), "header geometry"
+    if m := re.fullmatch(r"(\d+)x(\d+)", fields.get("geometry", "")):
+        return (int(m[1]), int(m[2])), "header geometry"
+    return None
 
 
 def _read_header(path: Path) -> tuple[dict[str, str], int]:

@@ -26,7 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from eventspec.edge.events.base import SourceMeta, check_range, describe_recording
+from eventspec.edge.events.base import (
+    FixedSensor,
+    SourceMeta,
+    check_range,
+    describe_recording,
+    recorded_sensor_size,
+)
 from eventspec.edge.events.evt2 import Evt2State, decode_evt2
 from eventspec.edge.events.evt3 import Evt3State, decode_evt3
 from eventspec.edge.events.types import EVENT_DTYPE, empty_events
@@ -118,7 +124,7 @@ def header_geometry(header: RawHeader) -> tuple[tuple[int, int], str] | None:
     return None
 
 
-class PropheseeRawSource:
+class PropheseeRawSource(FixedSensor):
     """An EventSource over a Prophesee RAW file, decoded block by block (see module doc)."""
 
     def __init__(
@@ -160,19 +166,10 @@ class PropheseeRawSource:
         n = sum(b.n_events for b in self._blocks)
         if n == 0:
             raise InvalidInput(f"{self._path}: holds no events after its header")
-        from_header = header_geometry(self._header)
-        if from_header is not None:
-            size, size_from = from_header
-        elif sensor_size is not None:
-            size, size_from = sensor_size, "flag"
-        else:
-            size, size_from = (max_x + 1, max_y + 1), "inferred from events"
-        if max_x >= size[0] or max_y >= size[1]:
-            raise InvalidInput(
-                f"{self._path}: events reach ({max_x}, {max_y}), outside the {size[0]}x"
-                f"{size[1]} sensor from the {size_from}; wrong encoding or geometry?"
-            )
-        self._sensor_size = (int(size[0]), int(size[1]))
+        size, size_from = recorded_sensor_size(
+            self._path, header_geometry(self._header), sensor_size, (max_x, max_y),
+            hint="; wrong encoding or geometry?")
+        self._fix_sensor(size)
         self._n = n
         self.meta = SourceMeta(
             enc.upper(), size_from,
@@ -225,14 +222,6 @@ class PropheseeRawSource:
         return blocks, max_x, max_y
 
     # -- EventSource ---------------------------------------------------------------------
-
-    @property
-    def sensor_size(self) -> tuple[int, int]:
-        return self._sensor_size
-
-    @property
-    def has_rgb(self) -> bool:
-        return False
 
     @property
     def num_events(self) -> int:

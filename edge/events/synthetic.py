@@ -265,11 +265,8 @@ class SyntheticSource(ArraySource):
             events,
             (self.scene.width, self.scene.height),
             name=f"synthetic:{self.scene.seed}",
+            has_rgb=True,
         )
-
-    @property
-    def has_rgb(self) -> bool:
-        return True
 
     def describe(self) -> str:
         shapes = ", ".join(s.name or s.kind for s in self.scene.shapes) or "empty"

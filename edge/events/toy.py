@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from eventspec.edge.events.base import check_range
+from eventspec.edge.events.base import FixedSensor, check_range
 from eventspec.edge.events.types import EVENT_DTYPE, empty_events
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.toyworld.events import TOY_EVENT_DTYPE, simulate_events
@@ -60,7 +60,7 @@ class _Scene:
             frame.flags.writeable = False
 
 
-class ToySource:
+class ToySource(FixedSensor):
     """An EventSource over toy scenes ``seeds[0], seeds[1], ...`` played back to back.
 
     Deterministic: the same seeds give identical events and frames. Thread-safe (the
@@ -76,18 +76,11 @@ class ToySource:
             raise InvalidInput("toy scene seeds must be non-negative")
         self._cache: OrderedDict[int, _Scene] = OrderedDict()
         self._lock = threading.Lock()
+        self._fix_sensor(TOY_SENSOR_SIZE, has_rgb=True)
 
     @property
     def seeds(self) -> Sequence[int]:
         return self._seeds
-
-    @property
-    def sensor_size(self) -> tuple[int, int]:
-        return TOY_SENSOR_SIZE
-
-    @property
-    def has_rgb(self) -> bool:
-        return True
 
     def describe(self) -> str:
         n = len(self._seeds)

@@ -235,26 +235,3 @@ def load_profile(
         )
     return profile
 
-
-def fit_linear(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
-    """Ordinary least squares ``y = intercept + slope * x``; returns (intercept, slope).
-
-    Calibration times a forward at several sizes (visual tokens, verify width)
-    and fits the linear costs of :class:`~eventspec.shared.contract.timing.CloudCost`. Needs at
-    least two distinct x values; centred sums keep it numerically stable.
-    """
-    if len(xs) != len(ys):
-        raise InvalidInput(f"fit_linear: {len(xs)} xs but {len(ys)} ys")
-    for name, seq in (("xs", xs), ("ys", ys)):
-        for i, v in enumerate(seq):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise InvalidInput(f"fit_linear: {name}[{i}] is {v!r}, not a finite number")
-    if len(set(xs)) < 2:
-        raise InvalidInput(f"fit_linear needs at least 2 distinct x values, got {sorted(set(xs))}")
-    n = len(xs)
-    mean_x = math.fsum(xs) / n
-    mean_y = math.fsum(ys) / n
-    sxx = math.fsum((x - mean_x) ** 2 for x in xs)
-    sxy = math.fsum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True))
-    slope = sxy / sxx
-    return mean_y - slope * mean_x, slope

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from eventspec.cloud.engine.base import PrefillRequest, StepBatch
-from eventspec.cloud.engine.static.build import build_static_engine
+from eventspec.cloud.engine.static.build import build_static_engine, static_kv_plan
 from eventspec.cloud.engine.static.engine import StaticEngine
 from eventspec.cloud.model_dirs import TOY, model_dir
 from eventspec.cloud.server import VerifierServer
@@ -47,9 +47,9 @@ def toy() -> TargetModel:
 @pytest.fixture(scope="module")
 def engines(toy: TargetModel) -> Iterator[tuple[StaticEngine, StaticEngine]]:
     """The same target twice: with graphs (captured for every bucket) and eager."""
-    graphed = build_static_engine(toy, kv_cache_bytes=None, max_seq_len=512, max_slots=8)
-    eager = build_static_engine(toy, kv_cache_bytes=None, max_seq_len=512, max_slots=8,
-                                use_graphs=False)
+    kv = static_kv_plan(toy, kv_cache_bytes=None, max_seq_len=512, max_slots=8)
+    graphed = build_static_engine(toy, kv)
+    eager = build_static_engine(toy, kv, use_graphs=False)
     assert graphed.use_graphs and not eager.use_graphs
     yield graphed, eager
 
@@ -177,7 +177,8 @@ def test_verifying_k_drafts_matches_single_steps_in_bf16(
     single steps. Other GEMM shapes round differently in bf16, so logits agree within
     2e-2 relative (L2, per row); the greedy agreement is recorded in the summary."""
     target = load_target(model_dir(TOY), device="cuda", dtype=torch.bfloat16)
-    engine = build_static_engine(target, kv_cache_bytes=None, max_seq_len=512, max_slots=2)
+    engine = build_static_engine(
+        target, static_kv_plan(target, kv_cache_bytes=None, max_seq_len=512, max_slots=2))
     start = _prefill((engine,), target, [0, 1], clip=k)
     tokens = _tokens(target, k + 1, seed=k)
     together = _step(engine, [0], [start], [k + 1], tokens)  # [k+1, V]

@@ -5,11 +5,13 @@ model the static engine cannot serve falls back to hf with the reason logged."""
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import replace
 
 import pytest
 
 from eventspec.cloud.engine.hf import HFEngine
+from eventspec.cloud.engine.static.build import kv_bytes_per_slot
 from eventspec.cloud.engine.static.engine import StaticEngine
 from eventspec.cloud.server import VerifierServer, build_engine, choose_engine
 from eventspec.cloud.target import TargetModel
@@ -44,6 +46,23 @@ def test_build_engine_honours_the_choice(target: TargetModel) -> None:
     engine = build_engine(settings, build_tiny_random_target(seed=0))
     assert isinstance(engine, StaticEngine)
     assert isinstance(build_engine(replace(settings, engine="hf"), target), HFEngine)
+
+
+@pytest.mark.parametrize("kind", ["static", "hf"])
+def test_the_logged_kv_capacity_is_what_the_engine_built(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A budget of exactly five slots (and a session cap above it): the static engine
+    # keeps one of them as its padding slot, the hf engine uses all five.
+    target = build_tiny_random_target(seed=0)  # the static engine fuses its weights
+    per_slot = kv_bytes_per_slot(target, 128)
+    settings = replace(h.settings(kv_cache_gb=(5 * per_slot + 1024) / 2**30, max_sessions=16),
+                       engine=kind, max_seq_len=128)
+    with caplog.at_level(logging.INFO, logger="eventspec.cloud.server"):
+        engine = build_engine(settings, target)
+    logged = re.findall(r"KV capacity: (\d+) KV slots", caplog.text)
+    assert logged == [str(engine.num_slots)], caplog.text
+    assert engine.num_slots == (4 if kind == "static" else 5)
 
 
 async def test_static_engine_serves_what_hf_serves_over_grpc() -> None:

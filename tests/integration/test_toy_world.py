@@ -104,10 +104,10 @@ def test_target_reads_direction_and_shape_from_adapted_event_features(
 ) -> None:
     """The aligned path: the trained adapter's features, injected in place of the video
     tower, let the target answer what events carry."""
-    from eventspec.cloud.alone import decode_alone
     from eventspec.cloud.decoding import DecodingSession
     from eventspec.cloud.engine.hf import HFEngine
     from eventspec.shared.contract.types import GenerationSettings as Gen
+    from tests.support.alone import decode_alone
 
     adapter = load_adapter(adapter_dir("toy"))
     engine = HFEngine(target, num_slots=1)

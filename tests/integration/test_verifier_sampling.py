@@ -28,12 +28,13 @@ import torch
 from eventspec.cloud.decoding import DecodingSession
 from eventspec.cloud.engine.base import PrefillRequest, StepBatch
 from eventspec.cloud.engine.hf import HFEngine
-from eventspec.cloud.sampler import BatchedSampler, SampleSpec, make_generator, target_probs
+from eventspec.cloud.sampler import BatchedSampler, SampleSpec, make_generator
 from eventspec.cloud.server import VerifierServer
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_target import build_tiny_random_target
 from eventspec.shared.contract.types import DraftTail, GenerationSettings
 from tests.support import cloud_harness as h
+from tests.support.sampling import target_probs
 
 TEMPERATURE = 0.1  # the tiny model's logits are flat; this gives p(top) ~ 0.5
 TOP_P = 0.95

@@ -18,7 +18,6 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventspec.cloud.alone import decode_alone
 from eventspec.cloud.decoding import Committed, DecodingSession
 from eventspec.cloud.engine.base import PrefillRequest, StepBatch
 from eventspec.cloud.sampler import BatchedSampler, SampleSpec
@@ -31,6 +30,7 @@ from eventspec.shared.contract.types import (
     FinishReason,
     GenerationSettings,
 )
+from tests.support.alone import decode_alone
 
 VOCAB = 40
 EOS = 2

@@ -1,4 +1,5 @@
-"""Building the static engine: KV slots sized from a byte budget, then graph capture."""
+"""Building the static engine from a KV plan (``eventspec.cloud.engine.kv``), then graph
+capture; and the plan for a byte budget, for callers without a server's settings."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from eventspec.cloud.engine.kv import kv_bytes_per_token
+from eventspec.cloud.engine.kv import GIB, KVPlan, fit_slots, kv_bytes_per_token
 from eventspec.cloud.engine.static.buckets import SESSION_BUCKETS, TOKEN_BUCKETS
 from eventspec.cloud.engine.static.engine import StaticEngine
 from eventspec.cloud.engine.static.weights import static_unsupported_reason
@@ -16,8 +17,13 @@ from eventspec.shared.contract.errors import InvalidInput
 
 logger = logging.getLogger(__name__)
 
+#: The slot padded rows write into (``StaticEngine``'s scratch slot): it is allocated
+#: next to the sessions' slots, so it comes out of the KV budget too.
+SCRATCH_SLOTS = 1
 #: Device memory kept free when the KV budget is "what is free": graphs, activations.
 _CUDA_RESERVE_BYTES = 6 * 2**30
+#: Session slots on CPU when no budget is given.
+_CPU_DEFAULT_SLOTS = 8
 
 
 def kv_bytes_per_slot(target: TargetModel, max_seq_len: int) -> int:
@@ -26,51 +32,66 @@ def kv_bytes_per_slot(target: TargetModel, max_seq_len: int) -> int:
     return kv_bytes_per_token(text_config, target.dtype) * max_seq_len
 
 
-def build_static_engine(
+def static_kv_plan(
     target_model: TargetModel,
     *,
     kv_cache_bytes: int | None,
     max_seq_len: int,
     max_slots: int | None = None,
+) -> KVPlan:
+    """The static engine's slots in a byte budget (its scratch slot included).
+
+    ``kv_cache_bytes`` None means: on CUDA, what is free now minus a reserve for graphs
+    and activations; on CPU, room for 8 slots. The server plans from its own settings
+    instead (``plan_kv`` with ``scratch_slots=SCRATCH_SLOTS``); both size through
+    :func:`~eventspec.cloud.engine.kv.fit_slots`.
+    """
+    text_config = target_model.model.config.get_text_config(decoder=True)
+    bytes_per_token = kv_bytes_per_token(text_config, target_model.dtype)
+    per_slot = bytes_per_token * max_seq_len
+    device = target_model.device
+    if kv_cache_bytes is not None:
+        source = "the given budget"
+    elif device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        kv_cache_bytes = max(0, free - _CUDA_RESERVE_BYTES)
+        source = f"{free / GIB:.1f} GiB free on {device} less {_CUDA_RESERVE_BYTES / GIB:.0f} GiB"
+    else:
+        kv_cache_bytes = (_CPU_DEFAULT_SLOTS + SCRATCH_SLOTS) * per_slot
+        source = f"room for {_CPU_DEFAULT_SLOTS} slots on CPU"
+    return fit_slots(kv_cache_bytes, source, bytes_per_token=bytes_per_token,
+                     max_seq_len=max_seq_len, max_slots=max_slots, scratch_slots=SCRATCH_SLOTS)
+
+
+def build_static_engine(
+    target_model: TargetModel,
+    kv: KVPlan,
+    *,
     use_graphs: bool = True,
     compile_layers: bool = False,
     session_buckets: Sequence[int] = SESSION_BUCKETS,
     token_buckets: Sequence[int] = TOKEN_BUCKETS,
     warm_up: bool = True,
 ) -> StaticEngine:
-    """Reserve KV slots from a byte budget, build the engine, capture its graphs.
+    """Build the engine with ``kv.num_slots`` slots of ``kv.max_seq_len``, capture its graphs.
 
-    ``kv_cache_bytes`` None means: on CUDA, what is free now minus a reserve for
-    graphs and activations; on CPU, room for 8 slots. ``compile_layers`` swaps the
-    Triton RMSNorm for an Inductor-compiled one (measured slower; kept for comparison).
-    Build it before serving: graph capture must not overlap other CUDA work. The
-    scratch slot for padding comes out of the budget too.
-    Raises ``InvalidInput`` when the model is unsupported
-    (:func:`static_unsupported_reason`) or not even one slot fits.
+    ``kv`` must hold the scratch slot for padding (``static_kv_plan``, or ``plan_kv``
+    with ``scratch_slots=SCRATCH_SLOTS``). ``compile_layers`` swaps the Triton RMSNorm
+    for an Inductor-compiled one (measured slower; kept for comparison). Build it before
+    serving: graph capture must not overlap other CUDA work. Raises ``InvalidInput``
+    when the model is unsupported (:func:`static_unsupported_reason`) or the plan holds
+    no scratch slot.
     """
     reason = static_unsupported_reason(target_model)
     if reason is not None:
         raise InvalidInput(f"the static engine cannot serve this model: {reason}")
-    per_slot = kv_bytes_per_slot(target_model, max_seq_len)
-    device = target_model.device
-    if kv_cache_bytes is None:
-        if device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(device)
-            kv_cache_bytes = max(0, free - _CUDA_RESERVE_BYTES)
-        else:
-            kv_cache_bytes = 9 * per_slot
-    slots = kv_cache_bytes // per_slot - 1
-    if max_slots is not None:
-        slots = min(slots, max_slots)
-    if slots < 1:
-        raise InvalidInput(
-            f"a KV budget of {kv_cache_bytes / 2**30:.2f} GiB holds no slot of "
-            f"{max_seq_len} positions ({per_slot / 2**20:.1f} MiB each, plus one for padding)"
-        )
+    if kv.scratch_slots < SCRATCH_SLOTS:
+        raise InvalidInput(f"the static engine needs {SCRATCH_SLOTS} scratch KV slot in its "
+                           f"budget; this plan holds {kv.scratch_slots}")
     engine = StaticEngine(
         target_model,
-        num_slots=slots,
-        max_seq_len=max_seq_len,
+        num_slots=kv.num_slots,
+        max_seq_len=kv.max_seq_len,
         use_graphs=use_graphs,
         compile_layers=compile_layers,
         session_buckets=session_buckets,
@@ -78,7 +99,8 @@ def build_static_engine(
     )
     logger.info(
         "static engine: %d KV slots x %d positions (%.2f GiB), device %s",
-        slots, max_seq_len, (slots + 1) * per_slot / 2**30, device,
+        engine.num_slots, engine.max_seq_len,
+        (engine.num_slots + SCRATCH_SLOTS) * kv.slot_bytes / GIB, target_model.device,
     )  # fmt: skip
     if warm_up:
         engine.warm_up()

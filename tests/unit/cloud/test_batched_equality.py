@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 import torch
 
-from eventspec.cloud.alone import decode_alone
 from eventspec.cloud.decoding import DecodingSession
 from eventspec.cloud.engine.hf import HFEngine
 from eventspec.cloud.scheduler import Failure, Scheduler
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_target import build_tiny_random_target
 from eventspec.shared.contract.types import DraftTail, GenerationSettings
+from tests.support.alone import decode_alone
 
 MAX_VERIFY = 9  # C[-1] plus up to 8 drafts
 

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 import torch
 
-from eventspec.cloud.alone import decode_alone
 from eventspec.cloud.decoding import DecodingSession
 from eventspec.cloud.engine.base import PrefillRequest, StepBatch
 from eventspec.cloud.engine.hf import HFEngine
@@ -17,6 +16,7 @@ from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_target import build_tiny_random_target
 from eventspec.shared.contract.errors import FailedPrecondition, InvalidInput
 from eventspec.shared.contract.types import DraftTail, GenerationSettings
+from tests.support.alone import decode_alone
 
 Proposer = Callable[[list[int], int], list[int]]
 

@@ -9,14 +9,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from eventspec.cloud.sampler import (
-    BatchedSampler,
-    SampleSpec,
-    Verdict,
-    make_generator,
-    target_probs,
-)
+from eventspec.cloud.sampler import BatchedSampler, SampleSpec, Verdict, make_generator
 from eventspec.shared.contract.errors import InvalidInput
+from tests.support.sampling import target_probs
 
 V = 8
 

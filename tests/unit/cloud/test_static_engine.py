@@ -9,6 +9,7 @@ rolled-back starts, reused slots, and the pixel and aligned-feature prefills.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -18,7 +19,11 @@ from transformers import DynamicCache
 
 from eventspec.cloud.engine.base import PrefillRequest, StepBatch
 from eventspec.cloud.engine.static.attention import num_splits_for, reference_attention
-from eventspec.cloud.engine.static.build import build_static_engine, kv_bytes_per_slot
+from eventspec.cloud.engine.static.build import (
+    build_static_engine,
+    kv_bytes_per_slot,
+    static_kv_plan,
+)
 from eventspec.cloud.engine.static.engine import StaticEngine
 from eventspec.cloud.engine.static.weights import static_unsupported_reason
 from eventspec.cloud.target import TargetModel, load_target
@@ -67,9 +72,8 @@ def clip(target: TargetModel, seed: int) -> torch.Tensor:
 
 
 def engine_for(target: TargetModel, slots: int = 4) -> StaticEngine:
-    return build_static_engine(
-        target, kv_cache_bytes=None, max_seq_len=256, max_slots=slots, use_graphs=False
-    )
+    kv = static_kv_plan(target, kv_cache_bytes=None, max_seq_len=256, max_slots=slots)
+    return build_static_engine(target, kv, use_graphs=False)
 
 
 @pytest.fixture(scope="module")
@@ -184,13 +188,15 @@ def test_unsupported_model_has_a_reason() -> None:
 
 def test_slots_follow_the_byte_budget(tiny: TargetModel) -> None:
     per_slot = kv_bytes_per_slot(tiny, 128)
-    engine = build_static_engine(
-        tiny, kv_cache_bytes=5 * per_slot + 7, max_seq_len=128, use_graphs=False
-    )
-    assert engine.num_slots == 4  # one of the five is the padding slot
+    kv = static_kv_plan(tiny, kv_cache_bytes=5 * per_slot + 7, max_seq_len=128)
+    assert (kv.num_slots, kv.scratch_slots) == (4, 1)  # one of the five is the padding slot
+    engine = build_static_engine(tiny, kv, use_graphs=False)
+    assert engine.num_slots == 4
     assert engine.k_cache.shape[1] == 5
     with pytest.raises(InvalidInput, match="holds no slot"):
-        build_static_engine(tiny, kv_cache_bytes=per_slot, max_seq_len=128, use_graphs=False)
+        static_kv_plan(tiny, kv_cache_bytes=per_slot, max_seq_len=128)
+    with pytest.raises(InvalidInput, match="scratch KV slot"):
+        build_static_engine(tiny, dataclasses.replace(kv, scratch_slots=0), use_graphs=False)
 
 
 def test_single_session_matches_hf(tiny: TargetModel, tiny_engine: StaticEngine) -> None:

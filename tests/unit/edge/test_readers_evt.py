@@ -10,12 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eventspec.edge.events.evt2 import Evt2State, decode_evt2, encode_evt2
-from eventspec.edge.events.evt3 import TIME_HIGH, TIME_LOW, Evt3State, decode_evt3, encode_evt3
+from eventspec.edge.events.evt2 import Evt2State, decode_evt2
+from eventspec.edge.events.evt3 import TIME_HIGH, TIME_LOW, Evt3State, decode_evt3
 from eventspec.edge.events.prophesee_raw import PropheseeRawSource, read_raw_header
 from eventspec.edge.events.sources import open_source
 from eventspec.edge.events.types import EVENT_DTYPE
 from eventspec.shared.contract.errors import InvalidInput
+from tests.support.evt_encode import encode_evt2, encode_evt3
 
 
 @st.composite

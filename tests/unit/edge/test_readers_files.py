@@ -11,12 +11,12 @@ import pytest
 
 from eventspec.edge.events.detect import detect_kind
 from eventspec.edge.events.ecd_txt import EcdTextSource
-from eventspec.edge.events.evt2 import encode_evt2
 from eventspec.edge.events.nmnist_bin import NmnistBinSource
 from eventspec.edge.events.prophesee_dat import PropheseeDatSource
 from eventspec.edge.events.sources import open_source, parse_sensor_size
 from eventspec.edge.events.types import EVENT_DTYPE
 from eventspec.shared.contract.errors import InvalidInput, NotFound
+from tests.support.evt_encode import encode_evt2
 
 
 def _events(n: int, w: int, h: int, span: int, seed: int = 0) -> np.ndarray:

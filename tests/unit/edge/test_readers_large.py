@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eventspec.edge.events.evt2 import encode_evt2
 from eventspec.edge.events.prophesee_raw import PropheseeRawSource
 from eventspec.edge.events.types import EVENT_DTYPE
+from tests.support.evt_encode import encode_evt2
 
 pytestmark = pytest.mark.slow
 FILE_BYTES = 1 << 30

@@ -1,4 +1,4 @@
-"""Calibration profiles: round trip, identity checks, corrupt and missing files, fits."""
+"""Calibration profiles: round trip, identity checks, corrupt and missing files."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from eventspec.shared.contract.profile import (
     PROFILE_FORMAT_VERSION,
     CalibrationProfile,
     ProfileMismatch,
-    fit_linear,
     load_profile,
     save_profile,
 )
@@ -181,25 +180,3 @@ def test_profile_invariants() -> None:
     with pytest.raises(InvalidInput, match="model_id"):
         dataclasses.replace(EDGE, model_id="")
 
-
-def test_fit_linear_exact_and_noisy() -> None:
-    xs = [1.0, 2.0, 4.0, 8.0, 16.0]
-    intercept, slope = fit_linear(xs, [16.3 + 0.4 * x for x in xs])
-    assert intercept == pytest.approx(16.3) and slope == pytest.approx(0.4)
-    intercept, slope = fit_linear([0, 0, 10, 10], [1.0, 3.0, 21.0, 23.0])
-    assert (intercept, slope) == pytest.approx((2.0, 2.0))
-
-
-@pytest.mark.parametrize(
-    ("xs", "ys", "message"),
-    [
-        ([], [], "at least 2 distinct"),
-        ([3.0, 3.0, 3.0], [1.0, 2.0, 3.0], "at least 2 distinct"),
-        ([1.0, 2.0], [1.0], "2 xs but 1 ys"),
-        ([1.0, float("nan")], [1.0, 2.0], r"xs\[1\]"),
-        ([1.0, 2.0], [1.0, float("inf")], r"ys\[1\]"),
-    ],
-)
-def test_fit_linear_errors(xs: list[float], ys: list[float], message: str) -> None:
-    with pytest.raises(InvalidInput, match=message):
-        fit_linear(xs, ys)

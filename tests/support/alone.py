@@ -3,6 +3,7 @@
 The same pure ``DecodingSession``, batched engine API and ``BatchedSampler`` the
 scheduler uses, with a batch of one and no thread: the "alone" reference that batched
 decoding is tested against, and a way to ask the target offline (toy-world checks).
+Only tests use it, so it lives here rather than in the cloud package.
 """
 
 from __future__ import annotations
