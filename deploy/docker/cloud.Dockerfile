@@ -45,6 +45,8 @@ COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY cloud ./cloud
 COPY edge ./edge
+# eventspec.demoworld (--model tiny-random; the package list names it)
+COPY tools/demoworld ./tools/demoworld
 RUN /opt/venv/bin/pip install ".[cloud]" \
  && /opt/venv/bin/python -c "import torch, transformers, eventspec.cloud.cli; print('torch', torch.__version__)" \
  && /opt/venv/bin/eventspec-cloud serve --help >/dev/null

@@ -33,6 +33,8 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY edge ./edge
+# eventspec.demoworld (--model tiny-random; the package list names it)
+COPY tools/demoworld ./tools/demoworld
 COPY cloud ./cloud
 RUN /opt/venv/bin/pip install ".[edge]" \
  && /opt/venv/bin/python -c "import torch, h5py, hdf5plugin, eventspec.edge.cli; print('torch', torch.__version__)" \
