@@ -55,6 +55,7 @@ from eventspec.shared.node.imageproc import encode_jpeg
 from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from eventspec.shared.toyworld.qa import all_questions
 from eventspec.shared.toyworld.scenes import EVAL_SEED_MIN, clip_frames, sample_scene
+from tests.support.cloud_harness import TEST_COST
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SEED0 = EVAL_SEED_MIN + 7000
@@ -207,7 +208,7 @@ async def main_async(args: argparse.Namespace) -> int:
     top = max(args.concurrency)
     settings = replace(
         CloudSettings(), model=args.model, device=args.device, dtype=args.dtype, port=0,
-        calibrate=args.calibrate, recalibrate=True, limits=replace(
+        recalibrate=True, limits=replace(
             ServerLimits(), max_sessions=top, max_new_tokens=max(512, args.max_new_tokens)),
         kv_cache_gb=args.kv_cache_gb, max_seq_len=args.max_seq_len, engine=args.engine,
         emulate_prefill_ms=args.emulate_prefill_ms, emulate_step_ms=args.emulate_step_ms,
@@ -219,7 +220,10 @@ async def main_async(args: argparse.Namespace) -> int:
         target = build_full_target(args.device, getattr(torch, args.dtype))
     else:
         target = load_target_for(settings)
-    server = VerifierServer(settings, target=target)
+    # Without --calibrate, an unpaced engine plans with the harness's fixed test costs
+    # (recorded as published_cost_model); a paced one plans with the costs it is paced to.
+    fixed = None if args.calibrate or args.emulate_step_ms > 0 else TEST_COST
+    server = VerifierServer(settings, target=target, cost=fixed)
     await server.start()
     try:
         reqs = requests(args.requests, args.max_new_tokens)

@@ -63,7 +63,7 @@ class Nodes:
     async def cloud(self, name: str, *extra: str, port: int = 0) -> int:
         proc = start_node("eventspec-cloud", [
             "serve", "--model", "toy", "--port", str(port), "--port-file",
-            str(self.tmp / f"{name}.port"), "--no-calibrate", *PACE, *extra],
+            str(self.tmp / f"{name}.port"), *PACE, *extra],
             self.tmp / f"{name}.log")
         self.procs.append(proc)
         got = await wait_for_port(proc, self.tmp / f"{name}.port", self.tmp / f"{name}.log", 120)

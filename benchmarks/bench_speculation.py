@@ -50,8 +50,7 @@ async def run_pace(prefill_ms: float, step_ms: float, scenes: int) -> dict[str, 
     engine = PacedEngine(HFEngine(target), prefill_ms=prefill_ms, step_ms=step_ms)
     settings = ch.settings(max_sessions=4)
     scratch = tempfile.TemporaryDirectory(prefix="bench-speculation-")
-    cloud = VerifierServer(replace(settings, calibrate=True,
-                                   profile_path=Path(scratch.name) / "cloud.msgpack"),
+    cloud = VerifierServer(replace(settings, profile_path=Path(scratch.name) / "cloud.msgpack"),
                            target=target, engine=engine)
     await cloud.start()
     seeds = range(SEED0, SEED0 + scenes)

@@ -76,7 +76,7 @@ def time_engine(target: TargetModel, repeats: int) -> dict[str, float]:
 
 
 async def one_request(target: TargetModel) -> dict[str, object]:
-    settings = replace(CloudSettings(), port=0, device=str(target.device), calibrate=True,
+    settings = replace(CloudSettings(), port=0, device=str(target.device),
                        profile_path=Path("/tmp/eventspec-gpu-profile.msgpack"),
                        limits=replace(ServerLimits(), max_sessions=2))
     server = VerifierServer(settings, target=target)

@@ -3,170 +3,174 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import sys
-import tempfile
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
-from typing import NoReturn
 
-from eventspec.cloud.config import CloudSettings, SettingsError
+from eventspec.cloud.config import ENGINES, ENV_PREFIX, CloudSettings
 from eventspec.cloud.model_dirs import TINY_RANDOM
-from eventspec.shared.contract.types import ServerLimits
 from eventspec.shared.helpfmt import DefaultsHelpFormatter
-from eventspec.shared.node.serving import (
-    LOG_FORMAT,
-    MODEL_DTYPES,
+from eventspec.shared.node.node_cli import (
     add_metrics_args,
-    quiet_progress_bars,
-    run_node,
+    add_run_args,
+    add_setting,
+    checked,
+    env_defaults,
+    serve,
 )
+from eventspec.shared.node.serving import MODEL_DTYPES, NodeServer
 from eventspec.shared.wire.flags import (
     add_health_port_arg,
     add_server_security_args,
     server_security_from_args,
 )
 
-#: Exit status of a refused flag or environment value, as argparse's own.
-EXIT_USAGE = 2
-
-
-def _refuse(message: str) -> NoReturn:
-    """One line on stderr naming the flag or variable, then exit 2 (nothing started)."""
-    print(f"eventspec-cloud: error: {message}", file=sys.stderr)
-    raise SystemExit(EXIT_USAGE)
-
+PROG = "eventspec-cloud"
 
 log = logging.getLogger("eventspec.cloud")
 
 
-#: ``--log-level`` names (``logging`` refuses others with a traceback).
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``eventspec-cloud`` parser; ``--help`` shows every default and its variable."""
-    try:
-        env = CloudSettings.from_env()
-    except SettingsError as exc:
-        _refuse(str(exc))
-    parser = argparse.ArgumentParser(prog="eventspec-cloud", description=__doc__)
+    env = env_defaults(PROG, ENV_PREFIX, CloudSettings.from_env)
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve eventspec.v1.Verifier over gRPC",
-                           formatter_class=DefaultsHelpFormatter)
-    serve.add_argument(
-        "--model", default=env.model,
+    serve_cmd = sub.add_parser("serve", help="serve eventspec.v1.Verifier over gRPC",
+                               formatter_class=DefaultsHelpFormatter)
+    arg = partial(add_setting, serve_cmd, ENV_PREFIX)
+    arg("--model", default=env.model,
         help="a local Video-LLaVA-7B-hf directory, toy (the embedded toy-world model) or "
-             "tiny-random ($EVENTSPEC_CLOUD_MODEL)",
-    )
-    serve.add_argument("--host", default=env.host,
-                       help="bind address ($EVENTSPEC_CLOUD_HOST)")
-    serve.add_argument("--port", type=int, default=env.port,
-                       help="port, 1..65535; 0 picks a free one ($EVENTSPEC_CLOUD_PORT)")
-    serve.add_argument("--device", default=env.device,
-                       help="cpu, cuda or cuda:N ($EVENTSPEC_CLOUD_DEVICE)")
-    serve.add_argument("--dtype", default=env.dtype, choices=list(MODEL_DTYPES),
-                       help="the model's weights ($EVENTSPEC_CLOUD_DTYPE)")
-    serve.add_argument("--max-sessions", type=int, default=ServerLimits().max_sessions,
-                       help="concurrent Generate streams; more get RESOURCE_EXHAUSTED")
-    serve.add_argument("--max-sessions-per-principal", type=int, default=0,
-                       help="concurrent Generate streams one authenticated caller (token name "
-                            "or certificate) may hold; more get RESOURCE_EXHAUSTED. 0: all but "
-                            "one of --max-sessions, so one caller always leaves a slot free")
-    serve.add_argument("--max-new-tokens", type=int, default=ServerLimits().max_new_tokens,
-                       help="cap on a request's max_new_tokens (>= 1; a request's 0 means "
-                            "min(64, this cap))")
-    serve.add_argument("--kv-cache-gb", type=float, default=None,
-                       help="KV memory budget in GiB; slots = budget / (max-seq-len x KV bytes "
-                            "per token), at most --max-sessions (default: 90%% of free GPU "
-                            "memory, or 2 GiB on CPU)")
-    serve.add_argument("--max-seq-len", type=int, default=None,
-                       help="positions per KV slot, prompt plus answer (default: the model's)")
-    serve.add_argument("--engine", choices=["auto", "static", "hf"], default="auto",
-                       help="static: static KV slots + CUDA graphs; hf: the HF eager reference; "
-                            "auto: static on CUDA, hf on CPU; a model "
-                            "the static engine cannot serve falls back to hf, logged")
-    serve.add_argument("--profile", type=Path, default=None,
-                       help="calibration profile file (default: ~/.cache/eventspec/...)")
-    serve.add_argument("--recalibrate", action="store_true",
-                       help="measure the cost model afresh even if a saved profile matches")
-    serve.add_argument("--no-calibrate", action="store_true",
-                       help="skip warm-up calibration and use a fixed cost model")
-    serve.add_argument("--emulate-prefill-ms", type=float, default=0.0,
-                       help="pace each prefill to at least this long, to rehearse a slower "
-                            "cloud (e.g. 200); output is unchanged")
-    serve.add_argument("--emulate-step-ms", type=float, default=0.0,
-                       help="pace each decode/verify step to at least this long (e.g. 30, "
-                            "an A100-class 7B step)")
-    serve.add_argument("--port-file", type=Path, default=None,
-                       help="write the bound port here as soon as it is bound (for --port "
-                            "0; NOT_SERVING until warm: wait with eventspec wait)")
-    serve.add_argument("--log-level", default="INFO", choices=LOG_LEVELS,
-                       type=str.upper, help="log threshold")
-    add_health_port_arg(serve, "EVENTSPEC_CLOUD_")
-    add_metrics_args(serve)
-    add_server_security_args(serve, "EVENTSPEC_CLOUD_")
+             "tiny-random")
+    arg("--host", default=env.host, help="bind address")
+    arg("--port", type=int, default=env.port, help="port, 1..65535; 0 picks a free one")
+    arg("--device", default=env.device, help="cpu, cuda or cuda:N")
+    arg("--dtype", default=env.dtype, choices=list(MODEL_DTYPES), help="the model's weights")
+    arg("--max-sessions", type=int, default=env.limits.max_sessions,
+        help="concurrent Generate streams; more get RESOURCE_EXHAUSTED")
+    arg("--max-sessions-per-principal", type=int, default=env.max_sessions_per_principal,
+        help="concurrent Generate streams one authenticated caller (token name or "
+             "certificate) may hold; more get RESOURCE_EXHAUSTED. 0: all but one of "
+             "--max-sessions, so one caller always leaves a slot free")
+    arg("--max-new-tokens", type=int, default=env.limits.max_new_tokens,
+        help="cap on a request's max_new_tokens (>= 1; a request's 0 means min(64, this "
+             "cap))")
+    arg("--kv-cache-gb", type=float, default=env.kv_cache_gb,
+        help="KV memory budget in GiB; slots = budget / (max-seq-len x KV bytes per "
+             "token), at most --max-sessions (default: --kv-memory-fraction of free GPU "
+             "memory, or 2 GiB on CPU)")
+    arg("--kv-memory-fraction", type=float, default=env.kv_memory_fraction,
+        help="without --kv-cache-gb, the share of free GPU memory the KV budget takes, "
+             "in (0, 1]")
+    arg("--max-seq-len", type=int, default=env.max_seq_len,
+        help="positions per KV slot, prompt plus answer (default: the model's)")
+    arg("--engine", choices=list(ENGINES), default=env.engine,
+        help="static: static KV slots + CUDA graphs; hf: the HF eager reference; auto: "
+             "static on CUDA, hf on CPU; a model the static engine cannot serve falls "
+             "back to hf, logged")
+    arg("--max-verify-tokens", type=int, default=env.max_verify_tokens,
+        help="widest verify step of one request: the last committed token plus up to "
+             "this many minus one drafts (advertised to the edge, which drafts no "
+             "further ahead)")
+    arg("--profile", type=Path, default=env.profile_path,
+        help="calibration profile file: reused at the next start when it matches the "
+             "model and device, which skips calibration (default: "
+             "~/.cache/eventspec/...)")
+    arg("--recalibrate", action="store_true", default=env.recalibrate,
+        help="measure the cost model afresh even if a saved profile matches")
+    arg("--emulate-prefill-ms", type=float, default=env.emulate_prefill_ms,
+        help="pace each prefill to at least this long, to rehearse a slower cloud (e.g. "
+             "200); output is unchanged")
+    arg("--emulate-step-ms", type=float, default=env.emulate_step_ms,
+        help="pace each decode/verify step to at least this long (e.g. 30, an "
+             "A100-class 7B step)")
+    arg("--session-ttl-s", type=float, default=env.session_ttl_s,
+        help="a session older than this is released (a leak guard; longer than any "
+             "request should take)")
+    arg("--first-message-timeout-s", type=float, default=env.first_message_timeout_s,
+        help="a Generate call that sends no Open this long after it starts ends with "
+             "DEADLINE_EXCEEDED")
+    arg("--features-base-timeout-s", type=float, default=env.features_base_timeout_s,
+        help="aligned features must arrive within this plus the time their declared "
+             "size takes over the edge's measured uplink (4x slack), and within "
+             "--input-timeout-s of Open")
+    arg("--input-timeout-s", type=float, default=env.input_timeout_s,
+        help="no aligned-features upload may take longer than this after Open, whatever "
+             "it declares")
+    arg("--drain-timeout-s", type=float, default=env.drain_timeout_s,
+        help="after Done, how long to wait for the edge to close its side of the stream")
+    arg("--grace-s", type=float, default=env.grace_s,
+        help="on SIGTERM, how long requests in flight may finish before they are "
+             "cancelled")
+    arg("--seed", type=int, default=env.seed,
+        help="seed of --model tiny-random's random weights")
+    add_run_args(serve_cmd, "the cloud verifier")
+    add_health_port_arg(serve_cmd, ENV_PREFIX, env.health_port)
+    add_metrics_args(serve_cmd, ENV_PREFIX, port=env.metrics_port, host=env.metrics_host)
+    add_server_security_args(serve_cmd, ENV_PREFIX)
     return parser
 
 
 def settings_from_args(args: argparse.Namespace) -> CloudSettings:
     """The settings the flags describe, checked; a bad value exits with one line."""
-    settings = replace(
-        CloudSettings(),
+    defaults = CloudSettings()
+    return checked(PROG, replace(
+        defaults,
         model=args.model,
         host=args.host,
         port=args.port,
         health_port=args.health_port,
         device=args.device,
         dtype=args.dtype,
-        limits=replace(ServerLimits(), max_sessions=args.max_sessions,
+        limits=replace(defaults.limits, max_sessions=args.max_sessions,
                        max_new_tokens=args.max_new_tokens),
         max_sessions_per_principal=args.max_sessions_per_principal,
         kv_cache_gb=args.kv_cache_gb,
-        engine=args.engine,
-        recalibrate=args.recalibrate,
+        kv_memory_fraction=args.kv_memory_fraction,
         max_seq_len=args.max_seq_len,
+        engine=args.engine,
+        max_verify_tokens=args.max_verify_tokens,
         profile_path=args.profile,
-        calibrate=not args.no_calibrate,
+        recalibrate=args.recalibrate,
         emulate_prefill_ms=args.emulate_prefill_ms,
         emulate_step_ms=args.emulate_step_ms,
-        security=server_security_from_args(args, "EVENTSPEC_CLOUD_"),
+        session_ttl_s=args.session_ttl_s,
+        first_message_timeout_s=args.first_message_timeout_s,
+        features_base_timeout_s=args.features_base_timeout_s,
+        input_timeout_s=args.input_timeout_s,
+        drain_timeout_s=args.drain_timeout_s,
+        grace_s=args.grace_s,
+        seed=args.seed,
+        security=server_security_from_args(args, ENV_PREFIX),
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
-    )
-    try:
-        settings.check()
-    except SettingsError as exc:
-        _refuse(str(exc))
-    return settings
+    ))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = settings_from_args(args)
-    logging.basicConfig(level=args.log_level, format=LOG_FORMAT)
-    quiet_progress_bars()
+    return serve(PROG, args, log, settings, _server,
+                 scratch_model=_tiny_random_target if settings.model == TINY_RANDOM else None)
+
+
+def _server(settings: CloudSettings) -> NodeServer:
     from eventspec.cloud.server import VerifierServer
 
-    with contextlib.ExitStack() as scratch:
-        if settings.model == TINY_RANDOM:
-            settings = replace(settings, model=str(_tiny_random_dir(scratch, settings.seed)))
-        return run_node(VerifierServer(settings), args.port_file, log, settings.grace_s,
-                        "eventspec-cloud")
+    return VerifierServer(settings)
 
 
-def _tiny_random_dir(scratch: contextlib.ExitStack, seed: int) -> Path:
-    """``--model tiny-random``: the demo world writes its tiny random target to a
-    temporary directory (removed on exit), which the server loads like any other.
+def _tiny_random_target(scratch: Path, seed: int) -> Path:
+    """``--model tiny-random``: the demo world writes its tiny random target into the
+    scratch directory, which the server loads like any other.
 
     The cloud's only import of the demo world, here at the command's edge and lazy, so
     the server itself knows nothing but model directories.
     """
     from eventspec.demoworld.tiny_target import TINY_TARGET_ID, save_tiny_random_target
 
-    tmp = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="eventspec-cloud-")))
-    return save_tiny_random_target(tmp / TINY_TARGET_ID, seed)
+    return save_tiny_random_target(scratch / TINY_TARGET_ID, seed)
 
 
 if __name__ == "__main__":

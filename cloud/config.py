@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from eventspec.cloud.timeouts import (
@@ -13,29 +13,28 @@ from eventspec.cloud.timeouts import (
     FIRST_MESSAGE_TIMEOUT_S,
 )
 from eventspec.shared.contract.types import ServerLimits
+from eventspec.shared.node.node_cli import (
+    Env,
+    SettingsError,
+    require_choice,
+    require_fraction,
+    require_int,
+    require_seconds,
+)
+from eventspec.shared.node.serving import MODEL_DTYPES
 from eventspec.shared.wire.security import ServerSecurity
 
+__all__ = ["ENV_PREFIX", "CloudSettings", "SettingsError"]
 
-def _env(name: str, default: str) -> str:
-    return os.environ.get(f"EVENTSPEC_CLOUD_{name}", default)
-
-
-class SettingsError(ValueError):
-    """A flag or environment value the verifier cannot run with; the message names it."""
-
-
-def _env_int(name: str, default: int) -> int:
-    text = _env(name, "")
-    if text == "":
-        return default
-    try:
-        return int(text)
-    except ValueError:
-        raise SettingsError(f"$EVENTSPEC_CLOUD_{name}={text!r} is not an integer") from None
-
-
+#: Every flag ``--some-flag`` of ``eventspec-cloud serve`` has the variable
+#: ``EVENTSPEC_CLOUD_SOME_FLAG`` (``eventspec.shared.node.node_cli``).
+ENV_PREFIX = "EVENTSPEC_CLOUD_"
+#: ``--engine`` choices.
+ENGINES = ("auto", "static", "hf")
 #: The wire's ``GenerationConfig.max_new_tokens`` is an int32.
 _INT32_MAX = 2**31 - 1
+#: ``--seed`` spans what ``torch.manual_seed`` takes.
+SEED_MAX = 2**64 - 1
 
 
 @dataclass(frozen=True)
@@ -77,8 +76,6 @@ class CloudSettings:
     profile_path: Path | None = None
     #: Measure the cost model afresh even when a matching profile exists.
     recalibrate: bool = False
-    #: Skip calibration and use a fixed cost model (tests).
-    calibrate: bool = True
     #: Pace each prefill / step to at least this long (0 = off), to rehearse a slower
     #: cloud; see cloud/engine/paced.py.
     emulate_prefill_ms: float = 0.0
@@ -96,13 +93,45 @@ class CloudSettings:
 
     @staticmethod
     def from_env() -> CloudSettings:
-        """Defaults overridden by EVENTSPEC_CLOUD_* environment variables."""
+        """Defaults overridden by EVENTSPEC_CLOUD_* environment variables, one per flag
+        (``--session-ttl-s``: ``EVENTSPEC_CLOUD_SESSION_TTL_S``; the security ones are
+        read by ``eventspec.shared.wire.flags``).
+
+        Raises SettingsError naming the variable when one does not parse.
+        """
+        e, d = Env(ENV_PREFIX), CloudSettings()
         return CloudSettings(
-            model=_env("MODEL", "toy"),
-            host=_env("HOST", "127.0.0.1"),
-            port=_env_int("PORT", 50061),
-            device=_env("DEVICE", "cpu"),
-            dtype=_env("DTYPE", "float32"),
+            model=e.text("MODEL", d.model),
+            host=e.text("HOST", d.host),
+            port=e.integer("PORT", d.port),
+            health_port=e.optional_integer("HEALTH_PORT"),
+            device=e.text("DEVICE", d.device),
+            dtype=e.text("DTYPE", d.dtype),
+            limits=replace(d.limits,
+                           max_sessions=e.integer("MAX_SESSIONS", d.limits.max_sessions),
+                           max_new_tokens=e.integer("MAX_NEW_TOKENS", d.limits.max_new_tokens)),
+            kv_cache_gb=e.optional_number("KV_CACHE_GB"),
+            kv_memory_fraction=e.number("KV_MEMORY_FRACTION", d.kv_memory_fraction),
+            max_seq_len=e.optional_integer("MAX_SEQ_LEN"),
+            engine=e.text("ENGINE", d.engine),
+            max_verify_tokens=e.integer("MAX_VERIFY_TOKENS", d.max_verify_tokens),
+            session_ttl_s=e.number("SESSION_TTL_S", d.session_ttl_s),
+            first_message_timeout_s=e.number("FIRST_MESSAGE_TIMEOUT_S",
+                                             d.first_message_timeout_s),
+            features_base_timeout_s=e.number("FEATURES_BASE_TIMEOUT_S",
+                                             d.features_base_timeout_s),
+            input_timeout_s=e.number("INPUT_TIMEOUT_S", d.input_timeout_s),
+            max_sessions_per_principal=e.integer("MAX_SESSIONS_PER_PRINCIPAL",
+                                                 d.max_sessions_per_principal),
+            profile_path=e.path("PROFILE"),
+            recalibrate=e.switch("RECALIBRATE", d.recalibrate),
+            emulate_prefill_ms=e.number("EMULATE_PREFILL_MS", d.emulate_prefill_ms),
+            emulate_step_ms=e.number("EMULATE_STEP_MS", d.emulate_step_ms),
+            grace_s=e.number("GRACE_S", d.grace_s),
+            drain_timeout_s=e.number("DRAIN_TIMEOUT_S", d.drain_timeout_s),
+            seed=e.integer("SEED", d.seed),
+            metrics_port=e.optional_integer("METRICS_PORT"),
+            metrics_host=e.text("METRICS_HOST", d.metrics_host),
         )
 
     def check(self) -> None:
@@ -112,29 +141,39 @@ class CloudSettings:
         0 ("the server's default") stays a request-side meaning, never a cap. Raises
         SettingsError naming the flag.
         """
-        if not 0 <= self.port <= 65535:
-            raise SettingsError(f"--port must be in 0..65535 (0 picks one), got {self.port}")
-        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
-            raise SettingsError("--metrics-port must be in 0..65535 (0 picks one), got "
-                                f"{self.metrics_port}")
+        require_int("--port", self.port, 0, 65535, "0 picks one")
+        if self.health_port is not None:
+            require_int("--health-port", self.health_port, 0, 65535, "0 picks one")
+        if self.metrics_port is not None:
+            require_int("--metrics-port", self.metrics_port, 0, 65535, "0 picks one")
+        require_choice("--dtype", self.dtype, MODEL_DTYPES)
+        require_choice("--engine", self.engine, ENGINES)
         lim = self.limits
-        if not 1 <= lim.max_new_tokens <= _INT32_MAX:
-            raise SettingsError(f"--max-new-tokens must be in 1..{_INT32_MAX}, got "
-                                f"{lim.max_new_tokens}")
-        if lim.max_sessions < 1:
-            raise SettingsError(f"--max-sessions must be >= 1, got {lim.max_sessions}")
-        if self.max_sessions_per_principal < 0:
-            raise SettingsError("--max-sessions-per-principal must be >= 0 (0: all but one of "
-                                f"--max-sessions), got {self.max_sessions_per_principal}")
+        require_int("--max-new-tokens", lim.max_new_tokens, 1, _INT32_MAX)
+        require_int("--max-sessions", lim.max_sessions, 1)
+        require_int("--max-sessions-per-principal", self.max_sessions_per_principal, 0,
+                    note="0: all but one of --max-sessions")
         if self.kv_cache_gb is not None and not (math.isfinite(self.kv_cache_gb)
                                                  and self.kv_cache_gb > 0):
             raise SettingsError(f"--kv-cache-gb must be > 0, got {self.kv_cache_gb:g}")
-        if self.max_seq_len is not None and self.max_seq_len < 2:
-            raise SettingsError(f"--max-seq-len must be >= 2, got {self.max_seq_len}")
+        require_fraction("--kv-memory-fraction", self.kv_memory_fraction, zero_ok=False)
+        if self.max_seq_len is not None:
+            require_int("--max-seq-len", self.max_seq_len, 2)
+        require_int("--max-verify-tokens", self.max_verify_tokens, 1,
+                    lim.max_draft_tokens + 1, "the drafts cap plus one")
+        for flag, seconds in (("--session-ttl-s", self.session_ttl_s),
+                              ("--first-message-timeout-s", self.first_message_timeout_s),
+                              ("--features-base-timeout-s", self.features_base_timeout_s),
+                              ("--input-timeout-s", self.input_timeout_s)):
+            require_seconds(flag, seconds, zero_ok=False)
+        for flag, seconds in (("--grace-s", self.grace_s),
+                              ("--drain-timeout-s", self.drain_timeout_s)):
+            require_seconds(flag, seconds, zero_ok=True)
         for flag, value in (("--emulate-prefill-ms", self.emulate_prefill_ms),
                             ("--emulate-step-ms", self.emulate_step_ms)):
             if not math.isfinite(value) or value < 0:
                 raise SettingsError(f"{flag} must be >= 0 (0: off), got {value:g}")
+        require_int("--seed", self.seed, 0, SEED_MAX)
 
     @property
     def per_principal_cap(self) -> int:

@@ -42,18 +42,6 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name
 
-#: A fixed cost model for tests that skip calibration (CPU tiny-random magnitudes).
-FIXED_TEST_COST = CloudCost(
-    prefill_base_ms=5.0,
-    prefill_ms_per_visual_token=0.05,
-    prefill_ms_per_text_token=0.05,
-    step_base_ms=2.0,
-    step_ms_per_token=0.1,
-    device="fixed",
-    calibration="fixed test constants (--no-calibrate)",
-)
-
-
 class WarmUpStopped(Exception):
     """The server was told to stop while it was still warming up."""
 
@@ -120,8 +108,9 @@ def build_runtime(
     """Load (or take) the target, reserve KV, calibrate, and assemble the runtime. Blocking.
 
     ``engine`` and ``cost`` let tests inject a test double (e.g. a slowed engine that
-    stands in for a loaded cloud) together with the cost model that describes it. A
-    paced engine plans with the costs it is paced to. ``progress`` hears each warm-up
+    stands in for a loaded cloud) together with the cost model that describes it. Without
+    ``cost``, a paced engine plans with the costs it is paced to, and any other engine
+    with the saved profile (spot-checked) or a fresh calibration. ``progress`` hears each warm-up
     phase (the server reports it while NOT_SERVING). The scheduler's engine loop is
     started later, on the serving event loop.
     """
@@ -133,11 +122,9 @@ def build_runtime(
         engine = build_engine(settings, target)
     if cost is None and isinstance(engine, PacedEngine) and engine.step_ms > 0:
         cost = engine.known_cost()
-    elif cost is None and settings.calibrate:
+    elif cost is None:
         cost = load_or_calibrate(target, engine, settings.resolved_profile_path(target.model_id),
                                  recalibrate=settings.recalibrate, progress=progress)
-    elif cost is None:
-        cost = FIXED_TEST_COST
     info = server_info_for(target, cost, settings, engine)
     return VerifierRuntime(
         settings=settings,

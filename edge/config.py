@@ -2,12 +2,33 @@
 
 from __future__ import annotations
 
-import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eventspec.shared.node.node_cli import (
+    Env,
+    SettingsError,
+    require_choice,
+    require_fraction,
+    require_int,
+    require_seconds,
+)
+from eventspec.shared.node.serving import MODEL_DTYPES
 from eventspec.shared.wire.security import ClientSecurity, ServerSecurity
+
+__all__ = ["ENV_PREFIX", "EdgeSettings", "SettingsError", "check_cloud_address"]
+
+#: Every flag ``--some-flag`` of ``eventspec-edge serve`` has the variable
+#: ``EVENTSPEC_EDGE_SOME_FLAG`` (``eventspec.shared.node.node_cli``).
+ENV_PREFIX = "EVENTSPEC_EDGE_"
+#: ``--speculation`` modes.
+SPECULATION_MODES = ("auto", "always")
+#: ``--seed`` spans what ``torch.manual_seed`` takes.
+SEED_MAX = 2**64 - 1
+#: ``--max-message-bytes``: below 1 MiB an Open with its frames may not fit; gRPC's own
+#: limit is an int32.
+MIN_MESSAGE_BYTES = 1 << 20
+MAX_MESSAGE_BYTES = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -63,21 +84,39 @@ class EdgeSettings:
 
     @staticmethod
     def from_env() -> EdgeSettings:
-        """Defaults overridden by EVENTSPEC_EDGE_* environment variables.
+        """Defaults overridden by EVENTSPEC_EDGE_* environment variables, one per flag
+        (``--cloud-wait-s``: ``EVENTSPEC_EDGE_CLOUD_WAIT_S``; the security ones are read
+        by ``eventspec.shared.wire.flags``).
 
-        Raises SettingsError naming the variable when one is not a number.
+        Raises SettingsError naming the variable when one does not parse.
         """
-        env = os.environ.get
+        e, d = Env(ENV_PREFIX), EdgeSettings()
         return EdgeSettings(
-            cloud=env("EVENTSPEC_EDGE_CLOUD") or None,
-            source=env("EVENTSPEC_EDGE_SOURCE", "toy"),
-            model=env("EVENTSPEC_EDGE_MODEL", "toy"),
-            host=env("EVENTSPEC_EDGE_HOST", "127.0.0.1"),
-            port=env_int("EVENTSPEC_EDGE_PORT", 50062),
-            device=env("EVENTSPEC_EDGE_DEVICE", "cpu"),
-            cloud_wait_s=env_float("EVENTSPEC_EDGE_CLOUD_WAIT_S", 60.0),
-            cloud_first_reply_s=env_float("EVENTSPEC_EDGE_CLOUD_FIRST_REPLY_S", 5.0),
-            max_queued_asks=env_int("EVENTSPEC_EDGE_MAX_QUEUED_ASKS", 256),
+            cloud=e.optional_text("CLOUD"),
+            source=e.text("SOURCE", d.source),
+            allow_pickle=e.switch("ALLOW_PICKLE", d.allow_pickle),
+            sensor_size=_env_sensor_size(e),
+            model=e.text("MODEL", d.model),
+            adapter=e.path("ADAPTER"),
+            host=e.text("HOST", d.host),
+            port=e.integer("PORT", d.port),
+            health_port=e.optional_integer("HEALTH_PORT"),
+            device=e.text("DEVICE", d.device),
+            dtype=e.text("DTYPE", d.dtype),
+            default_jpeg_quality=e.integer("JPEG_QUALITY", d.default_jpeg_quality),
+            request_timeout_s=e.number("REQUEST_TIMEOUT", d.request_timeout_s),
+            rpc_timeout_s=e.number("RPC_TIMEOUT_S", d.rpc_timeout_s),
+            cloud_wait_s=e.number("CLOUD_WAIT_S", d.cloud_wait_s),
+            cloud_first_reply_s=e.number("CLOUD_FIRST_REPLY_S", d.cloud_first_reply_s),
+            max_queued_asks=e.integer("MAX_QUEUED_ASKS", d.max_queued_asks),
+            acceptance_prior=e.number("ACCEPTANCE_PRIOR", d.acceptance_prior),
+            preview_every=e.integer("PREVIEW_EVERY", d.preview_every),
+            speculation=e.text("SPECULATION", d.speculation),
+            grace_s=e.number("GRACE_S", d.grace_s),
+            seed=e.integer("SEED", d.seed),
+            max_message_bytes=e.integer("MAX_MESSAGE_BYTES", d.max_message_bytes),
+            metrics_port=e.optional_integer("METRICS_PORT"),
+            metrics_host=e.text("METRICS_HOST", d.metrics_host),
         )
 
     def check(self) -> None:
@@ -86,31 +125,40 @@ class EdgeSettings:
         A negative request timeout, for one, was accepted and then expired every
         request's cloud stream at once. Raises SettingsError naming the flag.
         """
-        if not 0 <= self.port <= 65535:
-            raise SettingsError(f"--port must be in 0..65535 (0 picks one), got {self.port}")
-        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
-            raise SettingsError("--metrics-port must be in 0..65535 (0 picks one), got "
-                                f"{self.metrics_port}")
-        if not math.isfinite(self.request_timeout_s) or self.request_timeout_s <= 0:
-            raise SettingsError(
-                f"--request-timeout must be > 0 seconds, got {self.request_timeout_s:g}")
-        if not math.isfinite(self.cloud_wait_s) or self.cloud_wait_s < 0:
-            raise SettingsError(f"--cloud-wait-s must be >= 0 seconds, got {self.cloud_wait_s:g}")
-        if not math.isfinite(self.cloud_first_reply_s) or self.cloud_first_reply_s <= 0:
-            raise SettingsError("--cloud-first-reply-s must be > 0 seconds, got "
-                                f"{self.cloud_first_reply_s:g}")
-        if not 0 <= self.max_queued_asks <= 100_000:
-            raise SettingsError(
-                f"--max-queued-asks must be in 0..100000, got {self.max_queued_asks}")
-        if not 1 <= self.default_jpeg_quality <= 100:
-            raise SettingsError(
-                f"--jpeg-quality must be in 1..100, got {self.default_jpeg_quality}")
+        require_int("--port", self.port, 0, 65535, "0 picks one")
+        if self.health_port is not None:
+            require_int("--health-port", self.health_port, 0, 65535, "0 picks one")
+        if self.metrics_port is not None:
+            require_int("--metrics-port", self.metrics_port, 0, 65535, "0 picks one")
+        require_choice("--dtype", self.dtype, MODEL_DTYPES)
+        require_choice("--speculation", self.speculation, SPECULATION_MODES)
+        require_seconds("--request-timeout", self.request_timeout_s, zero_ok=False)
+        require_seconds("--rpc-timeout-s", self.rpc_timeout_s, zero_ok=False)
+        require_seconds("--cloud-wait-s", self.cloud_wait_s, zero_ok=True)
+        require_seconds("--cloud-first-reply-s", self.cloud_first_reply_s, zero_ok=False)
+        require_seconds("--grace-s", self.grace_s, zero_ok=True)
+        require_int("--max-queued-asks", self.max_queued_asks, 0, 100_000)
+        require_int("--jpeg-quality", self.default_jpeg_quality, 1, 100)
+        require_fraction("--acceptance-prior", self.acceptance_prior, zero_ok=True)
+        require_int("--preview-every", self.preview_every, 1)
+        require_int("--seed", self.seed, 0, SEED_MAX)
+        require_int("--max-message-bytes", self.max_message_bytes, MIN_MESSAGE_BYTES,
+                    MAX_MESSAGE_BYTES)
         if self.cloud is not None:
             check_cloud_address(self.cloud)
 
 
-class SettingsError(ValueError):
-    """A flag or environment value the node cannot run with; the message names it."""
+def _env_sensor_size(e: Env) -> tuple[int, int] | None:
+    text = e.optional_text("SENSOR_SIZE")
+    if text is None:
+        return None
+    from eventspec.edge.events.sources import parse_sensor_size
+    from eventspec.shared.contract.errors import InvalidInput
+
+    try:
+        return parse_sensor_size(text)
+    except InvalidInput as exc:
+        raise SettingsError(f"${ENV_PREFIX}SENSOR_SIZE={text!r}: {exc}") from None
 
 
 #: Cloud addresses with one of these schemes go to gRPC's resolver as they are.
@@ -132,25 +180,3 @@ def check_cloud_address(text: str) -> None:
                                 "verifier's default is 50061)")
         if not port.isdigit() or not 1 <= int(port) <= 65535:
             raise SettingsError(f"--cloud {item.strip()!r}: the port must be in 1..65535")
-
-
-def env_float(name: str, default: float) -> float:
-    """A number from the environment, or SettingsError naming it."""
-    text = os.environ.get(name)
-    if text is None or text == "":
-        return default
-    try:
-        return float(text)
-    except ValueError:
-        raise SettingsError(f"${name}={text!r} is not a number") from None
-
-
-def env_int(name: str, default: int) -> int:
-    """An integer environment variable, or SettingsError naming it."""
-    text = os.environ.get(name)
-    if text is None or text == "":
-        return default
-    try:
-        return int(text)
-    except ValueError:
-        raise SettingsError(f"${name}={text!r} is not an integer") from None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -16,17 +15,6 @@ MODEL_DTYPES: dict[str, str] = {
     "float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
     "bfloat16": "bfloat16", "bf16": "bfloat16",
 }
-
-
-def add_metrics_args(parser: argparse.ArgumentParser) -> None:
-    """``--metrics-port`` / ``--metrics-host``, the same on both nodes
-    (eventspec.shared.node.metrics)."""
-    parser.add_argument("--metrics-port", type=int, default=None,
-                        help="serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a "
-                             "free port, logged; default: off)")
-    parser.add_argument("--metrics-host", default="127.0.0.1",
-                        help="bind address of the metrics endpoint (it has no "
-                             "authentication: a non-loopback address is logged as a warning)")
 
 
 def quiet_progress_bars() -> None:

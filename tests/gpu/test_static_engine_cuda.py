@@ -211,7 +211,7 @@ async def test_the_server_on_the_static_engine_is_lossless_with_the_toy_target(
 ) -> None:
     settings = replace(ch.settings(max_sessions=4), engine="static", device="cuda",
                        dtype="float32")
-    server = VerifierServer(settings, target=toy)
+    server = VerifierServer(settings, target=toy, cost=ch.TEST_COST)
     await server.start()
     try:
         assert type(server.runtime.scheduler.engine).__name__ == "StaticEngine"  # type: ignore[union-attr]
@@ -230,7 +230,7 @@ async def test_the_server_on_the_static_engine_is_lossless_at_full_size() -> Non
     target = build_full_target("cuda", torch.bfloat16)
     settings = replace(ch.settings(max_sessions=2), engine="static", device="cuda",
                        dtype="bfloat16", max_seq_len=2560)
-    server = VerifierServer(settings, target=target)
+    server = VerifierServer(settings, target=target, cost=ch.TEST_COST)
     await server.start()
     try:
         assert type(server.runtime.scheduler.engine).__name__ == "StaticEngine"  # type: ignore[union-attr]

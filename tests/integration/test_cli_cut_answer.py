@@ -36,7 +36,7 @@ async def test_a_kv_clamped_answer_says_so_on_stderr(capsys: pytest.CaptureFixtu
     target, draft = eh.shared_models()
     prompt = len(target.build_prompt_ids(Q))
     cloud = VerifierServer(replace(ch.settings(max_sessions=2), max_seq_len=prompt + ROOM),
-                           target=target)
+                           target=target, cost=ch.TEST_COST)
     await cloud.start()
     edge = EdgeServer(replace(EdgeSettings(), cloud=f"127.0.0.1:{cloud.port}", port=0),
                       draft=draft)

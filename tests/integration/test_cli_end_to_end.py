@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from eventspec.shared.client.launch import entry_point_command
-from tests.support.cli_processes import ROOT, ask_json, spawn, wait_port
+from tests.support.cli_processes import PACED_CLOUD, ROOT, ask_json, spawn, wait_port
 from tests.support.recordings import write_dsec
 
 
@@ -19,7 +19,7 @@ def test_serve_and_ask_json_on_a_dsec_sequence(tmp_path: Path) -> None:
     seq.mkdir()
     write_dsec(seq, seed=21)
     cloud = spawn("eventspec-cloud", ["serve", "--model", "tiny-random", "--port", "0",
-                    "--port-file", str(tmp_path / "c"), "--no-calibrate"], tmp_path / "c.log")
+                    "--port-file", str(tmp_path / "c"), *PACED_CLOUD], tmp_path / "c.log")
     edge = None
     try:
         cport = wait_port(cloud, tmp_path / "c", tmp_path / "c.log")

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from eventspec.shared.client.launch import entry_point_command
+from tests.support.cli_processes import PACED_CLOUD
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -165,7 +166,7 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int, 
     """A toy cloud and a toy edge over two 1 s toy scenes (source time [0, 2 s))."""
     tmp = tmp_path_factory.mktemp("firsthour")
     cloud = _spawn("eventspec-cloud", ["serve", "--model", "toy", "--port", "0", "--port-file",
-                                       str(tmp / "c"), "--no-calibrate"], tmp / "c.log")
+                                       str(tmp / "c"), *PACED_CLOUD], tmp / "c.log")
     edge = None
     try:
         cport = _port(cloud, tmp / "c", tmp / "c.log")

@@ -41,7 +41,8 @@ LONG_Q, LONG_SEED = "What is moving?", 1000  # greedy answer runs past 300 token
 async def _start(**changes: object) -> VerifierServer:
     target, _ = eh.shared_models()
     base = h.settings(max_sessions=4, input_timeout_s=30.0)
-    server = VerifierServer(replace(base, **changes), target=target)  # type: ignore[arg-type]
+    server = VerifierServer(replace(base, **changes), target=target,  # type: ignore[arg-type]
+                            cost=h.TEST_COST)
     await server.start()
     return server
 

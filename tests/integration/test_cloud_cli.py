@@ -17,6 +17,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from eventspec.shared.client.launch import entry_point_command
 from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from eventspec.shared.wire.health import wait_for_serving
+from tests.support.cli_processes import PACED_CLOUD
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60.0
@@ -63,12 +64,13 @@ async def _probe(address: str) -> tuple[list[str], int, str]:
 
 def test_serve_health_reflection_and_sigterm(tmp_path: Path) -> None:
     port_file = tmp_path / "port"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1"}
+    # ROOT first, the caller's path after it (a worktree's links to its own packages).
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     proc = subprocess.Popen(
         entry_point_command("eventspec-cloud", [
             "serve", "--model", "tiny-random", "--port", "0", "--port-file", str(port_file),
-            "--no-calibrate", "--max-sessions", "3"]),
+            *PACED_CLOUD, "--max-sessions", "3"]),
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     try:

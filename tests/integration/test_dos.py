@@ -113,7 +113,7 @@ async def test_server_stays_responsive_under(attack: Attack) -> None:
     target, _ = eh.shared_models()
     settings = replace(h.settings(max_sessions=4, input_timeout_s=4.0),
                        first_message_timeout_s=FIRST_S, features_base_timeout_s=1.0)
-    server = VerifierServer(settings, target=target)
+    server = VerifierServer(settings, target=target, cost=h.TEST_COST)
     await server.start()
     address = f"127.0.0.1:{server.port}"
     try:

@@ -153,7 +153,8 @@ async def test_the_edge_serves_again_soon_after_its_cloud_returns() -> None:
             return time.monotonic() >= outage_end
 
         await until(outage_over, "the outage", timeout_s=20)
-        back = VerifierServer(replace(ch.settings(), port=port), target=target)
+        back = VerifierServer(replace(ch.settings(), port=port), target=target,
+                              cost=ch.TEST_COST)
         await back.start()
         try:
             async def serving() -> bool:

@@ -69,7 +69,8 @@ async def test_static_engine_serves_what_hf_serves_over_grpc() -> None:
     answers: dict[str, list[list[int]]] = {}
     for kind in ("hf", "static"):
         settings = replace(h.settings(kv_cache_gb=0.05), engine=kind)
-        server = VerifierServer(settings, target=build_tiny_random_target(seed=0))
+        server = VerifierServer(settings, target=build_tiny_random_target(seed=0),
+                                cost=h.TEST_COST)
         await server.start()
         try:
             answers[kind] = []

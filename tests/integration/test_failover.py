@@ -216,7 +216,7 @@ async def test_replica_killed_with_sigkill_mid_prefill(tmp_path: Path) -> None:
     port_file = tmp_path / "port"
     proc = subprocess.Popen(
         entry_point_command("eventspec-cloud", [
-            "serve", "--model", "toy", "--no-calibrate", "--port", "0", "--port-file",
+            "serve", "--model", "toy", "--port", "0", "--port-file",
             str(port_file), "--emulate-prefill-ms", "2000", "--emulate-step-ms", "50",
             "--log-level", "WARNING"]),
         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},

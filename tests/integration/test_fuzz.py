@@ -55,7 +55,7 @@ class Nodes:
         self.thread.start()
         target, draft = eh.shared_models()
         self.cloud = VerifierServer(ch.settings(max_sessions=8, input_timeout_s=0.5),
-                                    target=target)
+                                    target=target, cost=ch.TEST_COST)
         self.run(self.cloud.start())
         self.edge = EdgeServer(replace(EdgeSettings(), cloud=f"127.0.0.1:{self.cloud.port}",
                                        port=0, request_timeout_s=20), draft=draft)

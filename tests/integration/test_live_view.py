@@ -76,7 +76,7 @@ async def test_live_sessions_slots_and_asks_while_a_request_runs(
 async def test_stats_while_warming_up_and_an_unreachable_node(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    server = VerifierServer(ch.settings(), target=eh.shared_models()[0])
+    server = VerifierServer(ch.settings(), target=eh.shared_models()[0], cost=ch.TEST_COST)
     await server.start(warm=False)  # bound, NOT_SERVING, nothing loaded
     try:
         status = await fetch_status(f"127.0.0.1:{server.port}")

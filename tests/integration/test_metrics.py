@@ -151,7 +151,7 @@ async def test_counters_move_by_what_the_requests_report() -> None:
 
 async def test_refusals_are_counted_by_reason() -> None:
     server = VerifierServer(replace(ch.settings(), metrics_port=0),
-                            target=eh.shared_models()[0])
+                            target=eh.shared_models()[0], cost=ch.TEST_COST)
     await server.start()
     try:
         await ch.expect_failure(server.port, [ch.open_msg("   ", ch.make_frames(0))])
@@ -200,7 +200,7 @@ async def test_auth_failures_and_per_edge_series_name_the_principal() -> None:
     token = "edge-a-token-0123456789abcdef"
     settings = replace(ch.settings(), metrics_port=0,
                        security=ServerSecurity(tokens=(("edge-a", token),)))
-    server = VerifierServer(settings, target=eh.shared_models()[0])
+    server = VerifierServer(settings, target=eh.shared_models()[0], cost=ch.TEST_COST)
     await server.start()
     try:
         async with aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:

@@ -115,7 +115,7 @@ async def test_an_ask_waits_for_a_warming_cloud_with_its_phase_then_answers() ->
     """The edge is NOT_SERVING while its cloud calibrates; an Ask sent then streams the
     cloud's phase as progress and is answered once the cloud is warm."""
     target, _ = shared_models()
-    cloud = VerifierServer(ch.settings(), target=target)
+    cloud = VerifierServer(ch.settings(), target=target, cost=ch.TEST_COST)
     await cloud.start(warm=False)
     cloud._warming("calibrating, round 2 of 3: steps of 4 session(s)")
     try:
@@ -188,7 +188,7 @@ async def test_a_cloud_address_that_is_another_edge_is_refused_at_once_as_not_a_
 
 async def test_the_edge_health_follows_its_cloud_down() -> None:
     target, _ = shared_models()
-    cloud = VerifierServer(ch.settings(), target=target)
+    cloud = VerifierServer(ch.settings(), target=target, cost=ch.TEST_COST)
     await cloud.start()
     stopped = False
     try:

@@ -234,10 +234,10 @@ def test_eventspec_edge_serve_answers_on_every_real_file(tmp_path: Path) -> None
     the detected ones), and ``eventspec ask`` gets an answer from each."""
     import signal
 
-    from tests.support.cli_processes import ask_json, spawn, wait_port
+    from tests.support.cli_processes import PACED_CLOUD, ask_json, spawn, wait_port
 
     cloud = spawn("eventspec-cloud", ["serve", "--model", "toy", "--port", "0", "--port-file",
-                                      str(tmp_path / "c"), "--no-calibrate"], tmp_path / "c.log")
+                                      str(tmp_path / "c"), *PACED_CLOUD], tmp_path / "c.log")
     try:
         cport = wait_port(cloud, tmp_path / "c", tmp_path / "c.log")
         for i, name in enumerate(sorted(EXPECTED)):

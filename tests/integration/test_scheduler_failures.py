@@ -32,7 +32,8 @@ class FlakyEngine(HFEngine):
 
 
 async def _start(engine: HFEngine) -> VerifierServer:
-    server = VerifierServer(h.settings(max_sessions=4), target=engine.target, engine=engine)
+    server = VerifierServer(h.settings(max_sessions=4), target=engine.target, engine=engine,
+                            cost=h.TEST_COST)
     await server.start()
     return server
 

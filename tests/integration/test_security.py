@@ -43,7 +43,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 async def start_cloud(security: ServerSecurity) -> VerifierServer:
     target, _ = eh.shared_models()
-    server = VerifierServer(replace(ch.settings(max_sessions=4), security=security), target=target)
+    server = VerifierServer(replace(ch.settings(max_sessions=4), security=security), target=target,
+                            cost=ch.TEST_COST)
     await server.start()
     return server
 
@@ -338,8 +339,8 @@ def test_cli_refuses_non_loopback_plaintext(tmp_path: Path) -> None:
 
     with pytest.raises(SystemExit, match="--tls-cert and --tls-key go together"):
         main(["serve", "--host", "0.0.0.0", "--tls-cert", str(tmp_path / "x.pem")])
-    assert main(["serve", "--model", "tiny-random", "--host", "0.0.0.0", "--port", "0",
-                 "--no-calibrate"]) == 1
+    assert main(["serve", "--model", "tiny-random", "--host", "0.0.0.0", "--port",
+                 "0"]) == 1
 
 
 # -- both hops: client -> edge (TLS + token), edge -> cloud (mutual TLS) ----------------

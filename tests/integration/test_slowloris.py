@@ -123,7 +123,7 @@ async def test_cloud_serves_during_a_slowloris(pki: th.Pki, tls: bool, tmp_path:
     target, _ = eh.shared_models()
     server_sec, client_sec = _security(pki, tls, tmp_path)
     cloud = VerifierServer(replace(ch.settings(max_sessions=4), security=server_sec,
-                                   health_port=0), target=target)
+                                   health_port=0), target=target, cost=ch.TEST_COST)
     await cloud.start()
     node = Node(cloud.port, client_sec, pki.ca if tls else None)
     assert cloud._host is not None and cloud._host.health_port

@@ -26,6 +26,7 @@ from eventspec.edge.config import EdgeSettings
 from eventspec.edge.server import EdgeServer
 from eventspec.shared.client.edge_client import AskError, EdgeClient
 from eventspec.shared.contract.types import AskSpec, GenerationSettings, Mode, ServerLimits
+from tests.support import cloud_harness as ch
 
 pytestmark = pytest.mark.slow
 
@@ -81,8 +82,8 @@ def _p(values: list[float], q: float) -> float:
 async def test_soak_32_clients_no_errors_bounded_rss() -> None:
     duration = float(os.environ.get("EVENTSPEC_SOAK_S", DEFAULT_SOAK_S))
     limits = replace(ServerLimits(), max_sessions=CLIENTS)
-    cloud = VerifierServer(replace(CloudSettings(), port=0, calibrate=False, limits=limits,
-                                   max_sessions_per_principal=CLIENTS))
+    cloud = VerifierServer(replace(CloudSettings(), port=0, limits=limits,
+                                   max_sessions_per_principal=CLIENTS), cost=ch.TEST_COST)
     await cloud.start()
     edge = EdgeServer(replace(EdgeSettings(), cloud=f"127.0.0.1:{cloud.port}", port=0,
                               request_timeout_s=300.0))

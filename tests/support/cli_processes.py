@@ -13,6 +13,15 @@ from eventspec.shared.client.launch import entry_point_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
+#: ``eventspec-cloud serve`` flags for a test that needs a cloud process SERVING quickly:
+#: a paced engine plans with the costs it is paced to (``GetServerInfo`` labels them
+#: "paced engine, known costs") and is not calibrated. The other ways to start without
+#: measuring do not hold on a busy 2-core machine: calibrating the toy target took 30 s
+#: to 3 min there, and a saved ``--profile`` is spot-checked against a few real steps,
+#: which a busy moment puts off by more than the 2x it tolerates, and then it calibrates.
+#: The paces are above what the toy and tiny-random models take on an idle CPU.
+PACED_CLOUD = ("--emulate-prefill-ms", "50", "--emulate-step-ms", "10")
+
 
 def spawn(script: str, args: list[str], log: Path) -> subprocess.Popen[bytes]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")

@@ -19,6 +19,7 @@ from eventspec.cloud.server import VerifierServer
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_target import build_tiny_random_target
 from eventspec.shared.contract import convert
+from eventspec.shared.contract.timing import CloudCost
 from eventspec.shared.contract.types import (
     CommitEvent,
     DoneEvent,
@@ -42,13 +43,29 @@ def make_frames(seed: int, n: int = 8, size: int = 40) -> tuple[bytes, ...]:
     )
 
 
+#: The cost model in-process test verifiers plan with, injected as ``VerifierServer(...,
+#: cost=TEST_COST)`` (CPU tiny-random magnitudes): calibrating takes seconds to minutes
+#: on a busy machine, and these tests are not about the plan. A test about calibration
+#: leaves it out; ``eventspec-cloud`` itself always calibrates or reuses a saved profile.
+TEST_COST = CloudCost(
+    prefill_base_ms=5.0,
+    prefill_ms_per_visual_token=0.05,
+    prefill_ms_per_text_token=0.05,
+    step_base_ms=2.0,
+    step_ms_per_token=0.1,
+    device="fixed",
+    calibration="fixed test constants (tests.support.cloud_harness.TEST_COST)",
+)
+
+
 def settings(*, input_timeout_s: float = 5.0, session_ttl_s: float = 600.0,
              kv_cache_gb: float | None = None, **limits: int) -> CloudSettings:
+    """In-process test settings: port 0, a short grace; pass ``cost=TEST_COST`` (or the
+    cost of the engine you inject) to the ``VerifierServer``, or it calibrates."""
     return replace(
         CloudSettings(),
         port=0,
         kv_cache_gb=kv_cache_gb,
-        calibrate=False,
         limits=replace(ServerLimits(), **limits),
         input_timeout_s=input_timeout_s,
         session_ttl_s=session_ttl_s,
@@ -68,6 +85,7 @@ async def start_verifier(
         settings(input_timeout_s=input_timeout_s, session_ttl_s=session_ttl_s,
                  kv_cache_gb=kv_cache_gb, **limits),
         target=target or build_tiny_random_target(seed=0),
+        cost=TEST_COST,
     )
     await server.start()
     return server

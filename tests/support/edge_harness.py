@@ -100,7 +100,8 @@ async def start_toy_stack(
     if slow is not None:
         engine = PacedEngine(HFEngine(target), prefill_ms=slow[0] * 1e3, step_ms=slow[1] * 1e3)
         cost = slow_cost(*slow)
-    cloud = VerifierServer(ch.settings(max_sessions=4), target=target, engine=engine, cost=cost)
+    cloud = VerifierServer(ch.settings(max_sessions=4), target=target, engine=engine,
+                           cost=cost or ch.TEST_COST)
     await cloud.start()
     settings = replace(EdgeSettings(), cloud=f"127.0.0.1:{cloud.port}", port=0, model="toy",
                        **(edge_settings or {}))
@@ -137,7 +138,8 @@ async def start_stack(
         # slower than the edge's guarantees hidden drafts; a slow step makes drafting pay.
         engine = PacedEngine(HFEngine(target), prefill_ms=slow[0] * 1e3, step_ms=slow[1] * 1e3)
         cost = slow_cost(*slow)
-    cloud = VerifierServer(ch.settings(max_sessions=4), target=target, engine=engine, cost=cost)
+    cloud = VerifierServer(ch.settings(max_sessions=4), target=target, engine=engine,
+                           cost=cost or ch.TEST_COST)
     await cloud.start()
     settings = replace(EdgeSettings(), cloud=f"127.0.0.1:{cloud.port}", port=0,
                        **(edge_settings or {}))

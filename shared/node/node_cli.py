@@ -1,0 +1,259 @@
+"""What ``eventspec-edge`` and ``eventspec-cloud`` share as commands: settings errors and
+how they are refused, reading ``EVENTSPEC_EDGE_*`` / ``EVENTSPEC_CLOUD_*`` variables, flags
+that default to their variable, the value checks, and ``serve``'s run.
+
+The convention both nodes follow: every setting ``--some-flag`` has the environment
+variable ``<PREFIX>SOME_FLAG`` (``EVENTSPEC_CLOUD_SESSION_TTL_S`` for ``--session-ttl-s``),
+whose value is the flag's default and is named in its ``--help``; a flag given on the
+command line wins. A value that does not parse, or that the node cannot run with, ends
+the command before anything starts: one line on stderr naming the flag or the variable,
+exit status 2 (as argparse's own refusals).
+
+Torch-free and importing neither node (``make lint`` checks the floors): the nodes pass
+in what is theirs (their settings, their server, their tiny random model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import Any, ClassVar, NoReturn, Protocol, TypeVar
+
+from eventspec.shared.node.serving import (
+    LOG_FORMAT,
+    NodeServer,
+    quiet_progress_bars,
+    run_node,
+)
+
+#: Exit status of a refused flag or environment value, as argparse's own.
+EXIT_USAGE = 2
+
+#: ``--log-level`` names (``logging`` refuses others with a traceback).
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+#: Spellings of a switch variable (``EVENTSPEC_EDGE_ALLOW_PICKLE=1``).
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+class SettingsError(ValueError):
+    """A flag or environment value the node cannot run with; the message names it."""
+
+    def in_environment(self, env_prefix: str) -> str:
+        """The message for a value that came from the environment: a leading ``--flag``
+        becomes ``$<PREFIX>FLAG (--flag)``, so the line names what to fix."""
+        text = str(self)
+        flag, sep, rest = text.partition(" ")
+        if flag.startswith("--") and sep:
+            return f"${env_name(env_prefix, flag)} ({flag}) {rest}"
+        return text
+
+
+def env_name(env_prefix: str, flag: str) -> str:
+    """``--session-ttl-s`` -> ``EVENTSPEC_CLOUD_SESSION_TTL_S`` (for that prefix)."""
+    return env_prefix + flag.removeprefix("--").upper().replace("-", "_")
+
+
+def refuse(prog: str, message: str) -> NoReturn:
+    """One line on stderr naming the flag or variable, then exit 2 (nothing started)."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    raise SystemExit(EXIT_USAGE)
+
+
+class Env:
+    """One node's ``<PREFIX>NAME`` variables; unset or empty means the default.
+
+    A value that does not parse raises SettingsError naming the variable and the value.
+    """
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def _raw(self, name: str) -> str | None:
+        text = os.environ.get(self.prefix + name)
+        return None if text is None or text == "" else text
+
+    def _bad(self, name: str, text: str, what: str) -> SettingsError:
+        return SettingsError(f"${self.prefix}{name}={text!r} is not {what}")
+
+    def text(self, name: str, default: str) -> str:
+        text = self._raw(name)
+        return default if text is None else text
+
+    def optional_text(self, name: str, default: str | None = None) -> str | None:
+        text = self._raw(name)
+        return default if text is None else text
+
+    def integer(self, name: str, default: int) -> int:
+        value = self.optional_integer(name)
+        return default if value is None else value
+
+    def optional_integer(self, name: str) -> int | None:
+        text = self._raw(name)
+        if text is None:
+            return None
+        try:
+            return int(text)
+        except ValueError:
+            raise self._bad(name, text, "an integer") from None
+
+    def number(self, name: str, default: float) -> float:
+        value = self.optional_number(name)
+        return default if value is None else value
+
+    def optional_number(self, name: str) -> float | None:
+        text = self._raw(name)
+        if text is None:
+            return None
+        try:
+            return float(text)
+        except ValueError:
+            raise self._bad(name, text, "a number") from None
+
+    def switch(self, name: str, default: bool = False) -> bool:
+        text = self._raw(name)
+        if text is None:
+            return default
+        if text.strip().lower() in _TRUE:
+            return True
+        if text.strip().lower() in _FALSE:
+            return False
+        raise self._bad(name, text, "a switch (1 or 0)")
+
+    def path(self, name: str) -> Path | None:
+        text = self._raw(name)
+        return None if text is None else Path(text)
+
+
+class CheckedSettings(Protocol):
+    """A node's settings: a frozen dataclass that can say what it cannot run with."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def grace_s(self) -> float: ...
+
+    def check(self) -> None: ...
+
+
+S = TypeVar("S", bound=CheckedSettings)
+
+
+def env_defaults(prog: str, env_prefix: str, from_env: Callable[[], S]) -> S:
+    """The settings the environment describes, checked, to serve as the flags' defaults.
+
+    A variable that does not parse, or whose value the node cannot run with, exits 2
+    naming the variable (even if a flag would override it: a bad environment is fixed,
+    not shadowed).
+    """
+    try:
+        settings = from_env()
+        settings.check()
+    except SettingsError as exc:
+        refuse(prog, exc.in_environment(env_prefix))
+    return settings
+
+
+def checked(prog: str, settings: S) -> S:
+    """``settings`` if the node can run with them; else exit 2 naming the flag."""
+    try:
+        settings.check()
+    except SettingsError as exc:
+        refuse(prog, str(exc))
+    return settings
+
+
+def add_setting(parser: argparse.ArgumentParser | argparse._ArgumentGroup, env_prefix: str,
+                flag: str, *, default: Any, help: str, **kwargs: Any) -> None:
+    """``flag``, defaulting to its environment variable's value (read into ``default`` by
+    the node's ``from_env``), with the variable named at the end of its help."""
+    name = env_name(env_prefix, flag)
+    switch = kwargs.get("action") == "store_true"
+    parser.add_argument(flag, default=default,
+                        help=f"{help} (${name}{'=1' if switch else ''})", **kwargs)
+
+
+def add_run_args(parser: argparse.ArgumentParser, node: str) -> None:
+    """``--port-file`` and ``--log-level``: how the process runs, not a setting."""
+    parser.add_argument("--port-file", type=Path, default=None,
+                        help="write the bound port here as soon as it is bound (for --port "
+                             f"0; {node} is NOT_SERVING until warm: wait with eventspec wait)")
+    parser.add_argument("--log-level", default="INFO", choices=LOG_LEVELS,
+                        type=str.upper, help="log threshold")
+
+
+def add_metrics_args(parser: argparse.ArgumentParser, env_prefix: str, *,
+                     port: int | None, host: str) -> None:
+    """``--metrics-port`` / ``--metrics-host``, the same on both nodes
+    (eventspec.shared.node.metrics); ``port`` and ``host`` are the environment's."""
+    add_setting(parser, env_prefix, "--metrics-port", type=int, default=port,
+                help="serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a "
+                     "free port, logged; default: off)")
+    add_setting(parser, env_prefix, "--metrics-host", default=host,
+                help="bind address of the metrics endpoint (it has no authentication: a "
+                     "non-loopback address is logged as a warning)")
+
+
+# -- value checks: SettingsError naming the flag --------------------------------------
+
+def require_int(flag: str, value: int, lo: int, hi: int | None = None, note: str = "") -> None:
+    """``lo <= value`` (``<= hi``): "--port must be in 0..65535 (0 picks one), got 70000"."""
+    if lo <= value and (hi is None or value <= hi):
+        return
+    span = f"in {lo}..{hi}" if hi is not None else f">= {lo}"
+    raise SettingsError(f"{flag} must be {span}{f' ({note})' if note else ''}, got {value}")
+
+
+def require_seconds(flag: str, value: float, *, zero_ok: bool) -> None:
+    """A finite duration, > 0 (or >= 0 when ``zero_ok``)."""
+    if math.isfinite(value) and (value > 0 or (zero_ok and value == 0)):
+        return
+    raise SettingsError(f"{flag} must be {'>=' if zero_ok else '>'} 0 seconds, got {value:g}")
+
+
+def require_fraction(flag: str, value: float, *, zero_ok: bool) -> None:
+    """A finite value in (0, 1] (or [0, 1] when ``zero_ok``)."""
+    if math.isfinite(value) and value <= 1 and (value > 0 or (zero_ok and value == 0)):
+        return
+    raise SettingsError(f"{flag} must be in {'[' if zero_ok else '('}0, 1], got {value:g}")
+
+
+def require_choice(flag: str, value: str, choices: Collection[str]) -> None:
+    """One of ``choices`` (argparse checks a flag's; this checks a variable's too)."""
+    if value not in choices:
+        raise SettingsError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
+
+
+# -- serve ----------------------------------------------------------------------------
+
+def serve(prog: str, args: argparse.Namespace, log: logging.Logger, settings: S,
+          server: Callable[[S], NodeServer], *,
+          scratch_model: Callable[[Path, int], Path] | None = None) -> int:
+    """Run ``serve`` until SIGTERM/SIGINT: logging, then the node's server; exit status.
+
+    ``scratch_model`` (for ``--model tiny-random``) writes a model into a temporary
+    directory (removed on exit) for the seed and returns its path, which then stands in
+    ``settings.model``: the server loads it like any other model directory.
+    """
+    logging.basicConfig(level=args.log_level, format=LOG_FORMAT)
+    quiet_progress_bars()
+    with contextlib.ExitStack() as scratch:
+        if scratch_model is not None:
+            tmp = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix=f"{prog}-")))
+            settings = dataclasses.replace(settings, model=str(scratch_model(tmp, settings.seed)))
+        return run_node(server(settings), args.port_file, log, settings.grace_s, prog)
