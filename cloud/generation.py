@@ -27,8 +27,8 @@ from eventspec.cloud.request_timeline import CloudTimeline
 from eventspec.cloud.runtime import VerifierRuntime
 from eventspec.cloud.scheduler import Failure, Ticket
 from eventspec.cloud.timeouts import features_timeout_s
-from eventspec.shared.contract.codec import TensorAssembler, TensorHeaderInfo, WireDtype
-from eventspec.shared.contract.convert import CloudOutbound, EdgeInbound
+from eventspec.shared.contract.codec import TensorHeaderInfo, WireDtype
+from eventspec.shared.contract.convert_verifier import CloudOutbound, EdgeInbound
 from eventspec.shared.contract.errors import (
     DeadlineExceeded,
     EventSpecError,
@@ -37,6 +37,7 @@ from eventspec.shared.contract.errors import (
     ResourceExhausted,
 )
 from eventspec.shared.contract.principal import current_principal
+from eventspec.shared.contract.tensor_assembly import TensorAssembler
 from eventspec.shared.contract.types import (
     VIDEO_FEATURES_TENSOR,
     CancelRequest,

@@ -53,7 +53,8 @@ from eventspec.shared.contract.planning import (
     plan_inputs,
     request_plan,
 )
-from eventspec.shared.contract.timing import EdgeCost, TimingPlan, plan
+from eventspec.shared.contract.timing import EdgeCost, TimingPlan
+from eventspec.shared.contract.timing_model import plan
 from eventspec.shared.contract.types import (
     AlignedSpec,
     AskEvent,

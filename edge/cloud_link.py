@@ -31,8 +31,8 @@ from grpc import aio
 
 from eventspec.edge.link import VerifierStream
 from eventspec.edge.readiness import CloudState, CloudView
-from eventspec.shared.contract import convert
-from eventspec.shared.contract.convert import CloudOutbound, EdgeInbound
+from eventspec.shared.contract import convert_verifier
+from eventspec.shared.contract.convert_verifier import CloudOutbound, EdgeInbound
 from eventspec.shared.contract.errors import (
     DeadlineExceeded,
     EventSpecError,
@@ -175,7 +175,7 @@ class CloudStream:
     async def send(self, msg: EdgeInbound, *, best_effort: bool = False) -> None:
         """Write one message. ``best_effort`` writes (drafts) that find the call already
         finished are dropped: the reply stream reports how the call ended."""
-        pb = convert.edge_message_to_pb(msg)
+        pb = convert_verifier.edge_message_to_pb(msg)
         try:
             await self._call.write(pb)
         except (grpc.RpcError, aio.UsageError, asyncio.InvalidStateError) as exc:
@@ -215,7 +215,7 @@ class CloudStream:
                 if msg is aio.EOF:
                     return
                 self.downlink_bytes += msg.ByteSize()
-                yield convert.cloud_message_from_pb(msg)
+                yield convert_verifier.cloud_message_from_pb(msg)
         except grpc.RpcError as exc:
             raise self._failed(rpc_error(exc, self._address, "Generate")) from exc
 
@@ -325,7 +325,7 @@ class CloudLink:
                 continue
             self.rtt.update((time.perf_counter() - t0) * 1e3)
             self.reachable, self.last_error = True, ""
-            self.info = convert.server_info_from_pb(pb)
+            self.info = convert_verifier.server_info_from_pb(pb)
             self._info_at = time.monotonic()
             return self.info
         assert err is not None

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from eventspec.edge.readiness import CloudView
-from eventspec.shared.contract.convert import CloudOutbound, EdgeInbound
+from eventspec.shared.contract.convert_verifier import CloudOutbound, EdgeInbound
 from eventspec.shared.contract.errors import EventSpecError
 from eventspec.shared.contract.estimators import RttEstimator
 from eventspec.shared.contract.types import ServerInfo
