@@ -35,6 +35,13 @@ tens of microseconds per session (``benchmarks/bench_capacity.py`` reports it as
 ``scheduler_overhead_ms``), small beside a forward, and torch releases the GIL inside
 its kernels; a process would add a msgpack round trip per step and a second copy of the
 request state for no measured gain. See docs/scheduler.md.
+
+Why this module stays whole at a little over 400 lines: what is left in it is the loop
+alone (the objects it shares with the streams are in ``eventspec.cloud.tickets``, its
+counters in ``eventspec.cloud.scheduler_stats``). Its prefill and step halves read and
+write the same waiting and running lists on one thread, and their order within an
+iteration is the policy above; split across files, that policy could no longer be read
+in one place.
 """
 
 from __future__ import annotations
@@ -47,84 +54,18 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 
-from eventspec.cloud.decoding import Committed, DecodingSession
+from eventspec.cloud.decoding import Committed, DecodingSession, StepInput
 from eventspec.cloud.engine.base import BatchedEngine, PrefillRequest, StepBatch
 from eventspec.cloud.sampler import BatchedSampler, SampleSpec, make_generator
-from eventspec.shared.contract.errors import EventSpecError, ResourceExhausted, Unavailable
+from eventspec.cloud.scheduler_stats import SchedulerStats, StepObserver
+from eventspec.cloud.tickets import Failure, SchedulerEvent, SlotPool, Ticket
+from eventspec.shared.contract.errors import EventSpecError, Unavailable
 from eventspec.shared.contract.types import DraftTail, FinishReason
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Failure:
-    """The request failed; the stream raises ``error``."""
-
-    error: EventSpecError
-
-
-SchedulerEvent = Committed | Failure
-
-
-@dataclass(eq=False)
-class Ticket:
-    """One admitted request, shared by its stream (event loop) and the engine thread.
-
-    The stream writes only ``mailbox`` and ``cancel_requested`` (single attribute stores,
-    atomic under the GIL); the engine thread owns ``session`` until it posts a result with
-    a finish reason, after which the stream may read it.
-    """
-
-    request_id: str
-    session: DecodingSession
-    events: asyncio.Queue[SchedulerEvent]
-    generator: torch.Generator | None
-    mailbox: DraftTail | None = None
-    cancel_requested: bool = False
-    slot_held: bool = True
-    submitted: bool = False
-    submitted_at: float = 0.0  # the scheduler's clock when the prefill was queued
-    prefill_started_at: float = 0.0  # the scheduler's clock when its prefill call began
-
-    @property
-    def slot(self) -> int:
-        return self.session.slot
-
-
-class SlotPool:
-    """Which KV slots are free. Taken on the event loop, given back on the engine thread."""
-
-    def __init__(self, num_slots: int, max_seq_len: int) -> None:
-        self.num_slots = num_slots
-        self.max_seq_len = max_seq_len
-        self._free = collections.deque(range(num_slots))
-        self._lock = threading.Lock()
-
-    @property
-    def free(self) -> int:
-        return len(self._free)
-
-    def acquire(self) -> int:
-        with self._lock:
-            if not self._free:
-                raise ResourceExhausted(
-                    f"all {self.num_slots} KV slots are in use ({self.num_slots} slots x "
-                    f"{self.max_seq_len} tokens, GetServerInfo.limits.kv_slots); retry later "
-                    "or raise --kv-cache-gb"
-                )
-            return self._free.popleft()
-
-    def release(self, slot: int) -> None:
-        with self._lock:
-            if slot in self._free:
-                raise RuntimeError(f"KV slot {slot} released twice")
-            self._free.append(slot)
-
 
 #: Prompt tokens one prefill call may take when several requests wait. One 2,103-token
 #: Video-LLaVA prompt already exceeds it, so on a GPU prefills stay one per call (each
@@ -133,32 +74,6 @@ class SlotPool:
 #: together start together and step in full batches. The oldest waiting request is
 #: always taken, whatever its length.
 DEFAULT_PREFILL_TOKEN_BUDGET = 2048
-
-
-@dataclass
-class SchedulerStats:
-    """What the loop did (for the benchmark and the logs)."""
-
-    steps: int = 0
-    prefills: int = 0
-    step_tokens: int = 0
-    batch_sizes: collections.Counter[int] = field(default_factory=collections.Counter)
-    engine_ms: float = 0.0
-    sampler_ms: float = 0.0
-    overhead_ms: float = 0.0  # the loop's own Python work around engine and sampler
-    prefill_ms: float = 0.0  # engine prefill calls plus their first-token sampling
-    prefill_wait_ms: float = 0.0  # queued prefills waiting for the loop (steps, prefills)
-
-    def observe_step(self, sessions: int, tokens: int) -> None:
-        self.steps += 1
-        self.step_tokens += tokens
-        self.batch_sizes[sessions] += 1
-
-
-class StepObserver(Protocol):
-    """Told of every batched step (``eventspec.cloud.metrics``); must be cheap and never raise."""
-
-    def on_step(self, sessions: int, tokens: int, seconds: float) -> None: ...
 
 
 class Scheduler:
@@ -224,7 +139,6 @@ class Scheduler:
                        pixel_values_videos: torch.Tensor | None = None,
                        video_features: torch.Tensor | None = None) -> None:
         """Queue the request's prefill; the first result follows on ``ticket.events``."""
-        ticket.submitted = True
         ticket.submitted_at = self._clock()
         if self.dead is not None:
             ticket.events.put_nowait(Failure(Unavailable(
@@ -281,23 +195,28 @@ class Scheduler:
                 with contextlib.suppress(RuntimeError):
                     self._loop.call_soon_threadsafe(self._on_death, self.dead)
         finally:
-            if self.dead is None:
-                self.dead = "stopped"
-            down = Unavailable("the verifier's engine loop stopped")
-            for t in [*self._running, *(t for t, _ in self._waiting)]:
-                self._end(t, Failure(down))
-            self._running.clear()
-            self._waiting.clear()
-            while True:  # release what the streams still hold
-                try:
-                    kind, ticket, _ = self._commands.get_nowait()
-                except queue.Empty:
-                    break
-                if ticket is not None and kind == "prefill":
-                    self._end(ticket, Failure(down))
-                elif ticket is not None and kind != "stop":
-                    self._free_slot(ticket)
-            self._flush()
+            self._shut_down()
+
+    def _shut_down(self) -> None:
+        """Fail every request in the loop or on its way in with UNAVAILABLE, and give
+        back the slots of those whose streams already let go."""
+        if self.dead is None:
+            self.dead = "stopped"
+        down = Unavailable("the verifier's engine loop stopped")
+        for t in [*self._running, *(t for t, _ in self._waiting)]:
+            self._end(t, Failure(down))
+        self._running.clear()
+        self._waiting.clear()
+        while True:  # release what the streams still hold
+            try:
+                kind, ticket, _ = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if ticket is not None and kind == "prefill":
+                self._end(ticket, Failure(down))
+            elif ticket is not None and kind != "stop":
+                self._free_slot(ticket)
+        self._flush()
 
     def _take_commands(self, *, block: bool) -> None:
         try:
@@ -399,13 +318,7 @@ class Scheduler:
         for t in ready:
             self._read_mailbox(t)
             inputs.append(t.session.step_input())
-        flat = [tok for inp in inputs for tok in inp.tokens]
-        batch = StepBatch(
-            slots=tuple(inp.slot for inp in inputs),
-            start_positions=tuple(inp.start_position for inp in inputs),
-            counts=tuple(len(inp.tokens) for inp in inputs),
-            token_ids=torch.tensor(flat, dtype=torch.long, device=self.engine.device),  # [N]
-        )
+        batch = self._batch_of(inputs)
         specs = [self._spec(t, len(inp.tokens), inp.drafts) for t, inp in zip(ready, inputs,
                                                                               strict=True)]
         t_engine = self._clock()
@@ -426,13 +339,29 @@ class Scheduler:
                 self._post(t, done)
             else:
                 self._end(t, done)
+        self._record_step(len(ready), batch.num_tokens, t_start, t_engine, t_sampler, t_done)
+
+    def _batch_of(self, inputs: Sequence[StepInput]) -> StepBatch:
+        """The sessions' step inputs as one engine batch, tokens flattened session-major."""
+        flat = [tok for inp in inputs for tok in inp.tokens]
+        return StepBatch(
+            slots=tuple(inp.slot for inp in inputs),
+            start_positions=tuple(inp.start_position for inp in inputs),
+            counts=tuple(len(inp.tokens) for inp in inputs),
+            token_ids=torch.tensor(flat, dtype=torch.long, device=self.engine.device),  # [N]
+        )
+
+    def _record_step(self, sessions: int, tokens: int, t_start: float, t_engine: float,
+                     t_sampler: float, t_done: float) -> None:
+        """Count the step and split its time into engine, sampler and the loop's own work
+        (everything before the engine call and after the sampler, commits included)."""
         s = self.stats
-        s.observe_step(len(ready), len(flat))
+        s.observe_step(sessions, tokens)
         s.engine_ms += (t_sampler - t_engine) * 1e3
         s.sampler_ms += (t_done - t_sampler) * 1e3
         s.overhead_ms += ((t_engine - t_start) + (self._clock() - t_done)) * 1e3
         if self.observer is not None:
-            self.observer.on_step(len(ready), len(flat), t_done - t_engine)
+            self.observer.on_step(sessions, tokens, t_done - t_engine)
 
     def _ended_early(self, ticket: Ticket) -> bool:
         """Finish a cancelled or overdue request before it takes engine time."""
