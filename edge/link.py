@@ -1,7 +1,8 @@
 """The edge's view of the cloud verifier, as Protocols: what the agent needs of a link.
 
-``eventspec.edge.cloud_link`` implements them over gRPC; tests implement them in memory, so the
-agent and its session run without a network.
+``eventspec.edge.cloud_link`` (the link) and ``eventspec.edge.cloud_stream`` (a stream)
+implement them over gRPC; tests implement them in memory, so the agent and its session
+run without a network.
 """
 
 from __future__ import annotations
