@@ -36,18 +36,15 @@ tens of microseconds per session (``benchmarks/bench_capacity.py`` reports it as
 its kernels; a process would add a msgpack round trip per step and a second copy of the
 request state for no measured gain. See docs/scheduler.md.
 
-Why this module stays whole at a little over 400 lines: what is left in it is the loop
-alone (the objects it shares with the streams are in ``eventspec.cloud.tickets``, its
-counters in ``eventspec.cloud.scheduler_stats``). Its prefill and step halves read and
-write the same waiting and running lists on one thread, and their order within an
-iteration is the policy above; split across files, that policy could no longer be read
-in one place.
+This module is the loop. Around it: ``eventspec.cloud.tickets`` holds what it shares
+with the streams (tickets, KV slots, the outbox), ``eventspec.cloud.prefill_queue`` the
+waiting prefills and how many go into one call, ``eventspec.cloud.scheduler_stats`` its
+counters.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import queue
@@ -59,21 +56,14 @@ import torch
 
 from eventspec.cloud.decoding import Committed, DecodingSession, StepInput
 from eventspec.cloud.engine.base import BatchedEngine, PrefillRequest, StepBatch
+from eventspec.cloud.prefill_queue import DEFAULT_PREFILL_TOKEN_BUDGET, PrefillQueue
 from eventspec.cloud.sampler import BatchedSampler, SampleSpec, make_generator
 from eventspec.cloud.scheduler_stats import SchedulerStats, StepObserver
-from eventspec.cloud.tickets import Failure, SchedulerEvent, SlotPool, Ticket
+from eventspec.cloud.tickets import Failure, Outbox, SchedulerEvent, SlotPool, Ticket
 from eventspec.shared.contract.errors import EventSpecError, Unavailable
 from eventspec.shared.contract.types import DraftTail, FinishReason
 
 log = logging.getLogger(__name__)
-
-#: Prompt tokens one prefill call may take when several requests wait. One 2,103-token
-#: Video-LLaVA prompt already exceeds it, so on a GPU prefills stay one per call (each
-#: fills the device; grouping two would double the stall of running sessions for little
-#: gain); the toy's ~150-token prompts go up to 13 per call, so requests that arrive
-#: together start together and step in full batches. The oldest waiting request is
-#: always taken, whatever its length.
-DEFAULT_PREFILL_TOKEN_BUDGET = 2048
 
 
 class Scheduler:
@@ -87,18 +77,15 @@ class Scheduler:
         prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        if prefill_token_budget < 1:
-            raise ValueError(f"prefill_token_budget must be >= 1, got {prefill_token_budget}")
+        self._prefills = PrefillQueue(prefill_token_budget)  # checks the budget first
         self.engine = engine
-        self.prefill_token_budget = prefill_token_budget
         self.sampler = BatchedSampler(text_vocab_size)
         self.pool = SlotPool(engine.num_slots, engine.max_seq_len)
         self.stats = SchedulerStats()
         self._clock = clock
         self._commands: queue.SimpleQueue[tuple[str, Ticket | None, object]] = queue.SimpleQueue()
-        self._waiting: collections.deque[tuple[Ticket, PrefillRequest]] = collections.deque()
         self._running: list[Ticket] = []
-        self._outbox: list[tuple[Ticket, SchedulerEvent]] = []
+        self._outbox = Outbox()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -174,20 +161,21 @@ class Scheduler:
     @property
     def waiting(self) -> int:
         """Prefills queued in the engine loop now (read from any thread; approximate)."""
-        return len(self._waiting)
+        return len(self._prefills)
 
     # -- the engine thread -----------------------------------------------------------------------
 
     def _run(self) -> None:
         try:
             while not self._stopping:
-                self._take_commands(block=not self._running and not self._waiting)
+                self._take_commands(block=not self._running and not self._prefills)
                 if self._stopping:
                     break
                 self._prefill_one()
-                self._flush()  # the first token goes out now, not after the next step
+                # The first token goes out now, not after the next step.
+                self._outbox.flush(self._loop)
                 self._step_all()
-                self._flush()
+                self._outbox.flush(self._loop)
         except BaseException as exc:  # a bug in the loop must not leave streams hanging
             self.dead = f"{type(exc).__name__}: {exc}"
             log.exception("the engine loop died")
@@ -203,10 +191,10 @@ class Scheduler:
         if self.dead is None:
             self.dead = "stopped"
         down = Unavailable("the verifier's engine loop stopped")
-        for t in [*self._running, *(t for t, _ in self._waiting)]:
+        for t in [*self._running, *self._prefills.tickets()]:
             self._end(t, Failure(down))
         self._running.clear()
-        self._waiting.clear()
+        self._prefills.clear()
         while True:  # release what the streams still hold
             try:
                 kind, ticket, _ = self._commands.get_nowait()
@@ -216,7 +204,7 @@ class Scheduler:
                 self._end(ticket, Failure(down))
             elif ticket is not None and kind != "stop":
                 self._free_slot(ticket)
-        self._flush()
+        self._outbox.flush(self._loop)
 
     def _take_commands(self, *, block: bool) -> None:
         try:
@@ -229,7 +217,7 @@ class Scheduler:
                 self._stopping = True
             elif kind == "prefill" and ticket is not None and ticket.slot_held:
                 assert isinstance(payload, PrefillRequest)
-                self._waiting.append((ticket, payload))
+                self._prefills.add(ticket, payload)
             elif kind == "release" and ticket is not None:
                 self._forget(ticket)
             try:
@@ -245,17 +233,8 @@ class Scheduler:
         first served) while their prompts fit ``prefill_token_budget``. A failing call
         is retried one request at a time, so a bad request fails alone.
         """
-        group: list[tuple[Ticket, PrefillRequest]] = []
-        tokens = 0
-        while self._waiting:
-            ticket, req = self._waiting[0]
-            if group and tokens + len(req.input_ids) > self.prefill_token_budget:
-                break
-            self._waiting.popleft()  # before _ended_early, whose _end rebuilds the queue
-            if not ticket.slot_held or self._ended_early(ticket):
-                continue
-            group.append((ticket, req))
-            tokens += len(req.input_ids)
+        group = self._prefills.next_group(
+            lambda ticket: ticket.slot_held and not self._ended_early(ticket))
         if not group:
             return
         t0 = self._clock()
@@ -304,7 +283,7 @@ class Scheduler:
         self.stats.prefill_ms += (self._clock() - t0) * 1e3
         for (ticket, _), verdict, drafts in zip(group, verdicts, drafts_of, strict=True):
             done = ticket.session.commit(verdict.accepted, verdict.tokens, len(drafts), 0.0)
-            self._post(ticket, done)
+            self._outbox.post(ticket, done)
             if done.finish_reason is None:
                 self._running.append(ticket)
 
@@ -336,7 +315,7 @@ class Scheduler:
         for t, inp, v in zip(ready, inputs, verdicts, strict=True):
             done = t.session.commit(v.accepted, v.tokens, len(inp.drafts), step_ms)
             if done.finish_reason is None:
-                self._post(t, done)
+                self._outbox.post(t, done)
             else:
                 self._end(t, done)
         self._record_step(len(ready), batch.num_tokens, t_start, t_engine, t_sampler, t_done)
@@ -389,13 +368,12 @@ class Scheduler:
     def _end(self, ticket: Ticket, event: SchedulerEvent) -> None:
         """Post the request's last result and give its slot back."""
         self._forget(ticket)
-        self._post(ticket, event)
+        self._outbox.post(ticket, event)
 
     def _forget(self, ticket: Ticket) -> None:
         if ticket in self._running:
             self._running.remove(ticket)
-        if any(t is ticket for t, _ in self._waiting):
-            self._waiting = collections.deque((t, r) for t, r in self._waiting if t is not ticket)
+        self._prefills.forget(ticket)
         self._free_slot(ticket)
 
     def _free_slot(self, ticket: Ticket) -> None:
@@ -403,20 +381,6 @@ class Scheduler:
             ticket.slot_held = False
             self.engine.free(ticket.slot)
             self.pool.release(ticket.slot)
-
-    def _post(self, ticket: Ticket, event: SchedulerEvent) -> None:
-        self._outbox.append((ticket, event))
-
-    def _flush(self) -> None:
-        """Deliver this iteration's results to the event loop in one wake-up."""
-        if not self._outbox or self._loop is None:
-            self._outbox.clear()
-            return
-        items, self._outbox = self._outbox, []
-        try:
-            self._loop.call_soon_threadsafe(_deliver, items)
-        except RuntimeError:  # the event loop is closed: nobody is listening any more
-            log.debug("dropped %d results: the event loop is closed", len(items))
 
 
 def _as_error(exc: Exception, what: str) -> EventSpecError:
@@ -426,8 +390,3 @@ def _as_error(exc: Exception, what: str) -> EventSpecError:
         return exc
     log.exception("engine %s failed", what)
     return Unavailable(f"the verifier's engine failed during {what}: {type(exc).__name__}")
-
-
-def _deliver(items: list[tuple[Ticket, SchedulerEvent]]) -> None:
-    for ticket, event in items:
-        ticket.events.put_nowait(event)

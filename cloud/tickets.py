@@ -2,7 +2,8 @@
 
 A request that ``Scheduler.admit`` lets in holds a KV slot from the :class:`SlotPool`
 and is carried by its :class:`Ticket`; results come back as :data:`SchedulerEvent`
-items on the ticket's queue. Kept apart from ``eventspec.cloud.scheduler`` because
+items on the ticket's queue, an iteration's worth at a time through the
+:class:`Outbox`. Kept apart from ``eventspec.cloud.scheduler`` because
 these are the only objects both threads touch, so their rules (who writes what, when
 the stream may read the session) are stated in one place.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import threading
 from dataclasses import dataclass
 
@@ -20,6 +22,7 @@ from eventspec.cloud.decoding import Committed, DecodingSession
 from eventspec.shared.contract.errors import EventSpecError, ResourceExhausted
 from eventspec.shared.contract.types import DraftTail
 
+log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Failure:
@@ -84,3 +87,29 @@ class SlotPool:
                 raise RuntimeError(f"KV slot {slot} released twice")
             self._free.append(slot)
 
+
+class Outbox:
+    """One engine-loop iteration's results, handed to the event loop in one wake-up."""
+
+    def __init__(self) -> None:
+        self._items: list[tuple[Ticket, SchedulerEvent]] = []
+
+    def post(self, ticket: Ticket, event: SchedulerEvent) -> None:
+        self._items.append((ticket, event))
+
+    def flush(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """Deliver what was posted to the tickets' queues on ``loop`` in one
+        ``call_soon_threadsafe`` (dropped when no loop listens any more)."""
+        if not self._items or loop is None:
+            self._items.clear()
+            return
+        items, self._items = self._items, []
+        try:
+            loop.call_soon_threadsafe(_deliver, items)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            log.debug("dropped %d results: the event loop is closed", len(items))
+
+
+def _deliver(items: list[tuple[Ticket, SchedulerEvent]]) -> None:
+    for ticket, event in items:
+        ticket.events.put_nowait(event)
