@@ -21,7 +21,7 @@ from eventspec.shared.contract.errors import (
     InvalidInput,
     ResourceExhausted,
 )
-from eventspec.shared.contract.types import OpenRequest
+from eventspec.shared.contract.types import AlignedSpec, OpenRequest, ServerInfo
 from eventspec.shared.node.imageproc import frame_size
 from eventspec.shared.node.logsafe import safe_request_id
 
@@ -58,33 +58,9 @@ def validate_open(open_req: OpenRequest, rt: VerifierRuntime) -> OpenRequest:
                                              max_stop_strings=info.limits.max_stop_strings,
                                              max_stop_chars=info.limits.max_stop_chars)
     if open_req.frames is not None:
-        n = len(open_req.frames)
-        if n != info.geometry.num_frames:
-            raise InvalidInput(
-                f"frames clip has {n} frames; this verifier needs exactly "
-                f"{info.geometry.num_frames}"
-            )
-        for i, frame in enumerate(open_req.frames):
-            if len(frame) > info.limits.max_frame_bytes:
-                raise ResourceExhausted(
-                    f"frame {i} is {len(frame)} bytes, over the cap of "
-                    f"{info.limits.max_frame_bytes}"
-                )
-            try:
-                frame_size(frame)  # the header alone: pixel count and aspect ratio
-            except InvalidInput as exc:
-                raise InvalidInput(f"frame {i}: {exc.message}") from exc
+        _check_frames(open_req.frames, info)
     if open_req.aligned is not None:
-        if tuple(open_req.aligned.shape) != info.geometry.feature_shape:
-            raise InvalidInput(
-                f"Open declares aligned features of shape {list(open_req.aligned.shape)}, "
-                f"but this verifier expects {list(info.geometry.feature_shape)}"
-            )
-        if open_req.aligned.dtype not in ("float32", "float16", "bfloat16", "int8"):
-            raise InvalidInput(
-                f"aligned features must be float32/float16/bfloat16/int8, "
-                f"not {open_req.aligned.dtype}"
-            )
+        _check_aligned(open_req.aligned, info)
     return OpenRequest(
         request_id=safe_request_id(open_req.request_id),
         question=open_req.question,
@@ -96,6 +72,41 @@ def validate_open(open_req: OpenRequest, rt: VerifierRuntime) -> OpenRequest:
         speculative=open_req.speculative,
         timeline=open_req.timeline,
     )
+
+
+def _check_frames(frames: tuple[bytes, ...], info: ServerInfo) -> None:
+    """As many frames as the target's clip has, each within the byte cap and with a
+    header whose size the preprocessing accepts (only the header is read here)."""
+    n = len(frames)
+    if n != info.geometry.num_frames:
+        raise InvalidInput(
+            f"frames clip has {n} frames; this verifier needs exactly "
+            f"{info.geometry.num_frames}"
+        )
+    for i, frame in enumerate(frames):
+        if len(frame) > info.limits.max_frame_bytes:
+            raise ResourceExhausted(
+                f"frame {i} is {len(frame)} bytes, over the cap of "
+                f"{info.limits.max_frame_bytes}"
+            )
+        try:
+            frame_size(frame)  # the header alone: pixel count and aspect ratio
+        except InvalidInput as exc:
+            raise InvalidInput(f"frame {i}: {exc.message}") from exc
+
+
+def _check_aligned(aligned: AlignedSpec, info: ServerInfo) -> None:
+    """Declared aligned features of the target's feature shape, in a dtype it reads."""
+    if tuple(aligned.shape) != info.geometry.feature_shape:
+        raise InvalidInput(
+            f"Open declares aligned features of shape {list(aligned.shape)}, "
+            f"but this verifier expects {list(info.geometry.feature_shape)}"
+        )
+    if aligned.dtype not in ("float32", "float16", "bfloat16", "int8"):
+        raise InvalidInput(
+            f"aligned features must be float32/float16/bfloat16/int8, "
+            f"not {aligned.dtype}"
+        )
 
 
 def clamp_to_context(open_req: OpenRequest, prompt_len: int, max_seq_len: int) -> OpenRequest:
