@@ -43,7 +43,7 @@ from grpc import aio
 from eventspec.cloud.config import CloudSettings
 from eventspec.cloud.server import VerifierServer, load_target_for
 from eventspec.cloud.target import TargetModel
-from eventspec.shared.contract import convert
+from eventspec.shared.contract import convert_verifier
 from eventspec.shared.contract.types import (
     CommitEvent,
     DoneEvent,
@@ -97,7 +97,7 @@ async def one_request(port: int, req: OpenRequest, *, truth: list[int] | None, k
     t0 = time.perf_counter()
     async with aio.insecure_channel(f"127.0.0.1:{port}") as ch:
         call = verifier_pb2_grpc.VerifierStub(ch).Generate(timeout=600)
-        await call.write(verifier_pb2.EdgeMessage(open=convert.open_to_pb(req)))
+        await call.write(verifier_pb2.EdgeMessage(open=convert_verifier.open_to_pb(req)))
         if truth is not None:
             hidden = oracle_tail(truth, 0, k, alpha, rng, vocab)
             if hidden:
@@ -109,7 +109,7 @@ async def one_request(port: int, req: OpenRequest, *, truth: list[int] | None, k
             msg = await call.read()
             if msg is aio.EOF:
                 raise RuntimeError(f"{req.request_id}: the stream ended without Done")
-            event = convert.cloud_message_from_pb(msg)
+            event = convert_verifier.cloud_message_from_pb(msg)
             if isinstance(event, DoneEvent):
                 break
             if isinstance(event, CommitEvent):

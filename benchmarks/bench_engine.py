@@ -379,26 +379,27 @@ def host_phases(engine: StaticEngine, ctx: int, b: int, k: int, repeats: int) ->
                       torch.randint(5, 500, (b * q,), device=engine.device))  # fmt: skip
     bp, qp = b, q
     graph = engine._graphs.get((bp, qp))
-    layout = engine._layout
-    block, dest_np = engine._host_meta(
+    staging = engine._staging
+    layout = staging.layout
+    block, dest_np = staging.host_meta(
         layout, batch.slots, batch.start_positions, batch.counts, bp, qp
     )
     packed = torch.from_numpy(block)
-    staged = engine._to_device(block)
+    staged = staging.to_device(block)
     dest = torch.from_numpy(dest_np).to(engine.device)
     logits = engine._logits[: bp * qp]
     parts: dict[str, Callable[[], object]] = {
         "whole_step": lambda: engine.step(batch),
-        "host_meta_numpy": lambda: engine._host_meta(
+        "host_meta_numpy": lambda: staging.host_meta(
             layout, batch.slots, batch.start_positions, batch.counts, bp, qp
         ),
-        "pin_and_copy": lambda: engine._to_device(block),
+        "pin_and_copy": lambda: staging.to_device(block),
         "pin_only": lambda: packed.pin_memory() if engine.device.type == "cuda" else packed,
         "meta_copy_and_ids_scatter": lambda: (
-            engine._meta.copy_(staged),
-            engine._ids.index_copy_(0, dest, batch.token_ids),
+            staging.meta.copy_(staged),
+            staging.ids.index_copy_(0, dest, batch.token_ids),
         ),
-        "load_step": lambda: engine._load_step(batch, bp, qp),
+        "load_step": lambda: staging.load(batch, bp, qp),
         "replay": graph.replay if graph is not None else lambda: None,
         "gather_float": lambda: logits.index_select(0, dest).float(),
     }

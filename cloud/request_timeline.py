@@ -11,7 +11,7 @@ thread, and nothing runs at all unless ``Open.timeline`` is set.
 from __future__ import annotations
 
 from eventspec.cloud.decoding import Committed
-from eventspec.cloud.scheduler import Ticket
+from eventspec.cloud.tickets import Ticket
 from eventspec.shared.contract.timeline import Timeline, TimelineLog
 from eventspec.shared.contract.types import CommitEvent, DraftTail, RequestStats
 

@@ -19,7 +19,8 @@ from eventspec.cloud.sessions import SessionRegistry
 from eventspec.cloud.target import TargetModel
 from eventspec.shared.contract.estimators import AcceptanceEstimator
 from eventspec.shared.contract.planning import facts_from_open, request_plan
-from eventspec.shared.contract.timing import CloudCost, PlanInputs, TimingPlan, replan
+from eventspec.shared.contract.timing import CloudCost, PlanInputs, TimingPlan
+from eventspec.shared.contract.timing_model import replan
 from eventspec.shared.contract.types import FeatureMode, OpenRequest, RequestStats, ServerInfo
 
 if TYPE_CHECKING:

@@ -35,130 +35,35 @@ tens of microseconds per session (``benchmarks/bench_capacity.py`` reports it as
 ``scheduler_overhead_ms``), small beside a forward, and torch releases the GIL inside
 its kernels; a process would add a msgpack round trip per step and a second copy of the
 request state for no measured gain. See docs/scheduler.md.
+
+This module is the loop. Around it: ``eventspec.cloud.tickets`` holds what it shares
+with the streams (tickets, KV slots, the outbox), ``eventspec.cloud.prefill_queue`` the
+waiting prefills and how many go into one call, ``eventspec.cloud.scheduler_stats`` its
+counters.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 
-from eventspec.cloud.decoding import Committed, DecodingSession
+from eventspec.cloud.decoding import Committed, DecodingSession, StepInput
 from eventspec.cloud.engine.base import BatchedEngine, PrefillRequest, StepBatch
+from eventspec.cloud.prefill_queue import DEFAULT_PREFILL_TOKEN_BUDGET, PrefillQueue
 from eventspec.cloud.sampler import BatchedSampler, SampleSpec, make_generator
-from eventspec.shared.contract.errors import EventSpecError, ResourceExhausted, Unavailable
+from eventspec.cloud.scheduler_stats import SchedulerStats, StepObserver
+from eventspec.cloud.tickets import Failure, Outbox, SchedulerEvent, SlotPool, Ticket
+from eventspec.shared.contract.errors import EventSpecError, Unavailable
 from eventspec.shared.contract.types import DraftTail, FinishReason
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Failure:
-    """The request failed; the stream raises ``error``."""
-
-    error: EventSpecError
-
-
-SchedulerEvent = Committed | Failure
-
-
-@dataclass(eq=False)
-class Ticket:
-    """One admitted request, shared by its stream (event loop) and the engine thread.
-
-    The stream writes only ``mailbox`` and ``cancel_requested`` (single attribute stores,
-    atomic under the GIL); the engine thread owns ``session`` until it posts a result with
-    a finish reason, after which the stream may read it.
-    """
-
-    request_id: str
-    session: DecodingSession
-    events: asyncio.Queue[SchedulerEvent]
-    generator: torch.Generator | None
-    mailbox: DraftTail | None = None
-    cancel_requested: bool = False
-    slot_held: bool = True
-    submitted: bool = False
-    submitted_at: float = 0.0  # the scheduler's clock when the prefill was queued
-    prefill_started_at: float = 0.0  # the scheduler's clock when its prefill call began
-
-    @property
-    def slot(self) -> int:
-        return self.session.slot
-
-
-class SlotPool:
-    """Which KV slots are free. Taken on the event loop, given back on the engine thread."""
-
-    def __init__(self, num_slots: int, max_seq_len: int) -> None:
-        self.num_slots = num_slots
-        self.max_seq_len = max_seq_len
-        self._free = collections.deque(range(num_slots))
-        self._lock = threading.Lock()
-
-    @property
-    def free(self) -> int:
-        return len(self._free)
-
-    def acquire(self) -> int:
-        with self._lock:
-            if not self._free:
-                raise ResourceExhausted(
-                    f"all {self.num_slots} KV slots are in use ({self.num_slots} slots x "
-                    f"{self.max_seq_len} tokens, GetServerInfo.limits.kv_slots); retry later "
-                    "or raise --kv-cache-gb"
-                )
-            return self._free.popleft()
-
-    def release(self, slot: int) -> None:
-        with self._lock:
-            if slot in self._free:
-                raise RuntimeError(f"KV slot {slot} released twice")
-            self._free.append(slot)
-
-
-#: Prompt tokens one prefill call may take when several requests wait. One 2,103-token
-#: Video-LLaVA prompt already exceeds it, so on a GPU prefills stay one per call (each
-#: fills the device; grouping two would double the stall of running sessions for little
-#: gain); the toy's ~150-token prompts go up to 13 per call, so requests that arrive
-#: together start together and step in full batches. The oldest waiting request is
-#: always taken, whatever its length.
-DEFAULT_PREFILL_TOKEN_BUDGET = 2048
-
-
-@dataclass
-class SchedulerStats:
-    """What the loop did (for the benchmark and the logs)."""
-
-    steps: int = 0
-    prefills: int = 0
-    step_tokens: int = 0
-    batch_sizes: collections.Counter[int] = field(default_factory=collections.Counter)
-    engine_ms: float = 0.0
-    sampler_ms: float = 0.0
-    overhead_ms: float = 0.0  # the loop's own Python work around engine and sampler
-    prefill_ms: float = 0.0  # engine prefill calls plus their first-token sampling
-    prefill_wait_ms: float = 0.0  # queued prefills waiting for the loop (steps, prefills)
-
-    def observe_step(self, sessions: int, tokens: int) -> None:
-        self.steps += 1
-        self.step_tokens += tokens
-        self.batch_sizes[sessions] += 1
-
-
-class StepObserver(Protocol):
-    """Told of every batched step (``eventspec.cloud.metrics``); must be cheap and never raise."""
-
-    def on_step(self, sessions: int, tokens: int, seconds: float) -> None: ...
 
 
 class Scheduler:
@@ -172,18 +77,15 @@ class Scheduler:
         prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        if prefill_token_budget < 1:
-            raise ValueError(f"prefill_token_budget must be >= 1, got {prefill_token_budget}")
+        self._prefills = PrefillQueue(prefill_token_budget)  # checks the budget first
         self.engine = engine
-        self.prefill_token_budget = prefill_token_budget
         self.sampler = BatchedSampler(text_vocab_size)
         self.pool = SlotPool(engine.num_slots, engine.max_seq_len)
         self.stats = SchedulerStats()
         self._clock = clock
         self._commands: queue.SimpleQueue[tuple[str, Ticket | None, object]] = queue.SimpleQueue()
-        self._waiting: collections.deque[tuple[Ticket, PrefillRequest]] = collections.deque()
         self._running: list[Ticket] = []
-        self._outbox: list[tuple[Ticket, SchedulerEvent]] = []
+        self._outbox = Outbox()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -224,7 +126,6 @@ class Scheduler:
                        pixel_values_videos: torch.Tensor | None = None,
                        video_features: torch.Tensor | None = None) -> None:
         """Queue the request's prefill; the first result follows on ``ticket.events``."""
-        ticket.submitted = True
         ticket.submitted_at = self._clock()
         if self.dead is not None:
             ticket.events.put_nowait(Failure(Unavailable(
@@ -260,20 +161,21 @@ class Scheduler:
     @property
     def waiting(self) -> int:
         """Prefills queued in the engine loop now (read from any thread; approximate)."""
-        return len(self._waiting)
+        return len(self._prefills)
 
     # -- the engine thread -----------------------------------------------------------------------
 
     def _run(self) -> None:
         try:
             while not self._stopping:
-                self._take_commands(block=not self._running and not self._waiting)
+                self._take_commands(block=not self._running and not self._prefills)
                 if self._stopping:
                     break
                 self._prefill_one()
-                self._flush()  # the first token goes out now, not after the next step
+                # The first token goes out now, not after the next step.
+                self._outbox.flush(self._loop)
                 self._step_all()
-                self._flush()
+                self._outbox.flush(self._loop)
         except BaseException as exc:  # a bug in the loop must not leave streams hanging
             self.dead = f"{type(exc).__name__}: {exc}"
             log.exception("the engine loop died")
@@ -281,23 +183,28 @@ class Scheduler:
                 with contextlib.suppress(RuntimeError):
                     self._loop.call_soon_threadsafe(self._on_death, self.dead)
         finally:
-            if self.dead is None:
-                self.dead = "stopped"
-            down = Unavailable("the verifier's engine loop stopped")
-            for t in [*self._running, *(t for t, _ in self._waiting)]:
-                self._end(t, Failure(down))
-            self._running.clear()
-            self._waiting.clear()
-            while True:  # release what the streams still hold
-                try:
-                    kind, ticket, _ = self._commands.get_nowait()
-                except queue.Empty:
-                    break
-                if ticket is not None and kind == "prefill":
-                    self._end(ticket, Failure(down))
-                elif ticket is not None and kind != "stop":
-                    self._free_slot(ticket)
-            self._flush()
+            self._shut_down()
+
+    def _shut_down(self) -> None:
+        """Fail every request in the loop or on its way in with UNAVAILABLE, and give
+        back the slots of those whose streams already let go."""
+        if self.dead is None:
+            self.dead = "stopped"
+        down = Unavailable("the verifier's engine loop stopped")
+        for t in [*self._running, *self._prefills.tickets()]:
+            self._end(t, Failure(down))
+        self._running.clear()
+        self._prefills.clear()
+        while True:  # release what the streams still hold
+            try:
+                kind, ticket, _ = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if ticket is not None and kind == "prefill":
+                self._end(ticket, Failure(down))
+            elif ticket is not None and kind != "stop":
+                self._free_slot(ticket)
+        self._outbox.flush(self._loop)
 
     def _take_commands(self, *, block: bool) -> None:
         try:
@@ -310,7 +217,7 @@ class Scheduler:
                 self._stopping = True
             elif kind == "prefill" and ticket is not None and ticket.slot_held:
                 assert isinstance(payload, PrefillRequest)
-                self._waiting.append((ticket, payload))
+                self._prefills.add(ticket, payload)
             elif kind == "release" and ticket is not None:
                 self._forget(ticket)
             try:
@@ -326,17 +233,8 @@ class Scheduler:
         first served) while their prompts fit ``prefill_token_budget``. A failing call
         is retried one request at a time, so a bad request fails alone.
         """
-        group: list[tuple[Ticket, PrefillRequest]] = []
-        tokens = 0
-        while self._waiting:
-            ticket, req = self._waiting[0]
-            if group and tokens + len(req.input_ids) > self.prefill_token_budget:
-                break
-            self._waiting.popleft()  # before _ended_early, whose _end rebuilds the queue
-            if not ticket.slot_held or self._ended_early(ticket):
-                continue
-            group.append((ticket, req))
-            tokens += len(req.input_ids)
+        group = self._prefills.next_group(
+            lambda ticket: ticket.slot_held and not self._ended_early(ticket))
         if not group:
             return
         t0 = self._clock()
@@ -385,7 +283,7 @@ class Scheduler:
         self.stats.prefill_ms += (self._clock() - t0) * 1e3
         for (ticket, _), verdict, drafts in zip(group, verdicts, drafts_of, strict=True):
             done = ticket.session.commit(verdict.accepted, verdict.tokens, len(drafts), 0.0)
-            self._post(ticket, done)
+            self._outbox.post(ticket, done)
             if done.finish_reason is None:
                 self._running.append(ticket)
 
@@ -399,13 +297,7 @@ class Scheduler:
         for t in ready:
             self._read_mailbox(t)
             inputs.append(t.session.step_input())
-        flat = [tok for inp in inputs for tok in inp.tokens]
-        batch = StepBatch(
-            slots=tuple(inp.slot for inp in inputs),
-            start_positions=tuple(inp.start_position for inp in inputs),
-            counts=tuple(len(inp.tokens) for inp in inputs),
-            token_ids=torch.tensor(flat, dtype=torch.long, device=self.engine.device),  # [N]
-        )
+        batch = self._batch_of(inputs)
         specs = [self._spec(t, len(inp.tokens), inp.drafts) for t, inp in zip(ready, inputs,
                                                                               strict=True)]
         t_engine = self._clock()
@@ -423,16 +315,32 @@ class Scheduler:
         for t, inp, v in zip(ready, inputs, verdicts, strict=True):
             done = t.session.commit(v.accepted, v.tokens, len(inp.drafts), step_ms)
             if done.finish_reason is None:
-                self._post(t, done)
+                self._outbox.post(t, done)
             else:
                 self._end(t, done)
+        self._record_step(len(ready), batch.num_tokens, t_start, t_engine, t_sampler, t_done)
+
+    def _batch_of(self, inputs: Sequence[StepInput]) -> StepBatch:
+        """The sessions' step inputs as one engine batch, tokens flattened session-major."""
+        flat = [tok for inp in inputs for tok in inp.tokens]
+        return StepBatch(
+            slots=tuple(inp.slot for inp in inputs),
+            start_positions=tuple(inp.start_position for inp in inputs),
+            counts=tuple(len(inp.tokens) for inp in inputs),
+            token_ids=torch.tensor(flat, dtype=torch.long, device=self.engine.device),  # [N]
+        )
+
+    def _record_step(self, sessions: int, tokens: int, t_start: float, t_engine: float,
+                     t_sampler: float, t_done: float) -> None:
+        """Count the step and split its time into engine, sampler and the loop's own work
+        (everything before the engine call and after the sampler, commits included)."""
         s = self.stats
-        s.observe_step(len(ready), len(flat))
+        s.observe_step(sessions, tokens)
         s.engine_ms += (t_sampler - t_engine) * 1e3
         s.sampler_ms += (t_done - t_sampler) * 1e3
         s.overhead_ms += ((t_engine - t_start) + (self._clock() - t_done)) * 1e3
         if self.observer is not None:
-            self.observer.on_step(len(ready), len(flat), t_done - t_engine)
+            self.observer.on_step(sessions, tokens, t_done - t_engine)
 
     def _ended_early(self, ticket: Ticket) -> bool:
         """Finish a cancelled or overdue request before it takes engine time."""
@@ -460,13 +368,12 @@ class Scheduler:
     def _end(self, ticket: Ticket, event: SchedulerEvent) -> None:
         """Post the request's last result and give its slot back."""
         self._forget(ticket)
-        self._post(ticket, event)
+        self._outbox.post(ticket, event)
 
     def _forget(self, ticket: Ticket) -> None:
         if ticket in self._running:
             self._running.remove(ticket)
-        if any(t is ticket for t, _ in self._waiting):
-            self._waiting = collections.deque((t, r) for t, r in self._waiting if t is not ticket)
+        self._prefills.forget(ticket)
         self._free_slot(ticket)
 
     def _free_slot(self, ticket: Ticket) -> None:
@@ -474,20 +381,6 @@ class Scheduler:
             ticket.slot_held = False
             self.engine.free(ticket.slot)
             self.pool.release(ticket.slot)
-
-    def _post(self, ticket: Ticket, event: SchedulerEvent) -> None:
-        self._outbox.append((ticket, event))
-
-    def _flush(self) -> None:
-        """Deliver this iteration's results to the event loop in one wake-up."""
-        if not self._outbox or self._loop is None:
-            self._outbox.clear()
-            return
-        items, self._outbox = self._outbox, []
-        try:
-            self._loop.call_soon_threadsafe(_deliver, items)
-        except RuntimeError:  # the event loop is closed: nobody is listening any more
-            log.debug("dropped %d results: the event loop is closed", len(items))
 
 
 def _as_error(exc: Exception, what: str) -> EventSpecError:
@@ -497,8 +390,3 @@ def _as_error(exc: Exception, what: str) -> EventSpecError:
         return exc
     log.exception("engine %s failed", what)
     return Unavailable(f"the verifier's engine failed during {what}: {type(exc).__name__}")
-
-
-def _deliver(items: list[tuple[Ticket, SchedulerEvent]]) -> None:
-    for ticket, event in items:
-        ticket.events.put_nowait(event)

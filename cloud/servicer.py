@@ -14,8 +14,8 @@ from typing import Any
 from eventspec.cloud.generation import ByteCounter, run_generate
 from eventspec.cloud.live_stats import live_stats
 from eventspec.cloud.runtime import VerifierRuntime
-from eventspec.shared.contract import convert
-from eventspec.shared.contract.convert import EdgeInbound
+from eventspec.shared.contract import convert_verifier
+from eventspec.shared.contract.convert_verifier import EdgeInbound
 from eventspec.shared.contract.errors import WarmingUp
 from eventspec.shared.node.tracing import set_incoming
 from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
@@ -43,13 +43,13 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     async def GetServerInfo(
         self, request: verifier_pb2.GetServerInfoRequest, context: Any
     ) -> verifier_pb2.ServerInfo:
-        return convert.server_info_to_pb(self.rt.current_info())
+        return convert_verifier.server_info_to_pb(self.rt.current_info())
 
     async def GetStats(
         self, request: verifier_pb2.GetStatsRequest, context: Any
     ) -> verifier_pb2.VerifierStats:
         """The live view; answers while warming up too (with the phase)."""
-        return convert.verifier_stats_to_pb(
+        return convert_verifier.verifier_stats_to_pb(
             live_stats(self._rt, phase=self.phase, uptime_s=time.monotonic() - self._started))
 
     async def Generate(
@@ -63,9 +63,9 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         async def inbound() -> AsyncIterator[EdgeInbound]:
             async for msg in request_iterator:
                 counter.uplink += msg.ByteSize()
-                yield convert.edge_message_from_pb(msg)
+                yield convert_verifier.edge_message_from_pb(msg)
 
         async for event in run_generate(rt, inbound(), counter):
-            out = convert.cloud_message_to_pb(event)
+            out = convert_verifier.cloud_message_to_pb(event)
             counter.downlink += out.ByteSize()
             yield out

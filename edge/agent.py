@@ -1,84 +1,63 @@
 """One question, end to end on the edge: window, render, draft, stream to the cloud.
 
-Speculative flow (DESIGN, "Hidden drafts"): the Open (with frames, or followed by the
-aligned features) goes out first so the cloud starts its long prefill at once; the edge
-then runs its own short prefill and drafts greedily, sending its whole tail (with the
-committed length it has seen) at the plan's cadence. Commits from the cloud are folded
-in as they arrive: a confirmed tail is kept, a diverging one rolled back. The answer is
-exactly the cloud's; previews of the drafts are streamed to the client, marked as such.
+The agent checks an Ask against the cloud's limits before any model work, waits for a
+warming cloud and for a place in line (``eventspec.edge.admission``), prepares the
+visual input, and then runs the request: draft-only on the edge alone
+(``eventspec.edge.draft_only``), or against the cloud, one attempt at a time
+(``eventspec.edge.cloud_attempt``, which holds the speculative flow) with a retry on
+another replica when one dies before anything is committed (``eventspec.edge.failover``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from eventspec.edge.admission import AdmissionQueue, cloud_slots
 from eventspec.edge.align import FeatureAdapter
 from eventspec.edge.ask_checks import check_ask, draft_only_settings
-from eventspec.edge.cloud_wait import cloud_info_when_ready, first_reply
+from eventspec.edge.cloud_attempt import CloudAttempt
+from eventspec.edge.cloud_wait import cloud_info_when_ready
 from eventspec.edge.cost_meter import EdgeCostMeter
 from eventspec.edge.draft import DraftModel
-from eventspec.edge.draft_only import answer_draft_only, decode_after
+from eventspec.edge.draft_only import answer_draft_only
 from eventspec.edge.drafter import Drafter
 from eventspec.edge.events.base import EventSource
 from eventspec.edge.failover import ask_event_is_committed, with_failover
-from eventspec.edge.link import VerifierLink, VerifierStream
+from eventspec.edge.link import VerifierLink
 from eventspec.edge.readiness import Readiness
-from eventspec.edge.request_timeline import EdgeTimeline
-from eventspec.edge.session import Action, EdgeSession, SendDrafts, ShowPreview
 from eventspec.edge.visual_input import (
     PreparedVisual,
     choose_feature_mode,
     prepare_visual,
-    send_features,
 )
 from eventspec.edge.worker import ModelWorker
-from eventspec.shared.contract.codec import WireDtype
 from eventspec.shared.contract.errors import (
     EventSpecError,
     FailedPrecondition,
     Unavailable,
 )
 from eventspec.shared.contract.estimators import AcceptanceEstimator, ThroughputEstimator
-from eventspec.shared.contract.planning import (
-    RequestFacts,
-    facts_from_open,
-    plan_inputs,
-    request_plan,
-)
-from eventspec.shared.contract.timing import EdgeCost, TimingPlan, plan
+from eventspec.shared.contract.timing import EdgeCost
 from eventspec.shared.contract.types import (
-    AlignedSpec,
     AskEvent,
     AskSpec,
-    CommitEvent,
-    CommittedEvent,
-    DoneEvent,
     FeatureMode,
     FinalEvent,
-    GenerationSettings,
     Mode,
-    OpenRequest,
-    PreviewEvent,
     ProgressEvent,
-    RequestStats,
     ServerInfo,
     ServerLimits,
 )
-from eventspec.shared.node.tracing import current_request_span
 
 if TYPE_CHECKING:
     from eventspec.edge.metrics import EdgeMetrics
 
 log = logging.getLogger(__name__)
-
 
 
 class EdgeAgent:
@@ -223,13 +202,7 @@ class EdgeAgent:
             else:
                 info = item
         assert info is not None
-        check_ask(spec, info.limits)  # before any model work
-        if spec.mode == Mode.SPECULATIVE and info.vocab_fingerprint != self.draft.vocab_fingerprint:
-            raise FailedPrecondition(
-                f"the cloud's text vocabulary (fingerprint {info.vocab_fingerprint[:12]}) "
-                f"differs from the draft model's ({self.draft.vocab_fingerprint[:12]}), so "
-                "drafts cannot be verified; use mode target_only"
-            )
+        self._check_against_cloud(spec, info)  # before any model work
         # A slot on the cloud before any model work: wait in line for one
         # (eventspec.edge.admission).
         self.admission.set_capacity(cloud_slots(info.limits))
@@ -264,6 +237,17 @@ class EdgeAgent:
         finally:
             self.admission.release()
 
+    def _check_against_cloud(self, spec: AskSpec, info: ServerInfo) -> None:
+        """The Ask within the cloud's limits, and for speculation a cloud that reads the
+        draft model's text vocabulary (else its drafts could not be verified)."""
+        check_ask(spec, info.limits)
+        if spec.mode == Mode.SPECULATIVE and info.vocab_fingerprint != self.draft.vocab_fingerprint:
+            raise FailedPrecondition(
+                f"the cloud's text vocabulary (fingerprint {info.vocab_fingerprint[:12]}) "
+                f"differs from the draft model's ({self.draft.vocab_fingerprint[:12]}), so "
+                "drafts cannot be verified; use mode target_only"
+            )
+
     async def _prepare(
         self, spec: AskSpec, *, need_frames: bool, need_features: bool,
         info: ServerInfo | None = None,
@@ -277,199 +261,11 @@ class EdgeAgent:
     async def _with_cloud(
         self, spec: AskSpec, info: ServerInfo, prepared: PreparedVisual, request_id: str
     ) -> AsyncIterator[AskEvent]:
-        """Run one request against the cloud, driving an ``EdgeSession``.
-
-        Three things can happen at any time: a cloud reply arrives, the draft prefill
-        ends, a draft token is ready. The session decides what each means; this loop
-        only waits for them and carries out the session's actions.
-        """
-        assert self.link is not None
-        started = time.perf_counter()
-        speculative = spec.mode == Mode.SPECULATIVE
-        settings = spec.generation.validated(info.limits.max_new_tokens)
-        edge_cost = self.edge_cost()
-        feature_dtype = self._feature_dtype(info, edge_cost, spec, settings, prepared)
-        open_req = OpenRequest(
-            request_id=request_id,
-            question=spec.question,
-            generation=settings,
-            frames=prepared.frames,
-            aligned=(
-                AlignedSpec(feature_dtype.label, tuple(prepared.features.shape))
-                if prepared.features is not None
-                else None
-            ),
-            edge_cost=edge_cost if speculative else None,
-            deadline_ms=int(self.request_timeout_s * 1000),
-            speculative=speculative,
-            timeline=spec.timeline,
-        )
-        local_plan, _ = request_plan(info, open_req.edge_cost, facts_from_open(open_req))
-        session = EdgeSession(
-            plan=local_plan,
-            max_new_tokens=settings.max_new_tokens,
-            eos_token_id=self.draft.eos_token_id,
-            speculative=speculative,
-            force_speculation=self.force_speculation,
-            preview_every=self.preview_every,
-        )
-        drafter = Drafter(self.draft)
-        stream = self.link.open_stream(self.request_timeout_s)
-        timeline = (EdgeTimeline(started, drafter, wanted=spec.timeline)
-                    if spec.timeline or current_request_span() is not None else None)
-        if timeline is not None:
-            stream = timeline.wrap(stream)
-        stage: dict[str, float] = {"edge_render": prepared.render_ms}
-        first_commit_at: float | None = None
-        tasks: dict[str, asyncio.Future[Any]] = {}
-        draft_context: tuple[int, ...] = ()
-        try:
-            t_up = time.perf_counter()
-            await stream.send(open_req)
-            replies = aiter(stream.replies())
-            tasks["reply"] = asyncio.ensure_future(anext(replies))
-            tasks["upload"] = asyncio.ensure_future(send_features(stream, prepared, feature_dtype))
-            await first_reply(self.link, stream, tasks["reply"], tasks["upload"],
-                              within_s=self.first_reply_s)
-            sent = await tasks.pop("upload")
-            up_s = time.perf_counter() - t_up
-            stage["edge_upload"] = up_s * 1e3
-            self.uplink.observe(sent + sum(len(f) for f in prepared.frames or ()), up_s)
-            prefill_started = False
-            while session.done is None:
-                # The draft prefill starts as soon as a plan (the edge's own, or the
-                # cloud's Plan if it differs, e.g. on a load change) says to draft.
-                if not prefill_started and session.wants_prefill:
-                    prefill_started = True
-                    tasks["prefill"] = asyncio.ensure_future(self.worker.run(
-                        lambda: drafter.prefill(
-                            spec.question, prepared.event_pixels, prepared.clip_features
-                        )
-                    ))
-                if "draft" not in tasks and session.wants_draft():
-                    draft_context = session.draft_context()
-                    tasks["draft"] = asyncio.ensure_future(self.worker.run(
-                        lambda ctx=draft_context: drafter.draft_next(ctx)  # type: ignore[misc]
-                    ))
-                await asyncio.wait(tasks.values(), return_when=asyncio.FIRST_COMPLETED)
-                if "prefill" in tasks and tasks["prefill"].done():
-                    tasks.pop("prefill").result()
-                    session.on_prefill_done()
-                if "draft" in tasks and tasks["draft"].done():
-                    token = tasks.pop("draft").result()
-                    for action in session.on_draft(draft_context, token):
-                        event = await self._carry_out(action, session, stream, started)
-                        if event is not None:
-                            yield event
-                if tasks["reply"].done():
-                    msg = self._reply(tasks.pop("reply"))
-                    if isinstance(msg, TimingPlan):
-                        session.on_plan(msg)
-                    elif isinstance(msg, DoneEvent):
-                        session.on_done(msg)
-                        break
-                    else:
-                        first_commit_at = first_commit_at or time.perf_counter()
-                        if msg.drafts_verified:
-                            self.acceptance.observe(msg.drafts_accepted, msg.drafts_verified)
-                        for action in session.on_commit(msg):
-                            event = await self._carry_out(action, session, stream, started)
-                            if event is not None:
-                                yield event
-                    tasks["reply"] = asyncio.ensure_future(anext(replies))
-            await stream.done_writing()
-        finally:
-            if session.done is None:  # cancelled, failed or closed early: end the call
-                with contextlib.suppress(Exception):
-                    stream.cancel()
-            for task in tasks.values():
-                task.cancel()
-            for task in tasks.values():
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-        done = session.done
-        assert done is not None
-        if self.metrics is not None:
-            self.metrics.on_drafting(session.counters, drafter)
-        if drafter.drafted_total:
-            self.costs.update(drafter.prefill_ms, drafter.ms_per_token)
-            stage["draft_prefill"] = drafter.prefill_ms
-        stats = self._edge_stats(done.stats, started, first_commit_at, stream, stage)
-        self.requests_served += 1
-        yield FinalEvent(
-            answer=done.text,
-            token_ids=done.token_ids,
-            mode=spec.mode,
-            feature_mode=prepared.feature_mode,
-            finish_reason=done.finish_reason,
-            stats=stats,
-            plan=session.plan,
-            window=prepared.window,
-            timeline=(timeline.finish(prepared, self.link.rtt.value) if timeline is not None
-                      else None),
-        )
-
-    def _reply(self, task: asyncio.Future[Any]) -> TimingPlan | CommitEvent | DoneEvent:
-        """The cloud's next message, or the error that ended the stream."""
-        assert self.link is not None
-        try:
-            msg = task.result()
-        except StopAsyncIteration:
-            err: EventSpecError = Unavailable("the cloud verifier ended the answer without Done")
-            self.link.mark_failure(err)
-            raise err from None
-        except EventSpecError as exc:
-            self.link.mark_failure(exc)
-            raise
-        if not isinstance(msg, (TimingPlan, CommitEvent, DoneEvent)):
-            raise FailedPrecondition(f"unexpected message from the cloud: {type(msg).__name__}")
-        return msg
-
-    async def _carry_out(
-        self, action: Action, session: EdgeSession, stream: VerifierStream, started: float
-    ) -> AskEvent | None:
-        """Do what the session asked: send a tail, or produce a client event."""
-        if isinstance(action, SendDrafts):
-            tail = replace(action.tail, sent_at_ms=(time.perf_counter() - started) * 1e3)
-            await stream.send(tail, best_effort=True)
-            return None
-        if isinstance(action, ShowPreview):
-            text = session.text + self._decode(action.token_ids, prefix=session.committed)
-            return PreviewEvent(action.base, action.token_ids, text)
-        return CommittedEvent(action.start, action.token_ids, action.text)
-
-    def _feature_dtype(
-        self, info: ServerInfo, edge_cost: EdgeCost, spec: AskSpec,
-        settings: GenerationSettings, prepared: PreparedVisual,
-    ) -> WireDtype:
-        """fp16, or int8 when the shared plan says fp16 features do not fit the uplink
-        (and the uplink has been measured: unknown is not slow)."""
-        if prepared.features is None or edge_cost.uplink_bytes_per_s <= 0:
-            return WireDtype.FLOAT16
-        fp16 = RequestFacts(spec.question, settings.max_new_tokens, True, "aligned",
-                            prepared.features.numel() * WireDtype.FLOAT16.itemsize)
-        fits = plan(plan_inputs(info, edge_cost, fp16)).aligned_fits_uplink
-        return WireDtype.FLOAT16 if fits else WireDtype.INT8
-
-    def _decode(self, ids: Sequence[int], prefix: Sequence[int] = ()) -> str:
-        return decode_after(self.draft, ids, prefix)
-
-    def _edge_stats(
-        self,
-        cloud: RequestStats,
-        started: float,
-        first_commit_at: float | None,
-        stream: VerifierStream,
-        stage: dict[str, float],
-    ) -> RequestStats:
-        now = time.perf_counter()
-        merged = dict(cloud.stage_ms)
-        merged.update(stage)
-        return replace(
-            cloud,
-            ttft_ms=((first_commit_at or now) - started) * 1e3,
-            total_ms=(now - started) * 1e3,
-            uplink_bytes=stream.uplink_bytes,
-            downlink_bytes=stream.downlink_bytes,
-            stage_ms=merged,
-        )
+        """One attempt against the cloud (``eventspec.edge.cloud_attempt``), set up only
+        when iterated, so ``with_failover`` sees a failure to start as the attempt's."""
+        attempt = CloudAttempt(self, spec, info, prepared, request_id)
+        async with contextlib.aclosing(attempt.run()) as events:
+            async for event in events:
+                if isinstance(event, FinalEvent):
+                    self.requests_served += 1
+                yield event

@@ -11,45 +11,38 @@ a replica from the rotation while its ``grpc.health.v1`` Watch says it is not se
 (client-side health checking, both through the service config). One Generate call is
 one HTTP/2 stream, so a request stays on the replica it started on; moving a failed
 request to another replica is ``eventspec.edge.failover``'s job.
+
+The pieces it is built from: the replicas and ``--cloud`` parsing
+(``eventspec.edge.cloud_replicas``), one Generate call (``eventspec.edge.cloud_stream``)
+and the mapping of gRPC failures (``eventspec.edge.cloud_errors``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import ipaddress
 import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from grpc import aio
 
+from eventspec.edge.cloud_errors import rpc_error
+from eventspec.edge.cloud_replicas import Replica, cloud_target, replica_targets
+from eventspec.edge.cloud_stream import CloudStream
 from eventspec.edge.link import VerifierStream
 from eventspec.edge.readiness import CloudState, CloudView
-from eventspec.shared.contract import convert
-from eventspec.shared.contract.convert import CloudOutbound, EdgeInbound
-from eventspec.shared.contract.errors import (
-    DeadlineExceeded,
-    EventSpecError,
-    InvalidInput,
-    ResourceExhausted,
-    Unavailable,
-)
+from eventspec.shared.contract import convert_verifier
+from eventspec.shared.contract.errors import DeadlineExceeded, EventSpecError, Unavailable
 from eventspec.shared.contract.estimators import RttEstimator
 from eventspec.shared.contract.types import ServerInfo
-from eventspec.shared.node.logsafe import scrub_addresses, scrub_operator_hints
 from eventspec.shared.node.tracing import outgoing_metadata
 from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from eventspec.shared.wire.channel import call_metadata, open_channel
 from eventspec.shared.wire.interceptors import WARMING_UP_KEY
 from eventspec.shared.wire.options import channel_options
 from eventspec.shared.wire.security import ClientSecurity, SecurityConfigError
-from eventspec.shared.wire.status import from_grpc
 
 log = logging.getLogger(__name__)
 
@@ -74,184 +67,10 @@ SERVICE_CONFIG = json.dumps({
 
 #: How long a replica that did not answer in time sits out.
 REST_S = 30.0
-#: How long a replica that dropped a stream (UNAVAILABLE) sits out.
-DROPPED_REST_S = 5.0
-#: How long a failed write waits for its call's final status.
-FINAL_STATUS_WAIT_S = 2.0
 
 #: The probe channel's config: round_robin over the replicas with no health checking,
 #: so a probe reaches a replica that reports NOT_SERVING and hears why.
 PROBE_SERVICE_CONFIG = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
-
-
-def _ip_family(host: str) -> int | None:
-    try:
-        return ipaddress.ip_address(host.strip("[]")).version
-    except ValueError:
-        return None
-
-
-def cloud_target(address: str) -> str:
-    """The gRPC target for ``--cloud``: one ``HOST:PORT``, a ``dns:///NAME:PORT`` (every
-    address the name resolves to), or a comma-separated list of ``IP:PORT`` replicas."""
-    parts = [p.strip() for p in address.split(",") if p.strip()]
-    if not parts:
-        raise SecurityConfigError("--cloud is empty: give HOST:PORT, dns:///NAME:PORT or a list")
-    if len(parts) == 1:
-        return parts[0]
-    families = set()
-    for part in parts:
-        host, sep, port = part.rpartition(":")
-        family = _ip_family(host)
-        if not sep or not port.isdigit() or family is None:
-            raise SecurityConfigError(
-                f"--cloud {address!r}: a list of replicas must be IP:PORT entries ({part!r} is "
-                "not); for names use one dns:///NAME:PORT that resolves to all of them"
-            )
-        families.add(family)
-    if len(families) > 1:
-        raise SecurityConfigError(f"--cloud {address!r}: do not mix IPv4 and IPv6 replicas")
-    return f"ipv{families.pop()}:{','.join(parts)}"
-
-
-def rpc_error(exc: grpc.RpcError, address: str, what: str) -> EventSpecError:
-    """Map a gRPC failure talking to the cloud onto a domain error.
-
-    The message goes to the edge's clients, so it names no address: the operator finds
-    the cloud's address with the same message in the edge's log.
-    """
-    code = exc.code() if isinstance(exc, aio.AioRpcError) else None
-    details = (exc.details() if isinstance(exc, aio.AioRpcError) else str(exc)) or ""
-    return status_error(code, details, address, what)
-
-
-def status_error(code: grpc.StatusCode | None, details: str, address: str,
-                 what: str) -> EventSpecError:
-    """``rpc_error`` from a status code and its details (a call's final status)."""
-    log.warning("cloud verifier at %s: %s failed: %s %s", address, what,
-                code.name if code else "", details)
-    message = f"cloud verifier: {what} failed: {_for_clients(code, details)}"
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return DeadlineExceeded(message)
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return InvalidInput(message)
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return ResourceExhausted(message)
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, None):
-        return Unavailable(message)
-    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-        # The edge's own credentials were refused: to the edge's client this is the cloud
-        # being unavailable, not the client's credentials being wrong.
-        log.error("the cloud verifier at %s refused this edge (%s): check --cloud-tls-cert "
-                  "and --cloud-token-file against its --allow-principal", address, code.name)
-        return Unavailable(f"cloud verifier: {what} failed: it refused this edge ({code.name})")
-    return EventSpecError(message, from_grpc(code))
-
-
-#: Statuses the channel itself raises for a cloud it cannot reach; their details name
-#: the address it tried, so clients get this text instead.
-_TRANSPORT_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
-                    grpc.StatusCode.UNKNOWN, None)
-
-
-def _for_clients(code: grpc.StatusCode | None, details: str) -> str:
-    """What an Ask caller may read of the cloud's error: no internal address, no hint
-    meant for the edge's operator (who has the full detail in the edge's log)."""
-    if code in _TRANSPORT_CODES:
-        return f"the cloud verifier is unreachable ({code.name if code else 'UNAVAILABLE'})"
-    return scrub_operator_hints(scrub_addresses(details))
-
-
-class CloudStream:
-    """One Generate call: ``send`` domain messages, iterate the cloud's replies."""
-
-    def __init__(self, call: Any, address: str, replica: Replica | None = None) -> None:
-        self._call = call
-        self._address = address
-        self.replica = replica
-        self.uplink_bytes = 0
-        self.downlink_bytes = 0
-
-    async def send(self, msg: EdgeInbound, *, best_effort: bool = False) -> None:
-        """Write one message. ``best_effort`` writes (drafts) that find the call already
-        finished are dropped: the reply stream reports how the call ended."""
-        pb = convert.edge_message_to_pb(msg)
-        try:
-            await self._call.write(pb)
-        except (grpc.RpcError, aio.UsageError, asyncio.InvalidStateError) as exc:
-            if best_effort:
-                return
-            # A write fails because the call has ended; how it ended (RESOURCE_EXHAUSTED
-            # from a full cloud, INVALID_ARGUMENT, ...) is its final status, not the
-            # write's own error (INTERNAL "sending to Generate failed" said nothing).
-            final = await self._final_status()
-            if final is not None:
-                raise self._failed(final) from exc
-            if isinstance(exc, grpc.RpcError):
-                raise self._failed(rpc_error(exc, self._address, "sending to Generate")) from exc
-            log.warning("cloud verifier at %s: Generate stream closed", self._address)
-            raise Unavailable("cloud verifier: the stream closed") from exc
-        self.uplink_bytes += pb.ByteSize()
-
-    async def _final_status(self) -> EventSpecError | None:
-        """The error the call ended with, once it has ended (None: OK or unknown)."""
-        try:
-            code = await asyncio.wait_for(self._call.code(), FINAL_STATUS_WAIT_S)
-            details = await self._call.details()
-        except (TimeoutError, grpc.RpcError):
-            return None
-        if code in (None, grpc.StatusCode.OK):
-            return None
-        return status_error(code, details or "", self._address, "Generate")
-
-    async def done_writing(self) -> None:
-        with contextlib.suppress(grpc.RpcError, aio.UsageError):
-            await self._call.done_writing()
-
-    async def replies(self) -> AsyncIterator[CloudOutbound]:
-        try:
-            while True:
-                msg = await self._call.read()
-                if msg is aio.EOF:
-                    return
-                self.downlink_bytes += msg.ByteSize()
-                yield convert.cloud_message_from_pb(msg)
-        except grpc.RpcError as exc:
-            raise self._failed(rpc_error(exc, self._address, "Generate")) from exc
-
-    def _failed(self, err: EventSpecError) -> EventSpecError:
-        """A replica that dropped the stream (UNAVAILABLE) sits out a moment, so the
-        request's retry goes to another one rather than back to it."""
-        if isinstance(err, Unavailable) and self.replica is not None:
-            self.replica.rest(DROPPED_REST_S)
-        return err
-
-    def cancel(self) -> None:
-        self._call.cancel()
-
-
-@dataclass
-class Replica:
-    """One verifier the edge can send a request to: its channels and its standing.
-
-    A replica that failed to answer in time sits out until ``resting_until``: gRPC's
-    round_robin cannot tell a frozen replica (its connection up, its health stream
-    silent) from a busy one, and kept sending it every other request.
-    """
-
-    target: str
-    channel: aio.Channel
-    stub: verifier_pb2_grpc.VerifierStub
-    probe_channel: aio.Channel
-    probe: verifier_pb2_grpc.VerifierStub
-    resting_until: float = -math.inf
-
-    def rest(self, seconds: float) -> None:
-        self.resting_until = max(self.resting_until, time.monotonic() + seconds)
-
-    @property
-    def resting(self) -> bool:
-        return time.monotonic() < self.resting_until
 
 
 class CloudLink:
@@ -285,7 +104,7 @@ class CloudLink:
             *channel_options(max_message_bytes), ("grpc.service_config", PROBE_SERVICE_CONFIG),
         ]
         self.replicas: list[Replica] = []
-        for one in _replica_targets(target):
+        for one in replica_targets(target):
             channel = open_channel(one, security, options)
             probe_channel = open_channel(one, security, probe_options)
             self.replicas.append(Replica(
@@ -325,7 +144,7 @@ class CloudLink:
                 continue
             self.rtt.update((time.perf_counter() - t0) * 1e3)
             self.reachable, self.last_error = True, ""
-            self.info = convert.server_info_from_pb(pb)
+            self.info = convert_verifier.server_info_from_pb(pb)
             self._info_at = time.monotonic()
             return self.info
         assert err is not None
@@ -391,14 +210,6 @@ class CloudLink:
         for replica in self.replicas:
             await replica.channel.close()
             await replica.probe_channel.close()
-
-
-def _replica_targets(target: str) -> list[str]:
-    """``ipv4:A,B`` (a list of replicas) -> one target each; anything else is one."""
-    scheme, sep, rest = target.partition(":")
-    if sep and scheme in ("ipv4", "ipv6") and "," in rest:
-        return [f"{scheme}:{one}" for one in rest.split(",")]
-    return [target]
 
 
 def _view_of(exc: aio.AioRpcError) -> CloudView:

@@ -1,7 +1,8 @@
 """The edge's view of the cloud verifier, as Protocols: what the agent needs of a link.
 
-``eventspec.edge.cloud_link`` implements them over gRPC; tests implement them in memory, so the
-agent and its session run without a network.
+``eventspec.edge.cloud_link`` (the link) and ``eventspec.edge.cloud_stream`` (a stream)
+implement them over gRPC; tests implement them in memory, so the agent and its session
+run without a network.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from eventspec.edge.readiness import CloudView
-from eventspec.shared.contract.convert import CloudOutbound, EdgeInbound
+from eventspec.shared.contract.convert_verifier import CloudOutbound, EdgeInbound
 from eventspec.shared.contract.errors import EventSpecError
 from eventspec.shared.contract.estimators import RttEstimator
 from eventspec.shared.contract.types import ServerInfo

@@ -24,7 +24,7 @@ from typing import Any
 from eventspec.edge.drafter import Drafter
 from eventspec.edge.link import VerifierStream
 from eventspec.edge.visual_input import PreparedVisual
-from eventspec.shared.contract.convert import CloudOutbound, EdgeInbound
+from eventspec.shared.contract.convert_verifier import CloudOutbound, EdgeInbound
 from eventspec.shared.contract.timeline import Timeline, TimelineLog, merge
 from eventspec.shared.contract.timing import TimingPlan
 from eventspec.shared.contract.types import CommitEvent, DoneEvent, DraftTail

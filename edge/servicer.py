@@ -12,7 +12,7 @@ from eventspec.edge.events.base import SourceMeta
 from eventspec.edge.events.live import LiveSource
 from eventspec.edge.events.live_sources import StreamHealth
 from eventspec.edge.readiness import Readiness
-from eventspec.shared.contract import convert
+from eventspec.shared.contract import convert_ask
 from eventspec.shared.contract.errors import EventSpecError
 from eventspec.shared.contract.types import AskSpec, FinalEvent, ProgressEvent
 from eventspec.shared.node.tracing import RequestSpan, final_attributes
@@ -49,7 +49,7 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
     async def Ask(
         self, request: edge_pb2.AskRequest, context: Any
     ) -> AsyncIterator[edge_pb2.AskResponse]:
-        spec = convert.ask_spec_from_pb(request)
+        spec = convert_ask.ask_spec_from_pb(request)
         if self.metrics is None and self.tracer is None:
             async for msg in self._ask(spec, context):
                 yield msg
@@ -96,7 +96,7 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
             waiting = self.readiness.waiting(needs_cloud=False)
             if waiting is not None and waiting != shown:
                 shown = waiting
-                yield convert.ask_event_to_pb(ProgressEvent(waiting.stage, waiting.message,
+                yield convert_ask.ask_event_to_pb(ProgressEvent(waiting.stage, waiting.message,
                                                             round(waited, 3)))
             await self.readiness.next_change(budget - waited)
         left = context.time_remaining()
@@ -105,7 +105,7 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
                 probe.on_event(event)
             if finals is not None and isinstance(event, FinalEvent):
                 finals.append(event)
-            yield convert.ask_event_to_pb(event)
+            yield convert_ask.ask_event_to_pb(event)
 
     async def GetStatus(
         self, request: edge_pb2.GetStatusRequest, context: Any

@@ -17,7 +17,7 @@ from types import TracebackType
 import grpc
 from grpc import aio
 
-from eventspec.shared.contract import convert
+from eventspec.shared.contract import convert_ask
 from eventspec.shared.contract.types import AskEvent, AskSpec, FinalEvent
 from eventspec.shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
 from eventspec.shared.wire.channel import call_metadata, open_channel
@@ -80,11 +80,11 @@ class EdgeClient:
 
     async def ask(self, spec: AskSpec) -> AsyncIterator[AskEvent]:
         """Stream previews, committed text and the final answer."""
-        call = self._stub.Ask(convert.ask_spec_to_pb(spec), timeout=self.timeout_s,
+        call = self._stub.Ask(convert_ask.ask_spec_to_pb(spec), timeout=self.timeout_s,
                               metadata=self._metadata)
         try:
             async for msg in call:
-                yield convert.ask_event_from_pb(msg)
+                yield convert_ask.ask_event_from_pb(msg)
         except aio.AioRpcError as exc:
             raise _translated(self.address, exc) from None
 

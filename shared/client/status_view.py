@@ -17,7 +17,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from grpc import aio
 
-from eventspec.shared.contract import convert
+from eventspec.shared.contract import convert_verifier
 from eventspec.shared.pb.eventspec.v1 import (
     edge_pb2,
     edge_pb2_grpc,
@@ -96,7 +96,7 @@ def _lines(head: str, rows: list[tuple[str, str]]) -> str:
 
 
 def _render_cloud(address: str, m: verifier_pb2.VerifierStats) -> str:
-    s = convert.verifier_stats_from_pb(m)
+    s = convert_verifier.verifier_stats_from_pb(m)
     head = f"cloud verifier {address}: {s.state}" + (f" ({s.model_id})" if s.model_id else "")
     if s.state.startswith("warming up"):
         return _lines(head, [("uptime", f"{s.uptime_s:.1f} s")])

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from eventspec.shared.contract.checks import check_int
 from eventspec.shared.contract.codec import WireDtype
 from eventspec.shared.contract.errors import InvalidInput
-from eventspec.shared.contract.timing import EdgeCost, PayloadMode, PlanInputs, TimingPlan, plan
+from eventspec.shared.contract.timing import EdgeCost, PayloadMode, PlanInputs, TimingPlan
+from eventspec.shared.contract.timing_model import plan
 from eventspec.shared.contract.types import OpenRequest, ServerInfo
 
 #: UTF-8 bytes per text token assumed by the shared estimate (LLaMA's tokenizer averages

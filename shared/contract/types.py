@@ -1,8 +1,8 @@
 """Domain types shared by both nodes and clients: frozen dataclasses, no protobuf.
 
-``eventspec.shared.contract.convert`` maps them to and from the wire messages, so everything above
-the
-transport (sessions, drafter, timing, statistics) is plain Python and testable offline.
+``eventspec.shared.contract.convert`` (with ``convert_verifier`` and ``convert_ask``, one per
+service) maps them to and from the wire messages, so everything above the transport
+(sessions, drafter, timing, statistics) is plain Python and testable offline.
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ def _batch(engine: StaticEngine, slots: list[int], starts: list[int], counts: li
 def _eager(engine: StaticEngine, batch: StepBatch, bp: int, qp: int) -> torch.Tensor:
     """The step's forward run eagerly at (Bp, Qp): [N, V] float32 logits of the real rows."""
     with torch.inference_mode():
-        inp, dest = engine._load_step(batch, bp, qp)
+        inp, dest = engine._staging.load(batch, bp, qp)
         out = torch.empty(bp * qp, engine.weights.vocab, device="cuda", dtype=engine.dtype)
         return engine._forward(inp, out).index_select(0, dest).float()  # [N, V]
 

@@ -17,7 +17,7 @@ from grpc import aio
 
 from eventspec.cloud.config import CloudSettings
 from eventspec.cloud.server import VerifierServer
-from eventspec.shared.contract import convert
+from eventspec.shared.contract import convert_verifier
 from eventspec.shared.contract.timing import EdgeCost, TimingPlan
 from eventspec.shared.contract.types import (
     AlignedSpec,
@@ -59,7 +59,7 @@ def _open(question: str = Q, *, request_id: str = "req-1", frames: Sequence[byte
         edge_cost=EdgeCost(5.0, 1.0, 1.0, uplink, 0.5),
         speculative=True,
     )
-    return verifier_pb2.EdgeMessage(open=convert.open_to_pb(req))
+    return verifier_pb2.EdgeMessage(open=convert_verifier.open_to_pb(req))
 
 
 def _lines(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -174,7 +174,7 @@ async def test_server_info_advertises_the_per_principal_cap(
             verifier_pb2.GetServerInfoRequest(), timeout=10,
             metadata=(("authorization", f"Bearer {TOKEN_B}"),))
     assert info.limits.max_sessions_per_principal == 2
-    assert convert.server_info_from_pb(info).limits.max_sessions_per_principal == 2
+    assert convert_verifier.server_info_from_pb(info).limits.max_sessions_per_principal == 2
 
 
 def test_the_per_principal_default_leaves_a_slot_free() -> None:
@@ -226,7 +226,7 @@ async def _generate(port: int, first: verifier_pb2.EdgeMessage
         while True:
             msg = await call.read()
             assert msg is not aio.EOF
-            event = convert.cloud_message_from_pb(msg)
+            event = convert_verifier.cloud_message_from_pb(msg)
             if isinstance(event, TimingPlan):
                 plan = event
             elif isinstance(event, CommitEvent):

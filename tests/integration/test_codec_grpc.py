@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 from eventspec.shared.contract.codec import (
-    TensorAssembler,
     TensorHeaderInfo,
     WireDtype,
     encode_tensor,
 )
 from eventspec.shared.contract.errors import CodecError
+from eventspec.shared.contract.tensor_assembly import TensorAssembler
 from eventspec.shared.pb.eventspec.v1 import common_pb2, verifier_pb2
 from eventspec.shared.wire.status import to_grpc
 

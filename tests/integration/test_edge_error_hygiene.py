@@ -14,7 +14,7 @@ from grpc import aio
 from eventspec.edge.config import EdgeSettings
 from eventspec.edge.server import EdgeServer
 from eventspec.shared.client.edge_client import AskError, EdgeClient
-from eventspec.shared.contract import convert
+from eventspec.shared.contract import convert_ask
 from eventspec.shared.contract.types import AskSpec, Mode
 from eventspec.shared.node.logsafe import scrub_addresses, scrub_operator_hints
 from eventspec.shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc, verifier_pb2_grpc
@@ -40,7 +40,7 @@ async def test_ask_against_a_dead_cloud_hides_the_address_but_logs_it(
             with caplog.at_level(logging.WARNING, logger="eventspec.edge"):
                 async with aio.insecure_channel(f"127.0.0.1:{edge.port}") as channel:
                     call = edge_pb2_grpc.EdgeAgentStub(channel).Ask(
-                        convert.ask_spec_to_pb(spec), timeout=30)
+                        convert_ask.ask_spec_to_pb(spec), timeout=30)
                     with pytest.raises(aio.AioRpcError) as err:
                         async for _ in call:
                             pass
@@ -114,7 +114,7 @@ async def test_a_full_cloud_tells_the_asker_it_is_full_without_the_operators_fla
             with caplog.at_level(logging.WARNING, logger="eventspec.edge"):
                 async with aio.insecure_channel(f"127.0.0.1:{edge.port}") as channel:
                     ask = edge_pb2_grpc.EdgeAgentStub(channel).Ask(
-                        convert.ask_spec_to_pb(spec), timeout=30)
+                        convert_ask.ask_spec_to_pb(spec), timeout=30)
                     with pytest.raises(aio.AioRpcError) as err:
                         async for _ in ask:
                             pass

@@ -25,7 +25,7 @@ from eventspec.edge.cloud_link import CloudLink
 from eventspec.edge.config import EdgeSettings
 from eventspec.edge.server import EdgeServer
 from eventspec.shared.client.edge_client import AskError, EdgeClient
-from eventspec.shared.contract import convert
+from eventspec.shared.contract import convert_verifier
 from eventspec.shared.contract.errors import ResourceExhausted
 from eventspec.shared.contract.types import (
     AskSpec,
@@ -108,7 +108,7 @@ async def test_a_hung_replica_is_failed_over_and_no_ask_waits_past_its_deadline(
     target, _ = shared_models()
     good = await ch.start_verifier(target)
     assert good.runtime is not None
-    hung = HungVerifier(convert.server_info_to_pb(good.runtime.info))
+    hung = HungVerifier(convert_verifier.server_info_to_pb(good.runtime.info))
     server = aio.server()
     verifier_pb2_grpc.add_VerifierServicer_to_server(hung, server)
     health_servicer = health.aio.HealthServicer()
@@ -223,7 +223,7 @@ async def test_a_write_to_a_refused_stream_reports_resource_exhausted() -> None:
             await holder.write(ch.open_msg("Holding?", ch.make_frames(1), max_new_tokens=32))
             assert (await holder.read()).HasField("plan")  # the only session is taken
             stream = link.open_stream(30)
-            open_req = convert.edge_message_from_pb(
+            open_req = convert_verifier.edge_message_from_pb(
                 ch.open_msg("Refused?", ch.make_frames(2), max_new_tokens=4))
             await stream.send(open_req)  # type: ignore[arg-type]
             call = stream._call

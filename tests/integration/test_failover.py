@@ -19,7 +19,8 @@ import pytest
 from eventspec.cloud.engine.hf import HFEngine
 from eventspec.cloud.engine.paced import PacedEngine
 from eventspec.cloud.server import VerifierServer
-from eventspec.edge.cloud_link import CloudLink, cloud_target
+from eventspec.edge.cloud_link import CloudLink
+from eventspec.edge.cloud_replicas import cloud_target
 from eventspec.edge.failover import with_failover
 from eventspec.shared.client.launch import entry_point_command
 from eventspec.shared.contract.errors import Unavailable

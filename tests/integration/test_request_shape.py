@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 from grpc import aio
 
-from eventspec.shared.contract import convert
+from eventspec.shared.contract import convert_ask
 from eventspec.shared.contract.types import (
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
@@ -76,7 +76,7 @@ async def test_ask_with_too_many_stop_strings_is_refused(stack: eh.Stack, mode: 
                                                          stop: tuple[str, ...]) -> None:
     spec = AskSpec(Q, mode=mode, generation=GenerationSettings(max_new_tokens=8, stop=stop))
     async with aio.insecure_channel(stack.edge_address) as ch:
-        call = edge_pb2_grpc.EdgeAgentStub(ch).Ask(convert.ask_spec_to_pb(spec),
+        call = edge_pb2_grpc.EdgeAgentStub(ch).Ask(convert_ask.ask_spec_to_pb(spec),
                                                    timeout=REFUSED_WITHIN_S)
         with pytest.raises(aio.AioRpcError) as err:
             async for _ in call:

@@ -14,7 +14,7 @@ from grpc import aio
 from eventspec.cloud.server import VerifierServer
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_target import build_tiny_random_target
-from eventspec.shared.contract import convert
+from eventspec.shared.contract import convert_verifier
 from eventspec.shared.contract.types import DoneEvent, FinishReason
 from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from tests.support import cloud_harness as h
@@ -50,7 +50,7 @@ async def _hold(ch: aio.Channel, timeout: float = 30) -> aio.StreamStreamCall:
 
 async def test_capacity_is_advertised(server: VerifierServer) -> None:
     async with aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-        info = convert.server_info_from_pb(
+        info = convert_verifier.server_info_from_pb(
             await verifier_pb2_grpc.VerifierStub(ch).GetServerInfo(
                 verifier_pb2.GetServerInfoRequest(), timeout=5))
     assert info.limits.kv_slots == SLOTS
@@ -85,7 +85,7 @@ async def _ends_with_cancel(server: VerifierServer) -> None:
         call = verifier_pb2_grpc.VerifierStub(ch).Generate(timeout=30)
         await call.write(h.open_msg(Q, h.make_frames(5), max_new_tokens=200))
         await call.write(verifier_pb2.EdgeMessage(cancel=verifier_pb2.Cancel(reason="user")))
-        events = [convert.cloud_message_from_pb(m) for m in await h.drain(call)]
+        events = [convert_verifier.cloud_message_from_pb(m) for m in await h.drain(call)]
     assert isinstance(events[-1], DoneEvent)
 
 
@@ -93,7 +93,7 @@ async def _ends_with_cancel_before_features(server: VerifierServer) -> None:
     async with aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
         call = await _hold(ch)
         await call.write(verifier_pb2.EdgeMessage(cancel=verifier_pb2.Cancel(reason="user")))
-        done = convert.cloud_message_from_pb((await h.drain(call))[-1])
+        done = convert_verifier.cloud_message_from_pb((await h.drain(call))[-1])
     assert isinstance(done, DoneEvent) and done.finish_reason == FinishReason.CANCELLED
 
 

@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from eventspec.cloud.server import VerifierServer
 from eventspec.edge.config import EdgeSettings
 from eventspec.edge.server import EdgeServer
-from eventspec.shared.contract import convert
+from eventspec.shared.contract import convert_ask, convert_verifier
 from eventspec.shared.contract.types import AskSpec, DoneEvent, GenerationSettings, Mode
 from eventspec.shared.pb.eventspec.v1 import (
     edge_pb2,
@@ -85,7 +85,7 @@ async def _generate(node: Node) -> DoneEvent:
         while True:
             msg = await call.read()
             assert msg is not aio.EOF
-            event = convert.cloud_message_from_pb(msg)
+            event = convert_verifier.cloud_message_from_pb(msg)
             if isinstance(event, DoneEvent):
                 await call.done_writing()
                 return event
@@ -97,7 +97,7 @@ async def _ask(node: Node) -> int:
     tokens = 0
     async with open_channel(f"127.0.0.1:{node.port}", node.client) as channel:
         call = edge_pb2_grpc.EdgeAgentStub(channel).Ask(
-            convert.ask_spec_to_pb(spec), timeout=ANSWER_WITHIN_S,
+            convert_ask.ask_spec_to_pb(spec), timeout=ANSWER_WITHIN_S,
             metadata=call_metadata(node.client))
         async for msg in call:
             if msg.HasField("final"):

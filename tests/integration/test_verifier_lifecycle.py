@@ -17,7 +17,7 @@ from eventspec.cloud.server import VerifierServer
 from eventspec.cloud.sessions import SessionRegistry
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_target import build_tiny_random_target
-from eventspec.shared.contract import convert
+from eventspec.shared.contract import convert_verifier
 from eventspec.shared.contract.codec import quantize_int8
 from eventspec.shared.contract.timing import TimingPlan
 from eventspec.shared.contract.types import CommitEvent, DoneEvent, FinishReason
@@ -51,7 +51,7 @@ def _long_open(**kw: object) -> verifier_pb2.EdgeMessage:
 async def _read_event(call: aio.StreamStreamCall) -> object:
     msg = await asyncio.wait_for(call.read(), timeout=20)
     assert msg is not aio.EOF, "stream ended early"
-    return convert.cloud_message_from_pb(msg)
+    return convert_verifier.cloud_message_from_pb(msg)
 
 
 async def _read_until_commit(call: aio.StreamStreamCall) -> CommitEvent:
@@ -130,7 +130,7 @@ async def test_grpc_deadline_mid_stream(server: VerifierServer, where: str) -> N
             while True:
                 msg = await asyncio.wait_for(call.read(), timeout=10)
                 assert msg is not aio.EOF
-                received.append(convert.cloud_message_from_pb(msg))
+                received.append(convert_verifier.cloud_message_from_pb(msg))
                 assert not isinstance(received[-1], DoneEvent), "finished inside the deadline"
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert received, "the Plan should have arrived before the deadline"

@@ -18,7 +18,7 @@ from eventspec.cloud.config import CloudSettings
 from eventspec.cloud.server import VerifierServer
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_target import build_tiny_random_target
-from eventspec.shared.contract import convert
+from eventspec.shared.contract import convert_verifier
 from eventspec.shared.contract.timing import CloudCost
 from eventspec.shared.contract.types import (
     CommitEvent,
@@ -106,7 +106,7 @@ def open_msg(question: str, frames: Sequence[bytes], *, max_new_tokens: int = 16
         deadline_ms=deadline_ms,
         speculative=speculative,
     )
-    return verifier_pb2.EdgeMessage(open=convert.open_to_pb(req))
+    return verifier_pb2.EdgeMessage(open=convert_verifier.open_to_pb(req))
 
 
 def drafts_msg(base: int, tail: Sequence[int]) -> verifier_pb2.EdgeMessage:
@@ -143,7 +143,7 @@ async def run_generate(
         while True:
             msg = await call.read()
             assert msg is not aio.EOF, "stream ended without Done"
-            event = convert.cloud_message_from_pb(msg)
+            event = convert_verifier.cloud_message_from_pb(msg)
             if isinstance(event, DoneEvent):
                 break
             if isinstance(event, CommitEvent):
@@ -243,7 +243,7 @@ def aligned_open_msg(question: str, *, dtype: str = "float32",
         deadline_ms=deadline_ms,
         speculative=speculative,
     )
-    return verifier_pb2.EdgeMessage(open=convert.open_to_pb(req))
+    return verifier_pb2.EdgeMessage(open=convert_verifier.open_to_pb(req))
 
 
 def tensor_msgs(tensor: torch.Tensor | np.ndarray, *, name: str = FEATURES,
@@ -262,8 +262,8 @@ def tensor_msgs(tensor: torch.Tensor | np.ndarray, *, name: str = FEATURES,
             tensor = tensor.numpy()
     header, chunks = encode_tensor(name, tensor, dtype=dtype, chunk_bytes=chunk_bytes,
                                    scale=scale)
-    out = [convert.edge_message_to_pb(header)]
-    out += [convert.edge_message_to_pb(TensorChunkData(name, i, bytes(c)))
+    out = [convert_verifier.edge_message_to_pb(header)]
+    out += [convert_verifier.edge_message_to_pb(TensorChunkData(name, i, bytes(c)))
             for i, c in enumerate(chunks)]
     return out
 

@@ -16,7 +16,9 @@ def test_client_imports_without_torch_or_transformers() -> None:
     code = (
         "import sys, time; t = time.perf_counter(); "
         "import eventspec.shared.client.edge_client, eventspec.shared.contract.convert, "
-        "eventspec.shared.contract.codec, eventspec.shared.contract.timing, "
+        "eventspec.shared.contract.convert_verifier, eventspec.shared.contract.convert_ask, "
+        "eventspec.shared.contract.codec, eventspec.shared.contract.tensor_assembly, "
+        "eventspec.shared.contract.timing, eventspec.shared.contract.timing_model, "
         "eventspec.shared.contract.types; "
         "print(time.perf_counter() - t); "
         "print(sorted(m for m in ('torch', 'transformers', 'eventspec.edge', 'eventspec.cloud') "

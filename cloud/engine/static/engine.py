@@ -16,9 +16,9 @@ Implements ``eventspec.cloud.engine.base.BatchedEngine`` for Video-LLaVA's LLaMA
 - **Steps** are padded to a bucket (sessions x tokens per session) and replayed from
   one CUDA graph per bucket, captured at warm-up (gpt-fast, vLLM and SGLang capture
   decode graphs the same way). Per step the host builds a few small index arrays,
-  copies them once (pinned, asynchronous), replays, and gathers the real rows' logits:
-  nothing synchronises with the host. Shapes beyond the largest bucket run the same
-  forward eagerly.
+  copies them once (pinned, asynchronous; ``staging``), replays, and gathers the
+  real rows' logits: nothing synchronises with the host. Shapes beyond the largest
+  bucket run the same forward eagerly.
 - **Prefill** runs the video tower and projector as HF does, scatters the features
   into the ``<video>`` rows, and runs the same layer functions with causal SDPA
   (flash attention on CUDA) per request, over all the call's requests' tokens at once.
@@ -35,7 +35,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -51,11 +50,11 @@ from eventspec.cloud.engine.static.attention import (
 from eventspec.cloud.engine.static.buckets import (
     SESSION_BUCKETS,
     TOKEN_BUCKETS,
-    MetaLayout,
     StepInputs,
     bucket,
 )
 from eventspec.cloud.engine.static.kernels import rope_and_write_kv, silu_mul
+from eventspec.cloud.engine.static.staging import StepStaging
 from eventspec.cloud.engine.static.weights import (
     fuse_language_weights,
     rope_tables,
@@ -100,7 +99,7 @@ class StaticEngine:
         self.weights = fuse_language_weights(target)
         self.cos, self.sin = rope_tables(target, max_seq_len)  # each [T, D]
         w = self.weights
-        self._scratch = num_slots  # the padding slot
+        # One slot more than served: the scratch slot that padding rows write into.
         # Zeroed, not empty: the CPU path's dense attention multiplies masked-out
         # positions by 0, and 0 * NaN garbage would poison a row.
         shape = (len(w.layers), num_slots + 1, w.num_kv_heads, max_seq_len, w.head_dim)
@@ -128,14 +127,12 @@ class StaticEngine:
             if compile_layers:
                 self._norm = torch.compile(layers.rms_norm, dynamic=True, fullgraph=True)
 
-        max_m = max(self.session_buckets) * max(self.token_buckets)
-        self._max_m = max_m
         max_b = max(self.session_buckets)
+        max_m = max_b * max(self.token_buckets)
         # Static step buffers: one int64 block holding every index array at fixed
         # offsets, so each bucket's views keep their addresses across replays.
-        self._layout = MetaLayout(cap_m=max_m, cap_b=max_b)
-        self._meta = torch.zeros(self._layout.size, device=self.device, dtype=torch.long)
-        self._ids = torch.zeros(max_m, device=self.device, dtype=torch.long)  # [Mmax]
+        self._staging = StepStaging(self.device, max_seq_len=max_seq_len,
+                                    scratch_slot=num_slots, cap_m=max_m, cap_b=max_b)
         self._logits = torch.zeros(max_m, w.vocab, device=self.device, dtype=self.dtype)
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.warmup_report: dict[str, float] = {}
@@ -190,13 +187,14 @@ class StaticEngine:
         if graph is None:  # beyond the buckets (or CPU): exact padding, eager forward
             bp, qp = b, q_max
         assert bp is not None and qp is not None
-        inp, dest = self._load_step(batch, bp, qp)  # dest: [N] rows of the padded step
+        inp, dest = self._staging.load(batch, bp, qp)  # dest: [N] rows of the padded step
         m = bp * qp
         if graph is not None:
             graph.replay()
             logits = self._logits[:m]  # [M, V]
         else:
-            logits = self._forward(inp, self._logits[:m] if m <= self._layout.cap_m else None)
+            static_out = m <= self._staging.layout.cap_m
+            logits = self._forward(inp, self._logits[:m] if static_out else None)
         return logits.index_select(0, dest).float()  # [N, V]
 
     def free(self, slot: int) -> None:
@@ -224,7 +222,7 @@ class StaticEngine:
             key=lambda s: -s[0] * s[1],
         )
         for i, (bp, qp) in enumerate(shapes):
-            inp = self._dummy_inputs(bp, qp)
+            inp = self._staging.dummy(bp, qp)
             out = self._logits[: bp * qp]
             stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
             stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -258,88 +256,6 @@ class StaticEngine:
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.num_slots:
             raise InvalidInput(f"slot {slot} outside 0..{self.num_slots - 1}")
-
-    def _buffers(self, bp: int, qp: int) -> tuple[MetaLayout, torch.Tensor, torch.Tensor]:
-        """(layout, index block, ids) for a (Bp, Qp) step: the static ones when they fit."""
-        m = bp * qp
-        if m <= self._layout.cap_m and bp <= self._layout.cap_b:
-            return self._layout, self._meta, self._ids[:m]
-        layout = MetaLayout(cap_m=m, cap_b=bp)
-        meta = torch.zeros(layout.size, device=self.device, dtype=torch.long)
-        return layout, meta, torch.zeros(m, device=self.device, dtype=torch.long)
-
-    def _inputs(
-        self, layout: MetaLayout, meta: torch.Tensor, ids: torch.Tensor, bp: int, qp: int
-    ) -> StepInputs:
-        pos, wslot, wpos, slots, starts, lens = layout.views(meta, bp, qp)
-        return StepInputs(ids, pos, wslot, wpos, slots, starts, lens, bp, qp)
-
-    def _host_meta(
-        self,
-        layout: MetaLayout,
-        slots: Sequence[int],
-        starts: Sequence[int],
-        counts: Sequence[int],
-        bp: int,
-        qp: int,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Build the step's index arrays on the host (numpy, no Python loop over tokens).
-
-        Returns (the int64 block for ``layout``, dest [N]: each real token's row in the
-        padded [Bp * Qp] step). Padding rows write K/V into the scratch slot at
-        positions 0..Qp-1 and attend over it; their outputs are never gathered.
-        """
-        b = len(slots)
-        slot_a = np.full(bp, self._scratch, dtype=np.int64)
-        start_a = np.zeros(bp, dtype=np.int64)
-        count_a = np.zeros(bp, dtype=np.int64)
-        slot_a[:b], start_a[:b], count_a[:b] = slots, starts, counts
-        j = np.arange(qp, dtype=np.int64)[None, :]  # [1, Qp]
-        valid = j < count_a[:, None]  # [Bp, Qp]
-        pos = np.minimum(start_a[:, None] + j, self.max_seq_len - 1)  # [Bp, Qp]
-        wslot = np.where(valid, slot_a[:, None], self._scratch)  # [Bp, Qp]
-        wpos = np.where(valid, start_a[:, None] + j, j)  # [Bp, Qp]
-        lens = np.where(count_a > 0, start_a + count_a, qp)  # [Bp]
-        block = np.zeros(layout.size, dtype=np.int64)
-        m, cm, cb = bp * qp, layout.cap_m, layout.cap_b
-        block[:m] = pos.reshape(-1)
-        block[cm : cm + m] = wslot.reshape(-1)
-        block[2 * cm : 2 * cm + m] = wpos.reshape(-1)
-        block[3 * cm : 3 * cm + bp] = slot_a
-        block[3 * cm + cb : 3 * cm + cb + bp] = start_a
-        block[3 * cm + 2 * cb : 3 * cm + 2 * cb + bp] = lens
-        dest = np.flatnonzero(valid.reshape(-1))  # [N], session-major like token_ids
-        return block, dest
-
-    def _to_device(self, array: np.ndarray) -> torch.Tensor:
-        """Host -> device without a host sync: a pinned staging copy, asynchronous.
-
-        The caching host allocator keeps the pinned block until the copy has run, so
-        the next step cannot overwrite it early.
-        """
-        host = torch.from_numpy(array)
-        if self.device.type != "cuda":
-            return host
-        return host.pin_memory().to(self.device, non_blocking=True)
-
-    def _load_step(self, batch: StepBatch, bp: int, qp: int) -> tuple[StepInputs, torch.Tensor]:
-        """Fill a (Bp, Qp) step's inputs from ``batch``; return them and dest [N]."""
-        layout, meta, ids = self._buffers(bp, qp)
-        block, dest_np = self._host_meta(
-            layout, batch.slots, batch.start_positions, batch.counts, bp, qp
-        )
-        staged = self._to_device(np.concatenate([block, dest_np]))  # [size + N]
-        meta.copy_(staged[: layout.size])
-        dest = staged[layout.size :]  # [N]
-        ids.index_copy_(0, dest, batch.token_ids.to(self.device, torch.long))  # [M]
-        return self._inputs(layout, meta, ids, bp, qp), dest
-
-    def _dummy_inputs(self, bp: int, qp: int) -> StepInputs:
-        """A valid all-padding step for capture: every row in the scratch slot."""
-        layout, meta, ids = self._buffers(bp, qp)
-        block, _ = self._host_meta(layout, [], [], [], bp, qp)
-        meta.copy_(torch.from_numpy(block))
-        return self._inputs(layout, meta, ids, bp, qp)
 
     def _forward(self, inp: StepInputs, out: torch.Tensor | None) -> torch.Tensor:
         """The padded step: [M] ids -> [M, V] logits (into ``out`` when given).

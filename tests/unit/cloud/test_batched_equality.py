@@ -20,8 +20,9 @@ import torch
 
 from eventspec.cloud.decoding import DecodingSession
 from eventspec.cloud.engine.hf import HFEngine
-from eventspec.cloud.scheduler import Failure, Scheduler
+from eventspec.cloud.scheduler import Scheduler
 from eventspec.cloud.target import TargetModel
+from eventspec.cloud.tickets import Failure
 from eventspec.demoworld.tiny_target import build_tiny_random_target
 from eventspec.shared.contract.types import DraftTail, GenerationSettings
 from tests.support.alone import decode_alone

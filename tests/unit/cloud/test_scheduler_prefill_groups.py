@@ -12,7 +12,8 @@ import torch
 
 from eventspec.cloud.decoding import Committed, DecodingSession
 from eventspec.cloud.engine.base import PrefillRequest
-from eventspec.cloud.scheduler import Failure, Scheduler, Ticket
+from eventspec.cloud.scheduler import Scheduler
+from eventspec.cloud.tickets import Failure, Ticket
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.contract.types import GenerationSettings
 from tests.support.fake_engine import EOS, TEXT_VOCAB, FakeEngine, target_only

@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eventspec.cloud.decoding import DecodingSession
-from eventspec.cloud.scheduler import Failure, Scheduler
+from eventspec.cloud.scheduler import Scheduler
+from eventspec.cloud.tickets import Failure
 from eventspec.shared.contract.errors import ResourceExhausted
 from eventspec.shared.contract.types import DraftTail, FinishReason, GenerationSettings
 from tests.support.fake_engine import EOS, TEXT_VOCAB, FakeEngine, target_only

@@ -15,7 +15,7 @@ from eventspec.edge.agent import EdgeAgent
 from eventspec.edge.draft import DraftModel
 from eventspec.edge.events.sources import open_source
 from eventspec.edge.readiness import CloudState, CloudView
-from eventspec.shared.contract.convert import CloudOutbound, EdgeInbound
+from eventspec.shared.contract.convert_verifier import CloudOutbound, EdgeInbound
 from eventspec.shared.contract.errors import EventSpecError, FailedPrecondition, InvalidInput
 from eventspec.shared.contract.estimators import RttEstimator
 from eventspec.shared.contract.timing import CloudCost

@@ -11,7 +11,6 @@ import pytest
 
 from eventspec.shared.contract.codec import (
     DEFAULT_CHUNK_BYTES,
-    TensorAssembler,
     TensorHeaderInfo,
     WireDtype,
     dequantize,
@@ -19,6 +18,7 @@ from eventspec.shared.contract.codec import (
     quantize_int8,
 )
 from eventspec.shared.contract.errors import CodecError, InvalidInput
+from eventspec.shared.contract.tensor_assembly import TensorAssembler
 
 MiB = 1 << 20
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from eventspec.shared.contract import convert
+from eventspec.shared.contract import convert, convert_ask, convert_verifier
 from eventspec.shared.contract.codec import encode_tensor
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.contract.timing import CloudCost, EdgeCost, TimingPlan
@@ -55,8 +55,10 @@ EDGE_COST = EdgeCost(66.0, 18.5, 3.0, 1e6, 0.5)
     ],
 )
 def test_edge_messages_round_trip(msg: object) -> None:
-    pb = convert.edge_message_to_pb(msg)  # type: ignore[arg-type]
-    back = convert.edge_message_from_pb(verifier_pb2.EdgeMessage.FromString(pb.SerializeToString()))
+    pb = convert_verifier.edge_message_to_pb(msg)  # type: ignore[arg-type]
+    back = convert_verifier.edge_message_from_pb(
+        verifier_pb2.EdgeMessage.FromString(pb.SerializeToString())
+    )
     assert back == msg
 
 
@@ -70,8 +72,8 @@ def test_edge_messages_round_trip(msg: object) -> None:
     ],
 )
 def test_cloud_messages_round_trip(msg: object) -> None:
-    pb = convert.cloud_message_to_pb(msg)  # type: ignore[arg-type]
-    back = convert.cloud_message_from_pb(
+    pb = convert_verifier.cloud_message_to_pb(msg)  # type: ignore[arg-type]
+    back = convert_verifier.cloud_message_from_pb(
         verifier_pb2.CloudMessage.FromString(pb.SerializeToString())
     )
     assert back == msg
@@ -81,7 +83,7 @@ def test_server_info_round_trip() -> None:
     info = ServerInfo("m", 576, 512, "ab" * 32, 2, VisualGeometry(8, 17, 32, 32),
                       (FeatureMode.FRAMES, FeatureMode.ALIGNED),
                       CloudCost(1.0, 0.1, 0.2, 3.0, 0.05, "cpu"), ServerLimits(), 40)
-    assert convert.server_info_from_pb(convert.server_info_to_pb(info)) == info
+    assert convert_verifier.server_info_from_pb(convert_verifier.server_info_to_pb(info)) == info
 
 
 @pytest.mark.parametrize(
@@ -95,8 +97,8 @@ def test_server_info_round_trip() -> None:
     ],
 )
 def test_ask_events_round_trip(event: object) -> None:
-    pb = convert.ask_event_to_pb(event)  # type: ignore[arg-type]
-    assert convert.ask_event_from_pb(edge_pb2.AskResponse.FromString(pb.SerializeToString())) \
+    pb = convert_ask.ask_event_to_pb(event)  # type: ignore[arg-type]
+    assert convert_ask.ask_event_from_pb(edge_pb2.AskResponse.FromString(pb.SerializeToString())) \
         == event
 
 
@@ -110,7 +112,7 @@ def test_ask_events_round_trip(event: object) -> None:
     ],
 )
 def test_ask_spec_round_trip(spec: AskSpec) -> None:
-    assert convert.ask_spec_from_pb(convert.ask_spec_to_pb(spec)) == spec
+    assert convert_ask.ask_spec_from_pb(convert_ask.ask_spec_to_pb(spec)) == spec
 
 
 def test_stats_derived_fields_are_sent() -> None:
@@ -121,23 +123,23 @@ def test_stats_derived_fields_are_sent() -> None:
 
 def test_malformed_messages_are_clear_errors() -> None:
     with pytest.raises(InvalidInput, match="no content"):
-        convert.edge_message_from_pb(verifier_pb2.EdgeMessage())
+        convert_verifier.edge_message_from_pb(verifier_pb2.EdgeMessage())
     with pytest.raises(InvalidInput, match="no visual input"):
-        convert.open_from_pb(verifier_pb2.Open(question="q"))
+        convert_verifier.open_from_pb(verifier_pb2.Open(question="q"))
     with pytest.raises(InvalidInput, match="deadline_ms"):
-        convert.open_from_pb(verifier_pb2.Open(question="q", deadline_ms=-1,
+        convert_verifier.open_from_pb(verifier_pb2.Open(question="q", deadline_ms=-1,
                                                frames=verifier_pb2.FramesInput()))
     bad = verifier_pb2.EdgeMessage()
     bad.tensor_header.name = "x"
     bad.tensor_header.dtype = 99  # type: ignore[assignment]
     with pytest.raises(InvalidInput, match="dtype"):
-        convert.edge_message_from_pb(bad)
+        convert_verifier.edge_message_from_pb(bad)
     with pytest.raises(InvalidInput, match="finite"):
         convert.edge_cost_from_pb(
             convert.edge_cost_to_pb(EDGE_COST).__class__(draft_prefill_ms=float("nan"))
         )
     with pytest.raises(InvalidInput, match="latest_ms"):
-        convert.ask_spec_from_pb(edge_pb2.AskRequest(question="q",
+        convert_ask.ask_spec_from_pb(edge_pb2.AskRequest(question="q",
                                                      window=edge_pb2.Window(latest_ms=-5)))
 
 

@@ -10,15 +10,8 @@ from typing import Any
 import pytest
 
 from eventspec.shared.contract.errors import InvalidInput
-from eventspec.shared.contract.timing import (
-    CloudCost,
-    EdgeCost,
-    PlanInputs,
-    TimingPlan,
-    expected_tokens,
-    plan,
-    replan,
-)
+from eventspec.shared.contract.timing import CloudCost, EdgeCost, PlanInputs, TimingPlan
+from eventspec.shared.contract.timing_model import expected_tokens, plan, replan
 
 # Design-note figures (A100-class, unoptimised): target prefill 568 ms, 30 ms/token;
 # draft prefill 66 ms, 18.5 ms/token.

@@ -1,0 +1,39 @@
+"""What the engine loop reports about itself: counters and a per-step hook.
+
+``SchedulerStats`` is read by the benchmark and by ``Verifier.GetStats``
+(``eventspec.cloud.live_stats``); a :class:`StepObserver` (``eventspec.cloud.metrics``)
+hears of each step as it happens. Kept apart from the loop in ``eventspec.cloud.scheduler``
+so its readers depend on the numbers, not on the loop.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass
+class SchedulerStats:
+    """What the loop did (for the benchmark and the logs)."""
+
+    steps: int = 0
+    prefills: int = 0
+    step_tokens: int = 0
+    batch_sizes: collections.Counter[int] = field(default_factory=collections.Counter)
+    engine_ms: float = 0.0
+    sampler_ms: float = 0.0
+    overhead_ms: float = 0.0  # the loop's own Python work around engine and sampler
+    prefill_ms: float = 0.0  # engine prefill calls plus their first-token sampling
+    prefill_wait_ms: float = 0.0  # queued prefills waiting for the loop (steps, prefills)
+
+    def observe_step(self, sessions: int, tokens: int) -> None:
+        self.steps += 1
+        self.step_tokens += tokens
+        self.batch_sizes[sessions] += 1
+
+
+class StepObserver(Protocol):
+    """Told of every batched step (``eventspec.cloud.metrics``); must be cheap and never raise."""
+
+    def on_step(self, sessions: int, tokens: int, seconds: float) -> None: ...

@@ -1,0 +1,115 @@
+"""What crosses between a Generate stream (event loop) and the engine thread.
+
+A request that ``Scheduler.admit`` lets in holds a KV slot from the :class:`SlotPool`
+and is carried by its :class:`Ticket`; results come back as :data:`SchedulerEvent`
+items on the ticket's queue, an iteration's worth at a time through the
+:class:`Outbox`. Kept apart from ``eventspec.cloud.scheduler`` because
+these are the only objects both threads touch, so their rules (who writes what, when
+the stream may read the session) are stated in one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from eventspec.cloud.decoding import Committed, DecodingSession
+from eventspec.shared.contract.errors import EventSpecError, ResourceExhausted
+from eventspec.shared.contract.types import DraftTail
+
+log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class Failure:
+    """The request failed; the stream raises ``error``."""
+
+    error: EventSpecError
+
+
+SchedulerEvent = Committed | Failure
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One admitted request, shared by its stream (event loop) and the engine thread.
+
+    The stream writes only ``mailbox`` and ``cancel_requested`` (single attribute stores,
+    atomic under the GIL); the engine thread owns ``session`` until it posts a result with
+    a finish reason, after which the stream may read it.
+    """
+
+    request_id: str
+    session: DecodingSession
+    events: asyncio.Queue[SchedulerEvent]
+    generator: torch.Generator | None
+    mailbox: DraftTail | None = None
+    cancel_requested: bool = False
+    slot_held: bool = True
+    submitted_at: float = 0.0  # the scheduler's clock when the prefill was queued
+    prefill_started_at: float = 0.0  # the scheduler's clock when its prefill call began
+
+    @property
+    def slot(self) -> int:
+        return self.session.slot
+
+
+class SlotPool:
+    """Which KV slots are free. Taken on the event loop, given back on the engine thread."""
+
+    def __init__(self, num_slots: int, max_seq_len: int) -> None:
+        self.num_slots = num_slots
+        self.max_seq_len = max_seq_len
+        self._free = collections.deque(range(num_slots))
+        self._lock = threading.Lock()
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def acquire(self) -> int:
+        with self._lock:
+            if not self._free:
+                raise ResourceExhausted(
+                    f"all {self.num_slots} KV slots are in use ({self.num_slots} slots x "
+                    f"{self.max_seq_len} tokens, GetServerInfo.limits.kv_slots); retry later "
+                    "or raise --kv-cache-gb"
+                )
+            return self._free.popleft()
+
+    def release(self, slot: int) -> None:
+        with self._lock:
+            if slot in self._free:
+                raise RuntimeError(f"KV slot {slot} released twice")
+            self._free.append(slot)
+
+
+class Outbox:
+    """One engine-loop iteration's results, handed to the event loop in one wake-up."""
+
+    def __init__(self) -> None:
+        self._items: list[tuple[Ticket, SchedulerEvent]] = []
+
+    def post(self, ticket: Ticket, event: SchedulerEvent) -> None:
+        self._items.append((ticket, event))
+
+    def flush(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """Deliver what was posted to the tickets' queues on ``loop`` in one
+        ``call_soon_threadsafe`` (dropped when no loop listens any more)."""
+        if not self._items or loop is None:
+            self._items.clear()
+            return
+        items, self._items = self._items, []
+        try:
+            loop.call_soon_threadsafe(_deliver, items)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            log.debug("dropped %d results: the event loop is closed", len(items))
+
+
+def _deliver(items: list[tuple[Ticket, SchedulerEvent]]) -> None:
+    for ticket, event in items:
+        ticket.events.put_nowait(event)
