@@ -8,11 +8,11 @@ Implements ``eventspec.cloud.engine.base.BatchedEngine`` for Video-LLaVA's LLaMA
   Rollback is free: a step names each session's valid length and nothing beyond it
   is read.
 - **Attention** reads only each session's real length: a Triton split-KV kernel on
-  CUDA (``static_attention``), dense masked SDPA on CPU.
+  CUDA (:mod:`.attention`), dense masked SDPA on CPU.
 - **Weights** are the HF model's own tensors with fused QKV and gate-up
-  (``static_weights``); norms and RoPE follow HF to the cast (``static_layers``).
+  (:mod:`.weights`); norms and RoPE follow HF to the cast (:mod:`.layers`).
   On CUDA a layer is ~10 kernels: Triton RMSNorm, RoPE + KV write and SiLU-mul
-  (``static_kernels``), cuBLAS GEMMs with the residual add fused (``addmm_``).
+  (:mod:`.kernels`), cuBLAS GEMMs with the residual add fused (``addmm_``).
 - **Steps** are padded to a bucket (sessions x tokens per session) and replayed from
   one CUDA graph per bucket, captured at warm-up (gpt-fast, vLLM and SGLang capture
   decode graphs the same way). Per step the host builds a few small index arrays,

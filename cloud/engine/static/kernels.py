@@ -13,7 +13,7 @@ ran at 0.5-1.5 TB/s and cost ~9 ms of a 2.1k-token prefill and ~2.4 ms of a
 - :func:`silu_mul`: ``silu(gate) * up`` over the fused gate-up projection, rounding
   like the HF module (SiLU rounded to the activation dtype, then the product).
 
-The CPU path computes the same functions with plain torch ops (``static_layers``).
+The CPU path computes the same functions with plain torch ops (:mod:`.layers`).
 """
 
 from __future__ import annotations
