@@ -116,7 +116,7 @@ def test_a_padded_step_matches_the_exact_shape_at_full_size(
     # The same padded step again, with other tokens in the padding rows and garbage
     # beyond every session's length: not one bit of a real row moves.
     with torch.inference_mode():
-        full._ids.random_(3, full.weights.vocab)
+        full._staging.ids.random_(3, full.weights.vocab)
         for slot, start, count in zip(slots, starts, counts, strict=True):
             full.k_cache[:, slot, :, start + count :] = 1e4
             full.v_cache[:, slot, :, start + count :] = -1e4
