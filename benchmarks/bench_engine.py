@@ -39,8 +39,7 @@ from transformers import (
     DynamicCache,
 )
 
-from eventspec.cloud.engine.base import PrefillRequest, StepBatch
-from eventspec.cloud.engine.static.attention import HAVE_TRITON, num_splits_for, splitkv_attention
+from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.engine.static.build import (
     build_static_engine,
     kv_bytes_per_slot,
@@ -50,6 +49,8 @@ from eventspec.cloud.engine.static.engine import StaticEngine
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_target import build_tiny_random_target
 from eventspec.shared.node.kvcache import crop_cache
+from eventspec.shared.node.static.attention import HAVE_TRITON, num_splits_for, splitkv_attention
+from eventspec.shared.node.static.batch import StepBatch
 from tests.support.fullsize import build_full_target
 
 QUESTION = "What is moving in the scene, and which way does it go?"

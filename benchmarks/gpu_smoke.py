@@ -31,11 +31,12 @@ from pathlib import Path
 import torch
 
 from eventspec.cloud.config import CloudSettings
-from eventspec.cloud.engine.base import PrefillRequest, StepBatch
+from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.engine.hf import HFEngine
 from eventspec.cloud.server import VerifierServer
 from eventspec.cloud.target import TargetModel
 from eventspec.shared.contract.types import ServerLimits
+from eventspec.shared.node.static.batch import StepBatch
 from tests.support import cloud_harness as h
 from tests.support.fullsize import build_full_target
 

@@ -31,11 +31,12 @@ from pathlib import Path
 
 import torch
 
-from eventspec.cloud.engine.base import BatchedEngine, PrefillRequest, StepBatch
+from eventspec.cloud.engine.base import BatchedEngine, PrefillRequest
 from eventspec.cloud.target import TargetModel
 from eventspec.shared.contract.errors import EventSpecError
 from eventspec.shared.contract.profile import CalibrationProfile, load_profile, save_profile
 from eventspec.shared.contract.timing import CloudCost
+from eventspec.shared.node.static.batch import StepBatch
 
 log = logging.getLogger(__name__)
 

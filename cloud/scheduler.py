@@ -55,13 +55,14 @@ from collections.abc import Callable, Sequence
 import torch
 
 from eventspec.cloud.decoding import Committed, DecodingSession, StepInput
-from eventspec.cloud.engine.base import BatchedEngine, PrefillRequest, StepBatch
+from eventspec.cloud.engine.base import BatchedEngine, PrefillRequest
 from eventspec.cloud.prefill_queue import DEFAULT_PREFILL_TOKEN_BUDGET, PrefillQueue
 from eventspec.cloud.sampler import BatchedSampler, SampleSpec, make_generator
 from eventspec.cloud.scheduler_stats import SchedulerStats, StepObserver
 from eventspec.cloud.tickets import Failure, Outbox, SchedulerEvent, SlotPool, Ticket
 from eventspec.shared.contract.errors import EventSpecError, Unavailable
 from eventspec.shared.contract.types import DraftTail, FinishReason
+from eventspec.shared.node.static.batch import StepBatch
 
 log = logging.getLogger(__name__)
 

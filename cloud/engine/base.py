@@ -20,6 +20,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from eventspec.shared.node.static.batch import StepBatch
+
 # -- the batched engine API (the scheduler's seam) ----------------------------------------
 #
 # Every ready session is stepped in one call. Sessions live in KV *slots* that the engine
@@ -39,25 +41,6 @@ class PrefillRequest:
     input_ids: Sequence[int]  # the whole prompt, <video> placeholders included
     pixel_values_videos: torch.Tensor | None = None  # [1, F, 3, S, S]
     video_features: torch.Tensor | None = None  # [F, T, D], the tower's selected layer
-
-
-@dataclass(frozen=True)
-class StepBatch:
-    """Flattened tokens of B sessions, with per-session counts (vLLM's cu_num_draft_tokens).
-
-    ``token_ids`` holds, for each session in order, its last committed token followed by
-    its drafts: ``counts[i]`` ids (at least 1) for ``slots[i]``, written at positions
-    ``start_positions[i] ...`` of that slot.
-    """
-
-    slots: tuple[int, ...]  # [B]
-    start_positions: tuple[int, ...]  # [B]
-    counts: tuple[int, ...]  # [B], each >= 1
-    token_ids: torch.Tensor  # [N = sum(counts)] int64, on the engine's device
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(self.counts)
 
 
 @runtime_checkable

@@ -17,10 +17,11 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from eventspec.cloud.engine.base import PrefillRequest, StepBatch
+from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.target import TargetModel
 from eventspec.shared.contract.errors import FailedPrecondition, InvalidInput
 from eventspec.shared.node.kvcache import cache_kwarg, crop_cache
+from eventspec.shared.node.static.batch import StepBatch
 
 logger = logging.getLogger(__name__)
 

@@ -27,8 +27,9 @@ from collections.abc import Sequence
 
 import torch
 
-from eventspec.cloud.engine.base import BatchedEngine, PrefillRequest, StepBatch
+from eventspec.cloud.engine.base import BatchedEngine, PrefillRequest
 from eventspec.shared.contract.timing import CloudCost
+from eventspec.shared.node.static.batch import StepBatch
 
 #: Extra cost of each session beyond the first, as a fraction of the single-token step.
 SESSION_FRACTION = 0.044

@@ -23,12 +23,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from eventspec.cloud.engine.base import PrefillRequest, StepBatch
+from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.engine.static.build import build_static_engine, static_kv_plan
 from eventspec.cloud.engine.static.engine import StaticEngine
 from eventspec.cloud.model_dirs import TOY, model_dir
 from eventspec.cloud.server import VerifierServer
 from eventspec.cloud.target import TargetModel, load_target
+from eventspec.shared.node.static.batch import StepBatch
 from tests.support import cloud_harness as ch
 from tests.support.gpu_compare import Record, recorded
 
@@ -152,8 +153,8 @@ def test_fused_norm_and_silu_match_torch(dtype: torch.dtype, m: int, hidden: int
                                          inter: int) -> None:
     """The Triton RMSNorm and SiLU-mul against the torch functions the CPU path uses
     (the toy's 192 is no power of two: the norm's masked block)."""
-    from eventspec.cloud.engine.static.kernels import rms_norm, silu_mul
-    from eventspec.cloud.engine.static.layers import rms_norm as rms_norm_ref
+    from eventspec.shared.node.static.kernels import rms_norm, silu_mul
+    from eventspec.shared.node.static.layers import rms_norm as rms_norm_ref
 
     gen = torch.Generator(device="cuda").manual_seed(m)
     x = torch.randn(m, hidden, device="cuda", generator=gen).to(dtype)

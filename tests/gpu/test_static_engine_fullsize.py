@@ -30,9 +30,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from eventspec.cloud.engine.base import StepBatch
-from eventspec.cloud.engine.static.buckets import SESSION_BUCKETS, TOKEN_BUCKETS
 from eventspec.cloud.engine.static.engine import StaticEngine
+from eventspec.shared.node.static.batch import StepBatch
+from eventspec.shared.node.static.buckets import SESSION_BUCKETS, TOKEN_BUCKETS
 from tests.support.gpu_compare import Record, recorded
 
 pytestmark = [pytest.mark.gpu,

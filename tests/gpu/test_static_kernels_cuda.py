@@ -33,8 +33,8 @@ HEADS = [(6, 6, 32), (32, 32, 128), (32, 8, 128)]  # (Hq, Hkv, D): toy, 7B, grou
 @pytest.mark.parametrize("m", [1, 37, 264])
 def test_rope_and_kv_write_match_torch(dtype: torch.dtype, hq: int, hkv: int, d: int,
                                        m: int) -> None:
-    from eventspec.cloud.engine.static.kernels import rope_and_write_kv
-    from eventspec.cloud.engine.static.layers import rotate
+    from eventspec.shared.node.static.kernels import rope_and_write_kv
+    from eventspec.shared.node.static.layers import rotate
 
     gen = torch.Generator(device="cuda").manual_seed(m * hkv)
     qkv = torch.randn(m, (hq + 2 * hkv) * d, device="cuda", generator=gen).to(dtype)
@@ -67,7 +67,7 @@ def test_splitkv_attention_matches_dense_attention(
 ) -> None:
     """Ragged sessions (rolled-back ones: garbage beyond each length) at every split
     count the engine uses, against dense masked SDPA in float64."""
-    from eventspec.cloud.engine.static.attention import reference_attention, splitkv_attention
+    from eventspec.shared.node.static.attention import reference_attention, splitkv_attention
 
     gen = torch.Generator(device="cuda").manual_seed(hq + hkv + d)
     worst = 0.0

@@ -10,10 +10,10 @@ import torch
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from eventspec.cloud.engine.base import StepBatch
 from eventspec.cloud.engine.hf import HFEngine
 from eventspec.cloud.server import VerifierServer
 from eventspec.demoworld.tiny_target import build_tiny_random_target
+from eventspec.shared.node.static.batch import StepBatch
 from tests.support import cloud_harness as h
 
 pytestmark = pytest.mark.asyncio

@@ -26,13 +26,14 @@ import pytest_asyncio
 import torch
 
 from eventspec.cloud.decoding import DecodingSession
-from eventspec.cloud.engine.base import PrefillRequest, StepBatch
+from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.engine.hf import HFEngine
 from eventspec.cloud.sampler import BatchedSampler, SampleSpec, make_generator
 from eventspec.cloud.server import VerifierServer
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_target import build_tiny_random_target
 from eventspec.shared.contract.types import DraftTail, GenerationSettings
+from eventspec.shared.node.static.batch import StepBatch
 from tests.support import cloud_harness as h
 from tests.support.sampling import target_probs
 

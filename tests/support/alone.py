@@ -13,9 +13,10 @@ from collections.abc import Callable, Sequence
 import torch
 
 from eventspec.cloud.decoding import DecodingSession
-from eventspec.cloud.engine.base import BatchedEngine, PrefillRequest, StepBatch
+from eventspec.cloud.engine.base import BatchedEngine, PrefillRequest
 from eventspec.cloud.sampler import BatchedSampler, SampleSpec, make_generator
 from eventspec.shared.contract.types import DraftTail
+from eventspec.shared.node.static.batch import StepBatch
 
 #: Given C so far, the edge's tail from ``len(C)`` (or None to send nothing).
 Proposer = Callable[[Sequence[int]], DraftTail | None]

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
-from eventspec.cloud.engine.base import PrefillRequest, StepBatch
+from eventspec.cloud.engine.base import PrefillRequest
+from eventspec.shared.node.static.batch import StepBatch
 
 VOCAB, TEXT_VOCAB, EOS = 40, 32, 2
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -83,8 +84,16 @@ def test_the_wheel_installs_beside_a_package_named_shared(tmp_path: Path) -> Non
     """A clean venv holding an unrelated top-level ``shared`` package: eventspec's wheel
     installs beside it and both import, each its own."""
     wheels = tmp_path / "wheels"
+    # Built from a copy: setuptools writes build/ into the source tree it builds.
+    src = tmp_path / "src"
+    for name in ["pyproject.toml", "README.md"]:
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, src / name)
+    for folder in PACKAGE_DIRS.values():
+        shutil.copytree(ROOT / folder, src / folder,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "-q", "wheel", "--no-deps",
-                    "--no-build-isolation", "-w", str(wheels), str(ROOT)],
+                    "--no-build-isolation", "-w", str(wheels), str(src)],
                    check=True, capture_output=True, timeout=600)
     (wheel,) = wheels.glob("eventspec-*.whl")
     names = zipfile.ZipFile(wheel).namelist()

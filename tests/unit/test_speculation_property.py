@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eventspec.cloud.decoding import Committed, DecodingSession
-from eventspec.cloud.engine.base import PrefillRequest, StepBatch
+from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.sampler import BatchedSampler, SampleSpec
 from eventspec.edge.session import EdgeSession, SendDrafts
 from eventspec.shared.contract.timing import TimingPlan
@@ -30,6 +30,7 @@ from eventspec.shared.contract.types import (
     FinishReason,
     GenerationSettings,
 )
+from eventspec.shared.node.static.batch import StepBatch
 from tests.support.alone import decode_alone
 
 VOCAB = 40

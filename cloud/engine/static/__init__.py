@@ -1,8 +1,7 @@
-"""The static-KV engine: preallocated KV slots, bucketed shapes and CUDA graphs.
+"""The cloud's static engine: Video-LLaVA's language model on the shared static-KV
+runtime (:mod:`eventspec.shared.node.static`).
 
-:mod:`.engine` is the :class:`~eventspec.cloud.engine.base.Engine` itself; :mod:`.build`
-sizes and allocates it, :mod:`.weights` lifts a Hugging Face model's weights into
-:mod:`.layers`, :mod:`.attention` and :mod:`.kernels` do the arithmetic,
-:mod:`.buckets` picks the captured shapes and :mod:`.staging` fills their index arrays.
-See docs/engine.md.
+:mod:`.engine` is the :class:`~eventspec.cloud.engine.base.BatchedEngine` itself (the
+runtime plus Video-LLaVA's prefill), :mod:`.weights` hands the target's decoder to the
+runtime, and :mod:`.build` sizes the KV slots and captures the graphs.
 """

@@ -9,11 +9,11 @@ from collections.abc import Sequence
 import torch
 
 from eventspec.cloud.engine.kv import GIB, KVPlan, fit_slots, kv_bytes_per_token
-from eventspec.cloud.engine.static.buckets import SESSION_BUCKETS, TOKEN_BUCKETS
 from eventspec.cloud.engine.static.engine import StaticEngine
 from eventspec.cloud.engine.static.weights import static_unsupported_reason
 from eventspec.cloud.target import TargetModel
 from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.node.static.buckets import SESSION_BUCKETS, TOKEN_BUCKETS
 
 logger = logging.getLogger(__name__)
 

@@ -1,60 +1,19 @@
-"""The fast engine: static KV slots, split-KV attention, CUDA graphs per step shape.
+"""The cloud's fast engine: Video-LLaVA's language model on the static-KV runtime.
 
-Implements ``eventspec.cloud.engine.base.BatchedEngine`` for Video-LLaVA's LLaMA language model.
-
-- **KV.** One preallocated tensor per K and V, [layers, slots + 1, Hkv, T, D], written
-  in place (by the fused RoPE kernel on CUDA, ``index_copy_`` on CPU); the extra slot
-  is scratch that padded rows write into, so padding never touches a live session.
-  Rollback is free: a step names each session's valid length and nothing beyond it
-  is read.
-- **Attention** reads only each session's real length: a Triton split-KV kernel on
-  CUDA (:mod:`.attention`), dense masked SDPA on CPU.
-- **Weights** are the HF model's own tensors with fused QKV and gate-up
-  (:mod:`.weights`); norms and RoPE follow HF to the cast (:mod:`.layers`).
-  On CUDA a layer is ~10 kernels: Triton RMSNorm, RoPE + KV write and SiLU-mul
-  (:mod:`.kernels`), cuBLAS GEMMs with the residual add fused (``addmm_``).
-- **Steps** are padded to a bucket (sessions x tokens per session) and replayed from
-  one CUDA graph per bucket, captured at warm-up (gpt-fast, vLLM and SGLang capture
-  decode graphs the same way). Per step the host builds a few small index arrays,
-  copies them once (pinned, asynchronous; ``staging``), replays, and gathers the
-  real rows' logits: nothing synchronises with the host. Shapes beyond the largest
-  bucket run the same forward eagerly.
-- **Prefill** runs the video tower and projector as HF does, scatters the features
-  into the ``<video>`` rows, and runs the same layer functions with causal SDPA
-  (flash attention on CUDA) per request, over all the call's requests' tokens at once.
-
-On CPU the same engine runs the plain torch layer functions without graphs, which is
-what the equality tests against the HF reference exercise. ``docs/engine.md`` has the
-H200 measurements behind these choices.
+Implements ``eventspec.cloud.engine.base.BatchedEngine``. The runtime
+(:mod:`eventspec.shared.node.static.runtime`: static KV slots, split-KV attention, CUDA
+graphs per step shape) is shared with the edge's drafter; what is Video-LLaVA's own is
+here: the prefill runs the video tower and projector as HF does and scatters the
+features into the ``<video>`` rows before the decoder runs.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
-from eventspec.cloud.engine.base import PrefillRequest, StepBatch
-from eventspec.cloud.engine.static import kernels as static_kernels
-from eventspec.cloud.engine.static import layers as layers
-from eventspec.cloud.engine.static.attention import (
-    HAVE_TRITON,
-    num_splits_for,
-    reference_attention,
-    splitkv_attention,
-)
-from eventspec.cloud.engine.static.buckets import (
-    SESSION_BUCKETS,
-    TOKEN_BUCKETS,
-    StepInputs,
-    bucket,
-)
-from eventspec.cloud.engine.static.kernels import rope_and_write_kv, silu_mul
-from eventspec.cloud.engine.static.staging import StepStaging
+from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.engine.static.weights import (
     fuse_language_weights,
     rope_tables,
@@ -62,14 +21,14 @@ from eventspec.cloud.engine.static.weights import (
 )
 from eventspec.cloud.target import TargetModel
 from eventspec.shared.contract.errors import InvalidInput
-
-logger = logging.getLogger(__name__)
+from eventspec.shared.node.static.buckets import SESSION_BUCKETS, TOKEN_BUCKETS
+from eventspec.shared.node.static.runtime import StaticRuntime
 
 __all__ = ["StaticEngine"]
 
 
-class StaticEngine:
-    """``BatchedEngine`` over static KV slots (see the module docstring)."""
+class StaticEngine(StaticRuntime):
+    """``BatchedEngine`` over static KV slots: the runtime plus Video-LLaVA's prefill."""
 
     def __init__(
         self,
@@ -92,52 +51,12 @@ class StaticEngine:
                 f"max_seq_len {max_seq_len} outside 1..{target.max_positions} positions"
             )
         self.target = target
-        self.device: torch.device = target.device
-        self.dtype = target.dtype
-        self.num_slots = num_slots
-        self.max_seq_len = max_seq_len
-        self.weights = fuse_language_weights(target)
-        self.cos, self.sin = rope_tables(target, max_seq_len)  # each [T, D]
-        w = self.weights
-        # One slot more than served: the scratch slot that padding rows write into.
-        # Zeroed, not empty: the CPU path's dense attention multiplies masked-out
-        # positions by 0, and 0 * NaN garbage would poison a row.
-        shape = (len(w.layers), num_slots + 1, w.num_kv_heads, max_seq_len, w.head_dim)
-        self.k_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)  # [L,S+1,Hkv,T,D]
-        self.v_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)  # [L,S+1,Hkv,T,D]
-        self._live: set[int] = set()
-        self.use_graphs = use_graphs and self.device.type == "cuda"
-        self.session_buckets = tuple(b for b in session_buckets if b <= num_slots) or (1,)
-        if num_slots not in self.session_buckets and num_slots < max(session_buckets):
-            self.session_buckets = (*self.session_buckets, num_slots)
-        self.token_buckets = tuple(token_buckets)
-        self._sm_count = (
-            torch.cuda.get_device_properties(self.device).multi_processor_count
-            if self.device.type == "cuda"
-            else 1
+        cos, sin = rope_tables(target, max_seq_len)  # each [T, D]
+        super().__init__(
+            fuse_language_weights(target), cos, sin, num_slots=num_slots,
+            max_seq_len=max_seq_len, use_graphs=use_graphs, compile_layers=compile_layers,
+            session_buckets=session_buckets, token_buckets=token_buckets,
         )
-        self._use_splitkv = self.device.type == "cuda" and HAVE_TRITON
-
-        # CUDA: Triton kernels for RMSNorm, RoPE + KV write and SiLU-mul, cuBLAS GEMMs
-        # with the residual fused (addmm). CPU: the plain torch functions.
-        self._fused = self.device.type == "cuda" and HAVE_TRITON
-        self._norm: Callable[..., Any] = layers.rms_norm
-        if self._fused:
-            self._norm = static_kernels.rms_norm
-            if compile_layers:
-                self._norm = torch.compile(layers.rms_norm, dynamic=True, fullgraph=True)
-
-        max_b = max(self.session_buckets)
-        max_m = max_b * max(self.token_buckets)
-        # Static step buffers: one int64 block holding every index array at fixed
-        # offsets, so each bucket's views keep their addresses across replays.
-        self._staging = StepStaging(self.device, max_seq_len=max_seq_len,
-                                    scratch_slot=num_slots, cap_m=max_m, cap_b=max_b)
-        self._logits = torch.zeros(max_m, w.vocab, device=self.device, dtype=self.dtype)
-        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self.warmup_report: dict[str, float] = {}
-
-    # -- the batched engine API ------------------------------------------------------
 
     @torch.inference_mode()
     def prefill(self, requests: Sequence[PrefillRequest]) -> torch.Tensor:
@@ -160,168 +79,6 @@ class StaticEngine:
         video_rows = [self._check_prefill(r) for r in requests]  # each [F*T] row indices
         return self._prefill_many(requests, video_rows)  # [R, V]
 
-    @torch.inference_mode()
-    def step(self, batch: StepBatch) -> torch.Tensor:
-        """Write the batch's tokens into their slots; return [N, V] float32 logits."""
-        b = len(batch.slots)
-        if b == 0 or not len(batch.start_positions) == len(batch.counts) == b:
-            raise InvalidInput("a step needs matching, non-empty slots/starts/counts")
-        if len(set(batch.slots)) != b:
-            raise InvalidInput("a step names a slot twice")
-        triples = zip(batch.slots, batch.start_positions, batch.counts, strict=True)
-        for slot, start, count in triples:
-            if slot not in self._live:
-                raise InvalidInput(f"slot {slot} holds no prefilled session")
-            if count < 1 or start < 1 or start + count > self.max_seq_len:
-                raise InvalidInput(
-                    f"slot {slot}: tokens [{start}, {start + count}) outside 1..{self.max_seq_len}"
-                )
-        n = batch.num_tokens
-        if tuple(batch.token_ids.shape) != (n,):
-            raise InvalidInput(f"token_ids must be [{n}], got {list(batch.token_ids.shape)}")
-
-        q_max = max(batch.counts)
-        bp = bucket(b, self.session_buckets) if self.use_graphs else b
-        qp = bucket(q_max, self.token_buckets) if self.use_graphs else q_max
-        graph = self._graphs.get((bp, qp)) if bp is not None and qp is not None else None
-        if graph is None:  # beyond the buckets (or CPU): exact padding, eager forward
-            bp, qp = b, q_max
-        assert bp is not None and qp is not None
-        inp, dest = self._staging.load(batch, bp, qp)  # dest: [N] rows of the padded step
-        m = bp * qp
-        if graph is not None:
-            graph.replay()
-            logits = self._logits[:m]  # [M, V]
-        else:
-            static_out = m <= self._staging.layout.cap_m
-            logits = self._forward(inp, self._logits[:m] if static_out else None)
-        return logits.index_select(0, dest).float()  # [N, V]
-
-    def free(self, slot: int) -> None:
-        """Forget the slot's content (idempotent); nothing to clear, it is overwritten."""
-        self._check_slot(slot)
-        self._live.discard(slot)
-
-    # -- warm-up --------------------------------------------------------------------
-
-    @torch.inference_mode()
-    def warm_up(self) -> dict[str, float]:
-        """Compile and capture one CUDA graph per (sessions, tokens) bucket.
-
-        Largest first, all in one memory pool (the largest bucket's activations are
-        reused by every smaller graph). Logs progress; returns seconds and bytes.
-        """
-        if not self.use_graphs:
-            return {}
-        t0 = time.perf_counter()
-        torch.cuda.synchronize(self.device)
-        base = torch.cuda.memory_allocated(self.device)
-        pool = torch.cuda.graph_pool_handle()
-        shapes = sorted(
-            ((bp, qp) for bp in self.session_buckets for qp in self.token_buckets),
-            key=lambda s: -s[0] * s[1],
-        )
-        for i, (bp, qp) in enumerate(shapes):
-            inp = self._staging.dummy(bp, qp)
-            out = self._logits[: bp * qp]
-            stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                self._forward(inp, out)  # compiles / JITs outside the capture
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._forward(inp, out)
-            self._graphs[(bp, qp)] = graph
-            logger.info(
-                "captured step graph %d/%d: %d sessions x %d tokens (%.1f s)",
-                i + 1, len(shapes), bp, qp, time.perf_counter() - t0,
-            )  # fmt: skip
-        torch.cuda.synchronize(self.device)
-        self.warmup_report = {
-            "graphs": float(len(shapes)),
-            "seconds": time.perf_counter() - t0,
-            "graph_bytes_allocated": float(torch.cuda.memory_allocated(self.device) - base),
-            "reserved_bytes_after": float(torch.cuda.memory_reserved(self.device)),
-        }
-        logger.info(
-            "static engine warm: %d graphs in %.1f s, %.2f GiB reserved; KV %d slots x %d",
-            len(shapes), self.warmup_report["seconds"],
-            self.warmup_report["reserved_bytes_after"] / 2**30, self.num_slots, self.max_seq_len,
-        )  # fmt: skip
-        return self.warmup_report
-
-    # -- internals --------------------------------------------------------------------
-
-    def _check_slot(self, slot: int) -> None:
-        if not 0 <= slot < self.num_slots:
-            raise InvalidInput(f"slot {slot} outside 0..{self.num_slots - 1}")
-
-    def _forward(self, inp: StepInputs, out: torch.Tensor | None) -> torch.Tensor:
-        """The padded step: [M] ids -> [M, V] logits (into ``out`` when given).
-
-        Everything here is device work on static addresses, so it is what the CUDA
-        graphs capture.
-        """
-        w = self.weights
-        bp, qp, hq, d = inp.sessions, inp.tokens, w.num_heads, w.head_dim
-        h = w.embed.index_select(0, inp.ids)  # [M, H]
-        cos = self.cos.index_select(0, inp.pos)  # [M, D]
-        sin = self.sin.index_select(0, inp.pos)  # [M, D]
-        num_splits = num_splits_for(bp, hq, self._sm_count)
-
-        def attend(i: int, q: torch.Tensor) -> torch.Tensor:
-            q4 = q.view(bp, qp, hq, d)  # [Bp, Qp, Hq, D]
-            kc, vc = self.k_cache[i], self.v_cache[i]  # [S+1, Hkv, T, D]
-            if self._use_splitkv:
-                o = splitkv_attention(
-                    q4, kc, vc, inp.slots, inp.starts, inp.seq_lens, num_splits=num_splits
-                )  # [Bp, Qp, Hq, D]
-            else:
-                o = reference_attention(q4, kc, vc, inp.slots, inp.starts, inp.seq_lens)
-            return o.reshape(bp * qp, hq * d)  # [M, Hq D]
-
-        for i in range(len(w.layers)):
-            h = self._layer(i, h, cos, sin, inp.write_slot, inp.write_pos, attend)  # [M, H]
-        x = self._norm(h, w.norm, w.eps)  # [M, H]
-        if out is None:
-            logits: torch.Tensor = x @ w.lm_head.t()  # [M, V]
-            return logits
-        torch.matmul(x, w.lm_head.t(), out=out)
-        return out
-
-    def _layer(
-        self,
-        i: int,
-        h: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        write_slot: torch.Tensor,
-        write_pos: torch.Tensor,
-        attend: Callable[[int, torch.Tensor], torch.Tensor],
-    ) -> torch.Tensor:
-        """One decoder layer over M rows: h [M, H] -> [M, H]; row m's K/V go to
-        (write_slot[m], write_pos[m]) of layer i's cache before ``attend`` reads it."""
-        w, lw = self.weights, self.weights.layers[i]
-        hq, hkv, d = w.num_heads, w.num_kv_heads, w.head_dim
-        kc, vc = self.k_cache[i], self.v_cache[i]  # [S+1, Hkv, T, D]
-        if self._fused:
-            qkv = self._norm(h, lw.ln_attn, w.eps) @ lw.wqkv.t()  # [M, (Hq + 2 Hkv) D]
-            q = rope_and_write_kv(qkv, cos, sin, kc, vc, write_slot, write_pos, hq, hkv)
-            # In-place addmm: the residual add rides in the GEMM epilogue, and no copy of
-            # h is made first (out-of-place addmm copies its input into the result).
-            h.addmm_(attend(i, q), lw.wo.t())  # [M, H]
-            gate_up = self._norm(h, lw.ln_mlp, w.eps) @ lw.w_gate_up.t()  # [M, 2 I]
-            return h.addmm_(silu_mul(gate_up), lw.w_down.t())  # [M, H]
-        q, k, v = layers.attention_in(h, lw.ln_attn, lw.wqkv, cos, sin, w.eps, hq, hkv)
-        heads = torch.arange(hkv, device=h.device)  # [Hkv]
-        t = self.max_seq_len
-        rows = ((write_slot[:, None] * hkv + heads) * t + write_pos[:, None]).view(-1)  # [M Hkv]
-        kc.view(-1, d).index_copy_(0, rows, k.view(-1, d))
-        vc.view(-1, d).index_copy_(0, rows, v.view(-1, d))
-        o = attend(i, q)  # [M, Hq D]
-        return layers.attention_out_and_mlp(h, o, lw.wo, lw.ln_mlp, lw.w_gate_up, lw.w_down, w.eps)
-
     def _check_prefill(self, req: PrefillRequest) -> list[int]:
         """Validate one prefill request; returns the rows of its <video> placeholders."""
         self._check_slot(req.slot)
@@ -342,10 +99,9 @@ class StaticEngine:
 
     def _prefill_many(self, requests: Sequence[PrefillRequest],
                       video_rows: Sequence[list[int]]) -> torch.Tensor:
-        """Tower + projector per request, scatter into <video> rows, then the decoder
-        layers once over all requests' tokens with causal SDPA per request."""
+        """Tower + projector per request, scatter into <video> rows, then the runtime's
+        prefill over all requests' embeddings."""
         t, w = self.target, self.weights
-        d, hq, hkv = w.head_dim, w.num_heads, w.num_kv_heads
         lengths = [len(r.input_ids) for r in requests]
         offsets = [0]
         for n in lengths:
@@ -365,28 +121,5 @@ class StaticEngine:
         h = w.embed.index_select(0, ids)  # [M, H]
         rows_v = torch.tensor(rows, device=self.device)  # [R*F*T]
         h = h.index_copy(0, rows_v, torch.cat(hs).to(h.dtype))  # [M, H]
-        pos = torch.cat([torch.arange(n, device=self.device) for n in lengths])  # [M]
-        cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)  # [M, D]
-        write_slot = torch.cat([torch.full((n,), r.slot, device=self.device)
-                                for r, n in zip(requests, lengths, strict=True)])  # [M]
-
-        def attend(i: int, q: torch.Tensor) -> torch.Tensor:
-            """Causal SDPA over each request's prompt (flash on CUDA), reading its K/V back."""
-            outs = []
-            for r, n, off in zip(requests, lengths, offsets, strict=False):
-                k = self.k_cache[i, r.slot, :, :n]  # [Hkv, L, D]
-                v = self.v_cache[i, r.slot, :, :n]  # [Hkv, L, D]
-                o = F.scaled_dot_product_attention(
-                    q[off : off + n].transpose(0, 1)[None], k[None], v[None], is_causal=True,
-                    enable_gqa=hq != hkv,
-                )  # [1, Hq, L, D]
-                outs.append(o[0].transpose(0, 1).reshape(n, hq * d))  # [L, Hq D]
-            return torch.cat(outs)  # [M, Hq D]
-
-        for i in range(len(w.layers)):
-            h = self._layer(i, h, cos, sin, write_slot, pos, attend)  # [M, H]
-        last = torch.tensor([off - 1 for off in offsets[1:]], device=self.device)  # [R]
-        x = self._norm(h.index_select(0, last), w.norm, w.eps)  # [R, H]
-        self._live.update(r.slot for r in requests)
-        logits: torch.Tensor = (x @ w.lm_head.t()).float()  # [R, V]
-        return logits
+        embeds = [h[off : off + n] for off, n in zip(offsets, lengths, strict=False)]
+        return self.prefill_embeds([r.slot for r in requests], embeds)  # [R, V]

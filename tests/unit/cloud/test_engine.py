@@ -10,12 +10,13 @@ import pytest
 import torch
 
 from eventspec.cloud.decoding import DecodingSession
-from eventspec.cloud.engine.base import PrefillRequest, StepBatch
+from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.engine.hf import HFEngine
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_target import build_tiny_random_target
 from eventspec.shared.contract.errors import FailedPrecondition, InvalidInput
 from eventspec.shared.contract.types import DraftTail, GenerationSettings
+from eventspec.shared.node.static.batch import StepBatch
 from tests.support.alone import decode_alone
 
 Proposer = Callable[[list[int], int], list[int]]

@@ -17,8 +17,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from eventspec.cloud.engine.base import PrefillRequest, StepBatch
-from eventspec.cloud.engine.static.attention import num_splits_for, reference_attention
+from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.engine.static.build import (
     build_static_engine,
     kv_bytes_per_slot,
@@ -30,6 +29,8 @@ from eventspec.cloud.target import TargetModel, load_target
 from eventspec.demoworld.tiny_target import build_tiny_random_target
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.node.kvcache import cache_kwarg, crop_cache
+from eventspec.shared.node.static.attention import num_splits_for, reference_attention
+from eventspec.shared.node.static.batch import StepBatch
 
 TOY_DIR = Path(__file__).resolve().parents[3] / "cloud" / "models" / "toy-video-llava"
 QUESTIONS = (
@@ -283,7 +284,7 @@ def test_splitkv_kernel_matches_reference() -> None:
     """The Triton split-KV kernel against dense masked attention, bf16 on CUDA."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from eventspec.cloud.engine.static.attention import splitkv_attention
+    from eventspec.shared.node.static.attention import splitkv_attention
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     for bp, nq, splits in ((1, 1, 16), (4, 9, 4), (3, 33, 2), (8, 16, 1)):
@@ -304,9 +305,9 @@ def test_fused_kernels_match_torch() -> None:
     """RoPE + KV write and SiLU-mul (Triton) against the CPU path's torch functions."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from eventspec.cloud.engine.static.kernels import rms_norm, rope_and_write_kv, silu_mul
-    from eventspec.cloud.engine.static.layers import rms_norm as rms_norm_ref
-    from eventspec.cloud.engine.static.layers import rotate
+    from eventspec.shared.node.static.kernels import rms_norm, rope_and_write_kv, silu_mul
+    from eventspec.shared.node.static.layers import rms_norm as rms_norm_ref
+    from eventspec.shared.node.static.layers import rotate
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     m, hq, hkv, d = 37, 32, 32, 128

@@ -2,7 +2,7 @@
 
 Every padded step reads the same few index arrays (positions, where each row's K/V
 goes, each session's slot, start and length). They live in one int64 block at fixed
-offsets (:class:`~eventspec.cloud.engine.static.buckets.MetaLayout`) so each bucket's
+offsets (:class:`~eventspec.shared.node.static.buckets.MetaLayout`) so each bucket's
 views keep the addresses its CUDA graph captured; per step the host fills them with
 numpy, copies them once (pinned, asynchronous) and scatters the token ids, and nothing
 synchronises with the host. Kept apart from ``eventspec.cloud.engine.static.engine``,
@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from eventspec.cloud.engine.base import StepBatch
-from eventspec.cloud.engine.static.buckets import MetaLayout, StepInputs
+from eventspec.shared.node.static.batch import StepBatch
+from eventspec.shared.node.static.buckets import MetaLayout, StepInputs
 
 
 class StepStaging:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from eventspec.cloud.engine.static.attention import HAVE_TRITON
+from eventspec.shared.node.static.attention import HAVE_TRITON
 
 if HAVE_TRITON:
     import triton
