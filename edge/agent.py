@@ -25,7 +25,7 @@ from eventspec.edge.cloud_wait import cloud_info_when_ready
 from eventspec.edge.cost_meter import EdgeCostMeter
 from eventspec.edge.draft import DraftModel
 from eventspec.edge.draft_only import answer_draft_only
-from eventspec.edge.drafter import Drafter
+from eventspec.edge.drafter import DraftBackend, Drafter
 from eventspec.edge.events.base import EventSource
 from eventspec.edge.failover import ask_event_is_committed, with_failover
 from eventspec.edge.link import VerifierLink
@@ -69,6 +69,7 @@ class EdgeAgent:
         source: EventSource,
         draft: DraftModel,
         link: VerifierLink | None,
+        draft_backend: DraftBackend | None = None,
         adapter: FeatureAdapter | None = None,
         worker: ModelWorker | None = None,
         acceptance_prior: float = 0.5,
@@ -84,6 +85,9 @@ class EdgeAgent:
     ) -> None:
         self.source = source
         self.draft = draft
+        #: What drafts: the HF model itself, or the static-KV runtime over its weights
+        #: (:mod:`eventspec.edge.static_draft`). Prompts and vision stay the DraftModel's.
+        self.draft_backend: DraftBackend = draft_backend if draft_backend is not None else draft
         self.link = link
         self.adapter = adapter
         self.worker = worker or ModelWorker("edge-model")
@@ -116,13 +120,13 @@ class EdgeAgent:
         except EventSpecError as exc:
             log.warning("warm-up skipped: %s", exc)
             return
-        drafter = Drafter(self.draft)
+        drafter = Drafter(self.draft_backend)
 
         def run() -> None:
             # Twice: the first round pays one-off costs (allocations, lazy init).
             nonlocal drafter
             for _ in range(2):
-                drafter = Drafter(self.draft)
+                drafter = Drafter(self.draft_backend)
                 drafter.prefill(spec.question, prepared.event_pixels)
                 seq: list[int] = []
                 while len(seq) < 8 and (not seq or seq[-1] != self.draft.eos_token_id):
@@ -183,7 +187,7 @@ class EdgeAgent:
             settings = draft_only_settings(spec, self.draft)  # before any model work
             prepared = await self._prepare(spec, need_frames=False, need_features=False)
             async for event in answer_draft_only(spec, settings, prepared, self.draft,
-                                                 self.worker):
+                                                 self.worker, self.draft_backend):
                 yield event
             self.requests_served += 1
             return

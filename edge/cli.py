@@ -10,6 +10,7 @@ from functools import partial
 from pathlib import Path
 
 from eventspec.edge.config import (
+    DRAFT_ENGINES,
     ENV_PREFIX,
     MAX_MESSAGE_BYTES,
     MIN_MESSAGE_BYTES,
@@ -94,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     arg("--speculation", choices=list(SPECULATION_MODES), default=env.speculation,
         help="auto: draft when the timing plan says it pays (default); always: draft "
              "regardless, e.g. to measure acceptance")
+    arg("--draft-engine", choices=list(DRAFT_ENGINES), default=env.draft_engine,
+        help="static: EventGPT's LLM on the static-KV runtime (one KV slot, CUDA graphs); "
+             "hf: the HF eager reference; auto: static on CUDA, hf on CPU")
     arg("--acceptance-prior", type=float, default=env.acceptance_prior,
         help="the share of drafts the plan expects the cloud to accept before any request "
              "has been observed, 0..1")
@@ -140,6 +144,7 @@ def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
         acceptance_prior=args.acceptance_prior,
         preview_every=args.preview_every,
         speculation=args.speculation,
+        draft_engine=args.draft_engine,
         grace_s=args.grace_s,
         seed=args.seed,
         max_message_bytes=args.max_message_bytes,

@@ -90,7 +90,7 @@ class CloudAttempt:
             force_speculation=agent.force_speculation,
             preview_every=agent.preview_every,
         )
-        self.drafter = Drafter(agent.draft)
+        self.drafter = Drafter(agent.draft_backend)
         stream = self.link.open_stream(agent.request_timeout_s)
         self.timeline = (EdgeTimeline(self.started, self.drafter, wanted=spec.timeline)
                          if spec.timeline or current_request_span() is not None else None)

@@ -23,6 +23,8 @@ __all__ = ["ENV_PREFIX", "EdgeSettings", "SettingsError", "check_cloud_address"]
 ENV_PREFIX = "EVENTSPEC_EDGE_"
 #: ``--speculation`` modes.
 SPECULATION_MODES = ("auto", "always")
+#: ``--draft-engine`` choices: the static-KV runtime, the HF reference, or static on CUDA.
+DRAFT_ENGINES = ("auto", "static", "hf")
 #: ``--seed`` spans what ``torch.manual_seed`` takes.
 SEED_MAX = 2**64 - 1
 #: ``--max-message-bytes``: below 1 MiB an Open with its frames may not fit; gRPC's own
@@ -70,6 +72,10 @@ class EdgeSettings:
     #: "auto": draft when the shared timing plan says it pays; "always": draft anyway
     #: (to measure acceptance, or when the cost model is known to be wrong).
     speculation: str = "auto"
+    #: What drafts: "static" (the static-KV runtime the cloud's engine uses: one KV slot,
+    #: CUDA graphs, rollback as a length change), "hf" (the HF eager reference), or
+    #: "auto" (static on CUDA when the model is a plain LLaMA decoder, hf otherwise).
+    draft_engine: str = "auto"
     grace_s: float = 5.0
     seed: int = 0
     max_message_bytes: int = 8 << 20
@@ -112,6 +118,7 @@ class EdgeSettings:
             acceptance_prior=e.number("ACCEPTANCE_PRIOR", d.acceptance_prior),
             preview_every=e.integer("PREVIEW_EVERY", d.preview_every),
             speculation=e.text("SPECULATION", d.speculation),
+            draft_engine=e.text("DRAFT_ENGINE", d.draft_engine),
             grace_s=e.number("GRACE_S", d.grace_s),
             seed=e.integer("SEED", d.seed),
             max_message_bytes=e.integer("MAX_MESSAGE_BYTES", d.max_message_bytes),
@@ -132,6 +139,7 @@ class EdgeSettings:
             require_int("--metrics-port", self.metrics_port, 0, 65535, "0 picks one")
         require_choice("--dtype", self.dtype, MODEL_DTYPES)
         require_choice("--speculation", self.speculation, SPECULATION_MODES)
+        require_choice("--draft-engine", self.draft_engine, DRAFT_ENGINES)
         require_seconds("--request-timeout", self.request_timeout_s, zero_ok=False)
         require_seconds("--rpc-timeout-s", self.rpc_timeout_s, zero_ok=False)
         require_seconds("--cloud-wait-s", self.cloud_wait_s, zero_ok=True)

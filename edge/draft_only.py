@@ -6,7 +6,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 
 from eventspec.edge.draft import DraftModel
-from eventspec.edge.drafter import Drafter
+from eventspec.edge.drafter import DraftBackend, Drafter
 from eventspec.edge.visual_input import PreparedVisual
 from eventspec.edge.worker import ModelWorker
 from eventspec.shared.contract.stops import StopMatcher
@@ -32,13 +32,13 @@ def decode_after(draft: DraftModel, ids: Sequence[int], prefix: Sequence[int] = 
 
 async def answer_draft_only(
     spec: AskSpec, settings: GenerationSettings, prepared: PreparedVisual, draft: DraftModel,
-    worker: ModelWorker,
+    worker: ModelWorker, backend: DraftBackend | None = None,
 ) -> AsyncIterator[AskEvent]:
     """The edge alone: greedy EventGPT output, labelled as unverified, under the same
     stop rules as the cloud's (EOS, stop strings, token cap, context). ``settings`` come
     from ``eventspec.edge.ask_checks.draft_only_settings``, which refuses what this cannot do."""
     started = time.perf_counter()
-    drafter = Drafter(draft)
+    drafter = Drafter(backend if backend is not None else draft)
     await worker.run(lambda: drafter.prefill(spec.question, prepared.event_pixels))
     first_at: float | None = None
     text = ""

@@ -25,6 +25,7 @@ from eventspec.edge.events.sources import open_source
 from eventspec.edge.model_dirs import TOY, adapter_dir, draft_dir
 from eventspec.edge.readiness import CloudState, CloudView, Readiness
 from eventspec.edge.servicer import EdgeAgentServicer
+from eventspec.edge.static_draft import draft_backend_for, draft_engine_name
 from eventspec.shared.contract.errors import ErrorCode, EventSpecError
 from eventspec.shared.node.serving import MODEL_DTYPES
 from eventspec.shared.node.tracing import tracer_from_env
@@ -163,9 +164,13 @@ class EdgeServer:
             CloudLink(s.cloud, max_message_bytes=s.max_message_bytes, security=s.cloud_security)
             if s.cloud else None
         )
+        if s.draft_engine != "hf":
+            readiness.set_edge_phase("building the static drafter")
+        backend = await asyncio.to_thread(draft_backend_for, s.draft_engine, draft)
         self.agent = EdgeAgent(
             source=source,
             draft=draft,
+            draft_backend=backend,
             link=self._link,
             adapter=adapter,
             acceptance_prior=s.acceptance_prior,
@@ -191,8 +196,8 @@ class EdgeServer:
             await self._check_cloud(self._link, draft, first=True)
             self._watcher = asyncio.create_task(self._watch_cloud(self._link, draft))
         readiness.set_edge_phase(None)
-        log.info("edge agent warm on %s:%d, source %s, draft %s%s", s.host, self.port,
-                 source.describe(), draft.model_id,
+        log.info("edge agent warm on %s:%d, source %s, draft %s (%s drafter)%s", s.host,
+                 self.port, source.describe(), draft.model_id, draft_engine_name(backend),
                  "" if readiness.serving else f"; NOT_SERVING: {readiness.not_serving_reason()}")
 
     def _start_metrics(self, host: GrpcHost) -> None:

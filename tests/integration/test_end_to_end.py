@@ -13,6 +13,7 @@ import pytest
 from eventspec.edge.config import EdgeSettings
 from eventspec.edge.events.sources import NpzSource, open_source
 from eventspec.edge.server import EdgeServer
+from eventspec.edge.static_draft import draft_engine_name
 from eventspec.shared.client.edge_client import AskError
 from eventspec.shared.contract.types import (
     FeatureMode,
@@ -32,14 +33,20 @@ TOY_QUESTIONS = ["Which way is the object moving?", "How many objects are there?
                  "What shape is the object?", "Is anything moving?"]
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-async def test_speculative_equals_target_only_on_a_loaded_cloud(seed: int) -> None:
+@pytest.mark.parametrize(("seed", "draft_engine"), [(0, "hf"), (1, "hf"), (2, "static")])
+async def test_speculative_equals_target_only_on_a_loaded_cloud(
+    seed: int, draft_engine: str
+) -> None:
     """A slowed cloud makes drafting pay; the toy draft agrees with the toy target, so
-    drafts are accepted and the equality is tested on accepted and rejected drafts."""
-    cloud, edge = await eh.start_toy_stack(seed, slow=(1.0, 0.15))
+    drafts are accepted and the equality is tested on accepted and rejected drafts, with
+    the HF drafter and with the static-KV one (``--draft-engine static``)."""
+    cloud, edge = await eh.start_toy_stack(seed, slow=(1.0, 0.15),
+                                           edge_settings={"draft_engine": draft_engine})
+    assert edge.agent is not None
+    assert draft_engine_name(edge.agent.draft_backend) == draft_engine
     address = f"127.0.0.1:{edge.port}"
     try:
-        for i, question in enumerate(TOY_QUESTIONS[seed::2]):
+        for i, question in enumerate(TOY_QUESTIONS[seed % 2::2]):
             spec = await ask(address, question, Mode.SPECULATIVE, max_new=10 + i)
             base = await ask(address, question, Mode.TARGET_ONLY, max_new=10 + i)
             assert spec.token_ids == base.token_ids, (question, spec.plan)

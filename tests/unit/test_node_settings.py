@@ -94,6 +94,7 @@ EDGE: dict[str, Case] = {
     "acceptance_prior": ("--acceptance-prior", "0.8", 0.8),
     "preview_every": ("--preview-every", "2", 2),
     "speculation": ("--speculation", "always", "always"),
+    "draft_engine": ("--draft-engine", "static", "static"),
     "grace_s": ("--grace-s", "10", 10.0),
     "seed": ("--seed", "3", 3),
     "max_message_bytes": ("--max-message-bytes", "16777216", 16 << 20),

@@ -31,6 +31,9 @@ def static_unsupported_reason(target: TargetModel) -> str | None:
     decoder, lm_head = _decoder(target)
     if decoder is None:
         return "the model has no model.language_model.layers / lm_head"
+    model_type = getattr(decoder.config, "model_type", None)
+    if model_type != "llama":
+        return f"the language model is {model_type!r}, not 'llama'"
     return llama_unsupported_reason(decoder, lm_head)
 
 

@@ -75,13 +75,13 @@ def llama_unsupported_reason(decoder: Any, lm_head: Any) -> str | None:
     """Why the static runtime cannot run this decoder (None when it can).
 
     It implements the LLaMA decoder exactly: bias-free projections, SiLU gated MLP,
-    RMSNorm, full causal attention with a static (position-only) rotary embedding.
+    RMSNorm, full causal attention with a static (position-only) rotary embedding. The
+    caller vouches for the architecture (a ``LlamaModel`` or a subclass such as
+    EventGPT's); this checks the configuration knobs that would change the arithmetic.
     """
     if decoder is None or not hasattr(decoder, "layers") or lm_head is None:
         return "the model has no decoder layers / lm_head"
     cfg = decoder.config
-    if getattr(cfg, "model_type", None) != "llama":
-        return f"the language model is {getattr(cfg, 'model_type', None)!r}, not 'llama'"
     if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
         return "biased attention/MLP projections are not implemented"
     if getattr(cfg, "hidden_act", "silu") != "silu":
