@@ -1,4 +1,5 @@
-"""The full-size Video-LLaVA-7B architecture with random weights, for GPU benchmarks.
+"""The full-size Video-LLaVA-7B and EventGPT-7B architectures with random weights, for
+GPU benchmarks.
 
 CLIP ViT-L/14-224 video tower, LLaMA-7B text model, vocab 32064, built from config so
 no checkpoint is needed: step and prefill timings do not depend on weight values. The
@@ -18,6 +19,7 @@ from transformers import (
 
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_tokenizer import TINY_TEXT_VOCAB_SIZE, tiny_fast_tokenizer
+from eventspec.edge.draft import DraftModel, EventGPTConfig, EventGPTForCausalLM
 
 FULL_SIZE_ID = "video-llava-7b-shaped-random"
 
@@ -47,3 +49,30 @@ def build_full_target(device: str, dtype: torch.dtype = torch.bfloat16) -> Targe
         torch.set_default_dtype(torch.float32)
     model.train(False)
     return TargetModel(model, tiny_fast_tokenizer("target"), FULL_SIZE_ID)
+
+
+FULL_DRAFT_ID = "eventgpt-7b-shaped-random"
+
+
+def full_draft_config() -> EventGPTConfig:
+    """EventGPT-7B's shapes: CLIP ViT-L/14-336 (577 tokens per frame) and LLaMA-7B."""
+    vision = CLIPVisionConfig(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
+                              num_attention_heads=16, image_size=336, patch_size=14,
+                              projection_dim=768)
+    return EventGPTConfig(vocab_size=32064, hidden_size=4096, intermediate_size=11008,
+                          num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                          max_position_embeddings=4096, tie_word_embeddings=False,
+                          mm_visual_tower=None, event_feature_adaptor=True,
+                          vision_config=vision.to_dict(), image_size=336)
+
+
+def build_full_draft(device: str, dtype: torch.dtype = torch.bfloat16) -> DraftModel:
+    """The 7B-shaped EventGPT drafter, initialised directly on ``device`` in ``dtype``
+    (random weights: drafting speed does not depend on their values)."""
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = EventGPTForCausalLM(full_draft_config())
+    finally:
+        torch.set_default_dtype(torch.float32)
+    return DraftModel(model, tiny_fast_tokenizer("draft"), FULL_DRAFT_ID)

@@ -1,0 +1,173 @@
+"""The edge's drafter, HF eager vs the static-KV runtime, against the cloud's step.
+
+    python -m benchmarks.bench_edge                 # GPU: full-size EventGPT-7B and
+                                                    # Video-LLaVA-7B shapes, random bf16
+    python -m benchmarks.bench_edge --tiny          # the same code on CPU, tiny models
+
+For each draft engine (``hf``: ``DraftModel`` with a ``DynamicCache``; ``static``:
+``StaticDraftBackend`` with CUDA graphs) it times, with a device sync around each call:
+the vision path (five frames through CLIP, projector, adaptor and pooling), the prefill
+(prompt plus event tokens), one draft token (a 1-token step after the prefill and a few
+drafts, then rolled back so every repeat sees the same context), and a 9-token step
+(a Commit's refeed). In the same process it builds the cloud's static engine over the
+7B-shaped target and times its step at B = 1 (one token) and B = 16 (9 tokens each), so
+c = t_draft / t_step is measured on one GPU in one run. Writes ``edge_<device>.json``
+to ``--out`` ($OUT or .).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eventspec.cloud.engine.base import PrefillRequest
+from eventspec.cloud.engine.static.build import (
+    build_static_engine,
+    kv_bytes_per_slot,
+    static_kv_plan,
+)
+from eventspec.cloud.target import TargetModel
+from eventspec.demoworld.tiny_draft import build_tiny_random_draft
+from eventspec.demoworld.tiny_target import build_tiny_random_target
+from eventspec.edge.draft import DraftModel
+from eventspec.edge.drafter import DraftBackend
+from eventspec.edge.static_draft import StaticDraftBackend
+from eventspec.shared.node.static.batch import StepBatch
+from tests.support.fullsize import build_full_draft, build_full_target
+
+QUESTION = "What is moving in the scene, and which way does it go?"
+CONTEXT_DRAFTS = 8  # draft tokens fed before the timed one
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def median_ms(fn: Callable[[], object], repeats: int, warmup: int = 3) -> tuple[float, float]:
+    """(median, p10) wall time of ``fn`` with a device sync on each side, in ms."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    return statistics.median(times), times[len(times) // 10]
+
+
+def draft_timings(draft: DraftModel, backend: DraftBackend, repeats: int) -> dict[str, Any]:
+    """Vision, prefill, one draft token and a 9-token step of one backend, in ms."""
+    s = draft.image_size
+    pixels = torch.randn(5, 3, s, s, generator=torch.Generator().manual_seed(0))
+    vision, _ = median_ms(
+        lambda: draft.model.event_tokens(draft.clip_features(pixels).to(draft.dtype)),
+        repeats)
+    prefill, _ = median_ms(lambda: backend.prefill(QUESTION, pixels), max(3, repeats // 4))
+    state, logits = backend.prefill(QUESTION, pixels)
+    prompt = backend.seq_len(state)
+    tokens = [backend.greedy_next(logits)]
+    for _ in range(CONTEXT_DRAFTS):
+        tokens.append(backend.greedy_next(backend.step(state, tokens[-1:])[-1]))
+    base = backend.seq_len(state)
+
+    def one_token() -> None:
+        backend.step(state, tokens[-1:])
+        backend.rollback(state, base)
+
+    def nine_tokens() -> None:
+        backend.step(state, tokens[:9])
+        backend.rollback(state, base)
+
+    token_ms, token_p10 = median_ms(one_token, repeats * 2)
+    step9_ms, _ = median_ms(nine_tokens, repeats)
+    return {
+        "vision_5_frames_ms": vision, "prefill_ms": prefill, "prefill_tokens": prompt,
+        "context_tokens": base + 1, "draft_ms_per_token": token_ms,
+        "draft_ms_per_token_p10": token_p10, "step_9_tokens_ms": step9_ms,
+    }
+
+
+def cloud_steps(target: TargetModel, repeats: int, max_seq: int) -> dict[str, float]:
+    """The cloud's static engine: B = 1 with one token, B = 16 with 9 tokens each."""
+    n_slots = 16
+    kv = static_kv_plan(target, kv_cache_bytes=(n_slots + 1) * kv_bytes_per_slot(target, max_seq),
+                        max_seq_len=max_seq)
+    engine = build_static_engine(target, kv, session_buckets=(1, 16), token_buckets=(1, 9))
+    ids = target.build_prompt_ids(QUESTION)
+    g = target.geometry
+    for slot in range(n_slots):
+        engine.prefill([PrefillRequest(slot, ids, video_features=torch.zeros(
+            g.num_frames, g.tokens_per_frame, g.feature_dim, device=target.device,
+            dtype=target.dtype))])
+    start = len(ids)
+    dev = target.device
+
+    def step(b: int, k: int) -> None:
+        tok = torch.full((b * k,), 5, dtype=torch.long, device=dev)
+        engine.step(StepBatch(tuple(range(b)), (start,) * b, (k,) * b, tok))
+
+    b1, _ = median_ms(lambda: step(1, 1), repeats * 2)
+    b16, _ = median_ms(lambda: step(16, 9), repeats * 2)
+    return {"step_B1_k0_ms": b1, "step_B16_k8_ms": b16, "context_tokens": start}
+
+
+@torch.inference_mode()
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tiny", action="store_true", help="CPU smoke run on tiny models")
+    parser.add_argument("--repeats", type=int, default=25)
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.tiny:
+        draft, target, max_seq = build_tiny_random_draft(seed=0), build_tiny_random_target(0), 512
+    else:
+        draft, target = build_full_draft("cuda"), build_full_target("cuda")
+        max_seq = 2560
+    dev = draft.device
+    result: dict[str, Any] = {
+        "command": "python -m benchmarks.bench_edge" + (" --tiny" if args.tiny else ""),
+        "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
+        "torch": torch.__version__, "transformers": __import__("transformers").__version__,
+        "dtype": str(draft.dtype), "draft_model": draft.model_id, "target_model": target.model_id,
+        "repeats": args.repeats, "engines": {},
+    }
+    result["engines"]["hf"] = draft_timings(draft, draft, args.repeats)
+    t0 = time.perf_counter()
+    static = StaticDraftBackend(draft, max_seq_len=min(draft.max_positions, 2048))
+    warm = static.warm_up()
+    result["static_build_s"] = time.perf_counter() - t0
+    result["static_warm_up"] = warm
+    result["engines"]["static"] = draft_timings(draft, static, args.repeats)
+    del static
+    result["cloud"] = cloud_steps(target, args.repeats, max_seq)
+    for name, e in result["engines"].items():
+        e["c_B1"] = e["draft_ms_per_token"] / result["cloud"]["step_B1_k0_ms"]
+        e["c_B16"] = e["draft_ms_per_token"] / result["cloud"]["step_B16_k8_ms"]
+        logging.info("%s drafter: %.2f ms/token, c = %.2f at B=1, %.2f at B=16", name,
+                     e["draft_ms_per_token"], e["c_B1"], e["c_B16"])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = "cpu" if dev.type != "cuda" else torch.cuda.get_device_name().split()[1].lower()
+    path = out / f"edge_{tag}.json"
+    path.write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
