@@ -5,7 +5,9 @@
     python -m benchmarks.bench_edge --tiny          # the same code on CPU, tiny models
 
 For each draft engine (``hf``: ``DraftModel`` with a ``DynamicCache``; ``static``:
-``StaticDraftBackend`` with CUDA graphs) it times, with a device sync around each call:
+``StaticDraftBackend`` with CUDA graphs; ``static_int8`` / ``static_int4``: the same
+with weight-only int8 / int4 decoder weights, ``--draft-quant``) it times, with a
+device sync around each call:
 the vision path (five frames through CLIP, projector, adaptor and pooling), the prefill
 (prompt plus event tokens), one draft token (a 1-token step after the prefill and a few
 drafts, then rolled back so every repeat sees the same context), and a 9-token step
@@ -42,6 +44,7 @@ from eventspec.edge.draft import DraftModel
 from eventspec.edge.drafter import DraftBackend
 from eventspec.edge.static_draft import StaticDraftBackend
 from eventspec.shared.node.static.batch import StepBatch
+from eventspec.shared.node.static.quant import QuantMode
 from tests.support.fullsize import build_full_draft, build_full_target
 
 QUESTION = "What is moving in the scene, and which way does it go?"
@@ -146,13 +149,19 @@ def main() -> int:
         "repeats": args.repeats, "engines": {},
     }
     result["engines"]["hf"] = draft_timings(draft, draft, args.repeats)
-    t0 = time.perf_counter()
-    static = StaticDraftBackend(draft, max_seq_len=min(draft.max_positions, 2048))
-    warm = static.warm_up()
-    result["static_build_s"] = time.perf_counter() - t0
-    result["static_warm_up"] = warm
-    result["engines"]["static"] = draft_timings(draft, static, args.repeats)
-    del static
+    for quant in QuantMode:
+        name = "static" if quant is QuantMode.NONE else f"static_{quant.value}"
+        t0 = time.perf_counter()
+        static = StaticDraftBackend(draft, max_seq_len=min(draft.max_positions, 2048),
+                                    quant=quant)
+        warm = static.warm_up()
+        timings = draft_timings(draft, static, args.repeats)
+        timings.update(build_s=time.perf_counter() - t0, warm_up=warm,
+                       weight_bytes=static.runtime.weights.weight_bytes)
+        result["engines"][name] = timings
+        del static
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
     result["cloud"] = cloud_steps(target, args.repeats, max_seq)
     for name, e in result["engines"].items():
         e["c_B1"] = e["draft_ms_per_token"] / result["cloud"]["step_B1_k0_ms"]

@@ -15,21 +15,35 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+import torch
 
 from eventspec.edge.admission import AdmissionQueue, cloud_slots
 from eventspec.edge.align import FeatureAdapter
 from eventspec.edge.ask_checks import check_ask, draft_only_settings
+from eventspec.edge.calibration import (
+    MEASURE_ROUNDS,
+    EdgeMeasurement,
+    agrees,
+    load_saved,
+    measure_drafting,
+    profile_key,
+    save,
+)
 from eventspec.edge.cloud_attempt import CloudAttempt
 from eventspec.edge.cloud_wait import cloud_info_when_ready
 from eventspec.edge.cost_meter import EdgeCostMeter
 from eventspec.edge.draft import DraftModel
 from eventspec.edge.draft_only import answer_draft_only
-from eventspec.edge.drafter import DraftBackend, Drafter
+from eventspec.edge.drafter import DraftBackend
 from eventspec.edge.events.base import EventSource
 from eventspec.edge.failover import ask_event_is_committed, with_failover
 from eventspec.edge.link import VerifierLink
 from eventspec.edge.readiness import Readiness
+from eventspec.edge.static_draft import draft_engine_name
 from eventspec.edge.visual_input import (
     PreparedVisual,
     choose_feature_mode,
@@ -109,36 +123,59 @@ class EdgeAgent:
         self.admission = AdmissionQueue(max_waiting=max_queued_asks)
         #: Prometheus metrics (``--metrics-port``); None: nothing is recorded.
         self.metrics: EdgeMetrics | None = None
+        #: What :meth:`warm_up` measured or reused (None before it ran).
+        self.calibration: EdgeMeasurement | None = None
 
     # -- set-up ---------------------------------------------------------------------------
 
-    async def warm_up(self) -> None:
-        """Measure the draft model's prefill and per-token costs on the live source."""
+    async def warm_up(self, *, profile_path: Path | None = None,
+                      recalibrate: bool = False) -> None:
+        """Measure what drafting costs here (:mod:`eventspec.edge.calibration`): a short
+        warm-up on the live source, checked against the saved profile at
+        ``profile_path`` for this drafter and vision backend, or a fresh measurement
+        saved there (none saved when ``profile_path`` is None)."""
         try:
             spec = AskSpec(question="What is moving?", feature_mode=FeatureMode.FRAMES)
             prepared = await self._prepare(spec, need_frames=False, need_features=False)
         except EventSpecError as exc:
             log.warning("warm-up skipped: %s", exc)
             return
-        drafter = Drafter(self.draft_backend)
+        draft = self.draft
+        pixels = prepared.event_pixels
 
-        def run() -> None:
-            # Twice: the first round pays one-off costs (allocations, lazy init).
-            nonlocal drafter
-            for _ in range(2):
-                drafter = Drafter(self.draft_backend)
-                drafter.prefill(spec.question, prepared.event_pixels)
-                seq: list[int] = []
-                while len(seq) < 8 and (not seq or seq[-1] != self.draft.eos_token_id):
-                    seq.append(drafter.draft_next(seq))
+        def vision(px: torch.Tensor) -> object:
+            return draft.model.event_tokens(draft.clip_features(px).to(draft.dtype))
 
-        await self.worker.run(run)
-        self.costs.update(drafter.prefill_ms, drafter.ms_per_token)
-        log.info(
-            "edge warm-up: draft prefill %.1f ms, %.2f ms/token",
-            drafter.prefill_ms,
-            drafter.ms_per_token,
-        )
+        def sync() -> None:
+            if draft.device.type == "cuda":
+                torch.cuda.synchronize(draft.device)
+
+        def measure(rounds: int) -> EdgeMeasurement:
+            return measure_drafting(self.draft_backend, pixels, eos_token_id=draft.eos_token_id,
+                                    rounds=rounds, vision=vision, sync=sync)
+
+        # Twice: the first round pays one-off costs (allocations, lazy init, tuning).
+        check = (await self.worker.run(partial(measure, 2)))
+        key = profile_key(draft.device, draft.dtype, draft_engine_name(self.draft_backend),
+                          "torch")
+        saved = None
+        if profile_path is not None and not recalibrate:
+            saved = load_saved(profile_path, draft.model_id, key)
+        if saved is not None and agrees(check, saved):
+            chosen = saved
+        else:
+            if saved is not None:
+                log.warning("edge calibration profile %s is stale: the warm-up drafted at "
+                            "%.2f ms/token against its %.2f; measuring again", profile_path,
+                            check.ms_per_token, saved.ms_per_token)
+            chosen = check
+            if profile_path is not None:
+                chosen = await self.worker.run(partial(measure, MEASURE_ROUNDS))
+                save(profile_path, draft.model_id, key, chosen)
+        self.calibration = chosen
+        self.costs.update(chosen.prefill_ms, chosen.ms_per_token)
+        log.info("edge costs (%s; %s): vision %.1f ms, draft prefill %.1f ms, %.2f ms/token",
+                 chosen.source, key, chosen.vision_ms, chosen.prefill_ms, chosen.ms_per_token)
 
     def edge_cost(self) -> EdgeCost:
         rtt = self.link.rtt.value if self.link is not None else 0.0

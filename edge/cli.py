@@ -11,6 +11,7 @@ from pathlib import Path
 
 from eventspec.edge.config import (
     DRAFT_ENGINES,
+    DRAFT_QUANTS,
     ENV_PREFIX,
     MAX_MESSAGE_BYTES,
     MIN_MESSAGE_BYTES,
@@ -98,6 +99,15 @@ def build_parser() -> argparse.ArgumentParser:
     arg("--draft-engine", choices=list(DRAFT_ENGINES), default=env.draft_engine,
         help="static: EventGPT's LLM on the static-KV runtime (one KV slot, CUDA graphs); "
              "hf: the HF eager reference; auto: static on CUDA, hf on CPU")
+    arg("--draft-quant", choices=list(DRAFT_QUANTS), default=env.draft_quant,
+        help="the static drafter's decoder weights: none (the model dtype), int8 (per "
+             "output channel) or int4 (groups of 128 inputs at 7B); weight-only")
+    arg("--profile", type=Path, default=env.profile_path,
+        help="calibration profile file (vision, prefill and per-token draft costs of "
+             "this drafter): reused at the next start when a warm-up agrees with it "
+             "(default: ~/.cache/eventspec/edge-...)")
+    arg("--recalibrate", action="store_true", default=env.recalibrate,
+        help="measure the draft costs afresh even if a saved profile matches")
     arg("--acceptance-prior", type=float, default=env.acceptance_prior,
         help="the share of drafts the plan expects the cloud to accept before any request "
              "has been observed, 0..1")
@@ -145,6 +155,9 @@ def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
         preview_every=args.preview_every,
         speculation=args.speculation,
         draft_engine=args.draft_engine,
+        draft_quant=args.draft_quant,
+        profile_path=args.profile,
+        recalibrate=args.recalibrate,
         grace_s=args.grace_s,
         seed=args.seed,
         max_message_bytes=args.max_message_bytes,

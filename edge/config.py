@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,9 @@ ENV_PREFIX = "EVENTSPEC_EDGE_"
 SPECULATION_MODES = ("auto", "always")
 #: ``--draft-engine`` choices: the static-KV runtime, the HF reference, or static on CUDA.
 DRAFT_ENGINES = ("auto", "static", "hf")
+#: ``--draft-quant`` choices: the drafter's decoder weights in the model dtype, int8
+#: (per channel) or int4 (grouped, 128 at 7B).
+DRAFT_QUANTS = ("none", "int8", "int4")
 #: ``--seed`` spans what ``torch.manual_seed`` takes.
 SEED_MAX = 2**64 - 1
 #: ``--max-message-bytes``: below 1 MiB an Open with its frames may not fit; gRPC's own
@@ -76,6 +80,16 @@ class EdgeSettings:
     #: CUDA graphs, rollback as a length change), "hf" (the HF eager reference), or
     #: "auto" (static on CUDA when the model is a plain LLaMA decoder, hf otherwise).
     draft_engine: str = "auto"
+    #: The static drafter's decoder weights: "none" (the model dtype), "int8" (one scale
+    #: per output channel) or "int4" (groups of 128 inputs at 7B); weight-only, the
+    #: activations stay in the model dtype.
+    draft_quant: str = "none"
+    #: The edge's calibration profile (vision, prefill and per-token draft costs for
+    #: this drafter): reused at the next start after a spot check; None: the default
+    #: file under ~/.cache/eventspec (``resolved_profile_path``).
+    profile_path: Path | None = None
+    #: Measure the draft costs afresh even if a saved profile matches.
+    recalibrate: bool = False
     grace_s: float = 5.0
     seed: int = 0
     max_message_bytes: int = 8 << 20
@@ -119,12 +133,26 @@ class EdgeSettings:
             preview_every=e.integer("PREVIEW_EVERY", d.preview_every),
             speculation=e.text("SPECULATION", d.speculation),
             draft_engine=e.text("DRAFT_ENGINE", d.draft_engine),
+            draft_quant=e.text("DRAFT_QUANT", d.draft_quant),
+            profile_path=e.path("PROFILE"),
+            recalibrate=e.switch("RECALIBRATE", d.recalibrate),
             grace_s=e.number("GRACE_S", d.grace_s),
             seed=e.integer("SEED", d.seed),
             max_message_bytes=e.integer("MAX_MESSAGE_BYTES", d.max_message_bytes),
             metrics_port=e.optional_integer("METRICS_PORT"),
             metrics_host=e.text("METRICS_HOST", d.metrics_host),
         )
+
+    def resolved_profile_path(self, model_id: str) -> Path:
+        """``--profile``, or one file per model, device, dtype, drafter and quantisation
+        under ``$XDG_CACHE_HOME/eventspec`` (so switching ``--draft-quant`` back and forth
+        keeps both profiles)."""
+        if self.profile_path is not None:
+            return self.profile_path
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model_id)
+        base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+        name = f"edge-{safe}-{self.device}-{self.dtype}-{self.draft_engine}-{self.draft_quant}"
+        return base / "eventspec" / f"{name}.msgpack"
 
     def check(self) -> None:
         """Refuse at start-up what would otherwise fail every request later.
@@ -140,6 +168,12 @@ class EdgeSettings:
         require_choice("--dtype", self.dtype, MODEL_DTYPES)
         require_choice("--speculation", self.speculation, SPECULATION_MODES)
         require_choice("--draft-engine", self.draft_engine, DRAFT_ENGINES)
+        require_choice("--draft-quant", self.draft_quant, DRAFT_QUANTS)
+        if self.draft_quant != "none" and self.draft_engine == "hf":
+            raise SettingsError(
+                f"--draft-quant {self.draft_quant} needs the static drafter, not "
+                "--draft-engine hf"
+            )
         require_seconds("--request-timeout", self.request_timeout_s, zero_ok=False)
         require_seconds("--rpc-timeout-s", self.rpc_timeout_s, zero_ok=False)
         require_seconds("--cloud-wait-s", self.cloud_wait_s, zero_ok=True)

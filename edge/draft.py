@@ -46,7 +46,7 @@ from transformers import (
 from transformers.initialization import no_init_weights
 from transformers.models.llama.modeling_llama import LlamaPreTrainedModel
 
-from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.contract.errors import FailedPrecondition, InvalidInput
 from eventspec.shared.node.kvcache import cache_kwarg, crop_cache
 from eventspec.shared.node.vocab import text_vocab_fingerprint
 
@@ -232,6 +232,26 @@ class DraftModel:
         patches = (self.image_size // as_int(self.clip_config.patch_size, "patch_size")) ** 2
         self.tokens_per_frame = 1 + patches  # CLS kept
         self.num_event_tokens = N_EVENT_FRAMES + self.tokens_per_frame
+        #: Why the HF decoder can no longer run (its weights were freed), or None.
+        self.decoder_released: str | None = None
+
+    def release_decoder_weights(self, reason: str) -> None:
+        """Free the decoder layers' projection weights (a quantised static drafter holds
+        its own copy); embeddings, norms, LM head and the vision path stay. From then
+        on the HF path refuses to run, giving ``reason``."""
+        layer: Any
+        for layer in self.model.event_model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                         layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj,
+                         layer.mlp.down_proj):
+                proj.weight.data = proj.weight.data.new_empty(0)
+        self.decoder_released = reason
+
+    def _check_decoder(self) -> None:
+        if self.decoder_released is not None:
+            raise FailedPrecondition(
+                f"the HF draft decoder cannot run: {self.decoder_released}"
+            )
 
     @property
     def max_positions(self) -> int:
@@ -298,6 +318,7 @@ class DraftModel:
         Pass ``clip_features`` (from :meth:`clip_features`) instead of pixels when they
         were already computed, e.g. for the aligned-features path.
         """
+        self._check_decoder()
         if clip_features is None:
             if pixel_values is None:
                 raise InvalidInput("prefill needs pixel_values or clip_features")
@@ -318,6 +339,7 @@ class DraftModel:
         toks = [int(t) for t in tokens]
         if not toks:
             raise InvalidInput("step needs at least one token")
+        self._check_decoder()
         bad = [t for t in toks if not 0 <= t < self.model.config.vocab_size]
         if bad:
             raise InvalidInput(f"token ids out of range: {bad[:5]}")

@@ -28,6 +28,7 @@ from eventspec.edge.servicer import EdgeAgentServicer
 from eventspec.edge.static_draft import draft_backend_for, draft_engine_name
 from eventspec.shared.contract.errors import ErrorCode, EventSpecError
 from eventspec.shared.node.serving import MODEL_DTYPES
+from eventspec.shared.node.static.quant import QuantMode
 from eventspec.shared.node.tracing import tracer_from_env
 from eventspec.shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
 from eventspec.shared.wire.host import GrpcHost
@@ -165,8 +166,10 @@ class EdgeServer:
             if s.cloud else None
         )
         if s.draft_engine != "hf":
-            readiness.set_edge_phase("building the static drafter")
-        backend = await asyncio.to_thread(draft_backend_for, s.draft_engine, draft)
+            readiness.set_edge_phase("building the static drafter" + (
+                f" ({s.draft_quant} weights)" if s.draft_quant != "none" else ""))
+        backend = await asyncio.to_thread(
+            draft_backend_for, s.draft_engine, draft, QuantMode.parse(s.draft_quant))
         self.agent = EdgeAgent(
             source=source,
             draft=draft,
@@ -187,7 +190,8 @@ class EdgeServer:
         if self.metrics is not None:
             self._bind_metrics(self.agent, source)
         readiness.set_edge_phase("measuring the draft model's costs")
-        await self.agent.warm_up()
+        await self.agent.warm_up(profile_path=s.resolved_profile_path(draft.model_id),
+                                 recalibrate=s.recalibrate)
         self._servicer.attach(
             self.agent, draft_model_id=draft.model_id,
             adapter_id=str(s.adapter) if s.adapter else ("in-memory" if adapter else ""),

@@ -26,6 +26,7 @@ from eventspec.edge.draft import DraftModel
 from eventspec.edge.drafter import DraftBackend
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.node.static.batch import StepBatch
+from eventspec.shared.node.static.quant import QuantMode, quantize_language_weights
 from eventspec.shared.node.static.runtime import StaticRuntime
 from eventspec.shared.node.static.weights import (
     fuse_llama_weights,
@@ -59,12 +60,16 @@ class StaticDraftBackend:
     """``DraftBackend`` (:mod:`eventspec.edge.drafter`) on a one-slot static runtime.
 
     One request at a time, like the edge's model thread: a new prefill overwrites the
-    slot. ``max_seq_len`` defaults to the draft model's trained positions.
+    slot. ``max_seq_len`` defaults to the draft model's trained positions. ``quant``
+    stores the decoder layers' weights in int8 or int4 (:mod:`eventspec.shared.node.static.quant`);
+    the dense weights stay with the HF model unless :meth:`release_dense_weights` is
+    called. ``keep_quant_values`` keeps int4's unpacked codes (for reference checks).
     """
 
     def __init__(
         self, draft: DraftModel, *, max_seq_len: int | None = None, use_graphs: bool = True,
         compile_layers: bool = False, token_buckets: Sequence[int] = DRAFT_TOKEN_BUCKETS,
+        quant: QuantMode = QuantMode.NONE, keep_quant_values: bool = False,
     ) -> None:
         reason = static_draft_unsupported_reason(draft)
         if reason is not None:
@@ -78,9 +83,13 @@ class StaticDraftBackend:
         self.draft = draft
         self.text_vocab_size = draft.text_vocab_size
         self.eos_token_id = draft.eos_token_id
+        self.quant = quant
         cos, sin = rope_tables(model.model, positions, draft.device, draft.dtype)  # [T, D]
+        weights = quantize_language_weights(
+            fuse_llama_weights(model.model, model.lm_head), quant, keep_values=keep_quant_values
+        )
         self.runtime = StaticRuntime(
-            fuse_llama_weights(model.model, model.lm_head), cos, sin, num_slots=1,
+            weights, cos, sin, num_slots=1,
             max_seq_len=positions, use_graphs=use_graphs, compile_layers=compile_layers,
             session_buckets=(1,), token_buckets=token_buckets,
         )
@@ -88,6 +97,14 @@ class StaticDraftBackend:
     def warm_up(self) -> dict[str, float]:
         """Capture the step graphs (CUDA); nothing to do on CPU."""
         return self.runtime.warm_up()
+
+    def release_dense_weights(self) -> None:
+        """Free the HF decoder's dense layer weights once they are quantised: a 7B
+        drafter then holds ~3.4 GB (int4) instead of ~13 GB. The draft model's own HF
+        path can no longer run (it refuses, saying why)."""
+        if self.quant is QuantMode.NONE:
+            return
+        self.draft.release_decoder_weights(f"its weights were quantised to {self.quant.value}")
 
     @torch.no_grad()
     def prefill(
@@ -136,23 +153,40 @@ class StaticDraftBackend:
         return self.draft.greedy_next(logits_row)
 
 
-def draft_backend_for(choice: str, draft: DraftModel) -> DraftBackend:
-    """``--draft-engine``: what to draft with, warm (graphs captured) when static.
+def draft_backend_for(
+    choice: str, draft: DraftModel, quant: QuantMode = QuantMode.NONE
+) -> DraftBackend:
+    """``--draft-engine`` and ``--draft-quant``: what to draft with, warm (graphs
+    captured) when static.
 
-    "auto" is the static runtime on CUDA when the model is a plain LLaMA decoder, and
-    the HF reference otherwise (on CPU the static runtime saves little: no graphs).
-    "static" on a model the runtime cannot run is refused, naming why.
+    "auto" is the static runtime on CUDA, or whenever quantised weights are asked for,
+    when the model is a plain LLaMA decoder; the HF reference otherwise (on CPU the
+    static runtime saves little: no graphs). "static" on a model the runtime cannot run
+    is refused, naming why, and so is a quantised "hf". A quantised backend frees the
+    dense decoder weights it replaced.
     """
     if choice == "hf":
+        if quant is not QuantMode.NONE:
+            raise InvalidInput(
+                f"--draft-quant {quant.value} needs the static drafter; use --draft-engine "
+                "static or auto"
+            )
         return draft
     reason = static_draft_unsupported_reason(draft)
-    if choice == "auto" and (draft.device.type != "cuda" or reason is not None):
+    if choice == "auto" and quant is QuantMode.NONE and draft.device.type != "cuda":
         return draft
-    backend = StaticDraftBackend(draft)
+    if choice == "auto" and reason is not None:
+        if quant is not QuantMode.NONE:
+            raise InvalidInput(f"--draft-quant {quant.value} needs the static drafter: {reason}")
+        return draft
+    backend = StaticDraftBackend(draft, quant=quant)
+    backend.release_dense_weights()
     backend.warm_up()
     return backend
 
 
 def draft_engine_name(backend: DraftBackend) -> str:
-    """"static" or "hf": what the edge reports and logs."""
-    return "static" if isinstance(backend, StaticDraftBackend) else "hf"
+    """"static", "static int8", "static int4" or "hf": what the edge reports and logs."""
+    if not isinstance(backend, StaticDraftBackend):
+        return "hf"
+    return "static" if backend.quant is QuantMode.NONE else f"static {backend.quant.value}"

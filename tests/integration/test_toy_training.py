@@ -110,10 +110,24 @@ def test_train_refuses_an_occupied_out_and_out_with_install(tmp_path: Path) -> N
 @pytest.mark.slow
 def test_eval_judges_the_shipped_models_through_the_nodes() -> None:
     """``toy eval`` starts both nodes through their entry points and asks over gRPC."""
-    run = _toy("eval", "--scenes", "1", "--json", "--cloud-prefill-ms", "0",
-               "--cloud-step-ms", "0", timeout=600)
+    # A cloud slower than any drafter here (the int4 CPU kernel's prefill of the toy
+    # prompt takes ~0.5 s), so every drafter gets its drafts verified.
+    run = _toy("eval", "--scenes", "1", "--json", "--cloud-prefill-ms", "1500",
+               "--cloud-step-ms", "60", "--speculation", "always",
+               "--draft-quant", "none,int8,int4", timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout)
     assert result["scenes"] == 1 and result["questions"] >= 3
     assert result["target_accuracy"] >= 0.6
     assert 0.0 < result["adapter_cos_mean"] <= 1.0
+    by_quant = result["by_draft_quant"]
+    assert list(by_quant) == ["none", "int8", "int4"]
+    for row in by_quant.values():
+        assert row["questions"] == result["questions"] and row["drafted"] > 0
+        assert 0.0 <= row["acceptance_rate"] <= 1.0 and row["mean_accepted_length"] >= 1.0
+
+
+def test_eval_refuses_an_unknown_draft_quant_in_one_line() -> None:
+    run = _toy("eval", "--draft-quant", "none,int3", timeout=60)
+    assert run.returncode == 2
+    assert "--draft-quant takes a comma-separated list of none, int8, int4" in run.stderr

@@ -32,6 +32,16 @@ _MODEL = ModelTraining()
 _ADAPTER = AdapterTraining()
 
 
+def _quant_list(text: str) -> list[str]:
+    """``none,int8,int4`` -> the list, each checked."""
+    quants = [q.strip() for q in text.split(",") if q.strip()]
+    bad = [q for q in quants if q not in ("none", "int8", "int4")]
+    if bad or not quants:
+        raise argparse.ArgumentTypeError(
+            f"--draft-quant takes a comma-separated list of none, int8, int4; got {text!r}")
+    return quants
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eventspec toy", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="toy_command", required=True)
@@ -96,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "default: %(default)s)")
     ev.add_argument("--speculation", choices=["auto", "always"], default="auto",
                     help="the edge's --speculation (default: %(default)s)")
+    ev.add_argument("--draft-quant", type=_quant_list, default=[],
+                    help="also ask every question speculatively through a static drafter "
+                         "with each of these weights (comma-separated: none,int8,int4) and "
+                         "report its acceptance rate and mean accepted length")
     ev.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 

@@ -86,6 +86,27 @@ async def _ask_all(address: str, seeds: range, max_new: int,
     return summarise(rows)
 
 
+async def _ask_speculative(address: str, seeds: range, max_new: int) -> dict[str, Any]:
+    """Every question asked speculatively only: the drafter's acceptance, nothing else."""
+    drafted = accepted = steps = questions = 0
+    async with EdgeClient(address, timeout_s=120) as client:
+        for i, seed in enumerate(seeds):
+            for qa in all_questions(sample_scene(seed)):
+                final = await client.ask_final(AskSpec(
+                    qa.question, mode=Mode.SPECULATIVE, feature_mode=FeatureMode.FRAMES,
+                    generation=GenerationSettings(max_new_tokens=max_new),
+                    t0_us=i * SCENE_US, t1_us=(i + 1) * SCENE_US))
+                drafted += final.stats.drafted
+                accepted += final.stats.accepted
+                steps += final.stats.target_steps
+                questions += 1
+    return {
+        "questions": questions, "drafted": drafted, "accepted": accepted,
+        "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
+        "mean_accepted_length": round(1 + accepted / steps, 4) if steps else 0.0,
+    }
+
+
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Accuracy overall and by question type, and the speculation statistics."""
     def acc(key: str, subset: list[dict[str, Any]]) -> float:
@@ -129,18 +150,31 @@ async def _evaluate(args: argparse.Namespace) -> dict[str, Any]:
             "--emulate-prefill-ms", str(args.cloud_prefill_ms),
             "--emulate-step-ms", str(args.cloud_step_ms)], t / "c.log")
         edge = None
-        try:
-            cport = await wait_for_port(cloud, t / "c", t / "c.log", NODE_START_S)
-            await wait_for_serving(f"127.0.0.1:{cport}", timeout_s=NODE_START_S)
+
+        async def start_edge(name: str, *extra: str) -> str:
+            nonlocal edge
+            stop_node(edge)
             edge = start_node("eventspec-edge", [
                 "serve", "--cloud", f"127.0.0.1:{cport}",
                 "--source", f"toy:{seeds.start}-{seeds.stop}", "--model", str(dirs["draft"]),
                 "--adapter", str(dirs["adapter"]), "--speculation", args.speculation,
-                "--port", "0", "--port-file", str(t / "e")], t / "e.log")
-            eport = await wait_for_port(edge, t / "e", t / "e.log", NODE_START_S)
+                "--port", "0", "--port-file", str(t / name), *extra], t / f"{name}.log")
+            eport = await wait_for_port(edge, t / name, t / f"{name}.log", NODE_START_S)
             await wait_for_serving(f"127.0.0.1:{eport}", timeout_s=NODE_START_S)
-            result = await _ask_all(f"127.0.0.1:{eport}", seeds, args.max_new_tokens,
+            return f"127.0.0.1:{eport}"
+
+        try:
+            cport = await wait_for_port(cloud, t / "c", t / "c.log", NODE_START_S)
+            await wait_for_serving(f"127.0.0.1:{cport}", timeout_s=NODE_START_S)
+            result = await _ask_all(await start_edge("e"), seeds, args.max_new_tokens,
                                     progress=not args.json)
+            by_quant: dict[str, Any] = {}
+            for quant in args.draft_quant:
+                address = await start_edge(f"e-{quant}", "--draft-engine", "static",
+                                           "--draft-quant", quant)
+                by_quant[quant] = await _ask_speculative(address, seeds, args.max_new_tokens)
+            if by_quant:
+                result["by_draft_quant"] = by_quant
         finally:
             stop_node(edge)
             stop_node(cloud)
@@ -171,4 +205,11 @@ def evaluate(args: argparse.Namespace) -> int:
     print(f"  adapter cosine mean {result['adapter_cos_mean']:.3f}; tokens at cos >= 0.8 / "
           f"0.85 / 0.9: {result['adapter_accept_at_0_8']:.3f} / "
           f"{result['adapter_accept_at_0_85']:.3f} / {result['adapter_accept_at_0_9']:.3f}")
+    by_quant = result.get("by_draft_quant", {})
+    if by_quant:
+        print("  static drafter by --draft-quant (speculative asks only):")
+        print(f"  {'quant':<8}{'drafted':>9}{'accepted':>10}{'rate':>8}{'τ':>7}")
+        for quant, row in by_quant.items():
+            print(f"  {quant:<8}{row['drafted']:>9}{row['accepted']:>10}"
+                  f"{row['acceptance_rate']:>8.3f}{row['mean_accepted_length']:>7.2f}")
     return 0

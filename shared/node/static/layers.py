@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from eventspec.shared.node.static.quant import Weight, linear
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``LlamaRMSNorm``: normalise in float32, cast back, then scale. x: [M, H]."""
@@ -32,7 +34,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 def attention_in(
     h: torch.Tensor,
     ln: torch.Tensor,
-    wqkv: torch.Tensor,
+    wqkv: Weight,
     cos: torch.Tensor,
     sin: torch.Tensor,
     eps: float,
@@ -42,7 +44,7 @@ def attention_in(
     """Norm, fused QKV projection and RoPE. h: [M, H] -> q [M, Hq, D], k, v [M, Hkv, D]."""
     m = h.shape[0]
     d = cos.shape[-1]
-    qkv = rms_norm(h, ln, eps) @ wqkv.t()  # [M, (Hq + 2 Hkv) D]
+    qkv = linear(rms_norm(h, ln, eps), wqkv)  # [M, (Hq + 2 Hkv) D]
     q = qkv[:, : num_heads * d].view(m, num_heads, d)  # [M, Hq, D]
     k = qkv[:, num_heads * d : (num_heads + num_kv_heads) * d].view(m, num_kv_heads, d)
     v = qkv[:, (num_heads + num_kv_heads) * d :].reshape(m, num_kv_heads, d)  # [M, Hkv, D]
@@ -52,18 +54,18 @@ def attention_in(
 def attention_out_and_mlp(
     h: torch.Tensor,
     attn: torch.Tensor,
-    wo: torch.Tensor,
+    wo: Weight,
     ln: torch.Tensor,
-    w_gate_up: torch.Tensor,
-    w_down: torch.Tensor,
+    w_gate_up: Weight,
+    w_down: Weight,
     eps: float,
 ) -> torch.Tensor:
     """Output projection + residual, then the SiLU-gated MLP + residual.
 
     h: [M, H] residual stream; attn: [M, Hq D] -> the next layer's input [M, H].
     """
-    h = h + attn @ wo.t()  # [M, H]
-    gate_up = rms_norm(h, ln, eps) @ w_gate_up.t()  # [M, 2 I]
+    h = h + linear(attn, wo)  # [M, H]
+    gate_up = linear(rms_norm(h, ln, eps), w_gate_up)  # [M, 2 I]
     inter = gate_up.shape[-1] // 2
     act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]  # [M, I]
-    return h + act @ w_down.t()  # [M, H]
+    return h + linear(act, w_down)  # [M, H]

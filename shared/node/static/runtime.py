@@ -58,6 +58,7 @@ from eventspec.shared.node.static.buckets import (
     bucket,
 )
 from eventspec.shared.node.static.kernels import rope_and_write_kv, silu_mul
+from eventspec.shared.node.static.quant import linear, linear_add_
 from eventspec.shared.node.static.staging import StepStaging
 from eventspec.shared.node.static.weights import LanguageWeights
 
@@ -338,13 +339,13 @@ class StaticRuntime:
         hq, hkv, d = w.num_heads, w.num_kv_heads, w.head_dim
         kc, vc = self.k_cache[i], self.v_cache[i]  # [S+1, Hkv, T, D]
         if self._fused:
-            qkv = self._norm(h, lw.ln_attn, w.eps) @ lw.wqkv.t()  # [M, (Hq + 2 Hkv) D]
+            qkv = linear(self._norm(h, lw.ln_attn, w.eps), lw.wqkv)  # [M, (Hq + 2 Hkv) D]
             q = rope_and_write_kv(qkv, cos, sin, kc, vc, write_slot, write_pos, hq, hkv)
             # In-place addmm: the residual add rides in the GEMM epilogue, and no copy of
             # h is made first (out-of-place addmm copies its input into the result).
-            h.addmm_(attend(i, q), lw.wo.t())  # [M, H]
-            gate_up = self._norm(h, lw.ln_mlp, w.eps) @ lw.w_gate_up.t()  # [M, 2 I]
-            return h.addmm_(silu_mul(gate_up), lw.w_down.t())  # [M, H]
+            linear_add_(h, attend(i, q), lw.wo)  # [M, H]
+            gate_up = linear(self._norm(h, lw.ln_mlp, w.eps), lw.w_gate_up)  # [M, 2 I]
+            return linear_add_(h, silu_mul(gate_up), lw.w_down)  # [M, H]
         q, k, v = layers.attention_in(h, lw.ln_attn, lw.wqkv, cos, sin, w.eps, hq, hkv)
         heads = torch.arange(hkv, device=h.device)  # [Hkv]
         t = self.max_seq_len

@@ -19,9 +19,12 @@ the cast: normalise in float32, cast back, then scale by the weight.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from eventspec.shared.node.static.quant import Weight
 
 #: Rope variants whose frequencies depend on the running sequence length: a table
 #: computed once cannot reproduce them.
@@ -30,14 +33,15 @@ _DYNAMIC_ROPE = ("dynamic", "longrope")
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """One decoder layer; every matrix is [out, in] as in ``nn.Linear``."""
+    """One decoder layer; every matrix is [out, in] as in ``nn.Linear``, dense or
+    weight-only quantised (:mod:`.quant`)."""
 
     ln_attn: torch.Tensor  # [H]
-    wqkv: torch.Tensor  # [(Hq + 2 Hkv) D, H]
-    wo: torch.Tensor  # [H, Hq D]
+    wqkv: Weight  # [(Hq + 2 Hkv) D, H]
+    wo: Weight  # [H, Hq D]
     ln_mlp: torch.Tensor  # [H]
-    w_gate_up: torch.Tensor  # [2 I, H]
-    w_down: torch.Tensor  # [H, I]
+    w_gate_up: Weight  # [2 I, H]
+    w_down: Weight  # [H, I]
 
 
 @dataclass(frozen=True)
@@ -64,10 +68,10 @@ class LanguageWeights:
     @property
     def weight_bytes(self) -> int:
         """Bytes a decode step must read: every matrix once (embedding rows aside)."""
-        total = self.lm_head.numel() * self.lm_head.element_size()
+        total = int(self.lm_head.nbytes)
         for lw in self.layers:
             for t in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down):
-                total += t.numel() * t.element_size()
+                total += int(t.nbytes)
         return total
 
 

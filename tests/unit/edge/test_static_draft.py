@@ -5,6 +5,9 @@ grow, get confirmed, or are cut by a diverging Commit (rollbacks), with committe
 tokens the draft never saw (refeeds of several tokens at once). After every step the
 static backend's logits equal the reference's and every draft token is the same, on the
 tiny random draft and on the shipped toy draft.
+
+With ``--draft-quant int8`` / ``int4`` the reference is the HF model running the
+dequantised weights, so the check is on PyTorch core's CPU quantised kernels.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from eventspec.edge.draft import DraftModel
 from eventspec.edge.draft_checkpoint import load_draft
 from eventspec.edge.drafter import Drafter
 from eventspec.edge.model_dirs import TOY_DRAFT_DIR
-from eventspec.edge.static_draft import StaticDraftBackend
-from eventspec.shared.contract.errors import InvalidInput
+from eventspec.edge.static_draft import StaticDraftBackend, draft_backend_for, draft_engine_name
+from eventspec.shared.contract.errors import FailedPrecondition, InvalidInput
+from eventspec.shared.node.static.quant import QuantMode, dequantized_weights
+from eventspec.shared.node.static.weights import fuse_llama_weights
 
 QUESTIONS = ["What is moving?", "Which way is the object moving?", "How many objects are there?"]
 
@@ -108,3 +113,72 @@ def test_the_prefill_logits_match_and_the_prompt_cannot_be_rolled_back(
         static.step(state, [static.runtime.weights.vocab])
     with pytest.raises(InvalidInput, match="at least one token"):
         static.step(state, [])
+
+
+def _with_weights_of(ref: DraftModel, static: StaticDraftBackend) -> DraftModel:
+    """``ref`` with every decoder matrix replaced by the static backend's dequantised one:
+    the HF model computing exactly what the quantised weights stand for."""
+    dense = fuse_llama_weights(ref.model.model, ref.model.lm_head)  # views of ref's modules
+    deq = dequantized_weights(static.runtime.weights)
+    with torch.no_grad():
+        for dst, src in zip(dense.layers, deq.layers, strict=True):
+            for name in ("wqkv", "wo", "w_gate_up", "w_down"):
+                getattr(dst, name).copy_(getattr(src, name))
+    return ref
+
+
+@pytest.fixture(scope="module", params=[("tiny", "int8"), ("tiny", "int4"), ("toy", "int8"),
+                                        ("toy", "int4")])
+def quant_pair(request: pytest.FixtureRequest) -> tuple[DraftModel, StaticDraftBackend]:
+    """A quantised static backend and the HF reference running its dequantised weights."""
+    kind, mode = request.param
+
+    def build() -> DraftModel:
+        return build_tiny_random_draft(seed=3) if kind == "tiny" else load_draft(TOY_DRAFT_DIR)
+
+    static = StaticDraftBackend(build(), quant=QuantMode.parse(mode), keep_quant_values=True)
+    return _with_weights_of(build(), static), static
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_quantised_drafts_equal_the_dequantised_reference(
+    quant_pair: tuple[DraftModel, StaticDraftBackend], seed: int
+) -> None:
+    """The int8 / int4 kernels (PyTorch core's CPU ones here) draft what the HF model
+    with the dequantised weights drafts, through rollbacks and refeeds."""
+    _walk(quant_pair, seed, steps=8)
+
+
+def test_quantised_weights_are_smaller_and_actually_differ_from_the_dense_ones() -> None:
+    draft = build_tiny_random_draft(seed=3)
+    dense = StaticDraftBackend(draft).runtime.weights
+    for mode, share in (("int8", 0.51), ("int4", 0.3)):
+        q = StaticDraftBackend(build_tiny_random_draft(seed=3), quant=QuantMode.parse(mode),
+                               keep_quant_values=True).runtime.weights
+        layer_bytes = sum(int(t.nbytes) for lw in q.layers
+                          for t in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down))
+        dense_bytes = sum(int(t.nbytes) for lw in dense.layers
+                          for t in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down))
+        assert layer_bytes < dense_bytes * share, mode
+        deq = dequantized_weights(q).layers[0].wqkv
+        assert isinstance(deq, torch.Tensor) and isinstance(dense.layers[0].wqkv, torch.Tensor)
+        assert not torch.equal(deq, dense.layers[0].wqkv), mode  # really quantised
+
+
+def test_a_quantised_backend_frees_the_dense_decoder_and_the_hf_path_says_so() -> None:
+    draft = build_tiny_random_draft(seed=3)
+    backend = draft_backend_for("auto", draft, QuantMode.INT8)  # CPU: static, since quantised
+    assert draft_engine_name(backend) == "static int8"
+    assert draft.model.model.layers[0].mlp.down_proj.weight.numel() == 0
+    ref, fast = Drafter(draft), Drafter(backend)
+    fast.prefill(QUESTIONS[0], _pixels(draft, 0))
+    assert fast.draft_next([]) >= 0
+    with pytest.raises(FailedPrecondition, match="quantised to int8"):
+        ref.prefill(QUESTIONS[0], _pixels(draft, 0))
+
+
+def test_quantisation_needs_the_static_drafter() -> None:
+    draft = build_tiny_random_draft(seed=3)
+    with pytest.raises(InvalidInput, match="--draft-quant int4 needs the static drafter"):
+        draft_backend_for("hf", draft, QuantMode.INT4)
+    assert draft_engine_name(draft_backend_for("auto", draft)) == "hf"  # CPU, unquantised
