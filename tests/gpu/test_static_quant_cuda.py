@@ -1,4 +1,4 @@
-"""The quantised drafter's CUDA kernels: the Triton int8 matmul and core's int4 one.
+"""The quantised drafter's CUDA kernels: the Triton int8 and int4 matmuls.
 
 Each is checked against the dense matmul with the dequantised weight (bf16 inputs,
 float32 reference): within 2e-2 relative (L2 over the output), the rounding of bf16
@@ -23,7 +23,7 @@ from eventspec.shared.node.static.quant import (
     quantize_int4,
     quantize_int8,
 )
-from tests.support.gpu_compare import Record, recorded
+from tests.support.gpu_compare import Record
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -50,7 +50,8 @@ def test_quantised_matmul_equals_the_dequantised_one(
     err = _rel(out, ref)
     h = torch.randn(m, n, device="cuda", generator=g).bfloat16()
     err_add = _rel(linear_add_(h.clone(), x, q), h.float() + ref)
-    recorded(record_property, rel_err=err, rel_err_add=err_add)
+    record_property("rel_err", err)
+    record_property("rel_err_add", err_add)
     assert out.shape == (m, n) and out.dtype == torch.bfloat16
     assert err < 2e-2 and err_add < 2e-2
 
@@ -75,5 +76,5 @@ def test_graph_drafts_equal_eager_drafts_with_quantised_weights(
         for _ in range(6):
             seq.append(drafter.draft_next(seq))
         drafts.append(seq)
-    recorded(record_property, drafts=drafts[1])
+    record_property("drafts", drafts[1])
     assert drafts[0] == drafts[1]
