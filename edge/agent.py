@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from eventspec.edge.admission import AdmissionQueue, cloud_slots
-from eventspec.edge.align import FeatureAdapter
 from eventspec.edge.ask_checks import check_ask, draft_only_settings
 from eventspec.edge.cloud_attempt import CloudAttempt
 from eventspec.edge.cloud_wait import cloud_info_when_ready
@@ -30,6 +29,7 @@ from eventspec.edge.events.base import EventSource
 from eventspec.edge.failover import ask_event_is_committed, with_failover
 from eventspec.edge.link import VerifierLink
 from eventspec.edge.readiness import Readiness
+from eventspec.edge.vision_backend import Aligner
 from eventspec.edge.visual_input import (
     PreparedVisual,
     choose_feature_mode,
@@ -70,7 +70,7 @@ class EdgeAgent:
         draft: DraftModel,
         link: VerifierLink | None,
         draft_backend: DraftBackend | None = None,
-        adapter: FeatureAdapter | None = None,
+        adapter: Aligner | None = None,
         worker: ModelWorker | None = None,
         acceptance_prior: float = 0.5,
         default_jpeg_quality: int = 90,

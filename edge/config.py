@@ -25,6 +25,8 @@ ENV_PREFIX = "EVENTSPEC_EDGE_"
 SPECULATION_MODES = ("auto", "always")
 #: ``--draft-engine`` choices: the static-KV runtime, the HF reference, or static on CUDA.
 DRAFT_ENGINES = ("auto", "static", "hf")
+#: ``--vision-backend`` choices (eventspec.edge.vision_backend).
+VISION_BACKENDS = ("torch", "onnx")
 #: ``--seed`` spans what ``torch.manual_seed`` takes.
 SEED_MAX = 2**64 - 1
 #: ``--max-message-bytes``: below 1 MiB an Open with its frames may not fit; gRPC's own
@@ -76,6 +78,12 @@ class EdgeSettings:
     #: CUDA graphs, rollback as a length change), "hf" (the HF eager reference), or
     #: "auto" (static on CUDA when the model is a plain LLaMA decoder, hf otherwise).
     draft_engine: str = "auto"
+    #: What runs the vision path (CLIP, projector, adaptor, adapter): "torch", or "onnx"
+    #: (ONNX Runtime over the export in ``onnx_dir``: CUDA execution provider in fp16
+    #: when onnxruntime-gpu is installed and the draft runs on CUDA, else CPU in fp32).
+    vision_backend: str = "torch"
+    #: An export made by ``eventspec-edge export-onnx`` (needed by ``--vision-backend onnx``).
+    onnx_dir: Path | None = None
     grace_s: float = 5.0
     seed: int = 0
     max_message_bytes: int = 8 << 20
@@ -119,6 +127,8 @@ class EdgeSettings:
             preview_every=e.integer("PREVIEW_EVERY", d.preview_every),
             speculation=e.text("SPECULATION", d.speculation),
             draft_engine=e.text("DRAFT_ENGINE", d.draft_engine),
+            vision_backend=e.text("VISION_BACKEND", d.vision_backend),
+            onnx_dir=e.path("ONNX_DIR"),
             grace_s=e.number("GRACE_S", d.grace_s),
             seed=e.integer("SEED", d.seed),
             max_message_bytes=e.integer("MAX_MESSAGE_BYTES", d.max_message_bytes),
@@ -140,6 +150,7 @@ class EdgeSettings:
         require_choice("--dtype", self.dtype, MODEL_DTYPES)
         require_choice("--speculation", self.speculation, SPECULATION_MODES)
         require_choice("--draft-engine", self.draft_engine, DRAFT_ENGINES)
+        require_choice("--vision-backend", self.vision_backend, VISION_BACKENDS)
         require_seconds("--request-timeout", self.request_timeout_s, zero_ok=False)
         require_seconds("--rpc-timeout-s", self.rpc_timeout_s, zero_ok=False)
         require_seconds("--cloud-wait-s", self.cloud_wait_s, zero_ok=True)

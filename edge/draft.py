@@ -46,6 +46,7 @@ from transformers import (
 from transformers.initialization import no_init_weights
 from transformers.models.llama.modeling_llama import LlamaPreTrainedModel
 
+from eventspec.edge.vision_backend import TorchVision, VisionBackend
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.node.kvcache import cache_kwarg, crop_cache
 from eventspec.shared.node.vocab import text_vocab_fingerprint
@@ -232,6 +233,9 @@ class DraftModel:
         patches = (self.image_size // as_int(self.clip_config.patch_size, "patch_size")) ** 2
         self.tokens_per_frame = 1 + patches  # CLS kept
         self.num_event_tokens = N_EVENT_FRAMES + self.tokens_per_frame
+        #: What runs the vision path (``--vision-backend``): PyTorch on the model itself,
+        #: or an ONNX Runtime session over an export of it (eventspec.edge.onnx_vision).
+        self.vision: VisionBackend = TorchVision(model)
 
     @property
     def max_positions(self) -> int:
@@ -282,8 +286,12 @@ class DraftModel:
                 f"event pixels must be [F, 3, {self.image_size}, {self.image_size}], got "
                 f"{tuple(pixel_values.shape)}"
             )
-        feats: torch.Tensor = self.model.clip_features(pixel_values)
-        return feats
+        return self.vision.clip_features(pixel_values)
+
+    @torch.no_grad()
+    def event_tokens(self, clip_features: torch.Tensor) -> torch.Tensor:
+        """[5, T, Dv] CLIP features -> [5 + T, H] event embeddings, through ``self.vision``."""
+        return self.vision.event_tokens(clip_features)
 
     @torch.no_grad()
     def prefill(
@@ -303,7 +311,7 @@ class DraftModel:
                 raise InvalidInput("prefill needs pixel_values or clip_features")
             clip_features = self.clip_features(pixel_values)
         ids = self.build_prompt_ids(question)
-        events = self.model.event_tokens(clip_features.to(self.device, self.dtype))  # [E, H]
+        events = self.event_tokens(clip_features)  # [E, H]
         embeds = self.model.embed_with_events(ids, events)  # [1, L', H]
         cache = DynamicCache(config=self.model.config)
         out = self.model(
