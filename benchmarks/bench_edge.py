@@ -13,17 +13,25 @@ the vision path (five frames through CLIP, projector, adaptor and pooling), the 
 drafts, then rolled back so every repeat sees the same context), and a 9-token step
 (a Commit's refeed). In the same process it builds the cloud's static engine over the
 7B-shaped target and times its step at B = 1 (one token) and B = 16 (9 tokens each), so
-c = t_draft / t_step is measured on one GPU in one run. Writes ``edge_<device>.json``
-to ``--out`` ($OUT or .).
+c = t_draft / t_step is measured on one GPU in one run.
+
+The vision path alone (``vision``): five frames through CLIP, projector, adaptor and
+the feature adapter (to the target's video geometry), torch eager in the draft's dtype
+vs ONNX Runtime on an export of the same shapes (``eventspec.edge.onnx_export``): the
+CUDA execution provider with the fused fp16 graphs on a GPU (the row is skipped, with
+a note, when this ONNX Runtime has no CUDA EP), the CPU EP in fp32 with ``--tiny``.
+``--no-vision`` skips it. Writes ``edge_<device>.json`` to ``--out`` ($OUT or .).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import logging
 import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,7 +48,8 @@ from eventspec.cloud.engine.static.build import (
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_draft import build_tiny_random_draft
 from eventspec.demoworld.tiny_target import build_tiny_random_target
-from eventspec.edge.draft import DraftModel
+from eventspec.edge.align import FeatureAdapter, build_adapter_for
+from eventspec.edge.draft import DraftModel, EventGPTConfig, EventGPTForCausalLM
 from eventspec.edge.drafter import DraftBackend
 from eventspec.edge.static_draft import StaticDraftBackend
 from eventspec.shared.node.static.batch import StepBatch
@@ -103,6 +112,81 @@ def draft_timings(draft: DraftModel, backend: DraftBackend, repeats: int) -> dic
     }
 
 
+def vision_timings(draft: DraftModel, dst: tuple[int, int, int], repeats: int
+                   ) -> dict[str, Any]:
+    """Five frames through CLIP + projector + adaptor + adapter: torch eager vs ONNX
+    Runtime, each stage and the chain, in ms."""
+    s, dev = draft.image_size, draft.device
+    pixels = torch.randn(5, 3, s, s, generator=torch.Generator().manual_seed(0)).to(dev)
+    clip = draft.clip_features(pixels)  # [5, T, Dv]
+    adapter = build_adapter_for(tuple(clip.shape), dst).to(dev, draft.dtype)  # type: ignore[arg-type]
+    result: dict[str, Any] = {"adapter_geometry": [list(clip.shape), list(dst)]}
+    result["torch"] = _stage_timings(
+        draft.clip_features, lambda c: draft.model.event_tokens(c.to(draft.dtype)), adapter,
+        pixels, repeats)
+    result["torch"]["dtype"] = str(draft.dtype)
+    result["onnx"] = _onnx_timings(draft, adapter, pixels, repeats)
+    return result
+
+
+def _stage_timings(clip_fn: Callable[[torch.Tensor], torch.Tensor],
+                   events_fn: Callable[[torch.Tensor], torch.Tensor],
+                   adapter_fn: Callable[[torch.Tensor], torch.Tensor],
+                   pixels: torch.Tensor, repeats: int) -> dict[str, Any]:
+    clip = clip_fn(pixels)
+
+    def chain() -> None:
+        c = clip_fn(pixels)
+        events_fn(c)
+        adapter_fn(c)
+
+    return {"clip_ms": median_ms(lambda: clip_fn(pixels), repeats)[0],
+            "events_ms": median_ms(lambda: events_fn(clip), repeats)[0],
+            "adapter_ms": median_ms(lambda: adapter_fn(clip), repeats)[0],
+            "total_ms": median_ms(chain, repeats)[0]}
+
+
+def _onnx_timings(draft: DraftModel, adapter: FeatureAdapter, pixels: torch.Tensor,
+                  repeats: int) -> dict[str, Any]:
+    """Export a vision-only model of the draft's shapes (one LLM layer: the export never
+    reads the LLM) and time it on the provider ``--vision-backend onnx`` would pick."""
+    try:
+        import onnxruntime
+
+        from eventspec.edge.onnx_export import export_graphs
+        from eventspec.edge.onnx_vision import (
+            CUDA_EP,
+            OnnxVision,
+            OrtGraph,
+            choose_provider,
+        )
+    except ImportError as exc:
+        return {"skipped": f"ONNX Runtime or onnx not installed ({exc})"}
+    available = onnxruntime.get_available_providers()
+    dev = draft.device
+    if dev.type == "cuda" and CUDA_EP not in available:
+        return {"skipped": "this ONNX Runtime has no CUDA execution provider (providers: "
+                           f"{', '.join(available)}); install onnxruntime-gpu"}
+    provider, precision = choose_provider(dev, available)
+    with torch.inference_mode(False), tempfile.TemporaryDirectory() as tmp:
+        cfg = EventGPTConfig.from_dict(draft.model.config.to_dict())
+        cfg.num_hidden_layers = 1
+        t0 = time.perf_counter()
+        graphs = export_graphs(EventGPTForCausalLM(cfg), copy.deepcopy(adapter), Path(tmp))
+        export_s = time.perf_counter() - t0
+        files = graphs.files
+        run = {name: OrtGraph(Path(tmp) / files[name][precision], provider, dev)
+               for name in files}
+        vision = OnnxVision(run["clip"], run["events"], dev, f"onnx ({provider}, {precision})")
+        timings = _stage_timings(vision.clip_features, vision.event_tokens, run["adapter"],
+                                 pixels, repeats)
+    timings.update({"provider": provider, "precision": precision, "export_s": export_s,
+                    "fused_operators": graphs.fused,
+                    "max_abs_diff_fp32_cpu": graphs.max_abs_diff,
+                    "onnxruntime": onnxruntime.__version__})
+    return timings
+
+
 def cloud_steps(target: TargetModel, repeats: int, max_seq: int) -> dict[str, float]:
     """The cloud's static engine: B = 1 with one token, B = 16 with 9 tokens each."""
     n_slots = 16
@@ -132,6 +216,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tiny", action="store_true", help="CPU smoke run on tiny models")
     parser.add_argument("--repeats", type=int, default=25)
+    parser.add_argument("--no-vision", action="store_true",
+                        help="skip the vision path's torch vs ONNX Runtime timings")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -163,6 +249,14 @@ def main() -> int:
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     result["cloud"] = cloud_steps(target, args.repeats, max_seq)
+    if not args.no_vision:
+        g = target.geometry
+        result["vision"] = vision_timings(
+            draft, (g.num_frames, g.tokens_per_frame, g.feature_dim), args.repeats)
+        v = result["vision"]
+        logging.info("vision path, 5 frames: torch %.2f ms, onnx %s", v["torch"]["total_ms"],
+                     v["onnx"].get("skipped") or f"{v['onnx']['total_ms']:.2f} ms "
+                                                  f"({v['onnx']['provider']})")
     for name, e in result["engines"].items():
         e["c_B1"] = e["draft_ms_per_token"] / result["cloud"]["step_B1_k0_ms"]
         e["c_B16"] = e["draft_ms_per_token"] / result["cloud"]["step_B16_k8_ms"]

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from eventspec.edge.admission import AdmissionQueue, cloud_slots
-from eventspec.edge.align import FeatureAdapter
 from eventspec.edge.ask_checks import check_ask, draft_only_settings
 from eventspec.edge.calibration import (
     MEASURE_ROUNDS,
@@ -44,6 +43,7 @@ from eventspec.edge.failover import ask_event_is_committed, with_failover
 from eventspec.edge.link import VerifierLink
 from eventspec.edge.readiness import Readiness
 from eventspec.edge.static_draft import draft_engine_name
+from eventspec.edge.vision_backend import Aligner
 from eventspec.edge.visual_input import (
     PreparedVisual,
     choose_feature_mode,
@@ -84,7 +84,7 @@ class EdgeAgent:
         draft: DraftModel,
         link: VerifierLink | None,
         draft_backend: DraftBackend | None = None,
-        adapter: FeatureAdapter | None = None,
+        adapter: Aligner | None = None,
         worker: ModelWorker | None = None,
         acceptance_prior: float = 0.5,
         default_jpeg_quality: int = 90,
@@ -144,7 +144,7 @@ class EdgeAgent:
         pixels = prepared.event_pixels
 
         def vision(px: torch.Tensor) -> object:
-            return draft.model.event_tokens(draft.clip_features(px).to(draft.dtype))
+            return draft.event_tokens(draft.clip_features(px))
 
         def sync() -> None:
             if draft.device.type == "cuda":
@@ -157,7 +157,7 @@ class EdgeAgent:
         # Twice: the first round pays one-off costs (allocations, lazy init, tuning).
         check = (await self.worker.run(partial(measure, 2)))
         key = profile_key(draft.device, draft.dtype, draft_engine_name(self.draft_backend),
-                          "torch")
+                          draft.vision.name)
         saved = None
         if profile_path is not None and not recalibrate:
             saved = load_saved(profile_path, draft.model_id, key)

@@ -29,6 +29,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +37,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from eventspec.shared.contract.errors import FailedPrecondition, InvalidInput, NotFound
+
+if TYPE_CHECKING:
+    from eventspec.edge.vision_backend import Aligner
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter.safetensors"
@@ -136,30 +140,45 @@ class FeatureAdapter(nn.Module):
             )
         batched = features.ndim == 4
         x = features if batched else features.unsqueeze(0)  # [B, F_s, T_s, D_s]
-        x = x.to(self.patch_proj.weight.dtype)
-        b = x.shape[0]
-        g_s, g_t = math.isqrt(cfg.src_tokens - 1), math.isqrt(cfg.dst_tokens - 1)
+        weight = self.patch_proj.weight
+        x = x.to(weight.device, weight.dtype)
+        tokens = self.resample_time(self.resample_grid(x))  # [B, F_t, T_t, D_s]
+        out = self.project(tokens)  # [B, F_t, T_t, D_t]
+        return out if batched else out.squeeze(0)
 
-        cls = x[:, :, 0]  # [B, F_s, D_s]
-        grid = x[:, :, 1:].reshape(b * cfg.src_frames, g_s, g_s, cfg.src_dim)
-        grid = grid.permute(0, 3, 1, 2)  # [B*F_s, D_s, g_s, g_s]
-        if g_s != g_t:
-            grid = F.interpolate(
-                grid, size=(g_t, g_t), mode="bilinear", align_corners=False, antialias=g_t < g_s
-            )
-        patches = grid.permute(0, 2, 3, 1).reshape(b, cfg.src_frames, g_t * g_t, cfg.src_dim)
-        tokens = torch.cat([cls.unsqueeze(2), patches], dim=2)  # [B, F_s, T_t, D_s]
+    def resample_grid(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, F, 1 + g_s², D] -> [B, F, 1 + g_t², D]: CLS kept, the patch grid resized
+        bilinearly (antialiased when shrinking). Linear in ``x`` and the same for every
+        channel, which the ONNX export uses to replace it by one matrix
+        (:mod:`eventspec.edge.onnx_export`)."""
+        b, f, t_s, d = x.shape
+        g_s, g_t = math.isqrt(t_s - 1), math.isqrt(self.config.dst_tokens - 1)
+        if g_s == g_t:
+            return x
+        grid = x[:, :, 1:].reshape(b * f, g_s, g_s, d).permute(0, 3, 1, 2)  # [B*F, D, g_s, g_s]
+        grid = F.interpolate(
+            grid, size=(g_t, g_t), mode="bilinear", align_corners=False, antialias=g_t < g_s
+        )
+        patches = grid.permute(0, 2, 3, 1).reshape(b, f, g_t * g_t, d)
+        return torch.cat([x[:, :, :1], patches], dim=2)  # [B, F, 1 + g_t², D]
 
-        if cfg.src_frames != cfg.dst_frames:
-            t_t = tokens.shape[2]
-            flat = tokens.permute(0, 2, 3, 1).reshape(b, t_t * cfg.src_dim, cfg.src_frames)
-            if cfg.src_frames == 1:
-                flat = flat.expand(-1, -1, cfg.dst_frames)
-            else:
-                flat = F.interpolate(flat, size=cfg.dst_frames, mode="linear", align_corners=True)
-            tokens = flat.reshape(b, t_t, cfg.src_dim, cfg.dst_frames).permute(0, 3, 1, 2)
-            # [B, F_t, T_t, D_s]
+    def resample_time(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, F_s, T, D] -> [B, F_t, T, D]: frames interpolated linearly in time, first
+        and last aligned (one source frame is repeated). Linear, as ``resample_grid``."""
+        b, f_s, t, d = x.shape
+        f_t = self.config.dst_frames
+        if f_s == f_t:
+            return x
+        flat = x.permute(0, 2, 3, 1).reshape(b, t * d, f_s)  # [B, T*D, F_s]
+        if f_s == 1:
+            flat = flat.expand(-1, -1, f_t)
+        else:
+            flat = F.interpolate(flat, size=f_t, mode="linear", align_corners=True)
+        return flat.reshape(b, t, d, f_t).permute(0, 3, 1, 2)  # [B, F_t, T, D]
 
+    def project(self, tokens: torch.Tensor) -> torch.Tensor:
+        """[B, F_t, T_t, D_s] resampled tokens -> [B, F_t, T_t, D_t]: the channel maps,
+        the residual MLP and the optional mixer."""
         y = torch.cat(
             [self.cls_proj(tokens[:, :, :1]), self.patch_proj(tokens[:, :, 1:])], dim=2
         )  # [B, F_t, T_t, D_t]
@@ -167,7 +186,7 @@ class FeatureAdapter(nn.Module):
         if self.mixer is not None:
             z = out.flatten(1, 2) + self.pos  # [B, F_t * T_t, D_t]
             out = out + self.mixer_out(self.mixer(z)).view_as(out)
-        return out if batched else out.squeeze(0)
+        return out
 
 
 def build_adapter_for(
@@ -182,7 +201,7 @@ def build_adapter_for(
         return FeatureAdapter(config)
 
 
-def check_geometry(adapter: FeatureAdapter, dst: Geometry) -> None:
+def check_geometry(adapter: Aligner, dst: Geometry) -> None:
     """Refuse an adapter whose output does not fit the cloud's video geometry (from
     GetServerInfo): FailedPrecondition, since the edge's setup, not the request, is wrong."""
     if tuple(dst) != adapter.config.dst:

@@ -16,9 +16,10 @@ from eventspec.edge.config import (
     MAX_MESSAGE_BYTES,
     MIN_MESSAGE_BYTES,
     SPECULATION_MODES,
+    VISION_BACKENDS,
     EdgeSettings,
 )
-from eventspec.edge.model_dirs import TINY_RANDOM
+from eventspec.edge.model_dirs import TINY_RANDOM, TOY
 from eventspec.shared.helpfmt import DefaultsHelpFormatter
 from eventspec.shared.node.node_cli import (
     add_metrics_args,
@@ -108,6 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
              "(default: ~/.cache/eventspec/edge-...)")
     arg("--recalibrate", action="store_true", default=env.recalibrate,
         help="measure the draft costs afresh even if a saved profile matches")
+    arg("--vision-backend", choices=list(VISION_BACKENDS), default=env.vision_backend,
+        help="what runs the vision path (CLIP, projector, adaptor, adapter): torch, or "
+             "onnx: ONNX Runtime over the --onnx-dir export (CUDA execution provider in "
+             "fp16 with onnxruntime-gpu and a CUDA --device, else CPU in fp32)")
+    arg("--onnx-dir", type=Path, default=env.onnx_dir,
+        help="an export of --model (and --adapter) made by `eventspec-edge export-onnx`, "
+             "for --vision-backend onnx; a stale one is refused")
     arg("--acceptance-prior", type=float, default=env.acceptance_prior,
         help="the share of drafts the plan expects the cloud to accept before any request "
              "has been observed, 0..1")
@@ -127,6 +135,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_security_args(serve_cmd, ENV_PREFIX)
     add_client_security_args(serve_cmd, prefix="cloud-", env_prefix=f"{ENV_PREFIX}CLOUD_",
                              peer="cloud verifier")
+    export = sub.add_parser(
+        "export-onnx", formatter_class=DefaultsHelpFormatter,
+        help="export the vision path (CLIP, projector, feature adaptor, and the adapter) "
+             "to ONNX for --vision-backend onnx")
+    export.add_argument("--model", required=True,
+                        help="the EventGPT checkpoint directory the edge serves, or toy "
+                             "(which brings its adapter)")
+    export.add_argument("--adapter", type=Path, default=None,
+                        help="feature adapter directory to export too (toy: the toy one)")
+    export.add_argument("--out", type=Path, required=True,
+                        help="directory for the graphs and export.json (created; an old "
+                             "export there is replaced)")
+    export.add_argument("--opset", type=int, default=17, help="ONNX opset, 17..20")
+    export.add_argument("--log-level", default="INFO", type=str.upper,
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log threshold")
     return parser
 
 
@@ -158,6 +181,8 @@ def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
         draft_quant=args.draft_quant,
         profile_path=args.profile,
         recalibrate=args.recalibrate,
+        vision_backend=args.vision_backend,
+        onnx_dir=args.onnx_dir,
         grace_s=args.grace_s,
         seed=args.seed,
         max_message_bytes=args.max_message_bytes,
@@ -184,9 +209,39 @@ def _sensor_size(value: str | tuple[int, int] | None) -> tuple[int, int] | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "export-onnx":
+        return export_onnx_command(args)
     settings = settings_from_args(args)
     return serve(PROG, args, log, settings, _server,
                  scratch_model=_tiny_random_draft if settings.model == TINY_RANDOM else None)
+
+
+def export_onnx_command(args: argparse.Namespace) -> int:
+    """``export-onnx``: write the export, print where and how close it came to torch."""
+    from eventspec.edge.model_dirs import adapter_dir, draft_dir
+    from eventspec.shared.contract.errors import EventSpecError
+
+    try:
+        from eventspec.edge.onnx_export import export_onnx
+    except ImportError as exc:
+        refuse(PROG, f"export-onnx needs onnx and ONNX Runtime ({exc}): install "
+                     "eventspec[edge-onnx] (CPU) or eventspec[edge-gpu] (CUDA)")
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(message)s")
+    if not 17 <= args.opset <= 20:
+        refuse(PROG, f"--opset must be in 17..20, got {args.opset}")
+    adapter = args.adapter if args.adapter is not None else (
+        Path(TOY) if args.model == TOY else None)
+    try:
+        result = export_onnx(draft_dir(args.model),
+                             adapter_dir(adapter) if adapter is not None else None,
+                             args.out, opset=args.opset)
+    except (EventSpecError, OSError) as exc:
+        print(f"{PROG} export-onnx: {exc}", file=sys.stderr)
+        return 1
+    diffs = ", ".join(f"{k} {v:.1e}" for k, v in result.max_abs_diff.items())
+    print(f"exported to {result.out} in {result.seconds:.1f} s (max |onnx - torch|, fp32 "
+          f"on CPU: {diffs}); serve it with --vision-backend onnx --onnx-dir {result.out}")
+    return 0
 
 
 def _server(settings: EdgeSettings) -> NodeServer:

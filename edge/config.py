@@ -29,6 +29,8 @@ DRAFT_ENGINES = ("auto", "static", "hf")
 #: ``--draft-quant`` choices: the drafter's decoder weights in the model dtype, int8
 #: (per channel) or int4 (grouped, 128 at 7B).
 DRAFT_QUANTS = ("none", "int8", "int4")
+#: ``--vision-backend`` choices (eventspec.edge.vision_backend).
+VISION_BACKENDS = ("torch", "onnx")
 #: ``--seed`` spans what ``torch.manual_seed`` takes.
 SEED_MAX = 2**64 - 1
 #: ``--max-message-bytes``: below 1 MiB an Open with its frames may not fit; gRPC's own
@@ -90,6 +92,12 @@ class EdgeSettings:
     profile_path: Path | None = None
     #: Measure the draft costs afresh even if a saved profile matches.
     recalibrate: bool = False
+    #: What runs the vision path (CLIP, projector, adaptor, adapter): "torch", or "onnx"
+    #: (ONNX Runtime over the export in ``onnx_dir``: CUDA execution provider in fp16
+    #: when onnxruntime-gpu is installed and the draft runs on CUDA, else CPU in fp32).
+    vision_backend: str = "torch"
+    #: An export made by ``eventspec-edge export-onnx`` (needed by ``--vision-backend onnx``).
+    onnx_dir: Path | None = None
     grace_s: float = 5.0
     seed: int = 0
     max_message_bytes: int = 8 << 20
@@ -136,6 +144,8 @@ class EdgeSettings:
             draft_quant=e.text("DRAFT_QUANT", d.draft_quant),
             profile_path=e.path("PROFILE"),
             recalibrate=e.switch("RECALIBRATE", d.recalibrate),
+            vision_backend=e.text("VISION_BACKEND", d.vision_backend),
+            onnx_dir=e.path("ONNX_DIR"),
             grace_s=e.number("GRACE_S", d.grace_s),
             seed=e.integer("SEED", d.seed),
             max_message_bytes=e.integer("MAX_MESSAGE_BYTES", d.max_message_bytes),
@@ -174,6 +184,7 @@ class EdgeSettings:
                 f"--draft-quant {self.draft_quant} needs the static drafter, not "
                 "--draft-engine hf"
             )
+        require_choice("--vision-backend", self.vision_backend, VISION_BACKENDS)
         require_seconds("--request-timeout", self.request_timeout_s, zero_ok=False)
         require_seconds("--rpc-timeout-s", self.rpc_timeout_s, zero_ok=False)
         require_seconds("--cloud-wait-s", self.cloud_wait_s, zero_ok=True)

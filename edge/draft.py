@@ -46,6 +46,7 @@ from transformers import (
 from transformers.initialization import no_init_weights
 from transformers.models.llama.modeling_llama import LlamaPreTrainedModel
 
+from eventspec.edge.vision_backend import TorchVision, VisionBackend
 from eventspec.shared.contract.errors import FailedPrecondition, InvalidInput
 from eventspec.shared.node.kvcache import cache_kwarg, crop_cache
 from eventspec.shared.node.vocab import text_vocab_fingerprint
@@ -234,6 +235,9 @@ class DraftModel:
         self.num_event_tokens = N_EVENT_FRAMES + self.tokens_per_frame
         #: Why the HF decoder can no longer run (its weights were freed), or None.
         self.decoder_released: str | None = None
+        #: What runs the vision path (``--vision-backend``): PyTorch on the model itself,
+        #: or an ONNX Runtime session over an export of it (eventspec.edge.onnx_vision).
+        self.vision: VisionBackend = TorchVision(model)
 
     def release_decoder_weights(self, reason: str) -> None:
         """Free the decoder layers' projection weights (a quantised static drafter holds
@@ -302,8 +306,12 @@ class DraftModel:
                 f"event pixels must be [F, 3, {self.image_size}, {self.image_size}], got "
                 f"{tuple(pixel_values.shape)}"
             )
-        feats: torch.Tensor = self.model.clip_features(pixel_values)
-        return feats
+        return self.vision.clip_features(pixel_values)
+
+    @torch.no_grad()
+    def event_tokens(self, clip_features: torch.Tensor) -> torch.Tensor:
+        """[5, T, Dv] CLIP features -> [5 + T, H] event embeddings, through ``self.vision``."""
+        return self.vision.event_tokens(clip_features)
 
     @torch.no_grad()
     def prefill(
@@ -324,7 +332,7 @@ class DraftModel:
                 raise InvalidInput("prefill needs pixel_values or clip_features")
             clip_features = self.clip_features(pixel_values)
         ids = self.build_prompt_ids(question)
-        events = self.model.event_tokens(clip_features.to(self.device, self.dtype))  # [E, H]
+        events = self.event_tokens(clip_features)  # [E, H]
         embeds = self.model.embed_with_events(ids, events)  # [1, L', H]
         cache = DynamicCache(config=self.model.config)
         out = self.model(

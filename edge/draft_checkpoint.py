@@ -168,6 +168,37 @@ def save_clip(draft: DraftModel, path: str | Path, layout: Literal["4.x", "5.x"]
     return out
 
 
+#: The state-dict prefixes of the vision path (CLIP, projector, feature adaptor).
+VISION_PREFIXES = ("model.visual_tower.", "model.visual_projector.", "model.feature_adaptor.")
+
+
+def vision_weight_files(path: str | Path) -> list[Path]:
+    """The weight files that hold the vision path's tensors of the checkpoint in ``path``.
+
+    Those of its own files that hold any CLIP, projector or adaptor tensor; when CLIP is
+    not inside, also the local CLIP directory's (``mm_visual_tower``), as :func:`load_draft`
+    takes it. An ONNX export checksums these only, so that checking an export does not
+    read all of a 7B checkpoint's shards.
+    """
+    root = Path(path)
+    if not (root / "config.json").is_file():
+        raise NotFound(f"no EventGPT checkpoint at {root} (config.json missing)")
+    files: list[Path] = []
+    has_clip = False
+    for f in _weight_files(root):
+        names = [_rename_key(k) for k in _keys_of(f)]
+        has_clip = has_clip or any(k.startswith(CLIP_PREFIX) for k in names)
+        if any(k.startswith(VISION_PREFIXES) for k in names):
+            files.append(f)
+    if not has_clip:
+        config = json.loads((root / "config.json").read_text())
+        clip_dir = _local_clip_dir(None, config.get("mm_visual_tower"))
+        if clip_dir is None:
+            raise NotFound(f"{root} holds no CLIP weights and names no local CLIP directory")
+        files.extend(_weight_files(clip_dir))
+    return files
+
+
 def _rename_key(key: str) -> str:
     """4.x CLIP names -> this module's names. transformers 5.x renames ``vision_model.``
     only inside its own ``from_pretrained`` for a top-level CLIPVisionModel, so a

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eventspec.edge.agent import EdgeAgent
-from eventspec.edge.align import FeatureAdapter, load_adapter
+from eventspec.edge.align import load_adapter
 from eventspec.edge.cloud_link import CloudLink
 from eventspec.edge.config import EdgeSettings
 from eventspec.edge.draft import DraftModel
@@ -26,7 +26,13 @@ from eventspec.edge.model_dirs import TOY, adapter_dir, draft_dir
 from eventspec.edge.readiness import CloudState, CloudView, Readiness
 from eventspec.edge.servicer import EdgeAgentServicer
 from eventspec.edge.static_draft import draft_backend_for, draft_engine_name
-from eventspec.shared.contract.errors import ErrorCode, EventSpecError
+from eventspec.edge.vision_backend import Aligner
+from eventspec.shared.contract.errors import (
+    ErrorCode,
+    EventSpecError,
+    FailedPrecondition,
+    InvalidInput,
+)
 from eventspec.shared.node.serving import MODEL_DTYPES
 from eventspec.shared.node.static.quant import QuantMode
 from eventspec.shared.node.tracing import tracer_from_env
@@ -89,7 +95,7 @@ class EdgeServer:
     settings: EdgeSettings
     source: EventSource | None = None
     draft: DraftModel | None = None
-    adapter: FeatureAdapter | None = None
+    adapter: Aligner | None = None
     port: int = 0
     agent: EdgeAgent | None = None
     readiness: Readiness | None = None
@@ -112,6 +118,9 @@ class EdgeServer:
         """Bind and report NOT_SERVING; then (``warm``) warm up. Returns the bound port."""
         s = self.settings
         check_server_start(s.host, s.port, s.security)  # refuse before loading models
+        if s.vision_backend == "onnx" and s.onnx_dir is None:
+            raise InvalidInput("--vision-backend onnx needs --onnx-dir DIR, an export of "
+                               "--model made by `eventspec-edge export-onnx`")
         # 64 calls in flight, plus the Asks waiting in line for a cloud slot.
         host = GrpcHost(SERVICE_NAME, max_message_bytes=s.max_message_bytes,
                         max_rpcs=64 + s.max_queued_asks,
@@ -161,6 +170,9 @@ class EdgeServer:
         if adapter is None and adapter_name is not None:
             readiness.set_edge_phase("loading the feature adapter")
             adapter = await asyncio.to_thread(load_adapter, adapter_dir(adapter_name))
+        if s.vision_backend == "onnx":
+            readiness.set_edge_phase("loading the ONNX vision export")
+            adapter = await asyncio.to_thread(self._onnx_vision, draft, adapter, adapter_name)
         self._link = (
             CloudLink(s.cloud, max_message_bytes=s.max_message_bytes, security=s.cloud_security)
             if s.cloud else None
@@ -195,14 +207,43 @@ class EdgeServer:
         self._servicer.attach(
             self.agent, draft_model_id=draft.model_id,
             adapter_id=str(s.adapter) if s.adapter else ("in-memory" if adapter else ""),
+            vision_backend=draft.vision.name,
         )
         if self._link is not None:
             await self._check_cloud(self._link, draft, first=True)
             self._watcher = asyncio.create_task(self._watch_cloud(self._link, draft))
         readiness.set_edge_phase(None)
-        log.info("edge agent warm on %s:%d, source %s, draft %s (%s drafter)%s", s.host,
-                 self.port, source.describe(), draft.model_id, draft_engine_name(backend),
+        log.info("edge agent warm on %s:%d, source %s, draft %s (%s drafter, vision %s)%s",
+                 s.host, self.port, source.describe(), draft.model_id,
+                 draft_engine_name(backend), draft.vision.name,
                  "" if readiness.serving else f"; NOT_SERVING: {readiness.not_serving_reason()}")
+
+    def _onnx_vision(self, draft: DraftModel, adapter: Aligner | None,
+                     adapter_name: Path | None) -> Aligner | None:
+        """``--vision-backend onnx``: the draft's vision path (and the adapter, when one
+        was loaded from a directory) on ONNX Runtime; returns the adapter to use.
+
+        The export is checked against the directories loaded, and refused when stale.
+        """
+        try:
+            from eventspec.edge.onnx_vision import load_onnx_vision
+        except ImportError as exc:
+            raise FailedPrecondition(
+                f"--vision-backend onnx needs ONNX Runtime ({exc}): install "
+                "eventspec[edge-onnx] (CPU) or eventspec[edge-gpu] (CUDA)") from exc
+
+        s = self.settings
+        assert s.onnx_dir is not None
+        loaded = (adapter_dir(adapter_name)
+                  if adapter is not None and adapter_name is not None else None)
+        path = load_onnx_vision(s.onnx_dir, model_dir=draft_dir(s.model), adapter_dir=loaded,
+                                device=draft.device)
+        draft.vision = path.vision
+        if path.aligner is not None:
+            return path.aligner
+        if adapter is not None:
+            log.info("the in-memory feature adapter stays on torch")
+        return adapter
 
     def _start_metrics(self, host: GrpcHost) -> None:
         """Serve ``/metrics`` from this server's own registry (imported only when on)."""

@@ -35,16 +35,19 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
         self.agent: EdgeAgent | None = None
         self.draft_model_id = ""
         self.adapter_id = ""
+        self.vision_backend = ""
         #: Prometheus metrics (``--metrics-port``); None: nothing is recorded.
         self.metrics: EdgeMetrics | None = None
         #: An OpenTelemetry tracer (``eventspec.shared.node.tracing``); None: tracing is off.
         self.tracer: Any = None
         self._started = time.monotonic()
 
-    def attach(self, agent: EdgeAgent, *, draft_model_id: str, adapter_id: str = "") -> None:
+    def attach(self, agent: EdgeAgent, *, draft_model_id: str, adapter_id: str = "",
+               vision_backend: str = "") -> None:
         self.agent = agent
         self.draft_model_id = draft_model_id
         self.adapter_id = adapter_id
+        self.vision_backend = vision_backend
 
     async def Ask(
         self, request: edge_pb2.AskRequest, context: Any
@@ -146,6 +149,7 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
             has_rgb=src.has_rgb,
             draft_model_id=self.draft_model_id,
             adapter_id=self.adapter_id,
+            vision_backend=self.vision_backend,
             link=link,
             requests_served=agent.requests_served,
             acceptance_ewma=agent.acceptance.value,

@@ -8,8 +8,9 @@ slot, the event tokens spliced into the prompt's embeddings at prefill, single- 
 k-token steps replayed from CUDA graphs, and rollback as a length change (gpt-fast's
 static cache; the drafts' own KV past the kept length is never read again).
 
-The vision side (CLIP, projector, adaptor, pooling) and the prompt stay the
-DraftModel's, so both backends draft from identical event embeddings; on CPU the runtime
+The vision side (CLIP, projector, adaptor, pooling: ``DraftModel.vision``, torch or ONNX
+Runtime) and the prompt stay the DraftModel's, so both backends draft from identical
+event embeddings; on CPU the runtime
 runs its plain torch layer functions, and tests check that it drafts exactly what the HF
 reference drafts (fp32; rollbacks and refeeds included).
 """
@@ -118,7 +119,7 @@ class StaticDraftBackend:
                 raise InvalidInput("prefill needs pixel_values or clip_features")
             clip_features = d.clip_features(pixel_values)  # [F, T, Dv]
         ids = d.build_prompt_ids(question)
-        events = d.model.event_tokens(clip_features.to(d.device, d.dtype))  # [E, H]
+        events = d.event_tokens(clip_features)  # [E, H], through d.vision
         embeds = d.model.embed_with_events(ids, events)[0]  # [L', H]
         logits = self.runtime.prefill_embeds([SLOT], [embeds])  # [1, V]
         n = int(embeds.shape[0])

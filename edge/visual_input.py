@@ -15,12 +15,13 @@ from functools import partial
 
 import torch
 
-from eventspec.edge.align import FeatureAdapter, check_geometry
+from eventspec.edge.align import check_geometry
 from eventspec.edge.draft import DraftModel
 from eventspec.edge.events.base import EventSource
 from eventspec.edge.events.render import canvas_for, event_pixel_values
 from eventspec.edge.events.windows import events_for_window, sample_rgb_frames, select_window
 from eventspec.edge.link import VerifierStream
+from eventspec.edge.vision_backend import Aligner
 from eventspec.edge.worker import ModelWorker
 from eventspec.shared.contract.codec import WireDtype, encode_tensor, quantize_int8
 from eventspec.shared.contract.errors import FailedPrecondition, InvalidInput
@@ -52,7 +53,7 @@ class PreparedVisual:
 
 
 def choose_feature_mode(
-    requested: FeatureMode, source: EventSource, adapter: FeatureAdapter | None
+    requested: FeatureMode, source: EventSource, adapter: Aligner | None
 ) -> FeatureMode:
     """Frames when asked (and the source has RGB), aligned when asked (and an adapter is
     loaded); ``auto`` prefers frames and falls back to aligned."""
@@ -83,7 +84,7 @@ async def prepare_visual(
     *,
     source: EventSource,
     draft: DraftModel,
-    adapter: FeatureAdapter | None,
+    adapter: Aligner | None,
     worker: ModelWorker,
     info: ServerInfo | None,
     jpeg_quality: int,
@@ -126,9 +127,9 @@ async def prepare_visual(
         chosen = adapter
 
         def features() -> tuple[torch.Tensor, torch.Tensor]:
-            with torch.inference_mode():
+            with torch.inference_mode():  # both through the selected vision backend
                 clip = draft.clip_features(pixels)  # [5, T_s, D_s]
-                out = chosen(clip.to(next(chosen.parameters()).dtype))  # [F, T, D]
+                out = chosen(clip)  # [F, T, D]
             return clip, out.float().cpu()
 
         clip, feats = await worker.run(features)  # [F, T, D] = the adapter's dst

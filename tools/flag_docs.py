@@ -41,6 +41,7 @@ def commands() -> dict[str, Callable[[], argparse.ArgumentParser]]:
         "eventspec toy train": lambda: _sub(toy(), "train"),
         "eventspec toy eval": lambda: _sub(toy(), "eval"),
         "eventspec-edge serve": lambda: _sub(edge(), "serve"),
+        "eventspec-edge export-onnx": lambda: _sub(edge(), "export-onnx"),
         "eventspec-cloud serve": lambda: _sub(cloud(), "serve"),
     }
 

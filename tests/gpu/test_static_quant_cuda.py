@@ -28,8 +28,7 @@ from tests.support.gpu_compare import Record
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-SHAPES = [(1, 4096, 4096), (1, 12288, 4096), (8, 22016, 4096), (16, 4096, 11008), (3, 576, 192),
-          (37, 1024, 192), (700, 4096, 4096)]
+SHAPES = [(1, 12288, 4096), (16, 4096, 11008), (3, 576, 192), (700, 4096, 4096)]
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

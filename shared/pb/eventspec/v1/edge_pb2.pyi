@@ -455,6 +455,7 @@ class EdgeStatus(_message.Message):
     ASKS_WAITING_FIELD_NUMBER: _builtins.int
     CLOUD_SLOTS_FIELD_NUMBER: _builtins.int
     UPTIME_S_FIELD_NUMBER: _builtins.int
+    VISION_BACKEND_FIELD_NUMBER: _builtins.int
     source: _builtins.str
     """Source description, e.g. "dsec:/data/zurich_city_00_a"."""
     sensor_width: _builtins.int
@@ -494,6 +495,10 @@ class EdgeStatus(_message.Message):
     """Cloud slots this edge keeps to (from the cloud's advertised session caps)."""
     uptime_s: _builtins.float
     """Seconds since the edge started."""
+    vision_backend: _builtins.str
+    """What runs the edge's vision path (CLIP, projector, adaptor, adapter): "torch", or
+    "onnx (CUDAExecutionProvider, fp16)" / "onnx (CPUExecutionProvider, fp32)".
+    """
     @_builtins.property
     def link(self) -> Global___LinkStatus: ...
     @_builtins.property
@@ -524,10 +529,11 @@ class EdgeStatus(_message.Message):
         asks_waiting: _builtins.int = ...,
         cloud_slots: _builtins.int = ...,
         uptime_s: _builtins.float = ...,
+        vision_backend: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["link", b"link", "live", b"live"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_ewma", b"acceptance_ewma", "adapter_id", b"adapter_id", "asks_in_flight", b"asks_in_flight", "asks_waiting", b"asks_waiting", "cloud_slots", b"cloud_slots", "draft_model_id", b"draft_model_id", "has_rgb", b"has_rgb", "link", b"link", "live", b"live", "not_serving_reason", b"not_serving_reason", "requests_served", b"requests_served", "sensor_height", b"sensor_height", "sensor_size_from", b"sensor_size_from", "sensor_width", b"sensor_width", "serving", b"serving", "source", b"source", "source_format", b"source_format", "source_t0_us", b"source_t0_us", "source_t1_us", b"source_t1_us", "time_base", b"time_base", "uptime_s", b"uptime_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_ewma", b"acceptance_ewma", "adapter_id", b"adapter_id", "asks_in_flight", b"asks_in_flight", "asks_waiting", b"asks_waiting", "cloud_slots", b"cloud_slots", "draft_model_id", b"draft_model_id", "has_rgb", b"has_rgb", "link", b"link", "live", b"live", "not_serving_reason", b"not_serving_reason", "requests_served", b"requests_served", "sensor_height", b"sensor_height", "sensor_size_from", b"sensor_size_from", "sensor_width", b"sensor_width", "serving", b"serving", "source", b"source", "source_format", b"source_format", "source_t0_us", b"source_t0_us", "source_t1_us", b"source_t1_us", "time_base", b"time_base", "uptime_s", b"uptime_s", "vision_backend", b"vision_backend"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
