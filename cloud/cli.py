@@ -9,7 +9,7 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from eventspec.cloud.config import ENGINES, ENV_PREFIX, CloudSettings
+from eventspec.cloud.config import ENGINES, ENV_PREFIX, VERIFY_WIDTHS, CloudSettings
 from eventspec.cloud.model_dirs import TINY_RANDOM
 from eventspec.shared.helpfmt import DefaultsHelpFormatter
 from eventspec.shared.node.node_cli import (
@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="widest verify step of one request: the last committed token plus up to "
              "this many minus one drafts (advertised to the edge, which drafts no "
              "further ahead)")
+    arg("--verify-width", choices=list(VERIFY_WIDTHS), default=env.verify_width,
+        help="auto: each step verifies, per session, the drafts that maximise the "
+             "batch's expected tokens per ms under the cost model and the measured "
+             "acceptance; all: every valid draft up to --max-verify-tokens")
     arg("--profile", type=Path, default=env.profile_path,
         help="calibration profile file: reused at the next start when it matches the "
              "model and device, which skips calibration (default: "
@@ -131,6 +135,7 @@ def settings_from_args(args: argparse.Namespace) -> CloudSettings:
         max_seq_len=args.max_seq_len,
         engine=args.engine,
         max_verify_tokens=args.max_verify_tokens,
+        verify_width=args.verify_width,
         profile_path=args.profile,
         recalibrate=args.recalibrate,
         emulate_prefill_ms=args.emulate_prefill_ms,

@@ -37,6 +37,10 @@ _INT32_MAX = 2**31 - 1
 SEED_MAX = 2**64 - 1
 
 
+#: ``--verify-width`` choices.
+VERIFY_WIDTHS = ("auto", "all")
+
+
 @dataclass(frozen=True)
 class CloudSettings:
     """Everything the verifier needs to start; see ``eventspec-cloud serve --help``."""
@@ -60,6 +64,10 @@ class CloudSettings:
     engine: str = "auto"
     #: Widest verify forward: C[-1] plus up to this many minus one drafts.
     max_verify_tokens: int = 33
+    #: "auto": each step verifies, per session, the drafts that maximise the batch's
+    #: expected tokens per ms under the cost model (eventspec.shared.contract.verify_width);
+    #: "all": every valid draft up to --max-verify-tokens.
+    verify_width: str = "auto"
     #: Sessions older than this are released by the sweeper (a leak guard).
     session_ttl_s: float = 600.0
     #: How long a Generate call may take to send its Open (``eventspec.cloud.timeouts``).
@@ -115,6 +123,7 @@ class CloudSettings:
             max_seq_len=e.optional_integer("MAX_SEQ_LEN"),
             engine=e.text("ENGINE", d.engine),
             max_verify_tokens=e.integer("MAX_VERIFY_TOKENS", d.max_verify_tokens),
+            verify_width=e.text("VERIFY_WIDTH", d.verify_width),
             session_ttl_s=e.number("SESSION_TTL_S", d.session_ttl_s),
             first_message_timeout_s=e.number("FIRST_MESSAGE_TIMEOUT_S",
                                              d.first_message_timeout_s),
@@ -161,6 +170,7 @@ class CloudSettings:
             require_int("--max-seq-len", self.max_seq_len, 2)
         require_int("--max-verify-tokens", self.max_verify_tokens, 1,
                     lim.max_draft_tokens + 1, "the drafts cap plus one")
+        require_choice("--verify-width", self.verify_width, VERIFY_WIDTHS)
         for flag, seconds in (("--session-ttl-s", self.session_ttl_s),
                               ("--first-message-timeout-s", self.first_message_timeout_s),
                               ("--features-base-timeout-s", self.features_base_timeout_s),

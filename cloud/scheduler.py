@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import queue
 import threading
@@ -61,10 +62,15 @@ from eventspec.cloud.sampler import BatchedSampler, SampleSpec, make_generator
 from eventspec.cloud.scheduler_stats import SchedulerStats, StepObserver
 from eventspec.cloud.tickets import Failure, Outbox, SchedulerEvent, SlotPool, Ticket
 from eventspec.shared.contract.errors import EventSpecError, Unavailable
+from eventspec.shared.contract.timing import CloudCost
 from eventspec.shared.contract.types import DraftTail, FinishReason
+from eventspec.shared.contract.verify_width import SessionDrafts, verify_widths
 from eventspec.shared.node.static.batch import StepBatch
 
 log = logging.getLogger(__name__)
+
+#: How many drafts' worth of the server-wide acceptance a session's own rate starts from.
+_PRIOR_DRAFTS = 4.0
 
 
 class Scheduler:
@@ -94,6 +100,12 @@ class Scheduler:
         self._on_death: Callable[[str], None] | None = None
         #: Set before ``start`` to hear of each step (metrics); None costs nothing.
         self.observer: StepObserver | None = None
+        #: ``--verify-width auto``: the cost model that trims each step's drafts
+        #: (:mod:`eventspec.shared.contract.verify_width`); None verifies every valid draft.
+        self.verify_cost: CloudCost | None = None
+        #: The acceptance a session's drafts are expected to have before it has shown its
+        #: own (the server-wide estimate).
+        self.alpha_prior: Callable[[], float] = lambda: 0.5
 
     # -- the streams' side (event loop) ------------------------------------------------------
 
@@ -298,6 +310,8 @@ class Scheduler:
         for t in ready:
             self._read_mailbox(t)
             inputs.append(t.session.step_input())
+        if self.verify_cost is not None and any(inp.drafts for inp in inputs):
+            inputs = self._trim_drafts(ready, inputs, self.verify_cost)
         batch = self._batch_of(inputs)
         specs = [self._spec(t, len(inp.tokens), inp.drafts) for t, inp in zip(ready, inputs,
                                                                               strict=True)]
@@ -320,6 +334,22 @@ class Scheduler:
             else:
                 self._end(t, done)
         self._record_step(len(ready), batch.num_tokens, t_start, t_engine, t_sampler, t_done)
+
+    def _trim_drafts(self, ready: Sequence[Ticket], inputs: list[StepInput], cost: CloudCost
+                     ) -> list[StepInput]:
+        """Each session's verified drafts cut to the width that maximises the step's
+        expected tokens per ms; a session's own acceptance so far, shrunk towards the
+        server-wide estimate (4 drafts' worth), is what its drafts are expected to do."""
+        prior = self.alpha_prior()
+        offers = []
+        for t, inp in zip(ready, inputs, strict=True):
+            c = t.session.counters
+            alpha = (c.accepted + _PRIOR_DRAFTS * prior) / (c.drafted + _PRIOR_DRAFTS)
+            offers.append(SessionDrafts(len(inp.drafts), min(1.0, max(0.0, alpha))))
+        widths = verify_widths(cost, offers)
+        return [inp if k == len(inp.drafts) else dataclasses.replace(
+                    inp, tokens=inp.tokens[: k + 1], drafts=inp.drafts[:k])
+                for inp, k in zip(inputs, widths, strict=True)]
 
     def _batch_of(self, inputs: Sequence[StepInput]) -> StepBatch:
         """The sessions' step inputs as one engine batch, tokens flattened session-major."""

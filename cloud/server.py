@@ -126,7 +126,7 @@ def build_runtime(
         cost = load_or_calibrate(target, engine, settings.resolved_profile_path(target.model_id),
                                  recalibrate=settings.recalibrate, progress=progress)
     info = server_info_for(target, cost, settings, engine)
-    return VerifierRuntime(
+    runtime = VerifierRuntime(
         settings=settings,
         target=target,
         scheduler=Scheduler(engine, text_vocab_size=target.text_vocab_size),
@@ -134,6 +134,10 @@ def build_runtime(
                                  per_principal=settings.per_principal_cap),
         info=info,
     )
+    if settings.verify_width == "auto":
+        runtime.scheduler.verify_cost = cost
+        runtime.scheduler.alpha_prior = lambda: runtime.acceptance.value
+    return runtime
 
 
 @dataclass

@@ -21,6 +21,7 @@ from eventspec.cloud.decoding import DecodingSession
 from eventspec.cloud.scheduler import Scheduler
 from eventspec.cloud.tickets import Failure
 from eventspec.shared.contract.errors import ResourceExhausted
+from eventspec.shared.contract.timing import CloudCost
 from eventspec.shared.contract.types import DraftTail, FinishReason, GenerationSettings
 from tests.support.fake_engine import EOS, TEXT_VOCAB, FakeEngine, target_only
 from tests.support.waiting import until
@@ -51,9 +52,21 @@ requests = st.builds(
 )
 
 
-async def drive(reqs: Sequence[Req], num_slots: int, yields: Sequence[int]) -> None:
+#: ``--verify-width auto`` cost models: verifying a draft nearly free, dear, or dearer
+#: than any draft can repay (then each session verifies one draft a step).
+WIDTH_COSTS = {
+    "all": None,
+    "cheap": CloudCost(50.0, 0.1, 0.1, 5.0, 0.01, step_ms_per_session=0.5),
+    "dear": CloudCost(50.0, 0.1, 0.1, 5.0, 2.0, step_ms_per_session=0.5),
+    "prohibitive": CloudCost(50.0, 0.1, 0.1, 1.0, 50.0),
+}
+
+
+async def drive(reqs: Sequence[Req], num_slots: int, yields: Sequence[int],
+                width: str = "all") -> None:
     engine = FakeEngine(num_slots)
     sched = Scheduler(engine, text_vocab_size=TEXT_VOCAB)
+    sched.verify_cost = WIDTH_COSTS[width]
     sched.start()
 
     async def one(i: int, req: Req) -> None:
@@ -123,8 +136,11 @@ async def drive(reqs: Sequence[Req], num_slots: int, yields: Sequence[int]) -> N
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(reqs=st.lists(requests, min_size=1, max_size=8), num_slots=st.integers(1, 8),
-       yields=st.lists(st.integers(0, 5), min_size=1, max_size=8))
+       yields=st.lists(st.integers(0, 5), min_size=1, max_size=8),
+       width=st.sampled_from(sorted(WIDTH_COSTS)))
 def test_every_interleaving_is_lossless_and_returns_every_slot(
-    reqs: list[Req], num_slots: int, yields: list[int]
+    reqs: list[Req], num_slots: int, yields: list[int], width: str
 ) -> None:
-    asyncio.run(drive(reqs, num_slots, yields))
+    """With every valid draft verified, or with ``--verify-width auto`` trimming them
+    under cost models from free to prohibitive: the answers are target-only's."""
+    asyncio.run(drive(reqs, num_slots, yields, width))
