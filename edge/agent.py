@@ -150,12 +150,12 @@ class EdgeAgent:
             if draft.device.type == "cuda":
                 torch.cuda.synchronize(draft.device)
 
-        def measure(rounds: int) -> EdgeMeasurement:
+        def measure(rounds: int, warmup: int = 0) -> EdgeMeasurement:
             return measure_drafting(self.draft_backend, pixels, eos_token_id=draft.eos_token_id,
-                                    rounds=rounds, vision=vision, sync=sync)
+                                    rounds=rounds, vision=vision, sync=sync, warmup=warmup)
 
-        # Twice: the first round pays one-off costs (allocations, lazy init, tuning).
-        check = (await self.worker.run(partial(measure, 2)))
+        # One round after one uncounted (it pays the one-off costs) is the spot check.
+        check = await self.worker.run(partial(measure, 1, 1))
         key = profile_key(draft.device, draft.dtype, draft_engine_name(self.draft_backend),
                           draft.vision.name)
         saved = None

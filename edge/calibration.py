@@ -56,12 +56,15 @@ class EdgeMeasurement:
 
 def measure_drafting(
     backend: DraftBackend, pixels: torch.Tensor, *, eos_token_id: int, rounds: int,
-    vision: Callable[[torch.Tensor], object], sync: Callable[[], None],
+    vision: Callable[[torch.Tensor], object], sync: Callable[[], None], warmup: int = 0,
 ) -> EdgeMeasurement:
-    """``rounds`` rounds of: the vision path alone, then a prefill and up to
-    ``ROUND_TOKENS`` greedy drafts. Model work: run it on the edge's model thread."""
+    """``warmup`` rounds not counted (they pay one-off costs: allocations, lazy init,
+    kernel tuning), then ``rounds`` rounds of: the vision path alone, then a prefill and
+    up to ``ROUND_TOKENS`` greedy drafts. Model work: run it on the edge's model thread."""
     samples: dict[str, list[float]] = {"vision_ms": [], "prefill_ms": [], "ms_per_token": []}
-    for _ in range(rounds):
+    for i in range(warmup + rounds):
+        if i == warmup:
+            samples = {key: [] for key in samples}
         sync()
         t0 = time.perf_counter()
         vision(pixels)

@@ -6,11 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from eventspec.demoworld.tiny_draft import build_tiny_random_draft
 from eventspec.edge import agent as agent_module
 from eventspec.edge.agent import EdgeAgent
-from eventspec.edge.calibration import MEASURE_ROUNDS, EdgeMeasurement, agrees
+from eventspec.edge.calibration import MEASURE_ROUNDS, EdgeMeasurement, agrees, measure_drafting
 from eventspec.edge.config import EdgeSettings
 from eventspec.edge.events.toy import ToySource
 from eventspec.edge.static_draft import draft_backend_for
@@ -100,3 +101,13 @@ def test_the_default_profile_file_differs_per_drafter_and_quantisation(
     assert all(p.parent == tmp_path / "eventspec" and "/" not in p.name for p in paths)
     explicit = EdgeSettings(profile_path=tmp_path / "mine.msgpack")
     assert explicit.resolved_profile_path("m") == tmp_path / "mine.msgpack"
+
+
+def test_warm_up_rounds_are_run_but_not_counted() -> None:
+    draft = build_tiny_random_draft(seed=0)
+    calls: list[int] = []
+    pixels = torch.zeros(5, 3, draft.image_size, draft.image_size)
+    m = measure_drafting(draft, pixels, eos_token_id=draft.eos_token_id, rounds=3, warmup=2,
+                         vision=lambda px: calls.append(1), sync=lambda: None)
+    assert len(calls) == 5
+    assert all(len(v) == 3 for v in m.samples.values())
