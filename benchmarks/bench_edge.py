@@ -228,7 +228,8 @@ def main() -> int:
         max_seq = 2560
     dev = draft.device
     result: dict[str, Any] = {
-        "command": "python -m benchmarks.bench_edge" + (" --tiny" if args.tiny else ""),
+        "command": "python -m benchmarks.bench_edge" + (" --tiny" if args.tiny else "")
+                   + (" --no-vision" if args.no_vision else ""),
         "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
         "torch": torch.__version__, "transformers": __import__("transformers").__version__,
         "dtype": str(draft.dtype), "draft_model": draft.model_id, "target_model": target.model_id,
