@@ -77,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto: each step verifies, per session, the drafts that maximise the "
              "batch's expected tokens per ms under the cost model and the measured "
              "acceptance; all: every valid draft up to --max-verify-tokens")
+    arg("--kv-queue", type=int, default=env.kv_queue,
+        help="requests that may wait, first come first served, for a KV slot when all "
+             "are taken (0: refuse at once with RESOURCE_EXHAUSTED)")
+    arg("--kv-wait-s", type=float, default=env.kv_wait_s,
+        help="the longest a request waits in that queue; its own deadline may end the "
+             "wait sooner (RESOURCE_EXHAUSTED then says so)")
     arg("--profile", type=Path, default=env.profile_path,
         help="calibration profile file: reused at the next start when it matches the "
              "model and device, which skips calibration (default: "
@@ -136,6 +142,8 @@ def settings_from_args(args: argparse.Namespace) -> CloudSettings:
         engine=args.engine,
         max_verify_tokens=args.max_verify_tokens,
         verify_width=args.verify_width,
+        kv_queue=args.kv_queue,
+        kv_wait_s=args.kv_wait_s,
         profile_path=args.profile,
         recalibrate=args.recalibrate,
         emulate_prefill_ms=args.emulate_prefill_ms,

@@ -68,6 +68,10 @@ class CloudSettings:
     #: expected tokens per ms under the cost model (eventspec.shared.contract.verify_width);
     #: "all": every valid draft up to --max-verify-tokens.
     verify_width: str = "auto"
+    #: Requests that may wait for a KV slot when all are taken (FIFO); 0 refuses at once.
+    kv_queue: int = 64
+    #: The longest a request waits in that queue (its own deadline may be sooner).
+    kv_wait_s: float = 30.0
     #: Sessions older than this are released by the sweeper (a leak guard).
     session_ttl_s: float = 600.0
     #: How long a Generate call may take to send its Open (``eventspec.cloud.timeouts``).
@@ -124,6 +128,8 @@ class CloudSettings:
             engine=e.text("ENGINE", d.engine),
             max_verify_tokens=e.integer("MAX_VERIFY_TOKENS", d.max_verify_tokens),
             verify_width=e.text("VERIFY_WIDTH", d.verify_width),
+            kv_queue=e.integer("KV_QUEUE", d.kv_queue),
+            kv_wait_s=e.number("KV_WAIT_S", d.kv_wait_s),
             session_ttl_s=e.number("SESSION_TTL_S", d.session_ttl_s),
             first_message_timeout_s=e.number("FIRST_MESSAGE_TIMEOUT_S",
                                              d.first_message_timeout_s),
@@ -171,6 +177,8 @@ class CloudSettings:
         require_int("--max-verify-tokens", self.max_verify_tokens, 1,
                     lim.max_draft_tokens + 1, "the drafts cap plus one")
         require_choice("--verify-width", self.verify_width, VERIFY_WIDTHS)
+        require_int("--kv-queue", self.kv_queue, 0, 100_000, "0 refuses at once")
+        require_seconds("--kv-wait-s", self.kv_wait_s, zero_ok=True)
         for flag, seconds in (("--session-ttl-s", self.session_ttl_s),
                               ("--first-message-timeout-s", self.first_message_timeout_s),
                               ("--features-base-timeout-s", self.features_base_timeout_s),

@@ -174,7 +174,15 @@ async def _admit(
     if probe is not None:
         probe.stage = "kv"
     try:
-        ticket = sched.admit(open_req.request_id, make_session)  # a KV slot
+        if rt.kv_queue is None:
+            ticket = sched.admit(open_req.request_id, make_session)  # a KV slot
+        else:  # a KV slot, waiting in line while none is free
+            wait_s = rt.settings.kv_wait_s
+            if open_req.deadline_ms > 0:
+                wait_s = min(wait_s, open_req.deadline_ms / 1000)
+            ticket = await rt.kv_queue.admit(
+                lambda: sched.admit(open_req.request_id, make_session), wait_s=wait_s,
+                full_message=sched.pool.full_message)
     except BaseException:
         await rt.registry.close(key)
         raise

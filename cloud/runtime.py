@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from eventspec.cloud.config import CloudSettings
 from eventspec.cloud.engine.base import BatchedEngine
+from eventspec.cloud.kv_queue import KvWaitQueue
 from eventspec.cloud.scheduler import Scheduler
 from eventspec.cloud.sessions import SessionRegistry
 from eventspec.cloud.target import TargetModel
@@ -39,6 +40,8 @@ class VerifierRuntime:
     registry: SessionRegistry
     info: ServerInfo
     acceptance: AcceptanceEstimator = field(default_factory=lambda: AcceptanceEstimator(prior=0.5))
+    #: Requests waiting for a KV slot (``--kv-queue``); None: refused at once.
+    kv_queue: KvWaitQueue | None = None
     requests_served: int = 0
     #: Prometheus metrics (``--metrics-port``); None: nothing is recorded.
     metrics: CloudMetrics | None = None

@@ -21,6 +21,7 @@ from eventspec.cloud.engine.kv import kv_bytes_per_token, plan_kv
 from eventspec.cloud.engine.paced import PacedEngine
 from eventspec.cloud.engine.static.build import SCRATCH_SLOTS, build_static_engine
 from eventspec.cloud.engine.static.weights import static_unsupported_reason
+from eventspec.cloud.kv_queue import KvWaitQueue
 from eventspec.cloud.model_dirs import model_dir
 from eventspec.cloud.runtime import VerifierRuntime, server_info_for
 from eventspec.cloud.scheduler import Scheduler
@@ -137,6 +138,10 @@ def build_runtime(
     if settings.verify_width == "auto":
         runtime.scheduler.verify_cost = cost
         runtime.scheduler.alpha_prior = lambda: runtime.acceptance.value
+    if settings.kv_queue > 0:
+        pool = runtime.scheduler.pool
+        runtime.kv_queue = KvWaitQueue(settings.kv_queue, lambda: pool.free)
+        pool.on_release = runtime.kv_queue.wake_from_thread
     return runtime
 
 

@@ -14,6 +14,7 @@ import asyncio
 import collections
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -66,19 +67,23 @@ class SlotPool:
         self.max_seq_len = max_seq_len
         self._free = collections.deque(range(num_slots))
         self._lock = threading.Lock()
+        #: Called (on the releasing thread) after a slot is given back: wakes the
+        #: requests waiting for one (``eventspec.cloud.kv_queue``).
+        self.on_release: Callable[[], None] | None = None
 
     @property
     def free(self) -> int:
         return len(self._free)
 
+    @property
+    def full_message(self) -> str:
+        return (f"all {self.num_slots} KV slots are in use ({self.num_slots} slots x "
+                f"{self.max_seq_len} tokens, GetServerInfo.limits.kv_slots)")
+
     def acquire(self) -> int:
         with self._lock:
             if not self._free:
-                raise ResourceExhausted(
-                    f"all {self.num_slots} KV slots are in use ({self.num_slots} slots x "
-                    f"{self.max_seq_len} tokens, GetServerInfo.limits.kv_slots); retry later "
-                    "or raise --kv-cache-gb"
-                )
+                raise ResourceExhausted(f"{self.full_message}; retry later or raise --kv-cache-gb")
             return self._free.popleft()
 
     def release(self, slot: int) -> None:
@@ -86,6 +91,8 @@ class SlotPool:
             if slot in self._free:
                 raise RuntimeError(f"KV slot {slot} released twice")
             self._free.append(slot)
+        if self.on_release is not None:
+            self.on_release()
 
 
 class Outbox:

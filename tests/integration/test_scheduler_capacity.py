@@ -1,5 +1,7 @@
 """KV capacity over real gRPC: N slots admit N requests, the next one is refused with
-RESOURCE_EXHAUSTED saying what is full, and every way a request ends gives its slot back."""
+RESOURCE_EXHAUSTED saying what is full (with the wait queue off, ``--kv-queue 0``; the
+queue has its own tests in ``test_kv_queue.py``), and every way a request ends gives its
+slot back."""
 
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ Q = "What is moving?"
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def server() -> AsyncIterator[VerifierServer]:
-    srv = await h.start_verifier(max_sessions=8, kv_cache_gb=KV_GB, input_timeout_s=3.0)
+    srv = await h.start_verifier(max_sessions=8, kv_cache_gb=KV_GB, input_timeout_s=3.0,
+                                 kv_queue=0)
     yield srv
     await srv.stop(0)
 

@@ -59,7 +59,8 @@ TEST_COST = CloudCost(
 
 
 def settings(*, input_timeout_s: float = 5.0, session_ttl_s: float = 600.0,
-             kv_cache_gb: float | None = None, **limits: int) -> CloudSettings:
+             kv_cache_gb: float | None = None, kv_queue: int = 64, kv_wait_s: float = 30.0,
+             **limits: int) -> CloudSettings:
     """In-process test settings: port 0, a short grace; pass ``cost=TEST_COST`` (or the
     cost of the engine you inject) to the ``VerifierServer``, or it calibrates."""
     return replace(
@@ -70,6 +71,8 @@ def settings(*, input_timeout_s: float = 5.0, session_ttl_s: float = 600.0,
         input_timeout_s=input_timeout_s,
         session_ttl_s=session_ttl_s,
         grace_s=0.5,
+        kv_queue=kv_queue,
+        kv_wait_s=kv_wait_s,
     )
 
 
@@ -79,11 +82,13 @@ async def start_verifier(
     input_timeout_s: float = 5.0,
     session_ttl_s: float = 600.0,
     kv_cache_gb: float | None = None,
+    kv_queue: int = 64,
+    kv_wait_s: float = 30.0,
     **limits: int,
 ) -> VerifierServer:
     server = VerifierServer(
         settings(input_timeout_s=input_timeout_s, session_ttl_s=session_ttl_s,
-                 kv_cache_gb=kv_cache_gb, **limits),
+                 kv_cache_gb=kv_cache_gb, kv_queue=kv_queue, kv_wait_s=kv_wait_s, **limits),
         target=target or build_tiny_random_target(seed=0),
         cost=TEST_COST,
     )

@@ -58,6 +58,8 @@ CLOUD: dict[str, Case] = {
     "engine": ("--engine", "hf", "hf"),
     "max_verify_tokens": ("--max-verify-tokens", "9", 9),
     "verify_width": ("--verify-width", "all", "all"),
+    "kv_queue": ("--kv-queue", "0", 0),
+    "kv_wait_s": ("--kv-wait-s", "2.5", 2.5),
     "session_ttl_s": ("--session-ttl-s", "120", 120.0),
     "first_message_timeout_s": ("--first-message-timeout-s", "2.5", 2.5),
     "features_base_timeout_s": ("--features-base-timeout-s", "1.5", 1.5),
