@@ -61,8 +61,11 @@ proto: $(STAMP)
 proto-check: $(STAMP)
 	$(PY) tools/gen_protos.py --check
 
+# Speculative vs target-only in one process, then the end-to-end rehearsal (real
+# processes, delay proxies, the oracle drafter: a few minutes on 2 cores).
 bench: $(STAMP)
 	$(PY) -m benchmarks.bench_speculation
+	$(PY) -m benchmarks.bench_e2e
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -99,10 +99,25 @@ def build_parser() -> argparse.ArgumentParser:
              "regardless, e.g. to measure acceptance")
     arg("--draft-engine", choices=list(DRAFT_ENGINES), default=env.draft_engine,
         help="static: EventGPT's LLM on the static-KV runtime (one KV slot, CUDA graphs); "
-             "hf: the HF eager reference; auto: static on CUDA, hf on CPU")
+             "hf: the HF eager reference; auto: static on CUDA, hf on CPU; oracle: "
+             "BENCHMARKS ONLY, drafts the --oracle-answers with --oracle-alpha")
     arg("--draft-quant", choices=list(DRAFT_QUANTS), default=env.draft_quant,
         help="the static drafter's decoder weights: none (the model dtype), int8 (per "
              "output channel) or int4 (groups of 128 inputs at 7B); weight-only")
+    arg("--oracle-answers", type=Path, default=env.oracle_answers,
+        help="--draft-engine oracle (benchmarks only): JSON object, question -> the "
+             "target-only answer's token ids; a question it lacks drafts arbitrary ids "
+             "(logged)")
+    arg("--oracle-alpha", type=float, default=env.oracle_alpha,
+        help="the oracle's chance that each draft is the answer's token, 0..1")
+    arg("--oracle-ms-per-token", type=float, default=env.oracle_ms_per_token,
+        help="the oracle's pace: ms per draft forward (default: the static bf16 drafter "
+             "on an H200; int8 3.39, int4 2.96)")
+    arg("--oracle-prefill-ms", type=float, default=env.oracle_prefill_ms,
+        help="the oracle's prefill pace, ms (default: the static bf16 drafter's 737-token "
+             "prefill on an H200)")
+    arg("--oracle-seed", type=int, default=env.oracle_seed,
+        help="seed of the oracle's right/wrong draws (per question and position)")
     arg("--profile", type=Path, default=env.profile_path,
         help="calibration profile file (vision, prefill and per-token draft costs of "
              "this drafter): reused at the next start when a warm-up agrees with it "
@@ -179,6 +194,11 @@ def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
         speculation=args.speculation,
         draft_engine=args.draft_engine,
         draft_quant=args.draft_quant,
+        oracle_answers=args.oracle_answers,
+        oracle_alpha=args.oracle_alpha,
+        oracle_ms_per_token=args.oracle_ms_per_token,
+        oracle_prefill_ms=args.oracle_prefill_ms,
+        oracle_seed=args.oracle_seed,
         profile_path=args.profile,
         recalibrate=args.recalibrate,
         vision_backend=args.vision_backend,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +25,9 @@ __all__ = ["ENV_PREFIX", "EdgeSettings", "SettingsError", "check_cloud_address"]
 ENV_PREFIX = "EVENTSPEC_EDGE_"
 #: ``--speculation`` modes.
 SPECULATION_MODES = ("auto", "always")
-#: ``--draft-engine`` choices: the static-KV runtime, the HF reference, or static on CUDA.
-DRAFT_ENGINES = ("auto", "static", "hf")
+#: ``--draft-engine`` choices: the static-KV runtime, the HF reference, static on CUDA,
+#: or the oracle (benchmarks only: ``eventspec.edge.oracle_draft``).
+DRAFT_ENGINES = ("auto", "static", "hf", "oracle")
 #: ``--draft-quant`` choices: the drafter's decoder weights in the model dtype, int8
 #: (per channel) or int4 (grouped, 128 at 7B).
 DRAFT_QUANTS = ("none", "int8", "int4")
@@ -86,6 +88,15 @@ class EdgeSettings:
     #: per output channel) or "int4" (groups of 128 inputs at 7B); weight-only, the
     #: activations stay in the model dtype.
     draft_quant: str = "none"
+    #: ``--draft-engine oracle`` (benchmarks only): JSON question -> the target-only
+    #: answer's token ids, which the oracle drafts, each wrong with probability
+    #: 1 - ``oracle_alpha``, at ``oracle_ms_per_token`` per forward after a prefill of
+    #: ``oracle_prefill_ms`` (defaults: the static bf16 drafter measured on an H200).
+    oracle_answers: Path | None = None
+    oracle_alpha: float = 0.8
+    oracle_ms_per_token: float = 4.68
+    oracle_prefill_ms: float = 36.1
+    oracle_seed: int = 0
     #: The edge's calibration profile (vision, prefill and per-token draft costs for
     #: this drafter): reused at the next start after a spot check; None: the default
     #: file under ~/.cache/eventspec (``resolved_profile_path``).
@@ -142,6 +153,11 @@ class EdgeSettings:
             speculation=e.text("SPECULATION", d.speculation),
             draft_engine=e.text("DRAFT_ENGINE", d.draft_engine),
             draft_quant=e.text("DRAFT_QUANT", d.draft_quant),
+            oracle_answers=e.path("ORACLE_ANSWERS"),
+            oracle_alpha=e.number("ORACLE_ALPHA", d.oracle_alpha),
+            oracle_ms_per_token=e.number("ORACLE_MS_PER_TOKEN", d.oracle_ms_per_token),
+            oracle_prefill_ms=e.number("ORACLE_PREFILL_MS", d.oracle_prefill_ms),
+            oracle_seed=e.integer("ORACLE_SEED", d.oracle_seed),
             profile_path=e.path("PROFILE"),
             recalibrate=e.switch("RECALIBRATE", d.recalibrate),
             vision_backend=e.text("VISION_BACKEND", d.vision_backend),
@@ -184,6 +200,7 @@ class EdgeSettings:
                 f"--draft-quant {self.draft_quant} needs the static drafter, not "
                 "--draft-engine hf"
             )
+        self._check_oracle()
         require_choice("--vision-backend", self.vision_backend, VISION_BACKENDS)
         require_seconds("--request-timeout", self.request_timeout_s, zero_ok=False)
         require_seconds("--rpc-timeout-s", self.rpc_timeout_s, zero_ok=False)
@@ -199,6 +216,23 @@ class EdgeSettings:
                     MAX_MESSAGE_BYTES)
         if self.cloud is not None:
             check_cloud_address(self.cloud)
+
+
+    def _check_oracle(self) -> None:
+        """The oracle's flags (ignored by the other engines): its answers file with it."""
+        if self.draft_engine == "oracle":
+            if self.oracle_answers is None:
+                raise SettingsError("--draft-engine oracle needs --oracle-answers FILE (JSON: "
+                                    "question -> the target-only answer's token ids)")
+            if self.draft_quant != "none":
+                raise SettingsError(f"--draft-quant {self.draft_quant} does not apply to "
+                                    "--draft-engine oracle (give --oracle-ms-per-token)")
+        require_fraction("--oracle-alpha", self.oracle_alpha, zero_ok=True)
+        for flag, ms in (("--oracle-ms-per-token", self.oracle_ms_per_token),
+                         ("--oracle-prefill-ms", self.oracle_prefill_ms)):
+            if not (math.isfinite(ms) and ms >= 0):
+                raise SettingsError(f"{flag} must be >= 0 ms, got {ms:g}")
+        require_int("--oracle-seed", self.oracle_seed, 0, SEED_MAX)
 
 
 def _env_sensor_size(e: Env) -> tuple[int, int] | None:

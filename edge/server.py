@@ -20,9 +20,16 @@ from eventspec.edge.cloud_link import CloudLink
 from eventspec.edge.config import EdgeSettings
 from eventspec.edge.draft import DraftModel
 from eventspec.edge.draft_checkpoint import load_draft
+from eventspec.edge.drafter import DraftBackend
 from eventspec.edge.events.base import EventSource
 from eventspec.edge.events.sources import open_source
 from eventspec.edge.model_dirs import TOY, adapter_dir, draft_dir
+from eventspec.edge.oracle_draft import (
+    OracleDraftBackend,
+    OracleSettings,
+    load_answers,
+    oracle_backend,
+)
 from eventspec.edge.readiness import CloudState, CloudView, Readiness
 from eventspec.edge.servicer import EdgeAgentServicer
 from eventspec.edge.static_draft import draft_backend_for, draft_engine_name
@@ -55,6 +62,18 @@ def load_draft_for(settings: EdgeSettings) -> DraftModel:
 
     dtype = getattr(torch, MODEL_DTYPES[settings.dtype])
     return load_draft(draft_dir(settings.model), device=settings.device, dtype=dtype)
+
+
+def oracle_for(settings: EdgeSettings, draft: DraftModel) -> OracleDraftBackend:
+    """``--draft-engine oracle`` (benchmarks only): the answers file read, the oracle
+    drafting in the draft model's text vocabulary."""
+    assert settings.oracle_answers is not None  # EdgeSettings.check refuses otherwise
+    oracle = OracleSettings(
+        answers=load_answers(settings.oracle_answers), alpha=settings.oracle_alpha,
+        ms_per_token=settings.oracle_ms_per_token, prefill_ms=settings.oracle_prefill_ms,
+        seed=settings.oracle_seed)
+    return oracle_backend(oracle, text_vocab_size=draft.text_vocab_size,
+                          eos_token_id=draft.eos_token_id)
 
 
 def warn_on_vocab_mismatch(cloud: str, cloud_fingerprint: str, draft_fingerprint: str) -> bool:
@@ -177,11 +196,15 @@ class EdgeServer:
             CloudLink(s.cloud, max_message_bytes=s.max_message_bytes, security=s.cloud_security)
             if s.cloud else None
         )
-        if s.draft_engine != "hf":
-            readiness.set_edge_phase("building the static drafter" + (
-                f" ({s.draft_quant} weights)" if s.draft_quant != "none" else ""))
-        backend = await asyncio.to_thread(
-            draft_backend_for, s.draft_engine, draft, QuantMode.parse(s.draft_quant))
+        backend: DraftBackend
+        if s.draft_engine == "oracle":
+            backend = await asyncio.to_thread(oracle_for, s, draft)
+        else:
+            if s.draft_engine != "hf":
+                readiness.set_edge_phase("building the static drafter" + (
+                    f" ({s.draft_quant} weights)" if s.draft_quant != "none" else ""))
+            backend = await asyncio.to_thread(
+                draft_backend_for, s.draft_engine, draft, QuantMode.parse(s.draft_quant))
         self.agent = EdgeAgent(
             source=source,
             draft=draft,
@@ -207,7 +230,7 @@ class EdgeServer:
         self._servicer.attach(
             self.agent, draft_model_id=draft.model_id,
             adapter_id=str(s.adapter) if s.adapter else ("in-memory" if adapter else ""),
-            vision_backend=draft.vision.name,
+            vision_backend=draft.vision.name, draft_engine=draft_engine_name(backend),
         )
         if self._link is not None:
             await self._check_cloud(self._link, draft, first=True)

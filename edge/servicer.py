@@ -36,6 +36,7 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
         self.draft_model_id = ""
         self.adapter_id = ""
         self.vision_backend = ""
+        self.draft_engine = ""
         #: Prometheus metrics (``--metrics-port``); None: nothing is recorded.
         self.metrics: EdgeMetrics | None = None
         #: An OpenTelemetry tracer (``eventspec.shared.node.tracing``); None: tracing is off.
@@ -43,8 +44,9 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
         self._started = time.monotonic()
 
     def attach(self, agent: EdgeAgent, *, draft_model_id: str, adapter_id: str = "",
-               vision_backend: str = "") -> None:
+               vision_backend: str = "", draft_engine: str = "") -> None:
         self.agent = agent
+        self.draft_engine = draft_engine
         self.draft_model_id = draft_model_id
         self.adapter_id = adapter_id
         self.vision_backend = vision_backend
@@ -150,6 +152,7 @@ class EdgeAgentServicer(edge_pb2_grpc.EdgeAgentServicer):
             draft_model_id=self.draft_model_id,
             adapter_id=self.adapter_id,
             vision_backend=self.vision_backend,
+            draft_engine=self.draft_engine,
             link=link,
             requests_served=agent.requests_served,
             acceptance_ewma=agent.acceptance.value,

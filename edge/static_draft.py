@@ -25,6 +25,7 @@ import torch
 
 from eventspec.edge.draft import DraftModel
 from eventspec.edge.drafter import DraftBackend
+from eventspec.edge.oracle_draft import OracleDraftBackend
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.node.static.batch import StepBatch
 from eventspec.shared.node.static.quant import QuantMode, quantize_language_weights
@@ -187,7 +188,10 @@ def draft_backend_for(
 
 
 def draft_engine_name(backend: DraftBackend) -> str:
-    """"static", "static int8", "static int4" or "hf": what the edge reports and logs."""
+    """"static", "static int8", "static int4", "hf", or the oracle's label ("oracle
+    α=0.8, ... — benchmarks only"): what the edge reports and logs."""
+    if isinstance(backend, OracleDraftBackend):
+        return backend.name
     if not isinstance(backend, StaticDraftBackend):
         return "hf"
     return "static" if backend.quant is QuantMode.NONE else f"static {backend.quant.value}"

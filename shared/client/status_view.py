@@ -124,6 +124,7 @@ def _render_edge(address: str, m: edge_pb2.EdgeStatus) -> str:
         ("source", m.source + (f" ({m.source_format})" if m.source_format else "")),
         ("draft model", m.draft_model_id + (f", adapter {m.adapter_id}" if m.adapter_id
                                             else "")),
+        ("drafter", m.draft_engine or "?"),
         ("vision", m.vision_backend or "torch"),
         ("requests served", str(m.requests_served)),
         ("asks", f"{m.asks_in_flight} in flight, {m.asks_waiting} waiting"

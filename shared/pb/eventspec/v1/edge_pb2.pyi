@@ -456,6 +456,7 @@ class EdgeStatus(_message.Message):
     CLOUD_SLOTS_FIELD_NUMBER: _builtins.int
     UPTIME_S_FIELD_NUMBER: _builtins.int
     VISION_BACKEND_FIELD_NUMBER: _builtins.int
+    DRAFT_ENGINE_FIELD_NUMBER: _builtins.int
     source: _builtins.str
     """Source description, e.g. "dsec:/data/zurich_city_00_a"."""
     sensor_width: _builtins.int
@@ -499,6 +500,10 @@ class EdgeStatus(_message.Message):
     """What runs the edge's vision path (CLIP, projector, adaptor, adapter): "torch", or
     "onnx (CUDAExecutionProvider, fp16)" / "onnx (CPUExecutionProvider, fp32)".
     """
+    draft_engine: _builtins.str
+    """What drafts: "hf", "static", "static int8", "static int4", or the oracle's label
+    ("oracle α=0.8, 4.68 ms/token, prefill 36.1 ms — benchmarks only").
+    """
     @_builtins.property
     def link(self) -> Global___LinkStatus: ...
     @_builtins.property
@@ -530,10 +535,11 @@ class EdgeStatus(_message.Message):
         cloud_slots: _builtins.int = ...,
         uptime_s: _builtins.float = ...,
         vision_backend: _builtins.str = ...,
+        draft_engine: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["link", b"link", "live", b"live"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_ewma", b"acceptance_ewma", "adapter_id", b"adapter_id", "asks_in_flight", b"asks_in_flight", "asks_waiting", b"asks_waiting", "cloud_slots", b"cloud_slots", "draft_model_id", b"draft_model_id", "has_rgb", b"has_rgb", "link", b"link", "live", b"live", "not_serving_reason", b"not_serving_reason", "requests_served", b"requests_served", "sensor_height", b"sensor_height", "sensor_size_from", b"sensor_size_from", "sensor_width", b"sensor_width", "serving", b"serving", "source", b"source", "source_format", b"source_format", "source_t0_us", b"source_t0_us", "source_t1_us", b"source_t1_us", "time_base", b"time_base", "uptime_s", b"uptime_s", "vision_backend", b"vision_backend"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_ewma", b"acceptance_ewma", "adapter_id", b"adapter_id", "asks_in_flight", b"asks_in_flight", "asks_waiting", b"asks_waiting", "cloud_slots", b"cloud_slots", "draft_engine", b"draft_engine", "draft_model_id", b"draft_model_id", "has_rgb", b"has_rgb", "link", b"link", "live", b"live", "not_serving_reason", b"not_serving_reason", "requests_served", b"requests_served", "sensor_height", b"sensor_height", "sensor_size_from", b"sensor_size_from", "sensor_width", b"sensor_width", "serving", b"serving", "source", b"source", "source_format", b"source_format", "source_t0_us", b"source_t0_us", "source_t1_us", b"source_t1_us", "time_base", b"time_base", "uptime_s", b"uptime_s", "vision_backend", b"vision_backend"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,32 @@
+"""The end-to-end benchmark's CPU rehearsal at one tiny point: real cloud and edge
+processes, a delay proxy, the oracle drafter. Checks what it writes, never its speed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks import bench_e2e
+from eventspec.edge.oracle_draft import BENCHMARKS_ONLY
+
+
+def test_the_rehearsal_writes_identical_answers_and_the_oracle_label(tmp_path: Path) -> None:
+    out = tmp_path / "e2e.json"
+    code = bench_e2e.main([
+        "--alphas", "0.8", "--rtt-ms", "10", "--clients", "2", "--requests", "1",
+        "--cloud-prefill-ms", "100", "--cloud-step-ms", "20", "--max-new-tokens", "12",
+        "--trials", "32", "--no-plot", "--out", str(out)])
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert result["identical"] is True
+    assert BENCHMARKS_ONLY in result["label"] and BENCHMARKS_ONLY in result["draft_engine"]
+    assert result["draft_engine"].startswith("oracle α=0.8")
+    (point,) = result["points"]
+    assert (point["alpha"], point["rtt_ms"], point["clients"], point["requests"]) == (0.8, 10, 2, 2)
+    for key in ("speedup_p50", "speedup_p10", "share_slower_3pct", "tokens_per_step",
+                "acceptance", "predicted", "achieved_over_predicted", "model_inputs"):
+        assert key in point, key
+    assert point["predicted"]["speedup_p50"] > 0
+    assert point["model_inputs"]["rtt_ms"] == 10 and point["model_inputs"]["batch"] == 2
+    assert len(result["requests"]) == 2
+    assert all(r["spec_ids"] == r["target_ids"] for r in result["requests"])

@@ -1,0 +1,77 @@
+"""The oracle drafter through a real edge and a paced toy cloud: greedy speculative output
+is token-identical to target-only whatever the drafts (α = 0, 0.5, 1), and the edge
+reports the oracle's label."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from eventspec.cloud.engine.hf import HFEngine
+from eventspec.cloud.engine.paced import PacedEngine
+from eventspec.cloud.server import VerifierServer
+from eventspec.edge.config import EdgeSettings
+from eventspec.edge.events.toy import ToySource
+from eventspec.edge.oracle_draft import BENCHMARKS_ONLY
+from eventspec.edge.server import EdgeServer
+from eventspec.shared.client.edge_client import EdgeClient
+from eventspec.shared.contract.types import Mode
+from tests.support import cloud_harness as ch
+from tests.support.edge_harness import ask, slow_cost, toy_target
+
+QUESTIONS = ["Which way is the object moving?", "How many objects are there?",
+             "What shape is the object?"]
+MAX_NEW = 12
+
+
+async def test_speculation_with_the_oracle_is_lossless_at_any_alpha(tmp_path: Path) -> None:
+    target = toy_target()
+    engine = PacedEngine(HFEngine(target), prefill_ms=300, step_ms=30)
+    cloud = VerifierServer(ch.settings(max_sessions=4), target=target, engine=engine,
+                           cost=slow_cost(0.3, 0.03))
+    await cloud.start()
+    base = replace(EdgeSettings(), cloud=f"127.0.0.1:{cloud.port}", port=0, model="toy",
+                   speculation="always", profile_path=tmp_path / "edge.msgpack")
+    answers = tmp_path / "answers.json"
+    answers.write_text("{}")
+    edges: list[EdgeServer] = []
+    try:
+        # The target-only answers, asked through an oracle edge that knows none yet
+        # (target_only drafts nothing), as the benchmark precomputes them.
+        first = EdgeServer(replace(base, draft_engine="oracle", oracle_answers=answers),
+                           source=ToySource([0]))
+        edges.append(first)
+        await first.start()
+        address = f"127.0.0.1:{first.port}"
+        truth = {q: await ask(address, q, Mode.TARGET_ONLY, max_new=MAX_NEW)
+                 for q in QUESTIONS}
+        answers.write_text(json.dumps({q: list(f.token_ids) for q, f in truth.items()}))
+        for alpha in (0.0, 0.5, 1.0):
+            edge = EdgeServer(replace(base, draft_engine="oracle", oracle_answers=answers,
+                                      oracle_alpha=alpha, oracle_ms_per_token=2.0,
+                                      oracle_prefill_ms=20.0),
+                              source=ToySource([0]))
+            edges.append(edge)
+            await edge.start()
+            address = f"127.0.0.1:{edge.port}"
+            async with EdgeClient(address, timeout_s=30) as client:
+                status = await client.status()
+            assert status.draft_engine.startswith(f"oracle α={alpha:g}"), status.draft_engine
+            assert BENCHMARKS_ONLY in status.draft_engine
+            drafted = accepted = 0
+            for q in QUESTIONS:
+                spec = await ask(address, q, Mode.SPECULATIVE, max_new=MAX_NEW)
+                assert spec.token_ids == truth[q].token_ids, (alpha, q, spec.stats)
+                assert spec.answer == truth[q].answer
+                drafted += spec.stats.drafted
+                accepted += spec.stats.accepted
+            assert drafted > 0, alpha
+            if alpha == 0.0:
+                assert accepted == 0
+            if alpha == 1.0:
+                assert accepted == drafted, (accepted, drafted)
+    finally:
+        for edge in edges:
+            await edge.stop(0)
+        await cloud.stop(0)
