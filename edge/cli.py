@@ -118,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
              "prefill on an H200)")
     arg("--oracle-seed", type=int, default=env.oracle_seed,
         help="seed of the oracle's right/wrong draws (per question and position)")
+    arg("--draft-slots", type=int, default=env.draft_slots,
+        help="KV slots of the static drafter, one per request drafting at once; more "
+             "requests take turns, rebuilding an evicted slot (a full-size slot of 2,048 "
+             "positions is about 1 GiB in bf16)")
     arg("--profile", type=Path, default=env.profile_path,
         help="calibration profile file (vision, prefill and per-token draft costs of "
              "this drafter): reused at the next start when a warm-up agrees with it "
@@ -194,6 +198,7 @@ def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
         speculation=args.speculation,
         draft_engine=args.draft_engine,
         draft_quant=args.draft_quant,
+        draft_slots=args.draft_slots,
         oracle_answers=args.oracle_answers,
         oracle_alpha=args.oracle_alpha,
         oracle_ms_per_token=args.oracle_ms_per_token,

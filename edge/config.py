@@ -88,6 +88,9 @@ class EdgeSettings:
     #: per output channel) or "int4" (groups of 128 inputs at 7B); weight-only, the
     #: activations stay in the model dtype.
     draft_quant: str = "none"
+    #: KV slots of the static drafter: requests drafting at once beyond this take turns
+    #: (the least recently used slot is rebuilt from its request's prompt and tokens).
+    draft_slots: int = 2
     #: ``--draft-engine oracle`` (benchmarks only): JSON question -> the target-only
     #: answer's token ids, which the oracle drafts, each wrong with probability
     #: 1 - ``oracle_alpha``, at ``oracle_ms_per_token`` per forward after a prefill of
@@ -153,6 +156,7 @@ class EdgeSettings:
             speculation=e.text("SPECULATION", d.speculation),
             draft_engine=e.text("DRAFT_ENGINE", d.draft_engine),
             draft_quant=e.text("DRAFT_QUANT", d.draft_quant),
+            draft_slots=e.integer("DRAFT_SLOTS", d.draft_slots),
             oracle_answers=e.path("ORACLE_ANSWERS"),
             oracle_alpha=e.number("ORACLE_ALPHA", d.oracle_alpha),
             oracle_ms_per_token=e.number("ORACLE_MS_PER_TOKEN", d.oracle_ms_per_token),
@@ -195,6 +199,7 @@ class EdgeSettings:
         require_choice("--speculation", self.speculation, SPECULATION_MODES)
         require_choice("--draft-engine", self.draft_engine, DRAFT_ENGINES)
         require_choice("--draft-quant", self.draft_quant, DRAFT_QUANTS)
+        require_int("--draft-slots", self.draft_slots, 1, 1024)
         if self.draft_quant != "none" and self.draft_engine == "hf":
             raise SettingsError(
                 f"--draft-quant {self.draft_quant} needs the static drafter, not "

@@ -204,7 +204,8 @@ class EdgeServer:
                 readiness.set_edge_phase("building the static drafter" + (
                     f" ({s.draft_quant} weights)" if s.draft_quant != "none" else ""))
             backend = await asyncio.to_thread(
-                draft_backend_for, s.draft_engine, draft, QuantMode.parse(s.draft_quant))
+                draft_backend_for, s.draft_engine, draft, QuantMode.parse(s.draft_quant),
+                s.draft_slots)
         self.agent = EdgeAgent(
             source=source,
             draft=draft,

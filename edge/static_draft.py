@@ -18,7 +18,7 @@ reference drafts (fp32; rollbacks and refeeds included).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -39,17 +39,24 @@ from eventspec.shared.node.static.weights import (
 #: Draft steps the graphs are captured for: one token (drafting), and the refeeds a
 #: Commit causes (the committed tokens the draft cache has not seen).
 DRAFT_TOKEN_BUCKETS = (1, 2, 4, 8, 16)
-#: The one KV slot a drafter serves (the runtime adds its scratch slot).
-SLOT = 0
+#: KV slots a drafter keeps by default: one per request drafting at once; more requests
+#: than slots take turns (the least recently used is evicted and rebuilt on its next
+#: step). A full-size EventGPT slot of 2,048 positions holds about 1 GiB in bf16.
+DRAFT_SLOTS = 2
 
 
-@dataclass
+@dataclass(eq=False)
 class StaticDraftState:
-    """One request's draft: the slot holds ``length`` positions, ``prompt_len`` of them
-    the prompt with its spliced event tokens (never rolled back into)."""
+    """One request's draft: ``slot`` holds ``length`` positions (while this state owns
+    it), ``prompt_len`` of them the prompt with its spliced event tokens (never rolled
+    back into). ``embeds`` and ``tokens`` (those fed after the prompt) are what rebuild
+    the slot's KV if another request took it meanwhile."""
 
     length: int
     prompt_len: int
+    slot: int = 0
+    embeds: torch.Tensor | None = None  # [prompt_len, H]
+    tokens: list[int] = field(default_factory=list)
 
 
 def static_draft_unsupported_reason(draft: DraftModel) -> str | None:
@@ -61,8 +68,11 @@ def static_draft_unsupported_reason(draft: DraftModel) -> str | None:
 class StaticDraftBackend:
     """``DraftBackend`` (:mod:`eventspec.edge.drafter`) on a one-slot static runtime.
 
-    One request at a time, like the edge's model thread: a new prefill overwrites the
-    slot. ``max_seq_len`` defaults to the draft model's trained positions. ``quant``
+    Each request drafting at once owns one of ``num_slots`` KV slots. With more requests
+    than slots, a prefill (or a step of a request whose slot was taken) evicts the least
+    recently used owner; the evicted request's KV is rebuilt from its prompt embeddings
+    and fed tokens on its next step, so drafts never read another request's cache.
+    ``max_seq_len`` defaults to the draft model's trained positions. ``quant``
     stores the decoder layers' weights in int8 or int4 (:mod:`eventspec.shared.node.static.quant`);
     the dense weights stay with the HF model unless :meth:`release_dense_weights` is
     called. ``keep_quant_values`` keeps int4's unpacked codes (for reference checks).
@@ -72,6 +82,7 @@ class StaticDraftBackend:
         self, draft: DraftModel, *, max_seq_len: int | None = None, use_graphs: bool = True,
         compile_layers: bool = False, token_buckets: Sequence[int] = DRAFT_TOKEN_BUCKETS,
         quant: QuantMode = QuantMode.NONE, keep_quant_values: bool = False,
+        num_slots: int = DRAFT_SLOTS,
     ) -> None:
         reason = static_draft_unsupported_reason(draft)
         if reason is not None:
@@ -90,11 +101,18 @@ class StaticDraftBackend:
         weights = quantize_language_weights(
             fuse_llama_weights(model.model, model.lm_head), quant, keep_values=keep_quant_values
         )
+        if num_slots < 1:
+            raise InvalidInput(f"the static drafter needs at least one KV slot, got {num_slots}")
         self.runtime = StaticRuntime(
-            weights, cos, sin, num_slots=1,
+            weights, cos, sin, num_slots=num_slots,
             max_seq_len=positions, use_graphs=use_graphs, compile_layers=compile_layers,
             session_buckets=(1,), token_buckets=token_buckets,
         )
+        self._owners: list[StaticDraftState | None] = [None] * num_slots
+        self._last_use = [0] * num_slots
+        self._uses = 0
+        #: Slots rebuilt because another request had taken them (thrash, when high).
+        self.rebuilds = 0
 
     def warm_up(self) -> dict[str, float]:
         """Capture the step graphs (CUDA); nothing to do on CPU."""
@@ -122,9 +140,10 @@ class StaticDraftBackend:
         ids = d.build_prompt_ids(question)
         events = d.event_tokens(clip_features)  # [E, H], through d.vision
         embeds = d.model.embed_with_events(ids, events)[0]  # [L', H]
-        logits = self.runtime.prefill_embeds([SLOT], [embeds])  # [1, V]
         n = int(embeds.shape[0])
-        return StaticDraftState(length=n, prompt_len=n), logits[0]
+        state = StaticDraftState(length=n, prompt_len=n, embeds=embeds)
+        logits = self._load(state)  # [1, V]
+        return state, logits[0]
 
     def step(self, state: StaticDraftState, tokens: Sequence[int]) -> torch.Tensor:
         """Feed ``tokens`` after the held sequence -> logits [len(tokens), V] float32."""
@@ -135,10 +154,44 @@ class StaticDraftBackend:
         bad = [t for t in toks if not 0 <= t < vocab]
         if bad:
             raise InvalidInput(f"token ids out of range: {bad[:5]}")
-        ids = torch.tensor(toks, dtype=torch.long, device=self.runtime.device)  # [k]
-        rows = self.runtime.step(StepBatch((SLOT,), (state.length,), (len(toks),), ids))
-        state.length += len(toks)
+        if self._owners[state.slot] is not state:  # another request took the slot
+            self._load(state)
+            self.rebuilds += 1
+        self._touch(state.slot)
+        rows = self._feed(state, toks)
+        state.tokens.extend(toks)
         return rows  # [k, V]
+
+    def _touch(self, slot: int) -> None:
+        self._uses += 1
+        self._last_use[slot] = self._uses
+
+    def _load(self, state: StaticDraftState) -> torch.Tensor:
+        """Give ``state`` the least recently used slot and rebuild its KV there: the
+        prompt, then the tokens fed since. Returns the prompt's last logits [1, V]."""
+        assert state.embeds is not None
+        slot = min(range(len(self._owners)), key=lambda s: self._last_use[s])
+        self._owners[slot] = state
+        self._touch(slot)
+        state.slot = slot
+        logits = self.runtime.prefill_embeds([slot], [state.embeds])  # [1, V]
+        state.length = state.prompt_len
+        if state.tokens:
+            self._feed(state, list(state.tokens))
+        return logits
+
+    def _feed(self, state: StaticDraftState, toks: list[int]) -> torch.Tensor:
+        """Step ``toks`` into the state's slot, at most the largest bucket at a time
+        -> logits [len(toks), V]."""
+        cap = max(self.runtime.token_buckets)
+        rows = []
+        for i in range(0, len(toks), cap):
+            chunk = toks[i : i + cap]
+            ids = torch.tensor(chunk, dtype=torch.long, device=self.runtime.device)  # [k]
+            rows.append(self.runtime.step(
+                StepBatch((state.slot,), (state.length,), (len(chunk),), ids)))
+            state.length += len(chunk)
+        return rows[0] if len(rows) == 1 else torch.cat(rows)
 
     def rollback(self, state: StaticDraftState, keep_len: int) -> None:
         """Keep the first ``keep_len`` positions: a length change (never into the prompt)."""
@@ -147,6 +200,7 @@ class StaticDraftBackend:
                 f"rollback to {keep_len} outside {state.prompt_len}..{state.length}"
             )
         state.length = keep_len
+        del state.tokens[keep_len - state.prompt_len :]
 
     def seq_len(self, state: StaticDraftState) -> int:
         return state.length
@@ -156,7 +210,8 @@ class StaticDraftBackend:
 
 
 def draft_backend_for(
-    choice: str, draft: DraftModel, quant: QuantMode = QuantMode.NONE
+    choice: str, draft: DraftModel, quant: QuantMode = QuantMode.NONE,
+    slots: int = DRAFT_SLOTS,
 ) -> DraftBackend:
     """``--draft-engine`` and ``--draft-quant``: what to draft with, warm (graphs
     captured) when static.
@@ -181,7 +236,7 @@ def draft_backend_for(
         if quant is not QuantMode.NONE:
             raise InvalidInput(f"--draft-quant {quant.value} needs the static drafter: {reason}")
         return draft
-    backend = StaticDraftBackend(draft, quant=quant)
+    backend = StaticDraftBackend(draft, quant=quant, num_slots=slots)
     backend.release_dense_weights()
     backend.warm_up()
     return backend

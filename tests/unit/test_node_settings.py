@@ -99,6 +99,7 @@ EDGE: dict[str, Case] = {
     "speculation": ("--speculation", "always", "always"),
     "draft_engine": ("--draft-engine", "static", "static"),
     "draft_quant": ("--draft-quant", "int8", "int8"),
+    "draft_slots": ("--draft-slots", "4", 4),
     "oracle_answers": ("--oracle-answers", "/tmp/answers.json", Path("/tmp/answers.json")),
     "oracle_alpha": ("--oracle-alpha", "0.5", 0.5),
     "oracle_ms_per_token": ("--oracle-ms-per-token", "3.39", 3.39),

@@ -182,3 +182,32 @@ def test_quantisation_needs_the_static_drafter() -> None:
     with pytest.raises(InvalidInput, match="--draft-quant int4 needs the static drafter"):
         draft_backend_for("hf", draft, QuantMode.INT4)
     assert draft_engine_name(draft_backend_for("auto", draft)) == "hf"  # CPU, unquantised
+
+
+@pytest.mark.parametrize("num_slots", [1, 2, 3])
+def test_requests_drafting_at_once_never_read_each_others_cache(num_slots: int) -> None:
+    """Three requests interleave their drafting on one static drafter, as concurrent Asks
+    do on the edge's model thread: each drafts what its own HF reference drafts, with
+    fewer slots than requests (evicted slots are rebuilt) and with enough."""
+    draft = build_tiny_random_draft(seed=3)
+    static = StaticDraftBackend(draft, num_slots=num_slots)
+    rng = random.Random(num_slots)
+    pairs: list[tuple[Drafter, Drafter, list[int]]] = []
+    for i in range(3):
+        pixels = _pixels(draft, 10 + i)
+        ref, fast = Drafter(draft), Drafter(static)
+        ref.prefill(QUESTIONS[i], pixels)
+        fast.prefill(QUESTIONS[i], pixels)
+        pairs.append((ref, fast, []))
+    for _ in range(30):
+        ref, fast, context = pairs[rng.randrange(3)]
+        if context and rng.random() < 0.25:  # a Commit that cuts the tail
+            del context[rng.randrange(len(context)):]
+            context.append(rng.randrange(3, draft.text_vocab_size))
+        token = ref.draft_next(context)
+        assert fast.draft_next(context) == token
+        context.append(token)
+    if num_slots < 3:
+        assert static.rebuilds > 0
+    else:
+        assert static.rebuilds == 0
