@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 E = TypeVar("E")
 
+#: How every failure of the cloud that the edge reports begins (``eventspec.edge.cloud_errors``).
+CLOUD_PREFIX = "cloud verifier: "
 #: First and longest pause before asking a full cloud again, s.
 BUSY_PAUSE_S = 0.1
 MAX_BUSY_PAUSE_S = 1.0
@@ -82,15 +84,18 @@ async def with_failover(
             await asyncio.sleep(pause)
             pause = min(2 * pause, MAX_BUSY_PAUSE_S)
         except Unavailable as exc:
+            # "cloud verifier: " first, as every cloud failure the edge reports: clients
+            # tell "the edge's cloud is down" from "the edge is unreachable" by it.
+            cause = exc.message.removeprefix(CLOUD_PREFIX)
             if committed:
                 raise Unavailable(
-                    "the cloud verifier serving this request failed after part of the answer "
-                    "was sent; it was not retried, so the answer is not mixed with another "
-                    f"run's: {exc.message}"
+                    f"{CLOUD_PREFIX}the replica serving this request failed after part of the "
+                    "answer was sent; it was not retried, so the answer is not mixed with "
+                    f"another run's: {cause}"
                 ) from exc
             if n == retries:
                 raise Unavailable(
-                    f"the cloud verifier failed on {n + 1} attempt(s); last error: {exc.message}"
+                    f"{CLOUD_PREFIX}failed on {n + 1} attempt(s); last error: {cause}"
                 ) from exc
             n += 1
             log.warning("cloud replica failed before any commit (%s); retrying the request "
