@@ -93,8 +93,9 @@ class Question:
     text: str
     scene: int
 
-    def spec(self, mode: Mode, max_new: int) -> AskSpec:
-        return AskSpec(self.text, mode=mode, feature_mode=FeatureMode.FRAMES,
+    def spec(self, mode: Mode, max_new: int,
+             feature_mode: FeatureMode = FeatureMode.FRAMES) -> AskSpec:
+        return AskSpec(self.text, mode=mode, feature_mode=feature_mode,
                        generation=GenerationSettings(max_new_tokens=max_new),
                        latest_ms=None, t0_us=self.scene * SCENE_US,
                        t1_us=(self.scene + 1) * SCENE_US)
@@ -213,6 +214,27 @@ async def precompute_answers(address: str, pool: Sequence[Question], max_new: in
                              .token_ids) for q in pool}
 
 
+async def uplink_rows(address: str, question: Question, max_new: int, rate_mbit: float
+                      ) -> list[dict[str, Any]]:
+    """One speculative Ask per feature mode (frames; aligned features; auto) through an
+    uplink of ``rate_mbit``: TTFT, the bytes sent, their time on the wire at that rate,
+    and what the plan said of the aligned path."""
+    rows = []
+    async with EdgeClient(address, timeout_s=300) as client:
+        for mode in (FeatureMode.FRAMES, FeatureMode.ALIGNED, FeatureMode.AUTO):
+            final, total_ms = await timed(client, question.spec(Mode.SPECULATIVE, max_new, mode))
+            s = final.stats
+            rows.append({
+                "rate_mbit": rate_mbit, "requested": mode.name.lower(),
+                "feature_mode": final.feature_mode.name.lower() if final.feature_mode else None,
+                "ttft_ms": s.ttft_ms, "total_ms": total_ms, "uplink_bytes": s.uplink_bytes,
+                "wire_ms_at_rate": s.uplink_bytes * 8 / (rate_mbit * 1e6) * 1e3,
+                "aligned_fits_uplink": bool(final.plan and final.plan.aligned_fits_uplink),
+                "plan_prefill_ms": final.plan.predicted_prefill_ms if final.plan else None,
+            })
+    return rows
+
+
 # -- one point ----------------------------------------------------------------------------
 
 def summarise(rows: list[dict[str, Any]], *, alpha: float, rtt_ms: float, clients: int,
@@ -247,6 +269,8 @@ def summarise(rows: list[dict[str, Any]], *, alpha: float, rtt_ms: float, client
         "drafted": drafted, "accepted": accepted,
         "hidden_drafted": sum(r["hidden_drafted"] for r in rows),
         "hidden_accepted": sum(r["hidden_accepted"] for r in rows),
+        # What the plans allowed to hide inside the cloud's prefill, against what was.
+        "hidden_budget": sum(r["hidden_budget"] for r in rows),
         "plans_speculating": sum(r["speculated"] for r in rows),
         "model_inputs": {
             "cloud_prefill_ms": cloud_prefill, "cloud_cost": asdict(info.cloud_cost),
@@ -294,6 +318,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             for i in range(max_n):
                 proxies.append(await DelayProxy((host, int(port)), seed=args.seed + i).start())
             points, rows_out, label = [], [], ""
+            uplink: list[dict[str, Any]] = []
             for alpha in args.alphas:
                 edges = await asyncio.gather(*(nodes.start(
                     "eventspec-edge", f"edge-a{alpha:g}-{i}",
@@ -322,6 +347,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         log.info("alpha %g, RTT %g ms, N %d: %.3fx (model %.3fx), %s", alpha,
                                  rtt, n, point["speedup_p50"], point["predicted"]["speedup_p50"],
                                  "identical" if point["identical"] else "DIFFERENT")
+                if alpha == args.alphas[-1]:
+                    for rate in args.uplink_mbit:  # one edge, its proxy's uplink shaped
+                        proxies[0].set_shape("up", LinkShape(
+                            delay_ms=args.rtt_ms[0] / 2, rate_bytes_per_s=rate * 1e6 / 8))
+                        uplink += await uplink_rows(edges[0], pool[0], args.max_new_tokens,
+                                                    rate)
                 nodes.stop(max_n)
         finally:
             for p in proxies:
@@ -338,7 +369,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                    "prefill_ms": args.oracle_prefill_ms, "seed": args.seed},
         "speculation": args.speculation, "max_new_tokens": args.max_new_tokens,
         "identical": all(p["identical"] for p in points),
-        "points": points, "requests": rows_out,
+        "points": points, "requests": rows_out, "uplink": uplink,
     }
 
 
@@ -384,6 +415,17 @@ def table(result: dict[str, Any]) -> str:
             f"{p['share_slower_3pct']:>7.2f} {tps:>8} {acc:>6} "
             f"{p['predicted']['speedup_p50']:>6.3f} "
             f"{'–' if ratio is None else f'{ratio:.3f}':>7} {p['identical']}")
+    hidden = [(p["hidden_drafted"], p["hidden_accepted"], p["hidden_budget"])
+              for p in result["points"]]
+    lines.append("hidden drafts (drafted / accepted / the plans' budget) per point: "
+                 + ", ".join(f"{d}/{a}/{b}" for d, a, b in hidden))
+    if result.get("uplink"):
+        lines.append(f"{'uplink':>7} {'asked':>8} {'used':>8} {'TTFT ms':>8} {'bytes':>8} "
+                     f"{'wire ms':>8} aligned fits")
+        for u in result["uplink"]:
+            lines.append(f"{u['rate_mbit']:>7g} {u['requested']:>8} {u['feature_mode']:>8} "
+                         f"{u['ttft_ms']:>8.1f} {u['uplink_bytes']:>8} "
+                         f"{u['wire_ms_at_rate']:>8.2f} {u['aligned_fits_uplink']}")
     return "\n".join(lines)
 
 
@@ -411,6 +453,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--oracle-prefill-ms", type=float, default=20.0)
     p.add_argument("--speculation", choices=["auto", "always"], default="auto")
     p.add_argument("--max-new-tokens", type=int, default=24)
+    p.add_argument("--uplink-mbit", type=float, nargs="*", default=[],
+                   help="also ask one question per feature mode (frames, aligned, auto) "
+                        "through an uplink of each rate: TTFT, bytes, the plan's view")
     p.add_argument("--scenes", type=int, default=8, help="toy scenes the edges play")
     p.add_argument("--trials", type=int, default=256, help="reference model trials")
     p.add_argument("--seed", type=int, default=0)

@@ -15,7 +15,7 @@ def test_the_rehearsal_writes_identical_answers_and_the_oracle_label(tmp_path: P
     code = bench_e2e.main([
         "--alphas", "0.8", "--rtt-ms", "10", "--clients", "2", "--requests", "1",
         "--cloud-prefill-ms", "100", "--cloud-step-ms", "20", "--max-new-tokens", "12",
-        "--trials", "32", "--no-plot", "--out", str(out)])
+        "--trials", "32", "--no-plot", "--uplink-mbit", "10", "--out", str(out)])
     assert code == 0
     result = json.loads(out.read_text())
     assert result["identical"] is True
@@ -24,9 +24,16 @@ def test_the_rehearsal_writes_identical_answers_and_the_oracle_label(tmp_path: P
     (point,) = result["points"]
     assert (point["alpha"], point["rtt_ms"], point["clients"], point["requests"]) == (0.8, 10, 2, 2)
     for key in ("speedup_p50", "speedup_p10", "share_slower_3pct", "tokens_per_step",
-                "acceptance", "predicted", "achieved_over_predicted", "model_inputs"):
+                "acceptance", "predicted", "achieved_over_predicted", "model_inputs",
+                "hidden_drafted", "hidden_accepted", "hidden_budget"):
         assert key in point, key
     assert point["predicted"]["speedup_p50"] > 0
     assert point["model_inputs"]["rtt_ms"] == 10 and point["model_inputs"]["batch"] == 2
     assert len(result["requests"]) == 2
     assert all(r["spec_ids"] == r["target_ids"] for r in result["requests"])
+    # The uplink phase: one Ask per feature mode through a 10 Mbit/s uplink.
+    modes = [(u["requested"], u["feature_mode"]) for u in result["uplink"]]
+    assert modes[:2] == [("frames", "frames"), ("aligned", "aligned")] and len(modes) == 3
+    for u in result["uplink"]:
+        assert u["uplink_bytes"] > 0 and u["rate_mbit"] == 10
+        assert u["wire_ms_at_rate"] == u["uplink_bytes"] * 8 / 10e6 * 1e3
