@@ -44,7 +44,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -130,10 +132,20 @@ class Nodes:
     tmp: Path
     procs: list[Any]
 
-    async def start(self, node: Node, name: str, args: Sequence[str]) -> str:
+    async def start(self, node: Node, name: str, args: Sequence[str],
+                    random_cloud: Sequence[str] = ()) -> str:
+        """Start ``node serve`` (or, with ``random_cloud``, ``benchmarks.serve_random``
+        with those options, passing ``args`` on to its serve) and wait until it serves."""
         log_path, port_file = self.tmp / f"{name}.log", self.tmp / f"{name}.port"
-        proc = start_node(node, ["serve", "--port", "0", "--port-file", str(port_file),
-                                 *args], log_path)
+        serve_args = ["--port", "0", "--port-file", str(port_file), *args]
+        if random_cloud:
+            with open(log_path, "wb") as out:
+                proc: Any = subprocess.Popen(
+                    [sys.executable, "-m", "benchmarks.serve_random", *random_cloud, "--",
+                     *serve_args], stdout=out, stderr=subprocess.STDOUT,
+                    env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        else:
+            proc = start_node(node, ["serve", *serve_args], log_path)
         self.procs.append(proc)
         port = await wait_for_port(proc, port_file, log_path, NODE_START_S)
         address = f"127.0.0.1:{port}"
@@ -159,7 +171,8 @@ def cloud_args(args: argparse.Namespace, max_clients: int) -> list[str]:
 def edge_args(args: argparse.Namespace, cloud: str, answers: Path, alpha: float,
               profile: Path) -> list[str]:
     return ["--cloud", cloud, "--source", f"toy:{SEED0}-{SEED0 + args.scenes}",
-            "--model", "toy", "--draft-engine", "oracle", "--oracle-answers", str(answers),
+            "--model", args.edge_model, "--draft-engine", "oracle",
+            "--oracle-answers", str(answers),
             "--oracle-alpha", f"{alpha:g}", "--oracle-ms-per-token",
             f"{args.oracle_ms_per_token:g}", "--oracle-prefill-ms",
             f"{args.oracle_prefill_ms:g}", "--oracle-seed", str(args.seed),
@@ -314,8 +327,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         nodes = Nodes(tmp, [])
         proxies: list[DelayProxy] = []
         try:
+            random_cloud = (["--size", args.cloud_random] if args.cloud_random else [])
             cloud = args.cloud or await nodes.start("eventspec-cloud", "cloud",
-                                                    cloud_args(args, max_n))
+                                                    cloud_args(args, max_n), random_cloud)
             info = await server_info(cloud)
             host, _, port = cloud.rpartition(":")
             answers_path = tmp / "answers.json"
@@ -452,6 +466,12 @@ def parser() -> argparse.ArgumentParser:
                         "unpaced, calibrated)")
     p.add_argument("--cloud-step-ms", type=float, default=30.0)
     p.add_argument("--cloud-model", default="toy", help="--model of the started cloud")
+    p.add_argument("--cloud-random", choices=["full", "tiny"], default=None,
+                   help="start the cloud as benchmarks.serve_random with a random target of "
+                        "this size (full: 7B-shaped bf16, for the GPU machine) instead of "
+                        "--cloud-model; pair it with --edge-model tiny-random")
+    p.add_argument("--edge-model", default="toy",
+                   help="the edges' --model (its tokenizer must match the cloud's)")
     p.add_argument("--cloud-args", nargs=argparse.REMAINDER, default=[],
                    help="more `eventspec-cloud serve` flags (last on the line), e.g. "
                         "--device cuda --engine static")
