@@ -30,7 +30,6 @@ import copy
 import json
 import logging
 import os
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -39,6 +38,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.device_timing import median_p10_ms
 from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.engine.static.build import (
     build_static_engine,
@@ -60,34 +60,14 @@ QUESTION = "What is moving in the scene, and which way does it go?"
 CONTEXT_DRAFTS = 8  # draft tokens fed before the timed one
 
 
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def median_ms(fn: Callable[[], object], repeats: int, warmup: int = 3) -> tuple[float, float]:
-    """(median, p10) wall time of ``fn`` with a device sync on each side, in ms."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append((time.perf_counter() - t0) * 1e3)
-    times.sort()
-    return statistics.median(times), times[len(times) // 10]
-
-
 def draft_timings(draft: DraftModel, backend: DraftBackend, repeats: int) -> dict[str, Any]:
     """Vision, prefill, one draft token and a 9-token step of one backend, in ms."""
     s = draft.image_size
     pixels = torch.randn(5, 3, s, s, generator=torch.Generator().manual_seed(0))
-    vision, _ = median_ms(
+    vision, _ = median_p10_ms(
         lambda: draft.model.event_tokens(draft.clip_features(pixels).to(draft.dtype)),
         repeats)
-    prefill, _ = median_ms(lambda: backend.prefill(QUESTION, pixels), max(3, repeats // 4))
+    prefill, _ = median_p10_ms(lambda: backend.prefill(QUESTION, pixels), max(3, repeats // 4))
     state, logits = backend.prefill(QUESTION, pixels)
     prompt = backend.seq_len(state)
     tokens = [backend.greedy_next(logits)]
@@ -103,8 +83,8 @@ def draft_timings(draft: DraftModel, backend: DraftBackend, repeats: int) -> dic
         backend.step(state, tokens[:9])
         backend.rollback(state, base)
 
-    token_ms, token_p10 = median_ms(one_token, repeats * 2)
-    step9_ms, _ = median_ms(nine_tokens, repeats)
+    token_ms, token_p10 = median_p10_ms(one_token, repeats * 2)
+    step9_ms, _ = median_p10_ms(nine_tokens, repeats)
     return {
         "vision_5_frames_ms": vision, "prefill_ms": prefill, "prefill_tokens": prompt,
         "context_tokens": base + 1, "draft_ms_per_token": token_ms,
@@ -140,10 +120,10 @@ def _stage_timings(clip_fn: Callable[[torch.Tensor], torch.Tensor],
         events_fn(c)
         adapter_fn(c)
 
-    return {"clip_ms": median_ms(lambda: clip_fn(pixels), repeats)[0],
-            "events_ms": median_ms(lambda: events_fn(clip), repeats)[0],
-            "adapter_ms": median_ms(lambda: adapter_fn(clip), repeats)[0],
-            "total_ms": median_ms(chain, repeats)[0]}
+    return {"clip_ms": median_p10_ms(lambda: clip_fn(pixels), repeats)[0],
+            "events_ms": median_p10_ms(lambda: events_fn(clip), repeats)[0],
+            "adapter_ms": median_p10_ms(lambda: adapter_fn(clip), repeats)[0],
+            "total_ms": median_p10_ms(chain, repeats)[0]}
 
 
 def _onnx_timings(draft: DraftModel, adapter: FeatureAdapter, pixels: torch.Tensor,
@@ -206,8 +186,8 @@ def cloud_steps(target: TargetModel, repeats: int, max_seq: int) -> dict[str, fl
         tok = torch.full((b * k,), 5, dtype=torch.long, device=dev)
         engine.step(StepBatch(tuple(range(b)), (start,) * b, (k,) * b, tok))
 
-    b1, _ = median_ms(lambda: step(1, 1), repeats * 2)
-    b16, _ = median_ms(lambda: step(16, 9), repeats * 2)
+    b1, _ = median_p10_ms(lambda: step(1, 1), repeats * 2)
+    b16, _ = median_p10_ms(lambda: step(16, 9), repeats * 2)
     return {"step_B1_k0_ms": b1, "step_B16_k8_ms": b16, "context_tokens": start}
 
 

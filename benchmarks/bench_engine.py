@@ -26,7 +26,6 @@ import argparse
 import json
 import logging
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -39,6 +38,7 @@ from transformers import (
     DynamicCache,
 )
 
+from benchmarks.device_timing import median_ms, sync
 from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.engine.static.build import (
     build_static_engine,
@@ -56,25 +56,6 @@ from tests.support.fullsize import build_full_target
 QUESTION = "What is moving in the scene, and which way does it go?"
 SESSIONS = (1, 4, 16, 32, 64)
 DRAFTS = (0, 4, 8, 16)
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def median_ms(fn: Callable[[], object], repeats: int, warmup: int = 3) -> float:
-    """Median wall time of ``fn`` with a device sync on each side, in ms."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def copy_bandwidth(device: torch.device) -> float:
