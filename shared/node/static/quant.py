@@ -20,12 +20,13 @@ The kernels are PyTorch core's, so the same code runs on the CPU (CI) and the GP
 
 Core's CUDA ``_weight_int8pack_mm`` exists but runs one thread per output: on an H100
 the 7B decoder's linear layers took 55 ms per token through it, against 5.2 ms in
-bf16, hence the Triton kernel. Core's CUDA int4 kernel (gpt-fast's tinygemm) is fast
-for a draft step (3.1 ms per token for the 7B drafter on an H100) but slow for a long
-prefill (344 ms for 737 tokens, against 35 ms in bf16). Two Triton int4 kernels of ours
-(shuffle-unpacked, and half-group nibble planes) prefilled in 60-73 ms but drafted at
-5.6-7.3 ms per token, slower than bf16, so int4 keeps core's kernel and its slow prefill,
-which the edge's calibrated profile reports to the plan. torchao was the other
+bf16 (``python -m benchmarks.probe_quant_kernels``; the log in
+``benchmarks/results/logs/quant_kernels_h100.log``), hence the Triton kernel. Core's CUDA
+int4 kernel (gpt-fast's tinygemm) is fast for a draft step (3.33 ms per token for the
+7B drafter on an H100) but slow for a long prefill (346 ms for 737 tokens, against 27 ms
+in bf16; ``benchmarks/results/edge_h100.json``). Triton int4 kernels we tried prefilled
+faster but drafted slower than bf16 and were not kept, so int4 keeps core's kernel and
+its slow prefill, which the edge's calibrated profile reports to the plan. torchao was the other
 candidate; its int4 path needs a package that cannot be installed on these machines
 (``../shared/REFERENCE.md``), and its int8 path is fast only under ``torch.compile``.
 
