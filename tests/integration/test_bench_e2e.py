@@ -15,10 +15,13 @@ def test_the_rehearsal_writes_identical_answers_and_the_oracle_label(tmp_path: P
     code = bench_e2e.main([
         "--alphas", "0.8", "--rtt-ms", "10", "--clients", "2", "--requests", "1",
         "--cloud-prefill-ms", "100", "--cloud-step-ms", "20", "--max-new-tokens", "12",
-        "--trials", "32", "--no-plot", "--uplink-mbit", "10", "--out", str(out)])
+        "--trials", "32", "--no-plot", "--uplink-mbit", "10", "--out", str(out),
+        "--max-edges", "1", "--capacity-tokens", "10", "--capacity-clients", "2",
+        "--capacity-rtt-ms", "4"])
     assert code == 0
     result = json.loads(out.read_text())
-    assert result["identical"] is True
+    assert result["identical"] is True and result["partial"] is False
+    assert result["edges"] == 1  # two clients share one edge
     assert BENCHMARKS_ONLY in result["label"] and BENCHMARKS_ONLY in result["draft_engine"]
     assert result["draft_engine"].startswith("oracle α=0.8")
     (point,) = result["points"]
@@ -37,3 +40,14 @@ def test_the_rehearsal_writes_identical_answers_and_the_oracle_label(tmp_path: P
     for u in result["uplink"]:
         assert u["uplink_bytes"] > 0 and u["rate_mbit"] == 10
         assert u["wire_ms_at_rate"] == u["uplink_bytes"] * 8 / 10e6 * 1e3
+    # The capacity phase: both clients in one mode at a time, goodput compared.
+    (cap,) = result["capacity"]
+    assert (cap["clients"], cap["max_new_tokens"], cap["rtt_ms"]) == (2, 10, 4)
+    for mode in ("speculative", "target_only"):
+        run = cap[mode]
+        assert run["requests"] == 2 and run["tokens"] > 0
+        assert run["goodput_tok_s"] == run["tokens"] / run["wall_s"]
+        assert run["latency_ms_p50"] <= run["latency_ms_p99"]
+    assert cap["identical_share"] == 1.0
+    assert cap["goodput_ratio"] == (cap["speculative"]["goodput_tok_s"]
+                                    / cap["target_only"]["goodput_tok_s"])

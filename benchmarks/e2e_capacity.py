@@ -1,0 +1,102 @@
+"""The end-to-end benchmark's capacity phase (``benchmarks/bench_e2e.py``): N clients
+ask at once in one mode, then in the other, and the cloud's goodput is compared.
+
+The latency phase asks each question speculative and target-only back to back, so its
+wall time mixes both modes and says nothing of capacity. Here every client of a point
+asks its questions in one mode only, all clients at the same time; goodput is the
+tokens answered over the wall time from the first Ask to the last answer. Which mode
+goes first alternates with the point, so neither always meets a cold or a warm cloud.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from benchmarks.e2e_pool import Question, timed
+from eventspec.shared.client.edge_client import EdgeClient
+from eventspec.shared.contract.types import Mode
+
+
+async def _client_asks(address: str, questions: Sequence[Question], mode: Mode,
+                       max_new: int) -> list[dict[str, Any]]:
+    rows = []
+    async with EdgeClient(address, timeout_s=600) as edge:
+        for q in questions:
+            final, ms = await timed(edge, q.spec(mode, max_new))
+            s = final.stats
+            rows.append({"question": q.text, "ms": ms, "tokens": len(final.token_ids),
+                         "ids": list(final.token_ids), "steps": s.target_steps,
+                         "ttft_ms": s.ttft_ms, "drafted": s.drafted,
+                         "accepted": s.accepted})
+    return rows
+
+
+async def one_mode(edges: Sequence[str], questions: Sequence[Sequence[Question]],
+                   mode: Mode, max_new: int) -> dict[str, Any]:
+    """Client ``i`` asks ``questions[i]`` through ``edges[i % len(edges)]``, all clients
+    at once, every Ask in ``mode``: goodput, latency percentiles, tokens per step."""
+    t0 = time.perf_counter()
+    per_client = await asyncio.gather(*(
+        _client_asks(edges[i % len(edges)], qs, mode, max_new)
+        for i, qs in enumerate(questions)))
+    wall_s = time.perf_counter() - t0
+    rows = [r for rs in per_client for r in rs]
+    ms = np.array([r["ms"] for r in rows])
+    tokens = sum(r["tokens"] for r in rows)
+    steps = sum(r["steps"] for r in rows)
+    drafted = sum(r["drafted"] for r in rows)
+    return {
+        "mode": mode.name.lower(), "requests": len(rows), "wall_s": wall_s,
+        "goodput_tok_s": tokens / wall_s, "tokens": tokens,
+        "latency_ms_p50": float(np.median(ms)), "latency_ms_p99": float(np.quantile(ms, 0.99)),
+        "ttft_ms_p50": statistics.median(r["ttft_ms"] for r in rows),
+        # The stats count the prefill as a step.
+        "tokens_per_step": ((tokens - len(rows)) / (steps - len(rows))
+                            if steps > len(rows) else None),
+        "acceptance": sum(r["accepted"] for r in rows) / drafted if drafted else None,
+        "answers": {r["question"]: r["ids"] for r in rows},
+    }
+
+
+async def capacity_point(edges: Sequence[str], questions: Sequence[Sequence[Question]],
+                         max_new: int, *, alpha: float, rtt_ms: float,
+                         speculative_first: bool) -> dict[str, Any]:
+    """One capacity point: both modes in turn with the same clients and questions."""
+    order = (Mode.SPECULATIVE, Mode.TARGET_ONLY)
+    runs = {}
+    for mode in order if speculative_first else order[::-1]:
+        runs[mode] = await one_mode(edges, questions, mode, max_new)
+    spec, base = runs[Mode.SPECULATIVE], runs[Mode.TARGET_ONLY]
+    same = [spec["answers"][q] == ids for q, ids in base["answers"].items()]
+    for run in (spec, base):
+        del run["answers"]
+    return {
+        "alpha": alpha, "rtt_ms": rtt_ms, "clients": len(questions),
+        "edges": min(len(edges), len(questions)), "max_new_tokens": max_new,
+        "speculative": spec, "target_only": base,
+        "goodput_ratio": spec["goodput_tok_s"] / base["goodput_tok_s"],
+        "identical_share": float(np.mean(same)) if same else None,
+    }
+
+
+def capacity_table(points: Sequence[dict[str, Any]]) -> str:
+    """The capacity phase as text."""
+    lines = [f"{'tokens':>6} {'N':>3} {'spec tok/s':>10} {'base tok/s':>10} {'ratio':>6} "
+             f"{'spec p50':>8} {'spec p99':>8} {'base p50':>8} {'base p99':>8} "
+             f"{'tok/step':>8} {'same':>5}"]
+    for p in points:
+        s, b = p["speculative"], p["target_only"]
+        tps = "–" if s["tokens_per_step"] is None else f"{s['tokens_per_step']:.2f}"
+        lines.append(
+            f"{p['max_new_tokens']:>6} {p['clients']:>3} {s['goodput_tok_s']:>10.1f} "
+            f"{b['goodput_tok_s']:>10.1f} {p['goodput_ratio']:>6.3f} "
+            f"{s['latency_ms_p50']:>8.0f} {s['latency_ms_p99']:>8.0f} "
+            f"{b['latency_ms_p50']:>8.0f} {b['latency_ms_p99']:>8.0f} {tps:>8} "
+            f"{p['identical_share']:>5.2f}")
+    return "\n".join(lines)

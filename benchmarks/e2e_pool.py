@@ -1,0 +1,138 @@
+"""The end-to-end benchmark's questions and Asks (``benchmarks/bench_e2e.py``): a pool of
+unique toy-world questions over consecutive scenes, the speculative / target-only pairs
+of the latency phase, the answers the oracle drafts from, and the uplink's Asks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from eventspec.shared.client.edge_client import EdgeClient
+from eventspec.shared.contract.types import (
+    AskSpec,
+    FeatureMode,
+    FinalEvent,
+    GenerationSettings,
+    Mode,
+)
+from eventspec.shared.toyworld.qa import all_questions
+from eventspec.shared.toyworld.scenes import EVAL_SEED_MIN, sample_scene
+
+SEED0 = EVAL_SEED_MIN + 9000
+SCENE_US = 1_000_000
+
+
+@dataclass(frozen=True)
+class Question:
+    """One request of the pool: the text (unique: the oracle's key) and its scene."""
+
+    text: str
+    scene: int
+
+    def spec(self, mode: Mode, max_new: int,
+             feature_mode: FeatureMode = FeatureMode.FRAMES) -> AskSpec:
+        return AskSpec(self.text, mode=mode, feature_mode=feature_mode,
+                       generation=GenerationSettings(max_new_tokens=max_new),
+                       latest_ms=None, t0_us=self.scene * SCENE_US,
+                       t1_us=(self.scene + 1) * SCENE_US)
+
+
+def question_pool(n: int) -> list[Question]:
+    """``n`` toy-world questions over consecutive scenes, made unique by a suffix."""
+    out: list[Question] = []
+    seen: set[str] = set()
+    scene = 0
+    while len(out) < n:
+        for qa in all_questions(sample_scene(SEED0 + scene)):
+            text = qa.question
+            k = 1
+            while text in seen:
+                k += 1
+                text = f"{qa.question} ({k})"
+            seen.add(text)
+            out.append(Question(text, scene))
+            if len(out) == n:
+                break
+        scene += 1
+    return out
+
+
+async def timed(client: EdgeClient, spec: AskSpec) -> tuple[FinalEvent, float]:
+    """The final event of one Ask and its client wall time in ms."""
+    t0 = time.perf_counter()
+    final = await client.ask_final(spec)
+    return final, (time.perf_counter() - t0) * 1e3
+
+
+async def ask_pairs(address: str, questions: Sequence[Question], max_new: int,
+                    client: int = 0) -> list[dict[str, Any]]:
+    """Each question speculative and target-only on one edge: one row per question.
+
+    Which mode goes first alternates with the question and the client, so that with
+    several clients both modes meet the same load: with speculative always first, the
+    clients' speculative requests arrived together and queued behind each other's
+    prefills while their target-only requests came staggered (α = 0, 4 clients: 0.87x,
+    although nothing was drafted)."""
+    rows = []
+    async with EdgeClient(address, timeout_s=300) as edge:
+        for j, q in enumerate(questions):
+            if (client + j) % 2 == 0:
+                spec, spec_ms = await timed(edge, q.spec(Mode.SPECULATIVE, max_new))
+                base, base_ms = await timed(edge, q.spec(Mode.TARGET_ONLY, max_new))
+            else:
+                base, base_ms = await timed(edge, q.spec(Mode.TARGET_ONLY, max_new))
+                spec, spec_ms = await timed(edge, q.spec(Mode.SPECULATIVE, max_new))
+            s = spec.stats
+            rows.append({
+                "question": q.text, "spec_ms": spec_ms, "target_ms": base_ms,
+                "speedup": base_ms / spec_ms, "tokens": len(spec.token_ids),
+                "spec_ids": list(spec.token_ids), "target_ids": list(base.token_ids),
+                "drafted": s.drafted, "accepted": s.accepted, "steps": s.target_steps,
+                "target_only_steps": base.stats.target_steps,
+                "hidden_drafted": s.hidden_drafted, "hidden_accepted": s.hidden_accepted,
+                "ttft_ms": s.ttft_ms, "target_ttft_ms": base.stats.ttft_ms,
+                "speculated": bool(spec.plan and spec.plan.speculate),
+                "lookahead": spec.plan.lookahead_tokens if spec.plan else 0,
+                "hidden_budget": spec.plan.hidden_draft_budget if spec.plan else 0,
+                "plan_prefill_ms": spec.plan.predicted_prefill_ms if spec.plan else 0.0,
+            })
+    return rows
+
+
+async def precompute_answers(address: str, pool: Sequence[Question], max_new: int,
+                             concurrency: int) -> dict[str, list[int]]:
+    """Every question of the pool target-only, ``concurrency`` at a time (1: each alone,
+    the N = 1 answers; more is faster for long answers, and on a GPU whose bf16 kernels
+    are not batch-invariant the answers then carry that load's rounding)."""
+    gate = asyncio.Semaphore(concurrency)
+    async with EdgeClient(address, timeout_s=600) as client:
+        async def one(q: Question) -> tuple[str, list[int]]:
+            async with gate:
+                final = await client.ask_final(q.spec(Mode.TARGET_ONLY, max_new))
+            return q.text, list(final.token_ids)
+
+        return dict(await asyncio.gather(*(one(q) for q in pool)))
+
+
+async def uplink_rows(address: str, question: Question, max_new: int, rate_mbit: float
+                      ) -> list[dict[str, Any]]:
+    """One speculative Ask per feature mode (frames; aligned features; auto) through an
+    uplink of ``rate_mbit``: TTFT, the bytes sent, their time on the wire at that rate,
+    and what the plan said of the aligned path."""
+    rows = []
+    async with EdgeClient(address, timeout_s=300) as client:
+        for mode in (FeatureMode.FRAMES, FeatureMode.ALIGNED, FeatureMode.AUTO):
+            final, total_ms = await timed(client, question.spec(Mode.SPECULATIVE, max_new, mode))
+            s = final.stats
+            rows.append({
+                "rate_mbit": rate_mbit, "requested": mode.name.lower(),
+                "feature_mode": final.feature_mode.name.lower() if final.feature_mode else None,
+                "ttft_ms": s.ttft_ms, "total_ms": total_ms, "uplink_bytes": s.uplink_bytes,
+                "wire_ms_at_rate": s.uplink_bytes * 8 / (rate_mbit * 1e6) * 1e3,
+                "aligned_fits_uplink": bool(final.plan and final.plan.aligned_fits_uplink),
+                "plan_prefill_ms": final.plan.predicted_prefill_ms if final.plan else None,
+            })
+    return rows
