@@ -253,7 +253,7 @@ def scratch(keep: Path | None) -> Iterator[Path]:
 def per_client(args: argparse.Namespace, n: int) -> int:
     """Requests each of ``n`` clients asks at a point: ``--requests``, or more so that the
     point has at least ``--point-requests`` in all."""
-    return max(int(args.requests), math.ceil(args.point_requests / n))
+    return max(int(args.requests), math.ceil(int(args.point_requests) / n))
 
 
 def split(pool: Sequence[Question], n: int, k: int) -> list[list[Question]]:
