@@ -68,3 +68,39 @@ class BatchedEngine(Protocol):
     def free(self, slot: int) -> None:
         """Forget the slot's content; idempotent. The slot can be prefilled again."""
         ...
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    """Prompt positions ``start`` .. ``start + len(embeds) - 1`` of the request in
+    ``slot``: ``embeds`` [n, H] are rows of its prompt embeddings
+    (:meth:`ChunkedPrefillEngine.prompt_embeds`)."""
+
+    slot: int
+    start: int
+    embeds: torch.Tensor  # [n, H]
+
+
+@runtime_checkable
+class ChunkedPrefillEngine(Protocol):
+    """An engine whose prefills can run in pieces, interleaved with steps, and whose
+    slots can take a saved prompt prefix: what chunked prefill and prefix reuse need
+    (the static engine; the scheduler falls back to whole prefills without it)."""
+
+    def prompt_embeds(self, request: PrefillRequest) -> torch.Tensor:
+        """The request's prompt as [L, H] input embeddings (the visual rows from its
+        video tower and projector); checked like a prefill, no KV written."""
+        ...
+
+    def prefill_chunks(self, chunks: Sequence[PrefillChunk]) -> torch.Tensor:
+        """Write each chunk's K/V into its slot (continuing what the slot holds); return
+        [R, V] float32 logits of each chunk's last position."""
+        ...
+
+    def save_prefix(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of the slot's first ``length`` prompt positions (copies)."""
+        ...
+
+    def load_prefix(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write a saved prefix into the slot's first positions."""
+        ...

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from eventspec.cloud.engine.base import PrefillRequest
+from eventspec.cloud.engine.base import PrefillChunk, PrefillRequest
 from eventspec.cloud.engine.static.weights import (
     fuse_language_weights,
     rope_tables,
@@ -97,29 +97,38 @@ class StaticEngine(StaticRuntime):
             raise InvalidInput("prefill needs exactly one of pixel_values_videos or video_features")
         return video_rows
 
+    def prompt_embeds(self, request: PrefillRequest) -> torch.Tensor:
+        """The request's prompt as [L, H] embeddings: token embeddings with the video
+        tower's projected features scattered into the <video> rows, as HF does."""
+        video_rows = self._check_prefill(request)
+        return self._embeds(request, video_rows)  # [L, H]
+
+    @torch.inference_mode()
+    def prefill_chunks(self, chunks: Sequence[PrefillChunk]) -> torch.Tensor:
+        """Each chunk into its slot from its start, in one pass; [R, V] float32 logits."""
+        if not chunks:
+            raise InvalidInput("prefill needs at least one chunk")
+        return self.prefill_embeds([c.slot for c in chunks], [c.embeds for c in chunks],
+                                   [c.start for c in chunks])  # [R, V]
+
+    @torch.inference_mode()
+    def _embeds(self, req: PrefillRequest, video_rows: list[int]) -> torch.Tensor:
+        """Tower + projector, scattered into the prompt's <video> rows: [L, H]."""
+        t, w = self.target, self.weights
+        if req.pixel_values_videos is not None:
+            feats = t.video_features_from_pixels(req.pixel_values_videos)  # [F, T, Dv]
+        else:
+            assert req.video_features is not None
+            feats = req.video_features
+        video = t.project_video_features(feats).reshape(-1, w.hidden)  # [F*T, H]
+        ids = torch.tensor([int(i) for i in req.input_ids], device=self.device)  # [L]
+        h = w.embed.index_select(0, ids)  # [L, H]
+        rows = torch.tensor(video_rows, device=self.device)  # [F*T]
+        return h.index_copy(0, rows, video.to(h.dtype))  # [L, H]
+
     def _prefill_many(self, requests: Sequence[PrefillRequest],
                       video_rows: Sequence[list[int]]) -> torch.Tensor:
-        """Tower + projector per request, scatter into <video> rows, then the runtime's
-        prefill over all requests' embeddings."""
-        t, w = self.target, self.weights
-        lengths = [len(r.input_ids) for r in requests]
-        offsets = [0]
-        for n in lengths:
-            offsets.append(offsets[-1] + n)
-        hs: list[torch.Tensor] = []
-        rows: list[int] = []
-        for req, vrows, off in zip(requests, video_rows, offsets, strict=False):
-            if req.pixel_values_videos is not None:
-                feats = t.video_features_from_pixels(req.pixel_values_videos)  # [F, T, Dv]
-            else:
-                assert req.video_features is not None
-                feats = req.video_features
-            hs.append(t.project_video_features(feats).reshape(-1, w.hidden))  # [F*T, H]
-            rows.extend(off + r for r in vrows)
-        ids = torch.tensor([int(i) for r in requests for i in r.input_ids],
-                           device=self.device)  # [M]
-        h = w.embed.index_select(0, ids)  # [M, H]
-        rows_v = torch.tensor(rows, device=self.device)  # [R*F*T]
-        h = h.index_copy(0, rows_v, torch.cat(hs).to(h.dtype))  # [M, H]
-        embeds = [h[off : off + n] for off, n in zip(offsets, lengths, strict=False)]
+        """Each request's embeddings (:meth:`_embeds`), then the runtime's prefill over
+        all of them in one pass."""
+        embeds = [self._embeds(r, rows) for r, rows in zip(requests, video_rows, strict=True)]
         return self.prefill_embeds([r.slot for r in requests], embeds)  # [R, V]

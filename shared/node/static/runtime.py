@@ -102,6 +102,8 @@ class StaticRuntime:
         self.k_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)  # [L,S+1,Hkv,T,D]
         self.v_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)  # [L,S+1,Hkv,T,D]
         self._live: set[int] = set()
+        #: Prompt positions each slot holds from prefills (chunks continue from here).
+        self._filled: dict[int, int] = {}
         self.use_graphs = use_graphs and self.device.type == "cuda"
         self.session_buckets = tuple(b for b in session_buckets if b <= num_slots) or (1,)
         if num_slots not in self.session_buckets and num_slots < max(session_buckets):
@@ -137,29 +139,41 @@ class StaticRuntime:
 
     @torch.inference_mode()
     def prefill_embeds(
-        self, slots: Sequence[int], embeds: Sequence[torch.Tensor]
+        self, slots: Sequence[int], embeds: Sequence[torch.Tensor],
+        starts: Sequence[int] | None = None,
     ) -> torch.Tensor:
-        """Prefill each prompt's embeddings ``embeds[r]`` [L_r, H] into ``slots[r]``;
-        return [R, V] float32 logits of each prompt's last position.
+        """Prefill each prompt's embeddings ``embeds[r]`` [L_r, H] into ``slots[r]`` at
+        positions ``starts[r]`` .. ``starts[r] + L_r - 1``; return [R, V] float32 logits
+        of each piece's last position.
 
-        The prompts are concatenated into one [sum L, H] activation, so every GEMM of
-        every layer runs once for all of them; attention is causal SDPA per prompt.
-        Checked before any model work: one bad prompt fails the call, nothing written.
+        A start of 0 (the default) begins a prompt; a later start continues one whose
+        first ``starts[r]`` positions this slot already holds (an earlier chunk, or a
+        prefix copied in by :meth:`load_prefix`): chunked prefill (Sarathi-Serve, Agrawal
+        et al. 2024) and prefix reuse. The pieces are concatenated into one [sum L, H]
+        activation, so every GEMM of every layer runs once for all of them; attention is
+        causal SDPA per piece over its slot's [0, start + L) (flash on CUDA when the start
+        is 0, a masked kernel otherwise). Checked before any model work: one bad piece
+        fails the call, nothing written.
         """
-        if not slots or len(slots) != len(embeds):
-            raise InvalidInput("prefill needs one embedding per slot, at least one")
+        starts = [0] * len(slots) if starts is None else [int(s) for s in starts]
+        if not slots or not len(slots) == len(embeds) == len(starts):
+            raise InvalidInput("prefill needs one embedding and one start per slot, at least one")
         if len(set(slots)) != len(slots):
             raise InvalidInput("a prefill names a slot twice")
-        for s, e in zip(slots, embeds, strict=True):
+        for s, e, start in zip(slots, embeds, starts, strict=True):
             self._check_slot(s)
             if e.dim() != 2 or e.shape[1] != self.weights.hidden:
                 raise InvalidInput(
                     f"slot {s}: embeddings must be [L, {self.weights.hidden}], got {list(e.shape)}"
                 )
-            if not 0 < e.shape[0] <= self.max_seq_len - 1:
+            if not 0 < start + e.shape[0] <= self.max_seq_len - 1 or e.shape[0] < 1:
                 raise InvalidInput(
-                    f"prompt of {e.shape[0]} tokens does not fit a slot of {self.max_seq_len}"
+                    f"prompt of {start + e.shape[0]} tokens does not fit a slot of "
+                    f"{self.max_seq_len}"
                 )
+            if start and self._filled.get(s) != start:
+                raise InvalidInput(f"slot {s} holds {self._filled.get(s, 0)} prompt positions, "
+                                   f"not {start}: a chunk must continue where the last ended")
         w = self.weights
         d, hq, hkv = w.head_dim, w.num_heads, w.num_kv_heads
         lengths = [int(e.shape[0]) for e in embeds]
@@ -167,20 +181,22 @@ class StaticRuntime:
         for n in lengths:
             offsets.append(offsets[-1] + n)
         h = torch.cat([e.to(self.dtype) for e in embeds])  # [M, H]
-        pos = torch.cat([torch.arange(n, device=self.device) for n in lengths])  # [M]
+        pos = torch.cat([torch.arange(st, st + n, device=self.device)
+                         for st, n in zip(starts, lengths, strict=True)])  # [M]
         cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)  # [M, D]
         write_slot = torch.cat([torch.full((n,), s, device=self.device)
                                 for s, n in zip(slots, lengths, strict=True)])  # [M]
 
         def attend(i: int, q: torch.Tensor) -> torch.Tensor:
-            """Causal SDPA over each request's prompt (flash on CUDA), reading its K/V back."""
+            """Causal SDPA over each piece's slot up to its end, reading its K/V back."""
             outs = []
-            for s, n, off in zip(slots, lengths, offsets, strict=False):
-                k = self.k_cache[i, s, :, :n]  # [Hkv, L, D]
-                v = self.v_cache[i, s, :, :n]  # [Hkv, L, D]
+            for s, n, off, st in zip(slots, lengths, offsets, starts, strict=False):
+                k = self.k_cache[i, s, :, : st + n]  # [Hkv, st + L, D]
+                v = self.v_cache[i, s, :, : st + n]  # [Hkv, st + L, D]
+                mask = None if st == 0 else _continuation_mask(st, n, self.device)
                 o = F.scaled_dot_product_attention(
-                    q[off : off + n].transpose(0, 1)[None], k[None], v[None], is_causal=True,
-                    enable_gqa=hq != hkv,
+                    q[off : off + n].transpose(0, 1)[None], k[None], v[None],
+                    attn_mask=mask, is_causal=mask is None, enable_gqa=hq != hkv,
                 )  # [1, Hq, L, D]
                 outs.append(o[0].transpose(0, 1).reshape(n, hq * d))  # [L, Hq D]
             return torch.cat(outs)  # [M, Hq D]
@@ -190,8 +206,34 @@ class StaticRuntime:
         last = torch.tensor([off - 1 for off in offsets[1:]], device=self.device)  # [R]
         x = self._norm(h.index_select(0, last), w.norm, w.eps)  # [R, H]
         self._live.update(slots)
+        for s, st, n in zip(slots, starts, lengths, strict=True):
+            self._filled[s] = st + n
         logits: torch.Tensor = (x @ w.lm_head.t()).float()  # [R, V]
         return logits
+
+    def save_prefix(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A copy of the first ``length`` positions of ``slot``'s K and V, each
+        [layers, Hkv, length, D], for :meth:`load_prefix` into another slot later."""
+        self._check_slot(slot)
+        if not 0 < length <= self._filled.get(slot, 0):
+            raise InvalidInput(f"slot {slot} holds {self._filled.get(slot, 0)} prompt "
+                               f"positions; cannot save {length}")
+        return (self.k_cache[:, slot, :, :length].clone(),
+                self.v_cache[:, slot, :, :length].clone())
+
+    def load_prefix(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Copy a saved prefix (:meth:`save_prefix`) into positions 0.. of ``slot``; a
+        prefill of the rest continues from its length (``starts``)."""
+        self._check_slot(slot)
+        w = self.weights
+        n = int(k.shape[2]) if k.dim() == 4 else 0
+        want = (len(w.layers), w.num_kv_heads, n, w.head_dim)
+        if tuple(k.shape) != want or tuple(v.shape) != want or not 0 < n < self.max_seq_len:
+            raise InvalidInput(f"a prefix must be K and V of {list(want)} with 0 < length < "
+                               f"{self.max_seq_len}, got {list(k.shape)} and {list(v.shape)}")
+        self.k_cache[:, slot, :, :n].copy_(k)
+        self.v_cache[:, slot, :, :n].copy_(v)
+        self._filled[slot] = n
 
     @torch.inference_mode()
     def step(self, batch: StepBatch) -> torch.Tensor:
@@ -234,6 +276,7 @@ class StaticRuntime:
         """Forget the slot's content (idempotent); nothing to clear, it is overwritten."""
         self._check_slot(slot)
         self._live.discard(slot)
+        self._filled.pop(slot, None)
 
     # -- warm-up --------------------------------------------------------------------
 
@@ -354,3 +397,9 @@ class StaticRuntime:
         vc.view(-1, d).index_copy_(0, rows, v.view(-1, d))
         o = attend(i, q)  # [M, Hq D]
         return layers.attention_out_and_mlp(h, o, lw.wo, lw.ln_mlp, lw.w_gate_up, lw.w_down, w.eps)
+
+
+def _continuation_mask(start: int, n: int, device: torch.device) -> torch.Tensor:
+    """[n, start + n] bool: query i (position start + i) sees keys 0 .. start + i."""
+    q = torch.arange(start, start + n, device=device)[:, None]  # [n, 1]
+    return torch.arange(start + n, device=device)[None, :] <= q  # [n, start + n]

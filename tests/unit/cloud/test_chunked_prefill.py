@@ -1,0 +1,166 @@
+"""Chunked prefill and prefix reuse in the static engine, on CPU in fp32.
+
+A prompt prefilled in chunks (any sizes, interleaved with other sessions' steps) must
+leave the same K/V and give the same first-token logits and the same greedy answer as
+one whole prefill; a saved prompt prefix loaded into another slot and continued must
+equal a cold prefill of that prompt. These are what make the scheduler's chunking
+and the prefix cache lossless.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from eventspec.cloud.engine.base import ChunkedPrefillEngine, PrefillChunk, PrefillRequest
+from eventspec.cloud.engine.static.build import build_static_engine, static_kv_plan
+from eventspec.cloud.engine.static.engine import StaticEngine
+from eventspec.cloud.target import TargetModel
+from eventspec.demoworld.tiny_target import build_tiny_random_target
+from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.node.static.batch import StepBatch
+
+ATOL = 2e-4
+QUESTIONS = ("What is moving?", "How many cars cross the road from the left side?")
+
+
+@pytest.fixture(scope="module")
+def tiny() -> TargetModel:
+    return build_tiny_random_target(seed=0)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny: TargetModel) -> StaticEngine:
+    kv = static_kv_plan(tiny, kv_cache_bytes=None, max_seq_len=256, max_slots=4)
+    return build_static_engine(tiny, kv, use_graphs=False)
+
+
+def request(target: TargetModel, slot: int, question: str, seed: int = 0) -> PrefillRequest:
+    g = target.geometry
+    pix = torch.randn((1, g.num_frames, 3, g.image_size, g.image_size),
+                      generator=torch.Generator().manual_seed(seed))  # [1, F, 3, S, S]
+    return PrefillRequest(slot, target.build_prompt_ids(question), pixel_values_videos=pix)
+
+
+def greedy(engine: StaticEngine, target: TargetModel, slot: int, start: int,
+           first: torch.Tensor, n: int) -> list[int]:
+    """n greedy tokens of the session in ``slot`` whose prompt is ``start`` long."""
+    vocab = target.text_vocab_size
+    out = [int(first[:vocab].argmax())]
+    for i in range(n - 1):
+        batch = StepBatch((slot,), (start + i,), (1,), torch.tensor([out[-1]]))
+        out.append(int(engine.step(batch)[0, :vocab].argmax()))
+    return out
+
+
+def chunked(engine: StaticEngine, req: PrefillRequest, sizes: list[int]) -> torch.Tensor:
+    """Prefill ``req`` in pieces of ``sizes`` (the last takes the rest); the last
+    piece's [V] logits."""
+    embeds = engine.prompt_embeds(req)  # [L, H]
+    start, logits = 0, None
+    for size in [*sizes, embeds.shape[0]]:
+        end = min(embeds.shape[0], start + size)
+        if end == start:
+            break
+        logits = engine.prefill_chunks([PrefillChunk(req.slot, start, embeds[start:end])])[0]
+        start = end
+    assert logits is not None
+    return logits
+
+
+def test_the_static_engine_offers_chunks_and_prefixes(engine: StaticEngine) -> None:
+    assert isinstance(engine, ChunkedPrefillEngine)
+
+
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sizes=st.lists(st.integers(1, 64), min_size=1, max_size=6), q=st.sampled_from(QUESTIONS))
+def test_a_prompt_in_chunks_equals_it_whole(engine: StaticEngine, tiny: TargetModel,
+                                            sizes: list[int], q: str) -> None:
+    whole_req = request(tiny, 0, q)
+    whole = engine.prefill([whole_req])[0]  # [V]
+    part = chunked(engine, request(tiny, 1, q), sizes)  # [V]
+    torch.testing.assert_close(part, whole, rtol=0, atol=ATOL)
+    n = len(whole_req.input_ids)
+    torch.testing.assert_close(engine.k_cache[:, 1, :, :n], engine.k_cache[:, 0, :, :n],
+                               rtol=0, atol=ATOL)
+    assert greedy(engine, tiny, 1, n, part, 8) == greedy(engine, tiny, 0, n, whole, 8)
+    engine.free(0)
+    engine.free(1)
+
+
+def test_chunks_interleave_with_other_sessions_steps(engine: StaticEngine,
+                                                     tiny: TargetModel) -> None:
+    """Session A decodes between the chunks of B's prefill: both answers are what each
+    gets alone."""
+    a, b = request(tiny, 0, QUESTIONS[0], seed=1), request(tiny, 1, QUESTIONS[1], seed=2)
+    la, lb = len(a.input_ids), len(b.input_ids)
+    alone_a = greedy(engine, tiny, 0, la, engine.prefill([a])[0], 6)
+    alone_b = greedy(engine, tiny, 1, lb, engine.prefill([b])[0], 6)
+    engine.free(0)
+    engine.free(1)
+    tokens_a = [int(engine.prefill([a])[0][: tiny.text_vocab_size].argmax())]
+    embeds = engine.prompt_embeds(b)  # [Lb, H]
+    start, vocab = 0, tiny.text_vocab_size
+    first_b = None
+    while start < lb:
+        end = min(lb, start + 9)
+        first_b = engine.prefill_chunks([PrefillChunk(1, start, embeds[start:end])])[0]
+        start = end
+        batch = StepBatch((0,), (la + len(tokens_a) - 1,), (1,), torch.tensor([tokens_a[-1]]))
+        tokens_a.append(int(engine.step(batch)[0, :vocab].argmax()))
+    assert first_b is not None
+    assert tokens_a[:6] == alone_a
+    assert greedy(engine, tiny, 1, lb, first_b, 6) == alone_b
+    engine.free(0)
+    engine.free(1)
+
+
+def test_a_chunk_must_continue_where_the_slot_ended(engine: StaticEngine,
+                                                    tiny: TargetModel) -> None:
+    req = request(tiny, 2, QUESTIONS[0])
+    embeds = engine.prompt_embeds(req)
+    with pytest.raises(InvalidInput, match="slot 2 holds 0 prompt positions, not 5"):
+        engine.prefill_chunks([PrefillChunk(2, 5, embeds[5:9])])
+    engine.prefill_chunks([PrefillChunk(2, 0, embeds[:5])])
+    with pytest.raises(InvalidInput, match="not 4"):
+        engine.prefill_chunks([PrefillChunk(2, 4, embeds[4:9])])
+    engine.free(2)  # forgets what it held
+    with pytest.raises(InvalidInput, match="holds 0"):
+        engine.prefill_chunks([PrefillChunk(2, 5, embeds[5:9])])
+    with pytest.raises(InvalidInput, match="at least one"):
+        engine.prefill_chunks([])
+
+
+def test_a_saved_prefix_continued_equals_a_cold_prefill(engine: StaticEngine,
+                                                        tiny: TargetModel) -> None:
+    """Two questions about one clip share the prompt up to the end of the video rows:
+    the second loads the first's prefix and prefills only its own text."""
+    first = request(tiny, 0, QUESTIONS[0], seed=3)
+    second = request(tiny, 1, QUESTIONS[1], seed=3)
+    ids_a, ids_b = list(first.input_ids), list(second.input_ids)
+    shared = next(i for i, (x, y) in enumerate(zip(ids_a, ids_b, strict=False)) if x != y)
+    assert shared > tiny.geometry.visual_tokens  # the video rows are in the prefix
+    engine.prefill([first])
+    k, v = engine.save_prefix(0, shared)
+    engine.free(0)
+    cold = engine.prefill([second])[0]  # [V]
+    n = len(ids_b)
+    cold_tokens = greedy(engine, tiny, 1, n, cold, 8)
+    engine.free(1)
+    engine.load_prefix(2, k, v)
+    embeds = engine.prompt_embeds(dataclass_replace(second, slot=2))  # [Lb, H]
+    warm = engine.prefill_chunks([PrefillChunk(2, shared, embeds[shared:])])[0]
+    torch.testing.assert_close(warm, cold, rtol=0, atol=ATOL)
+    assert greedy(engine, tiny, 2, n, warm, 8) == cold_tokens
+    engine.free(2)
+    with pytest.raises(InvalidInput, match="cannot save"):
+        engine.save_prefix(2, 4)
+    with pytest.raises(InvalidInput, match="a prefix must be"):
+        engine.load_prefix(2, k[:1], v[:1])
+
+
+def dataclass_replace(req: PrefillRequest, slot: int) -> PrefillRequest:
+    return PrefillRequest(slot, req.input_ids, req.pixel_values_videos, req.video_features)
