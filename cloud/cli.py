@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto: each step verifies, per session, the drafts that maximise the "
              "batch's expected tokens per ms under the cost model and the measured "
              "acceptance; all: every valid draft up to --max-verify-tokens")
+    arg("--prefill-chunk", default=env.prefill_chunk,
+        help="chunked prefill, decode first (static engine): off (whole prompts), auto "
+             "(each iteration prefills about one step's worth of prompt tokens, from the "
+             "cost model) or a number of tokens per iteration")
     arg("--kv-queue", type=int, default=env.kv_queue,
         help="requests that may wait, first come first served, for a KV slot when all "
              "are taken (0: refuse at once with RESOURCE_EXHAUSTED)")
@@ -142,6 +146,7 @@ def settings_from_args(args: argparse.Namespace) -> CloudSettings:
         engine=args.engine,
         max_verify_tokens=args.max_verify_tokens,
         verify_width=args.verify_width,
+        prefill_chunk=args.prefill_chunk,
         kv_queue=args.kv_queue,
         kv_wait_s=args.kv_wait_s,
         profile_path=args.profile,

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from eventspec.cloud.prefill_chunking import ChunkPolicy
 from eventspec.cloud.timeouts import (
     FEATURES_BASE_TIMEOUT_S,
     FEATURES_MAX_TIMEOUT_S,
@@ -68,6 +69,10 @@ class CloudSettings:
     #: expected tokens per ms under the cost model (eventspec.shared.contract.verify_width);
     #: "all": every valid draft up to --max-verify-tokens.
     verify_width: str = "auto"
+    #: Chunked prefill, decode first (``eventspec.cloud.prefill_chunking``): "off" (whole
+    #: prompts), "auto" (a chunk costs about one step, from the cost model) or a number of
+    #: tokens per iteration. The static engine only; off until measured on a GPU.
+    prefill_chunk: str = "off"
     #: Requests that may wait for a KV slot when all are taken (FIFO); 0 refuses at once.
     kv_queue: int = 64
     #: The longest a request waits in that queue (its own deadline may be sooner).
@@ -128,6 +133,7 @@ class CloudSettings:
             engine=e.text("ENGINE", d.engine),
             max_verify_tokens=e.integer("MAX_VERIFY_TOKENS", d.max_verify_tokens),
             verify_width=e.text("VERIFY_WIDTH", d.verify_width),
+            prefill_chunk=e.text("PREFILL_CHUNK", d.prefill_chunk),
             kv_queue=e.integer("KV_QUEUE", d.kv_queue),
             kv_wait_s=e.number("KV_WAIT_S", d.kv_wait_s),
             session_ttl_s=e.number("SESSION_TTL_S", d.session_ttl_s),
@@ -177,6 +183,10 @@ class CloudSettings:
         require_int("--max-verify-tokens", self.max_verify_tokens, 1,
                     lim.max_draft_tokens + 1, "the drafts cap plus one")
         require_choice("--verify-width", self.verify_width, VERIFY_WIDTHS)
+        try:
+            ChunkPolicy.parse(self.prefill_chunk)
+        except ValueError as e:
+            raise SettingsError(str(e)) from None
         require_int("--kv-queue", self.kv_queue, 0, 100_000, "0 refuses at once")
         require_seconds("--kv-wait-s", self.kv_wait_s, zero_ok=True)
         for flag, seconds in (("--session-ttl-s", self.session_ttl_s),

@@ -3,6 +3,9 @@
 First come, first served: a call takes the oldest waiting request, whatever its length,
 plus those after it while their prompts fit ``token_budget`` tokens in all; a request
 that ended while it waited (released, cancelled, overdue) is dropped as it comes up.
+With chunked prefill (``eventspec.cloud.prefill_chunking``) a call takes pieces
+instead: the rest of the oldest prompt first, then the next prompts' beginnings, until
+the chunk budget is spent; a prompt left unfinished stays at the head with its progress.
 Kept apart from the loop (``eventspec.cloud.scheduler``), which asks only for the next
 group, so the admission policy reads in one place. Only the engine thread changes the
 queue; its length is read from other threads (approximate) for the metrics.
@@ -12,6 +15,9 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
 
 from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.tickets import Ticket
@@ -25,6 +31,33 @@ from eventspec.cloud.tickets import Ticket
 DEFAULT_PREFILL_TOKEN_BUDGET = 2048
 
 
+@dataclass(eq=False)
+class Pending:
+    """A queued prefill and how far its chunks have come."""
+
+    ticket: Ticket
+    request: PrefillRequest
+    done: int = 0  # prompt positions already in the slot
+    embeds: torch.Tensor | None = None  # [L, H] once its first chunk was planned
+
+    @property
+    def length(self) -> int:
+        return len(self.request.input_ids)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Positions ``start`` .. ``end - 1`` of ``pending``'s prompt, for one call."""
+
+    pending: Pending
+    start: int
+    end: int
+
+    @property
+    def finishes(self) -> bool:
+        return self.end == self.pending.length
+
+
 class PrefillQueue:
     """Queued prefills, oldest first, and the token budget of one call."""
 
@@ -32,26 +65,30 @@ class PrefillQueue:
         if token_budget < 1:
             raise ValueError(f"prefill_token_budget must be >= 1, got {token_budget}")
         self.token_budget = token_budget
-        self._waiting: collections.deque[tuple[Ticket, PrefillRequest]] = collections.deque()
+        self._waiting: collections.deque[Pending] = collections.deque()
 
     def __len__(self) -> int:
         return len(self._waiting)
 
     def add(self, ticket: Ticket, request: PrefillRequest) -> None:
         """Queue ``ticket``'s prefill behind the others."""
-        self._waiting.append((ticket, request))
+        self._waiting.append(Pending(ticket, request))
+
+    def peek(self) -> Pending | None:
+        """The oldest waiting prefill, left in the queue."""
+        return self._waiting[0] if self._waiting else None
 
     def tickets(self) -> list[Ticket]:
         """The waiting requests' tickets, oldest first (a copy)."""
-        return [t for t, _ in self._waiting]
+        return [p.ticket for p in self._waiting]
 
     def clear(self) -> None:
         self._waiting.clear()
 
     def forget(self, ticket: Ticket) -> None:
         """Drop ``ticket``'s prefill if it is still waiting."""
-        if any(t is ticket for t, _ in self._waiting):
-            self._waiting = collections.deque((t, r) for t, r in self._waiting if t is not ticket)
+        if any(p.ticket is ticket for p in self._waiting):
+            self._waiting = collections.deque(p for p in self._waiting if p.ticket is not ticket)
 
     def next_group(
         self, still_wanted: Callable[[Ticket], bool]
@@ -65,12 +102,41 @@ class PrefillQueue:
         group: list[tuple[Ticket, PrefillRequest]] = []
         tokens = 0
         while self._waiting:
-            ticket, req = self._waiting[0]
-            if group and tokens + len(req.input_ids) > self.token_budget:
+            head = self._waiting[0]
+            if group and tokens + head.length > self.token_budget:
                 break
             self._waiting.popleft()
-            if not still_wanted(ticket):
+            if not still_wanted(head.ticket):
                 continue
-            group.append((ticket, req))
-            tokens += len(req.input_ids)
+            group.append((head.ticket, head.request))
+            tokens += head.length
         return group
+
+    def next_pieces(self, budget: int, still_wanted: Callable[[Ticket], bool]) -> list[Piece]:
+        """The next chunked call: pieces of the oldest prompts, ``budget`` tokens in all
+        (at least one token of the oldest). A prompt whose piece reaches its end leaves
+        the queue; one cut short stays at the head, and its ``done`` moves on only when
+        the caller records the call (:meth:`advance`). Unwanted requests are dropped as
+        they come up, as in :meth:`next_group`."""
+        pieces: list[Piece] = []
+        left = max(1, budget)
+        i = 0
+        while i < len(self._waiting) and left > 0:
+            pending = self._waiting[i]
+            if not still_wanted(pending.ticket):
+                self.forget(pending.ticket)
+                continue
+            end = min(pending.length, pending.done + left)
+            pieces.append(Piece(pending, pending.done, end))
+            left -= end - pending.done
+            i += 1
+        for piece in pieces:
+            if piece.finishes:
+                self._waiting.remove(piece.pending)
+        return pieces
+
+    @staticmethod
+    def advance(pieces: list[Piece]) -> None:
+        """Record that the pieces' call wrote them."""
+        for piece in pieces:
+            piece.pending.done = piece.end

@@ -27,8 +27,10 @@ stop string, token cap, context limit, cancel, deadline) gives its slot back in 
 iteration; a stream that ends any other way (disconnect, error, TTL) releases it.
 The price of whole prefills: every running session waits for each prefill admitted while
 it decodes, so under a stream of new requests its per-token time is the step plus
-(prefills per second x prefill ms) per second of decoding; chunked prefill would bound
-that and is not done here (docs/scheduler.md has the measured numbers).
+(prefills per second x prefill ms) per second of decoding. ``--prefill-chunk`` bounds
+that (the static engine): step 2 then writes *pieces* of the waiting prompts, about one
+step's worth while sessions decode (``eventspec.cloud.prefill_chunking``), and a prompt
+continues where its slot ends at the next iteration; docs/scheduler.md has the rule.
 
 Why a thread and not an engine-core process: the loop's own Python work per step is
 tens of microseconds per session (``benchmarks/bench_capacity.py`` reports it as
@@ -56,8 +58,14 @@ from collections.abc import Callable, Sequence
 import torch
 
 from eventspec.cloud.decoding import Committed, DecodingSession, StepInput
-from eventspec.cloud.engine.base import BatchedEngine, PrefillRequest
-from eventspec.cloud.prefill_queue import DEFAULT_PREFILL_TOKEN_BUDGET, PrefillQueue
+from eventspec.cloud.engine.base import (
+    BatchedEngine,
+    ChunkedPrefillEngine,
+    PrefillChunk,
+    PrefillRequest,
+)
+from eventspec.cloud.prefill_chunking import ChunkPolicy
+from eventspec.cloud.prefill_queue import DEFAULT_PREFILL_TOKEN_BUDGET, Piece, PrefillQueue
 from eventspec.cloud.sampler import BatchedSampler, SampleSpec, make_generator
 from eventspec.cloud.scheduler_stats import SchedulerStats, StepObserver
 from eventspec.cloud.tickets import Failure, Outbox, SchedulerEvent, SlotPool, Ticket
@@ -82,16 +90,23 @@ class Scheduler:
         *,
         text_vocab_size: int,
         prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET,
+        prefill_chunk: ChunkPolicy | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._prefills = PrefillQueue(prefill_token_budget)  # checks the budget first
         self.engine = engine
+        #: Chunked prefill (``eventspec.cloud.prefill_chunking``) where the engine can.
+        self.chunking = prefill_chunk if prefill_chunk is not None and isinstance(
+            engine, ChunkedPrefillEngine) else ChunkPolicy("off")
+        #: The cost model the ``auto`` chunk size is read from (set by the server).
+        self.chunk_cost: CloudCost | None = None
         self.sampler = BatchedSampler(text_vocab_size)
         self.pool = SlotPool(engine.num_slots, engine.max_seq_len)
         self.stats = SchedulerStats()
         self._clock = clock
         self._commands: queue.SimpleQueue[tuple[str, Ticket | None, object]] = queue.SimpleQueue()
         self._running: list[Ticket] = []
+        self._last_step = (0, 0)  # sessions and tokens of the latest step (chunk sizing)
         self._outbox = Outbox()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -184,7 +199,10 @@ class Scheduler:
                 self._take_commands(block=not self._running and not self._prefills)
                 if self._stopping:
                     break
-                self._prefill_one()
+                if self.chunking.enabled:
+                    self._prefill_chunk()
+                else:
+                    self._prefill_one()
                 # The first token goes out now, not after the next step.
                 self._outbox.flush(self._loop)
                 self._step_all()
@@ -277,11 +295,11 @@ class Scheduler:
     def _finish_prefills(self, group: list[tuple[Ticket, PrefillRequest]],
                          logits: torch.Tensor, t0: float) -> None:
         """Sample each prefilled request's first token (checking one hidden draft)."""
-        ms = (self._clock() - t0) * 1e3
+        now = self._clock()
         specs, drafts_of = [], []
         for ticket, _ in group:
             self._read_mailbox(ticket)
-            ticket.session.mark_prefilled(ms)
+            ticket.session.mark_prefilled((now - (ticket.prefill_started_at or t0)) * 1e3)
             drafts = ticket.session.drafts_now()  # at most one hidden draft
             drafts_of.append(drafts)
             specs.append(self._spec(ticket, 1, drafts))
@@ -299,6 +317,68 @@ class Scheduler:
             self._outbox.post(ticket, done)
             if done.finish_reason is None:
                 self._running.append(ticket)
+
+    def _prefill_chunk(self) -> None:
+        """One chunked prefill call: pieces of the oldest prompts within this iteration's
+        budget (``ChunkPolicy.budget``: a step's worth while sessions decode, whole
+        prompts otherwise); the requests whose last piece it wrote get their first
+        token. A failing call is retried one piece at a time, so a bad request fails
+        alone."""
+        running = len(self._running)
+        sessions = max(running, self._last_step[0]) if running else 0
+        tokens = max(sessions, self._last_step[1])
+        budget = self.chunking.budget(self.chunk_cost, sessions, tokens,
+                                      self._prefills.token_budget)
+        if budget is None:  # nothing decodes: whole prompts, as without chunks
+            head = self._prefills.peek()
+            budget = max(self._prefills.token_budget,
+                         head.length - head.done if head is not None else 0)
+        pieces = self._prefills.next_pieces(
+            budget, lambda ticket: ticket.slot_held and not self._ended_early(ticket))
+        if not pieces:
+            return
+        t0 = self._clock()
+        for piece in pieces:
+            if piece.start == 0:
+                self.stats.prefill_wait_ms += (t0 - piece.pending.ticket.submitted_at) * 1e3
+                piece.pending.ticket.prefill_started_at = t0
+        if not self._prefill_pieces(pieces, t0, fail_alone=len(pieces) == 1):
+            log.warning("a chunked prefill of %d pieces failed; retrying them one by one",
+                        len(pieces))
+            for one in pieces:
+                self._prefill_pieces([one], self._clock(), fail_alone=True)
+
+    def _prefill_pieces(self, pieces: list[Piece], t0: float, *, fail_alone: bool) -> bool:
+        """One engine call for the pieces; as :meth:`_prefill_group`."""
+        engine = self.engine
+        assert isinstance(engine, ChunkedPrefillEngine)
+        try:
+            chunks = []
+            for piece in pieces:
+                p = piece.pending
+                if p.embeds is None:
+                    p.embeds = engine.prompt_embeds(p.request)  # [L, H]
+                chunks.append(PrefillChunk(p.request.slot, piece.start,
+                                           p.embeds[piece.start : piece.end]))
+            logits = engine.prefill_chunks(chunks)  # [R, V]
+        except Exception as exc:
+            if not fail_alone:
+                return False
+            for piece in pieces:
+                self._end(piece.pending.ticket, Failure(_as_error(exc, "prefill")))
+            return True
+        PrefillQueue.advance(pieces)
+        self.stats.prefill_chunks += len(pieces)
+        done = [i for i, piece in enumerate(pieces) if piece.finishes]
+        for i in done:
+            pieces[i].pending.embeds = None
+        if not done:
+            self.stats.prefill_ms += (self._clock() - t0) * 1e3
+            return True
+        rows = logits.index_select(0, torch.tensor(done, device=logits.device))  # [D, V]
+        self._finish_prefills([(pieces[i].pending.ticket, pieces[i].pending.request)
+                               for i in done], rows, t0)
+        return True
 
     def _step_all(self) -> None:
         """One engine step and one sampler call for every running session."""
@@ -367,6 +447,7 @@ class Scheduler:
         (everything before the engine call and after the sampler, commits included)."""
         s = self.stats
         s.observe_step(sessions, tokens)
+        self._last_step = (sessions, tokens)
         s.engine_ms += (t_sampler - t_engine) * 1e3
         s.sampler_ms += (t_done - t_sampler) * 1e3
         s.overhead_ms += ((t_engine - t_start) + (self._clock() - t_done)) * 1e3

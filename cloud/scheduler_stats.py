@@ -26,6 +26,7 @@ class SchedulerStats:
     overhead_ms: float = 0.0  # the loop's own Python work around engine and sampler
     prefill_ms: float = 0.0  # engine prefill calls plus their first-token sampling
     prefill_wait_ms: float = 0.0  # queued prefills waiting for the loop (steps, prefills)
+    prefill_chunks: int = 0  # prompt pieces written by chunked prefill calls
 
     def observe_step(self, sessions: int, tokens: int) -> None:
         self.steps += 1

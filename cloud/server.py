@@ -23,6 +23,7 @@ from eventspec.cloud.engine.static.build import SCRATCH_SLOTS, build_static_engi
 from eventspec.cloud.engine.static.weights import static_unsupported_reason
 from eventspec.cloud.kv_queue import KvWaitQueue
 from eventspec.cloud.model_dirs import model_dir
+from eventspec.cloud.prefill_chunking import ChunkPolicy
 from eventspec.cloud.runtime import VerifierRuntime, server_info_for
 from eventspec.cloud.scheduler import Scheduler
 from eventspec.cloud.servicer import VerifierServicer
@@ -130,11 +131,13 @@ def build_runtime(
     runtime = VerifierRuntime(
         settings=settings,
         target=target,
-        scheduler=Scheduler(engine, text_vocab_size=target.text_vocab_size),
+        scheduler=Scheduler(engine, text_vocab_size=target.text_vocab_size,
+                            prefill_chunk=ChunkPolicy.parse(settings.prefill_chunk)),
         registry=SessionRegistry(settings.limits.max_sessions, settings.session_ttl_s,
                                  per_principal=settings.per_principal_cap),
         info=info,
     )
+    runtime.scheduler.chunk_cost = cost
     if settings.verify_width == "auto":
         runtime.scheduler.verify_cost = cost
         runtime.scheduler.alpha_prior = lambda: runtime.acceptance.value

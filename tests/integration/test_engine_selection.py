@@ -4,6 +4,7 @@ model the static engine cannot serve falls back to hf with the reason logged."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from dataclasses import replace
@@ -83,3 +84,29 @@ async def test_static_engine_serves_what_hf_serves_over_grpc() -> None:
             await server.stop()
     assert answers["static"] == answers["hf"]
     assert all(answers["hf"])
+
+
+async def test_chunked_prefill_serves_the_same_answers_to_requests_at_once() -> None:
+    """``--prefill-chunk 16``: prompts go in 16-token chunks while other requests decode,
+    and every answer is the HF engine's, asked one at a time."""
+    answers: dict[str, list[list[int]]] = {}
+    for kind, chunk in (("hf", "off"), ("static", "16")):
+        settings = replace(h.settings(kv_cache_gb=0.05), engine=kind, prefill_chunk=chunk)
+        server = VerifierServer(settings, target=build_tiny_random_target(seed=0),
+                                cost=h.TEST_COST)
+        await server.start()
+        try:
+            asks = [h.run_generate(server.port, h.open_msg(q, h.make_frames(i),
+                                                           max_new_tokens=12), hidden=[5, 6])
+                    for i, q in enumerate(QUESTIONS)]
+            if kind == "hf":
+                outs = [await a for a in asks]
+            else:
+                outs = list(await asyncio.gather(*asks))
+            answers[kind] = [o.tokens for o in outs]
+            assert server.runtime is not None
+            chunks = server.runtime.scheduler.stats.prefill_chunks
+            assert (chunks >= len(QUESTIONS)) if kind == "static" else chunks == 0
+        finally:
+            await server.stop()
+    assert answers["static"] == answers["hf"]

@@ -7,11 +7,13 @@ slot's tokens, so a test can also check that the scheduler freed every slot.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import torch
 
-from eventspec.cloud.engine.base import PrefillRequest
+from eventspec.cloud.engine.base import PrefillChunk, PrefillRequest
+from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.node.static.batch import StepBatch
 
 VOCAB, TEXT_VOCAB, EOS = 40, 32, 2
@@ -72,3 +74,56 @@ def target_only(prompt: Sequence[int], max_new: int, max_seq_len: int) -> list[i
         out.append(tok)
         if tok == EOS or len(out) >= max_new or len(prompt) + len(out) >= max_seq_len:
             return out
+
+
+class ChunkedFakeEngine(FakeEngine):
+    """``FakeEngine`` that also prefills in chunks and takes saved prefixes (the
+    ``ChunkedPrefillEngine`` side); ``events`` records every call in order:
+    ("prefill", slots), ("chunk", [(slot, start, end)]) and ("step", slots)."""
+
+    def __init__(self, num_slots: int, max_seq_len: int = 64) -> None:
+        super().__init__(num_slots, max_seq_len)
+        self.events: list[tuple[str, list[object]]] = []
+        self.poison: int | None = None  # a prompt holding this id fails its chunk call
+        #: When set, the second step waits in ``held`` until ``gate`` opens (10 s at most).
+        self.hold_second_step = False
+        self.held = threading.Event()
+        self.gate = threading.Event()
+
+    def prefill(self, requests: Sequence[PrefillRequest]) -> torch.Tensor:
+        self.events.append(("prefill", [r.slot for r in requests]))
+        return super().prefill(requests)
+
+    def step(self, batch: StepBatch) -> torch.Tensor:
+        self.events.append(("step", list(batch.slots)))
+        if self.hold_second_step and sum(kind == "step" for kind, _ in self.events) == 2:
+            self.held.set()
+            assert self.gate.wait(timeout=10), "the test never opened the gate"
+        return super().step(batch)
+
+    def prompt_embeds(self, request: PrefillRequest) -> torch.Tensor:
+        return torch.tensor([float(i) for i in request.input_ids])[:, None]  # [L, 1]
+
+    def prefill_chunks(self, chunks: Sequence[PrefillChunk]) -> torch.Tensor:
+        self.events.append(("chunk", [(c.slot, c.start, c.start + len(c.embeds))
+                                      for c in chunks]))
+        rows = []
+        for c in chunks:
+            ids = [int(x) for x in c.embeds[:, 0].tolist()]
+            if self.poison is not None and self.poison in ids:
+                raise InvalidInput("input_ids: a poisoned prompt")
+            held = self.slots[c.slot] or []
+            assert len(held) == c.start or c.start == 0, "a chunk skipped positions"
+            seq = (held if c.start else []) + ids
+            self.slots[c.slot] = seq
+            rows.append(self._row(seq))
+        return torch.stack(rows)  # [R, V]
+
+    def save_prefix(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        held = self.slots[slot]
+        assert held is not None and length <= len(held)
+        ids = torch.tensor(held[:length], dtype=torch.float32)
+        return ids, ids.clone()
+
+    def load_prefix(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.slots[slot] = [int(x) for x in k.tolist()]

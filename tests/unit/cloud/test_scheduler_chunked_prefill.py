@@ -1,0 +1,222 @@
+"""Chunked prefill, decode first, in the engine loop (``--prefill-chunk``).
+
+Against a deterministic fake engine whose answer is a hash of the whole sequence: every
+answer must equal target-only decoding whatever the chunk size and arrival pattern; a
+session that decodes keeps stepping between the chunks of a newcomer's prompt; with
+nothing decoding a prompt goes whole; a bad prompt fails alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from eventspec.cloud.decoding import Committed, DecodingSession
+from eventspec.cloud.prefill_chunking import CHUNK_QUANTUM, ChunkPolicy, auto_chunk_tokens
+from eventspec.cloud.prefill_queue import PrefillQueue
+from eventspec.cloud.scheduler import Scheduler
+from eventspec.cloud.tickets import Failure, Ticket
+from eventspec.shared.contract.timing import CloudCost
+from eventspec.shared.contract.types import GenerationSettings
+from tests.support.fake_engine import EOS, TEXT_VOCAB, ChunkedFakeEngine, FakeEngine, target_only
+from tests.support.waiting import until
+
+MAX_SEQ = 64
+
+
+def _make(max_new: int, prompt_len: int) -> object:
+    def make(slot: int) -> DecodingSession:
+        return DecodingSession(
+            settings=GenerationSettings(max_new_tokens=max_new), slot=slot,
+            prompt_len=prompt_len, max_seq_len=MAX_SEQ, eos_token_id=EOS, max_verify_tokens=9,
+            decode=lambda ids: "", speculative=False,
+        )
+
+    return make
+
+
+async def _answer(ticket: Ticket) -> list[int] | Failure:
+    got: list[int] = []
+    while True:
+        event = await asyncio.wait_for(ticket.events.get(), 20)
+        if isinstance(event, Failure):
+            return event
+        assert isinstance(event, Committed)
+        got.extend(event.tokens)
+        if event.finish_reason is not None:
+            return got
+
+
+async def _ask(sched: Scheduler, name: str, prompt: tuple[int, ...], max_new: int) -> Ticket:
+    ticket = sched.admit(name, _make(max_new, len(prompt)))  # type: ignore[arg-type]
+    sched.submit_prefill(ticket, prompt, video_features=torch.zeros(1))
+    return ticket
+
+
+def _prompt(seed: int, n: int) -> tuple[int, ...]:
+    return tuple(3 + (seed * 7 + i * 13) % 28 for i in range(n))
+
+
+@settings(max_examples=30, deadline=None)
+@given(chunk=st.integers(1, 12), lengths=st.lists(st.integers(1, 40), min_size=1, max_size=5),
+       max_new=st.integers(1, 12), stagger=st.booleans())
+def test_chunked_answers_equal_target_only(chunk: int, lengths: list[int], max_new: int,
+                                           stagger: bool) -> None:
+    async def go() -> None:
+        engine = ChunkedFakeEngine(num_slots=5, max_seq_len=MAX_SEQ)
+        sched = Scheduler(engine, text_vocab_size=TEXT_VOCAB,
+                          prefill_chunk=ChunkPolicy("fixed", chunk))
+        sched.start()
+        try:
+            tickets = []
+            for i, n in enumerate(lengths):
+                tickets.append(await _ask(sched, f"r{i}", _prompt(i, n), max_new))
+                if stagger:  # later requests arrive while earlier ones decode
+                    await asyncio.sleep(0)
+            results = await asyncio.gather(*(_answer(t) for t in tickets))
+        finally:
+            await asyncio.to_thread(sched.stop)
+        for i, (n, got) in enumerate(zip(lengths, results, strict=True)):
+            assert got == target_only(_prompt(i, n), max_new, MAX_SEQ), i
+        chunks = [piece for kind, pieces in engine.events if kind == "chunk" for piece in pieces]
+        assert chunks, "chunking was on: prompts go through prefill_chunks"
+
+    asyncio.run(go())
+
+
+async def test_a_decoding_session_steps_between_the_chunks_of_a_long_prompt() -> None:
+    # A prompt whose answer runs 30 tokens without EOS, so it decodes all along.
+    seed = next(s for s in range(100) if len(target_only(_prompt(s, 3), 30, MAX_SEQ)) == 30)
+    engine = ChunkedFakeEngine(num_slots=2, max_seq_len=MAX_SEQ)
+    engine.hold_second_step = True
+    sched = Scheduler(engine, text_vocab_size=TEXT_VOCAB, prefill_chunk=ChunkPolicy("fixed", 4))
+    sched.start()
+    try:
+        first = await _ask(sched, "decoding", _prompt(seed, 3), 30)
+        await until(engine.held.is_set, "the first request decodes")
+        long = await _ask(sched, "long", _prompt(2, 30), 2)  # queued while a step runs
+        engine.gate.set()
+        results = await asyncio.gather(_answer(first), _answer(long))
+    finally:
+        engine.gate.set()
+        await asyncio.to_thread(sched.stop)
+    assert results[0] == target_only(_prompt(seed, 3), 30, MAX_SEQ)
+    assert results[1] == target_only(_prompt(2, 30), 2, MAX_SEQ)
+    long_chunks = [i for i, (kind, pieces) in enumerate(engine.events)
+                   if kind == "chunk" and any(p[0] == long.slot for p in pieces)]  # type: ignore[index]
+    assert len(long_chunks) == 30 // 4 + 1  # 4 tokens a call while the other decodes
+    for a, b in itertools.pairwise(long_chunks):
+        between = engine.events[a + 1 : b]
+        assert any(kind == "step" and first.slot in slots for kind, slots in between), \
+            "the decoding session waited for more than one chunk"
+
+
+async def test_with_nothing_decoding_a_prompt_goes_whole() -> None:
+    engine = ChunkedFakeEngine(num_slots=1, max_seq_len=MAX_SEQ)
+    sched = Scheduler(engine, text_vocab_size=TEXT_VOCAB, prefill_chunk=ChunkPolicy("fixed", 4))
+    sched.start()
+    try:
+        ticket = await _ask(sched, "alone", _prompt(3, 30), 3)
+        result = await _answer(ticket)
+    finally:
+        await asyncio.to_thread(sched.stop)
+    assert result == target_only(_prompt(3, 30), 3, MAX_SEQ)
+    assert [e for e in engine.events if e[0] == "chunk"] == [("chunk", [(ticket.slot, 0, 30)])]
+
+
+async def test_a_bad_prompt_fails_alone_among_chunks() -> None:
+    engine = ChunkedFakeEngine(num_slots=3, max_seq_len=MAX_SEQ)
+    engine.poison = 31
+    sched = Scheduler(engine, text_vocab_size=TEXT_VOCAB, prefill_chunk=ChunkPolicy("fixed", 64))
+    sched.start()
+    try:
+        good = await _ask(sched, "good", _prompt(4, 10), 4)
+        bad = await _ask(sched, "bad", (5, 6, 31, 7), 4)
+        results = await asyncio.gather(_answer(good), _answer(bad))
+    finally:
+        await asyncio.to_thread(sched.stop)
+    assert results[0] == target_only(_prompt(4, 10), 4, MAX_SEQ)
+    assert isinstance(results[1], Failure) and "poisoned" in str(results[1].error)
+    assert sched.pool.free == 3
+
+
+def test_an_engine_without_chunks_prefills_whole_prompts() -> None:
+    sched = Scheduler(FakeEngine(1), text_vocab_size=TEXT_VOCAB,
+                      prefill_chunk=ChunkPolicy("fixed", 4))
+    assert not sched.chunking.enabled
+
+
+@pytest.mark.parametrize("text, want", [("off", ChunkPolicy("off")), ("AUTO", ChunkPolicy("auto")),
+                                        ("256", ChunkPolicy("fixed", 256))])
+def test_the_flag_parses(text: str, want: ChunkPolicy) -> None:
+    assert ChunkPolicy.parse(text) == want
+
+
+@pytest.mark.parametrize("text", ["", "0", "-3", "big", "1.5"])
+def test_a_bad_flag_names_itself(text: str) -> None:
+    with pytest.raises(ValueError, match="--prefill-chunk"):
+        ChunkPolicy.parse(text)
+
+
+def _cost(step_base: float, per_token: float, prefill_per_token: float) -> CloudCost:
+    return CloudCost(prefill_base_ms=2.0, prefill_ms_per_visual_token=prefill_per_token,
+                     prefill_ms_per_text_token=prefill_per_token, step_base_ms=step_base,
+                     step_ms_per_token=per_token, step_ms_per_session=0.1)
+
+
+@given(step_base=st.floats(0.5, 50), per_token=st.floats(0, 1),
+       prefill=st.floats(1e-3, 1), sessions=st.integers(1, 64), budget=st.integers(1, 4096))
+def test_auto_chunks_are_quantised_bounded_and_cost_about_a_step(
+        step_base: float, per_token: float, prefill: float, sessions: int, budget: int) -> None:
+    cost = _cost(step_base, per_token, prefill)
+    tokens = auto_chunk_tokens(cost, sessions, sessions, budget)
+    assert tokens % CHUNK_QUANTUM == 0 and CHUNK_QUANTUM <= tokens <= max(CHUNK_QUANTUM, budget)
+    # Not clamped: its cost is within a quantum of a step's.
+    if CHUNK_QUANTUM < tokens < budget // CHUNK_QUANTUM * CHUNK_QUANTUM:
+        chunk_ms = cost.prefill_base_ms + tokens * prefill
+        step_ms = cost.batch_step_ms(sessions, sessions)
+        assert chunk_ms <= step_ms < chunk_ms + CHUNK_QUANTUM * prefill + 1e-9
+
+
+def test_auto_chunks_grow_with_the_step() -> None:
+    small = auto_chunk_tokens(_cost(5, 0.01, 0.025), 1, 1, 4096)
+    large = auto_chunk_tokens(_cost(20, 0.01, 0.025), 64, 64, 4096)
+    assert small < large
+    assert ChunkPolicy("auto").budget(_cost(5, 0.01, 0.025), 0, 0, 2048) is None
+
+
+@given(lengths=st.lists(st.integers(1, 30), min_size=1, max_size=6),
+       budgets=st.lists(st.integers(1, 40), min_size=1, max_size=40))
+def test_pieces_take_the_oldest_first_and_cover_each_prompt_once(
+        lengths: list[int], budgets: list[int]) -> None:
+    queue = PrefillQueue(2048)
+    tickets = [object() for _ in lengths]
+    for t, n in zip(tickets, lengths, strict=True):
+        queue.add(t, _Request(n))  # type: ignore[arg-type]
+    written: dict[int, list[tuple[int, int]]] = {i: [] for i in range(len(lengths))}
+    for budget in budgets:
+        pieces = queue.next_pieces(budget, lambda ticket: True)
+        if not pieces:
+            break
+        assert sum(p.end - p.start for p in pieces) <= max(1, budget)
+        order = [tickets.index(p.pending.ticket) for p in pieces]
+        assert order == sorted(order)
+        assert all(p.finishes for p in pieces[:-1]), "only the last piece may stop short"
+        PrefillQueue.advance(pieces)
+        for p, i in zip(pieces, order, strict=True):
+            written[i].append((p.start, p.end))
+    for i, n in enumerate(lengths):
+        spans = written[i]
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
+        if spans and spans[-1][1] == n:
+            assert spans[0][0] == 0
+
+
+class _Request:
+    def __init__(self, n: int) -> None:
+        self.input_ids = list(range(n))
