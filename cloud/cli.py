@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="chunked prefill, decode first (static engine): off (whole prompts), auto "
              "(each iteration prefills about one step's worth of prompt tokens, from the "
              "cost model) or a number of tokens per iteration")
+    arg("--prefix-cache-gb", type=float, default=env.prefix_cache_gb,
+        help="GiB of device memory for saved prompt prefixes, taken out of the KV budget: "
+             "a question about a clip already asked about skips the video prefill "
+             "(static engine; 0: off)")
     arg("--kv-queue", type=int, default=env.kv_queue,
         help="requests that may wait, first come first served, for a KV slot when all "
              "are taken (0: refuse at once with RESOURCE_EXHAUSTED)")
@@ -147,6 +151,7 @@ def settings_from_args(args: argparse.Namespace) -> CloudSettings:
         max_verify_tokens=args.max_verify_tokens,
         verify_width=args.verify_width,
         prefill_chunk=args.prefill_chunk,
+        prefix_cache_gb=args.prefix_cache_gb,
         kv_queue=args.kv_queue,
         kv_wait_s=args.kv_wait_s,
         profile_path=args.profile,

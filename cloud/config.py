@@ -73,6 +73,10 @@ class CloudSettings:
     #: prompts), "auto" (a chunk costs about one step, from the cost model) or a number of
     #: tokens per iteration. The static engine only; off until measured on a GPU.
     prefill_chunk: str = "off"
+    #: GiB of device memory for saved prompt prefixes (``eventspec.cloud.prefix_cache``):
+    #: a clip asked about again skips its video prefill. 0 = off. Static engine only;
+    #: taken out of the KV budget.
+    prefix_cache_gb: float = 0.0
     #: Requests that may wait for a KV slot when all are taken (FIFO); 0 refuses at once.
     kv_queue: int = 64
     #: The longest a request waits in that queue (its own deadline may be sooner).
@@ -134,6 +138,7 @@ class CloudSettings:
             max_verify_tokens=e.integer("MAX_VERIFY_TOKENS", d.max_verify_tokens),
             verify_width=e.text("VERIFY_WIDTH", d.verify_width),
             prefill_chunk=e.text("PREFILL_CHUNK", d.prefill_chunk),
+            prefix_cache_gb=e.number("PREFIX_CACHE_GB", d.prefix_cache_gb),
             kv_queue=e.integer("KV_QUEUE", d.kv_queue),
             kv_wait_s=e.number("KV_WAIT_S", d.kv_wait_s),
             session_ttl_s=e.number("SESSION_TTL_S", d.session_ttl_s),
@@ -183,6 +188,9 @@ class CloudSettings:
         require_int("--max-verify-tokens", self.max_verify_tokens, 1,
                     lim.max_draft_tokens + 1, "the drafts cap plus one")
         require_choice("--verify-width", self.verify_width, VERIFY_WIDTHS)
+        if not (math.isfinite(self.prefix_cache_gb) and self.prefix_cache_gb >= 0):
+            raise SettingsError(f"--prefix-cache-gb must be >= 0 (0: off), "
+                                f"got {self.prefix_cache_gb:g}")
         try:
             ChunkPolicy.parse(self.prefill_chunk)
         except ValueError as e:

@@ -132,6 +132,10 @@ class DecodingSession:
         self.finish_reason: FinishReason | None = None
         self.first_token_at: float | None = None
         self.prefilled = False
+        #: Set by the engine loop: prompt positions taken from the prefix cache, and its
+        #: verdict ("hit" / "miss"; "" with the cache off).
+        self.prefix_reused_tokens = 0
+        self.prefix_cache = ""
         self._hidden: list[int] = []
         self._stops = StopMatcher(settings.stop)
         #: Where the stop string that ended the answer starts in its text, once one did.
@@ -296,4 +300,6 @@ class DecodingSession:
             new_tokens=len(self.committed),
             stale_drafts=c.stale,
             stage_ms=dict(c.stage_ms),
+            prefix_reused_tokens=self.prefix_reused_tokens,
+            prefix_cache=self.prefix_cache,
         )

@@ -87,6 +87,12 @@ class CloudMetrics:
         self.stale_drafts = Counter(
             _name("stale_drafts"), "Drafts messages dropped because their overlap disagreed "
             "with the committed answer (Done.stats.stale_drafts)", registry=r)
+        self.prefix_cache = Counter(
+            _name("prefix_cache_requests"), "Requests looked up in the prefix cache, by "
+            "verdict (Done.stats.prefix_cache: hit or miss)", ["verdict"], registry=r)
+        self.prefix_reused_tokens = Counter(
+            _name("prefix_reused_tokens"), "Prompt positions copied from the prefix cache "
+            "instead of prefilled (Done.stats.prefix_reused_tokens)", registry=r)
         self.hidden_drafts = Counter(
             _name("hidden_draft_tokens"), "Drafts that reached the cloud before its prefill "
             "ended (Done.stats.hidden_drafted)", registry=r)
@@ -228,6 +234,9 @@ class RequestProbe:
             if n:
                 m.accepted_per_pos.labels(str(pos)).inc(n)
         m.stale_drafts.inc(stats.stale_drafts)
+        if stats.prefix_cache:
+            m.prefix_cache.labels(stats.prefix_cache).inc()
+            m.prefix_reused_tokens.inc(stats.prefix_reused_tokens)
         m.hidden_drafts.inc(stats.hidden_drafted)
         m.hidden_accepted.inc(stats.hidden_accepted)
         m.target_steps.inc(stats.target_steps)

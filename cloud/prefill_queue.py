@@ -38,7 +38,11 @@ class Pending:
     ticket: Ticket
     request: PrefillRequest
     done: int = 0  # prompt positions already in the slot
-    embeds: torch.Tensor | None = None  # [L, H] once its first chunk was planned
+    embeds: torch.Tensor | None = None  # [L - first, H] once its first chunk was planned
+    first: int = 0  # the prompt row ``embeds`` starts at (a reused prefix's length)
+    started: bool = False  # a piece of it has been written
+    prefix_key: str | None = None  # save its prefix under this key once it is written
+    prefix_len: int = 0
 
     @property
     def length(self) -> int:
@@ -70,9 +74,11 @@ class PrefillQueue:
     def __len__(self) -> int:
         return len(self._waiting)
 
-    def add(self, ticket: Ticket, request: PrefillRequest) -> None:
+    def add(self, ticket: Ticket, request: PrefillRequest) -> Pending:
         """Queue ``ticket``'s prefill behind the others."""
-        self._waiting.append(Pending(ticket, request))
+        pending = Pending(ticket, request)
+        self._waiting.append(pending)
+        return pending
 
     def peek(self) -> Pending | None:
         """The oldest waiting prefill, left in the queue."""

@@ -65,7 +65,13 @@ from eventspec.cloud.engine.base import (
     PrefillRequest,
 )
 from eventspec.cloud.prefill_chunking import ChunkPolicy
-from eventspec.cloud.prefill_queue import DEFAULT_PREFILL_TOKEN_BUDGET, Piece, PrefillQueue
+from eventspec.cloud.prefill_queue import (
+    DEFAULT_PREFILL_TOKEN_BUDGET,
+    Pending,
+    Piece,
+    PrefillQueue,
+)
+from eventspec.cloud.prefix_cache import Prefix, PrefixCache, prefix_key, prefix_length
 from eventspec.cloud.sampler import BatchedSampler, SampleSpec, make_generator
 from eventspec.cloud.scheduler_stats import SchedulerStats, StepObserver
 from eventspec.cloud.tickets import Failure, Outbox, SchedulerEvent, SlotPool, Ticket
@@ -91,13 +97,21 @@ class Scheduler:
         text_vocab_size: int,
         prefill_token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET,
         prefill_chunk: ChunkPolicy | None = None,
+        prefix_cache: PrefixCache | None = None,
+        video_token_id: int = -1,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._prefills = PrefillQueue(prefill_token_budget)  # checks the budget first
         self.engine = engine
         #: Chunked prefill (``eventspec.cloud.prefill_chunking``) where the engine can.
-        self.chunking = prefill_chunk if prefill_chunk is not None and isinstance(
-            engine, ChunkedPrefillEngine) else ChunkPolicy("off")
+        pieces = isinstance(engine, ChunkedPrefillEngine)
+        self.chunking = prefill_chunk if prefill_chunk is not None and pieces \
+            else ChunkPolicy("off")
+        #: Saved prompt prefixes by content (``eventspec.cloud.prefix_cache``), where the
+        #: engine can take them; prompts then go through the pieces path, whole or not.
+        self.prefix_cache = prefix_cache if pieces else None
+        self._video_token_id = video_token_id
+        self._pieces = self.chunking.enabled or self.prefix_cache is not None
         #: The cost model the ``auto`` chunk size is read from (set by the server).
         self.chunk_cost: CloudCost | None = None
         self.sampler = BatchedSampler(text_vocab_size)
@@ -199,7 +213,7 @@ class Scheduler:
                 self._take_commands(block=not self._running and not self._prefills)
                 if self._stopping:
                     break
-                if self.chunking.enabled:
+                if self._pieces:
                     self._prefill_chunk()
                 else:
                     self._prefill_one()
@@ -248,7 +262,9 @@ class Scheduler:
                 self._stopping = True
             elif kind == "prefill" and ticket is not None and ticket.slot_held:
                 assert isinstance(payload, PrefillRequest)
-                self._prefills.add(ticket, payload)
+                pending = self._prefills.add(ticket, payload)
+                if self.prefix_cache is not None:
+                    self._reuse_prefix(pending, self.prefix_cache)
             elif kind == "release" and ticket is not None:
                 self._forget(ticket)
             try:
@@ -339,7 +355,8 @@ class Scheduler:
             return
         t0 = self._clock()
         for piece in pieces:
-            if piece.start == 0:
+            if not piece.pending.started:
+                piece.pending.started = True
                 self.stats.prefill_wait_ms += (t0 - piece.pending.ticket.submitted_at) * 1e3
                 piece.pending.ticket.prefill_started_at = t0
         if not self._prefill_pieces(pieces, t0, fail_alone=len(pieces) == 1):
@@ -357,9 +374,10 @@ class Scheduler:
             for piece in pieces:
                 p = piece.pending
                 if p.embeds is None:
-                    p.embeds = engine.prompt_embeds(p.request)  # [L, H]
+                    p.first = piece.start
+                    p.embeds = engine.prompt_embeds(p.request, p.first)  # [L - first, H]
                 chunks.append(PrefillChunk(p.request.slot, piece.start,
-                                           p.embeds[piece.start : piece.end]))
+                                           p.embeds[piece.start - p.first : piece.end - p.first]))
             logits = engine.prefill_chunks(chunks)  # [R, V]
         except Exception as exc:
             if not fail_alone:
@@ -372,6 +390,8 @@ class Scheduler:
         done = [i for i, piece in enumerate(pieces) if piece.finishes]
         for i in done:
             pieces[i].pending.embeds = None
+            if self.prefix_cache is not None:
+                self._save_prefix(pieces[i].pending, self.prefix_cache)
         if not done:
             self.stats.prefill_ms += (self._clock() - t0) * 1e3
             return True
@@ -379,6 +399,47 @@ class Scheduler:
         self._finish_prefills([(pieces[i].pending.ticket, pieces[i].pending.request)
                                for i in done], rows, t0)
         return True
+
+    def _reuse_prefix(self, pending: Pending, cache: PrefixCache) -> None:
+        """Look the request's clip and prompt prefix up; on a hit copy the saved K/V into
+        its slot, so its prefill starts after them. The cache never fails a request: an
+        error here is logged and the prompt is prefilled whole."""
+        engine = self.engine
+        assert isinstance(engine, ChunkedPrefillEngine)
+        req, session = pending.request, pending.ticket.session
+        visual = req.pixel_values_videos if req.pixel_values_videos is not None \
+            else req.video_features
+        # At least one row stays to prefill: the first token comes from its logits.
+        length = min(prefix_length(req.input_ids, self._video_token_id),
+                     len(req.input_ids) - 1)
+        session.prefix_cache = "miss"
+        if visual is None or length < 1:
+            return
+        try:
+            key = prefix_key(req.input_ids, length, visual)
+            entry = cache.get(key)
+            if entry is None or entry.length != length:
+                pending.prefix_key, pending.prefix_len = key, length
+                return
+            engine.load_prefix(req.slot, entry.k, entry.v)
+        except Exception:
+            log.exception("the prefix cache failed; the prompt is prefilled whole")
+            return
+        pending.done = length
+        session.prefix_reused_tokens = length
+        session.prefix_cache = "hit"
+
+    def _save_prefix(self, pending: Pending, cache: PrefixCache) -> None:
+        """Keep a missed prompt's prefix for the next question about the same clip."""
+        if pending.prefix_key is None:
+            return
+        engine = self.engine
+        assert isinstance(engine, ChunkedPrefillEngine)
+        try:
+            k, v = engine.save_prefix(pending.request.slot, pending.prefix_len)
+            cache.put(pending.prefix_key, Prefix(k, v, pending.prefix_len))
+        except Exception:
+            log.exception("the prefix cache could not keep a prefix")
 
     def _step_all(self) -> None:
         """One engine step and one sampler call for every running session."""

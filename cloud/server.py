@@ -15,15 +15,16 @@ from typing import TYPE_CHECKING, Any
 
 from eventspec.cloud.calibrate import Progress, load_or_calibrate, no_progress
 from eventspec.cloud.config import CloudSettings
-from eventspec.cloud.engine.base import BatchedEngine
+from eventspec.cloud.engine.base import BatchedEngine, ChunkedPrefillEngine
 from eventspec.cloud.engine.hf import HFEngine
-from eventspec.cloud.engine.kv import kv_bytes_per_token, plan_kv
+from eventspec.cloud.engine.kv import GIB, kv_bytes_per_token, plan_kv
 from eventspec.cloud.engine.paced import PacedEngine
 from eventspec.cloud.engine.static.build import SCRATCH_SLOTS, build_static_engine
 from eventspec.cloud.engine.static.weights import static_unsupported_reason
 from eventspec.cloud.kv_queue import KvWaitQueue
 from eventspec.cloud.model_dirs import model_dir
 from eventspec.cloud.prefill_chunking import ChunkPolicy
+from eventspec.cloud.prefix_cache import PrefixCache
 from eventspec.cloud.runtime import VerifierRuntime, server_info_for
 from eventspec.cloud.scheduler import Scheduler
 from eventspec.cloud.servicer import VerifierServicer
@@ -74,6 +75,18 @@ def choose_engine(requested: str, target: TargetModel) -> str:
     return kind
 
 
+def prefix_cache_for(settings: CloudSettings, engine: BatchedEngine) -> PrefixCache | None:
+    """``--prefix-cache-gb``'s cache, where the engine can reuse prefixes (logged if not)."""
+    if settings.prefix_cache_gb <= 0:
+        return None
+    if not isinstance(engine, ChunkedPrefillEngine):
+        log.warning("--prefix-cache-gb needs the static engine (this one is %s): no prefix "
+                    "cache", type(engine).__name__)
+        return None
+    log.info("prefix cache: %.2f GiB for saved prompt prefixes", settings.prefix_cache_gb)
+    return PrefixCache(int(settings.prefix_cache_gb * GIB))
+
+
 def build_engine(settings: CloudSettings, target: TargetModel) -> BatchedEngine:
     """The chosen engine with KV slots reserved from the memory budget (logged)."""
     kind = choose_engine(settings.engine, target)
@@ -86,6 +99,7 @@ def build_engine(settings: CloudSettings, target: TargetModel) -> BatchedEngine:
         memory_fraction=settings.kv_memory_fraction,
         max_slots=settings.limits.max_sessions,
         scratch_slots=SCRATCH_SLOTS if kind == "static" else 0,
+        reserved_bytes=int(settings.prefix_cache_gb * GIB) if kind == "static" else 0,
     )
     log.info("KV capacity: %s", kv.describe())  # the engine is built with exactly these
     engine: BatchedEngine
@@ -132,7 +146,9 @@ def build_runtime(
         settings=settings,
         target=target,
         scheduler=Scheduler(engine, text_vocab_size=target.text_vocab_size,
-                            prefill_chunk=ChunkPolicy.parse(settings.prefill_chunk)),
+                            prefill_chunk=ChunkPolicy.parse(settings.prefill_chunk),
+                            prefix_cache=prefix_cache_for(settings, engine),
+                            video_token_id=target.video_token_id),
         registry=SessionRegistry(settings.limits.max_sessions, settings.session_ttl_s,
                                  per_principal=settings.per_principal_cap),
         info=info,

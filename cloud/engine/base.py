@@ -87,9 +87,10 @@ class ChunkedPrefillEngine(Protocol):
     slots can take a saved prompt prefix: what chunked prefill and prefix reuse need
     (the static engine; the scheduler falls back to whole prefills without it)."""
 
-    def prompt_embeds(self, request: PrefillRequest) -> torch.Tensor:
-        """The request's prompt as [L, H] input embeddings (the visual rows from its
-        video tower and projector); checked like a prefill, no KV written."""
+    def prompt_embeds(self, request: PrefillRequest, start: int = 0) -> torch.Tensor:
+        """Rows ``start`` .. L - 1 of the request's prompt as [L - start, H] input
+        embeddings (the visual rows from its video tower and projector, which does not
+        run when no visual row is among them); checked like a prefill, no KV written."""
         ...
 
     def prefill_chunks(self, chunks: Sequence[PrefillChunk]) -> torch.Tensor:

@@ -94,11 +94,12 @@ def plan_kv(
     memory_fraction: float,
     max_slots: int,
     scratch_slots: int = 0,
+    reserved_bytes: int = 0,
 ) -> KVPlan:
     """The server's budget: ``kv_cache_gb``, else a fraction of free device memory (CUDA)
-    or ``CPU_DEFAULT_KV_GB`` (CPU); then :func:`fit_slots`, at most ``max_slots`` (the
-    session cap, since a slot nobody can use is wasted memory). Raises InvalidInput when
-    not one slot fits."""
+    less ``reserved_bytes`` (the prefix cache's), or ``CPU_DEFAULT_KV_GB`` (CPU); then
+    :func:`fit_slots`, at most ``max_slots`` (the session cap, since a slot nobody can
+    use is wasted memory). Raises InvalidInput when not one slot fits."""
     if kv_cache_gb is not None:
         if not kv_cache_gb > 0:
             raise InvalidInput(f"--kv-cache-gb must be > 0, got {kv_cache_gb}")
@@ -107,8 +108,10 @@ def plan_kv(
         if not 0 < memory_fraction <= 1:
             raise InvalidInput(f"kv memory fraction must be in (0, 1], got {memory_fraction}")
         free, _total = torch.cuda.mem_get_info(device)
-        budget = int(free * memory_fraction)
+        budget = max(0, int(free * memory_fraction) - reserved_bytes)
         source = f"{memory_fraction:.0%} of {free / GIB:.1f} GiB free on {device}"
+        if reserved_bytes:
+            source += f" less {reserved_bytes / GIB:.1f} GiB for the prefix cache"
     else:
         budget, source = int(CPU_DEFAULT_KV_GB * GIB), f"the CPU default of {CPU_DEFAULT_KV_GB} GiB"
     return fit_slots(budget, source, bytes_per_token=bytes_per_token, max_seq_len=max_seq_len,

@@ -209,6 +209,8 @@ def final_to_json(final: FinalEvent) -> dict[str, Any]:
             "uplink_bytes": s.uplink_bytes,
             "downlink_bytes": s.downlink_bytes,
             "stale_drafts": s.stale_drafts,
+            "prefix_cache": s.prefix_cache or None,
+            "prefix_reused_tokens": s.prefix_reused_tokens,
             "stage_ms": {k: round(v, 2) for k, v in sorted(s.stage_ms.items())},
         },
         "plan": dataclasses.asdict(final.plan) if final.plan is not None else None,

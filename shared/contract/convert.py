@@ -108,6 +108,8 @@ def stats_to_pb(s: RequestStats) -> common_pb2.Stats:
         stage_ms=dict(s.stage_ms),
         new_tokens=s.new_tokens,
         stale_drafts=s.stale_drafts,
+        prefix_reused_tokens=s.prefix_reused_tokens,
+        prefix_cache=s.prefix_cache,
     )
 
 
@@ -125,6 +127,8 @@ def stats_from_pb(m: common_pb2.Stats) -> RequestStats:
         new_tokens=m.new_tokens,
         stale_drafts=m.stale_drafts,
         stage_ms=dict(m.stage_ms),
+        prefix_reused_tokens=m.prefix_reused_tokens,
+        prefix_cache=m.prefix_cache,
     )
 
 

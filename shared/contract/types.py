@@ -269,6 +269,10 @@ class RequestStats:
     new_tokens: int = 0
     stale_drafts: int = 0
     stage_ms: dict[str, float] = field(default_factory=dict)
+    #: Prompt positions reused from the cloud's prefix cache (0: a miss, or off).
+    prefix_reused_tokens: int = 0
+    #: "hit", "miss", or "" when the cloud's prefix cache is off.
+    prefix_cache: str = ""
 
     @property
     def acceptance_rate(self) -> float:

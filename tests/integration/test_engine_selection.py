@@ -99,10 +99,8 @@ async def test_chunked_prefill_serves_the_same_answers_to_requests_at_once() -> 
             asks = [h.run_generate(server.port, h.open_msg(q, h.make_frames(i),
                                                            max_new_tokens=12), hidden=[5, 6])
                     for i, q in enumerate(QUESTIONS)]
-            if kind == "hf":
-                outs = [await a for a in asks]
-            else:
-                outs = list(await asyncio.gather(*asks))
+            # hf: one at a time; static: all at once, so prompts chunk beside decoding.
+            outs = [await a for a in asks] if kind == "hf" else await asyncio.gather(*asks)
             answers[kind] = [o.tokens for o in outs]
             assert server.runtime is not None
             chunks = server.runtime.scheduler.stats.prefill_chunks

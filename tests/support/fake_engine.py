@@ -85,6 +85,7 @@ class ChunkedFakeEngine(FakeEngine):
         super().__init__(num_slots, max_seq_len)
         self.events: list[tuple[str, list[object]]] = []
         self.poison: int | None = None  # a prompt holding this id fails its chunk call
+        self.embedded: list[tuple[int, int]] = []  # (slot, start) of prompt_embeds calls
         #: When set, the second step waits in ``held`` until ``gate`` opens (10 s at most).
         self.hold_second_step = False
         self.held = threading.Event()
@@ -101,8 +102,9 @@ class ChunkedFakeEngine(FakeEngine):
             assert self.gate.wait(timeout=10), "the test never opened the gate"
         return super().step(batch)
 
-    def prompt_embeds(self, request: PrefillRequest) -> torch.Tensor:
-        return torch.tensor([float(i) for i in request.input_ids])[:, None]  # [L, 1]
+    def prompt_embeds(self, request: PrefillRequest, start: int = 0) -> torch.Tensor:
+        self.embedded.append((request.slot, start))
+        return torch.tensor([float(i) for i in request.input_ids[start:]])[:, None]  # [L, 1]
 
     def prefill_chunks(self, chunks: Sequence[PrefillChunk]) -> torch.Tensor:
         self.events.append(("chunk", [(c.slot, c.start, c.start + len(c.embeds))

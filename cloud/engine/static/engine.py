@@ -97,11 +97,20 @@ class StaticEngine(StaticRuntime):
             raise InvalidInput("prefill needs exactly one of pixel_values_videos or video_features")
         return video_rows
 
-    def prompt_embeds(self, request: PrefillRequest) -> torch.Tensor:
-        """The request's prompt as [L, H] embeddings: token embeddings with the video
-        tower's projected features scattered into the <video> rows, as HF does."""
+    def prompt_embeds(self, request: PrefillRequest, start: int = 0) -> torch.Tensor:
+        """Rows ``start`` .. L - 1 of the request's prompt as [L - start, H] embeddings:
+        token embeddings with the video tower's projected features scattered into the
+        <video> rows, as HF does. The tower runs only when a <video> row is among them
+        (a prefix reused from the cache holds them all)."""
         video_rows = self._check_prefill(request)
-        return self._embeds(request, video_rows)  # [L, H]
+        if not 0 <= start < len(request.input_ids):
+            raise InvalidInput(f"prompt rows from {start} of a {len(request.input_ids)}-token "
+                               "prompt")
+        if any(r >= start for r in video_rows):
+            return self._embeds(request, video_rows)[start:]  # [L - start, H]
+        ids = torch.tensor([int(i) for i in request.input_ids[start:]], device=self.device)
+        with torch.inference_mode():
+            return self.weights.embed.index_select(0, ids)  # [L - start, H]
 
     @torch.inference_mode()
     def prefill_chunks(self, chunks: Sequence[PrefillChunk]) -> torch.Tensor:

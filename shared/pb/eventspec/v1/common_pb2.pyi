@@ -422,6 +422,8 @@ class Stats(_message.Message):
     STAGE_MS_FIELD_NUMBER: _builtins.int
     NEW_TOKENS_FIELD_NUMBER: _builtins.int
     STALE_DRAFTS_FIELD_NUMBER: _builtins.int
+    PREFIX_REUSED_TOKENS_FIELD_NUMBER: _builtins.int
+    PREFIX_CACHE_FIELD_NUMBER: _builtins.int
     drafted: _builtins.int
     """Draft tokens the cloud verified."""
     accepted: _builtins.int
@@ -448,6 +450,12 @@ class Stats(_message.Message):
     """Committed answer tokens."""
     stale_drafts: _builtins.int
     """Draft messages dropped because their overlap disagreed with the committed tokens."""
+    prefix_reused_tokens: _builtins.int
+    """Prompt positions whose KV the cloud copied from its prefix cache instead of
+    prefilling them (a clip asked about again); 0 on a miss or with the cache off.
+    """
+    prefix_cache: _builtins.str
+    """The prefix cache's verdict for this request: "hit", "miss", or "" (cache off)."""
     @_builtins.property
     def stage_ms(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """Per-stage wall time in ms, e.g. "prefill", "verify", "upload", "draft_prefill"."""
@@ -469,10 +477,12 @@ class Stats(_message.Message):
         stage_ms: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         new_tokens: _builtins.int = ...,
         stale_drafts: _builtins.int = ...,
+        prefix_reused_tokens: _builtins.int = ...,
+        prefix_cache: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_rate", b"acceptance_rate", "accepted", b"accepted", "downlink_bytes", b"downlink_bytes", "drafted", b"drafted", "hidden_accepted", b"hidden_accepted", "hidden_drafted", b"hidden_drafted", "mean_accepted_length", b"mean_accepted_length", "new_tokens", b"new_tokens", "stage_ms", b"stage_ms", "stale_drafts", b"stale_drafts", "target_steps", b"target_steps", "total_ms", b"total_ms", "ttft_ms", b"ttft_ms", "uplink_bytes", b"uplink_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_rate", b"acceptance_rate", "accepted", b"accepted", "downlink_bytes", b"downlink_bytes", "drafted", b"drafted", "hidden_accepted", b"hidden_accepted", "hidden_drafted", b"hidden_drafted", "mean_accepted_length", b"mean_accepted_length", "new_tokens", b"new_tokens", "prefix_cache", b"prefix_cache", "prefix_reused_tokens", b"prefix_reused_tokens", "stage_ms", b"stage_ms", "stale_drafts", b"stale_drafts", "target_steps", b"target_steps", "total_ms", b"total_ms", "ttft_ms", b"ttft_ms", "uplink_bytes", b"uplink_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,128 @@
+"""The prefix cache (``--prefix-cache-gb``): its keys, its byte bound and LRU order, and
+the engine loop reusing a clip's prefix losslessly (fake engine)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from eventspec.cloud.decoding import Committed, DecodingSession
+from eventspec.cloud.prefill_chunking import ChunkPolicy
+from eventspec.cloud.prefix_cache import Prefix, PrefixCache, prefix_key, prefix_length
+from eventspec.cloud.scheduler import Scheduler
+from eventspec.cloud.tickets import Ticket
+from eventspec.shared.contract.types import GenerationSettings
+from tests.support.fake_engine import EOS, TEXT_VOCAB, ChunkedFakeEngine, target_only
+
+VIDEO = 3  # the fake prompts' <video> id
+MAX_SEQ = 64
+
+
+def _entry(nbytes: int) -> Prefix:
+    t = torch.zeros(nbytes // 2, dtype=torch.uint8)
+    return Prefix(t, t.clone(), 1)
+
+
+def test_the_prefix_ends_after_the_last_video_row() -> None:
+    assert prefix_length([1, 3, 3, 3, 9, 8], VIDEO) == 4
+    assert prefix_length([1, 9, 8], VIDEO) == 0
+    assert prefix_length([], VIDEO) == 0
+
+
+def test_keys_depend_on_the_prefix_and_the_clip_only() -> None:
+    clip = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)
+    key = prefix_key([1, 3, 3, 9], 3, clip)
+    assert key == prefix_key([1, 3, 3, 7, 7], 3, clip.clone())  # another question
+    assert key != prefix_key([2, 3, 3, 9], 3, clip)  # another prompt prefix
+    other = clip.clone()
+    other[1, 2, 3] += 1e-3
+    assert key != prefix_key([1, 3, 3, 9], 3, other)  # another clip
+    assert key != prefix_key([1, 3, 3, 9], 3, clip.to(torch.bfloat16))  # other bytes
+    assert key != prefix_key([1, 3, 3, 9], 3, clip.reshape(6, 4))  # other shape
+
+
+@given(ops=st.lists(st.tuples(st.sampled_from("gp"), st.integers(0, 5), st.integers(2, 60)),
+                    max_size=60))
+def test_the_cache_keeps_to_its_bytes_and_evicts_the_least_recently_used(
+        ops: list[tuple[str, int, int]]) -> None:
+    cache = PrefixCache(100)
+    model: list[tuple[str, int]] = []  # (key, bytes), least recently used first
+    for op, k, size in ops:
+        key = f"k{k}"
+        if op == "g":
+            got = cache.get(key)
+            present = [m for m in model if m[0] == key]
+            assert (got is None) == (not present)
+            if present:
+                model.remove(present[0])
+                model.append(present[0])
+        else:
+            nbytes = size // 2 * 2
+            kept = cache.put(key, _entry(nbytes))
+            assert kept == (nbytes <= 100)
+            if kept:
+                model = [m for m in model if m[0] != key]
+                while model and sum(b for _, b in model) + nbytes > 100:
+                    model.pop(0)
+                model.append((key, nbytes))
+        assert cache.bytes == sum(b for _, b in model) <= 100
+        assert len(cache) == len(model)
+
+
+def _make(max_new: int, prompt_len: int) -> object:
+    def make(slot: int) -> DecodingSession:
+        return DecodingSession(
+            settings=GenerationSettings(max_new_tokens=max_new), slot=slot,
+            prompt_len=prompt_len, max_seq_len=MAX_SEQ, eos_token_id=EOS, max_verify_tokens=9,
+            decode=lambda ids: "", speculative=False,
+        )
+
+    return make
+
+
+async def _ask(sched: Scheduler, prompt: tuple[int, ...], clip: torch.Tensor,
+               max_new: int) -> tuple[list[int], Ticket]:
+    ticket = sched.admit("r", _make(max_new, len(prompt)))  # type: ignore[arg-type]
+    sched.submit_prefill(ticket, prompt, video_features=clip)
+    got: list[int] = []
+    while True:
+        event = await asyncio.wait_for(ticket.events.get(), 20)
+        assert isinstance(event, Committed), event
+        got.extend(event.tokens)
+        if event.finish_reason is not None:
+            sched.release(ticket)
+            return got, ticket
+
+
+@given(questions=st.lists(st.lists(st.integers(4, 30), min_size=1, max_size=8),
+                          min_size=2, max_size=5),
+       clips=st.lists(st.integers(0, 1), min_size=5, max_size=5),
+       chunk=st.sampled_from([None, 3]))
+def test_a_clip_asked_about_again_reuses_its_prefix_and_answers_the_same(
+        questions: list[list[int]], clips: list[int], chunk: int | None) -> None:
+    async def go() -> None:
+        engine = ChunkedFakeEngine(num_slots=3, max_seq_len=MAX_SEQ)
+        sched = Scheduler(engine, text_vocab_size=TEXT_VOCAB, prefix_cache=PrefixCache(1 << 20),
+                          video_token_id=VIDEO,
+                          prefill_chunk=None if chunk is None else ChunkPolicy("fixed", chunk))
+        sched.start()
+        seen: set[int] = set()
+        try:
+            for q, c in zip(questions, clips, strict=False):
+                prompt = (1, 2, VIDEO, VIDEO, VIDEO, 5 + c, *q)  # the clip shows in id 5 + c
+                got, ticket = await _ask(sched, prompt, torch.full((2,), float(c)), 6)
+                assert got == target_only(prompt, 6, MAX_SEQ)
+                stats = ticket.session.stats()
+                hit = c in seen
+                assert stats.prefix_cache == ("hit" if hit else "miss")
+                assert stats.prefix_reused_tokens == (5 if hit else 0)
+                seen.add(c)
+                # A hit embeds only the question's rows (the tower would not run).
+                assert engine.embedded[-1] == (ticket.slot, 5 if hit else 0)
+        finally:
+            await asyncio.to_thread(sched.stop)
+
+    asyncio.run(go())
