@@ -64,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="without --kv-cache-gb, the share of free GPU memory the KV budget takes, "
              "in (0, 1]")
     arg("--max-seq-len", type=int, default=env.max_seq_len,
-        help="positions per KV slot, prompt plus answer (default: the model's)")
+        help="positions per KV slot, prompt plus answer (default: the prompt's template "
+             "and video rows, 256 question tokens and --max-new-tokens, at most the "
+             "model's; a longer question gets a smaller answer cap, stated in its Plan)")
     arg("--engine", choices=list(ENGINES), default=env.engine,
         help="static: static KV slots + CUDA graphs; hf: the HF eager reference; auto: "
              "static on CUDA, hf on CPU; a model the static engine cannot serve falls "

@@ -58,7 +58,8 @@ class CloudSettings:
     kv_cache_gb: float | None = None
     #: Fraction of free device memory reserved for KV when ``kv_cache_gb`` is None (CUDA).
     kv_memory_fraction: float = 0.9
-    #: Positions per KV slot (prompt + answer); None = the model's maximum.
+    #: Positions per KV slot (prompt + answer); None = the prompt, 256 question tokens and
+    #: the answer cap, at most the model's (``eventspec.cloud.engine.kv.auto_max_seq_len``).
     max_seq_len: int | None = None
     #: Target engine: "static" (static KV slots, CUDA graphs), "hf" (the HF eager
     #: reference), or "auto" (static on CUDA, hf on CPU).

@@ -17,7 +17,7 @@ from eventspec.cloud.calibrate import Progress, load_or_calibrate, no_progress
 from eventspec.cloud.config import CloudSettings
 from eventspec.cloud.engine.base import BatchedEngine, ChunkedPrefillEngine
 from eventspec.cloud.engine.hf import HFEngine
-from eventspec.cloud.engine.kv import GIB, kv_bytes_per_token, plan_kv
+from eventspec.cloud.engine.kv import GIB, auto_max_seq_len, kv_bytes_per_token, plan_kv
 from eventspec.cloud.engine.paced import PacedEngine
 from eventspec.cloud.engine.static.build import SCRATCH_SLOTS, build_static_engine
 from eventspec.cloud.engine.static.weights import static_unsupported_reason
@@ -87,13 +87,22 @@ def prefix_cache_for(settings: CloudSettings, engine: BatchedEngine) -> PrefixCa
     return PrefixCache(int(settings.prefix_cache_gb * GIB))
 
 
+def slot_positions(settings: CloudSettings, target: TargetModel) -> int:
+    """``--max-seq-len``, or the prompt plus room for a question and the answer cap
+    (:func:`~eventspec.cloud.engine.kv.auto_max_seq_len`); at most the model's."""
+    if settings.max_seq_len is not None:
+        return min(settings.max_seq_len, target.max_positions)
+    return auto_max_seq_len(len(target.build_prompt_ids("")), settings.limits.max_new_tokens,
+                            target.max_positions)
+
+
 def build_engine(settings: CloudSettings, target: TargetModel) -> BatchedEngine:
     """The chosen engine with KV slots reserved from the memory budget (logged)."""
     kind = choose_engine(settings.engine, target)
     text_config = target.model.config.get_text_config(decoder=True)
     kv = plan_kv(
         bytes_per_token=kv_bytes_per_token(text_config, target.dtype),
-        max_seq_len=min(settings.max_seq_len or target.max_positions, target.max_positions),
+        max_seq_len=slot_positions(settings, target),
         device=target.device,
         kv_cache_gb=settings.kv_cache_gb,
         memory_fraction=settings.kv_memory_fraction,

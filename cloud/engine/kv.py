@@ -18,6 +18,21 @@ from eventspec.shared.contract.errors import InvalidInput
 GIB = 1 << 30
 #: Budget on a CPU device, where "free device memory" is not a useful number.
 CPU_DEFAULT_KV_GB = 2.0
+#: Question tokens a slot has room for when ``--max-seq-len`` is not given.
+AUTO_QUESTION_TOKENS = 256
+
+
+def auto_max_seq_len(prompt_base_len: int, max_new_tokens: int, model_max: int) -> int:
+    """Positions per slot when ``--max-seq-len`` is not given: the prompt's template and
+    video rows, ``AUTO_QUESTION_TOKENS`` of question and the answer cap, at most the
+    model's positions.
+
+    Why not the model's maximum: a full-size Video-LLaVA request needs about 2,100
+    prompt positions plus its answer, and 4,096-position slots left 45% of an 80 GB
+    card's KV idle (28 slots where 44 fit). A longer question still fits: its answer
+    cap shrinks to the room left, and the Plan says so (``clamp_to_context``).
+    """
+    return max(2, min(model_max, prompt_base_len + AUTO_QUESTION_TOKENS + max_new_tokens))
 
 
 @dataclass(frozen=True)

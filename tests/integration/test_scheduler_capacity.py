@@ -13,20 +13,25 @@ import pytest
 import pytest_asyncio
 from grpc import aio
 
+from eventspec.cloud.engine.kv import auto_max_seq_len
 from eventspec.cloud.server import VerifierServer
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_target import build_tiny_random_target
 from eventspec.shared.contract import convert_verifier
-from eventspec.shared.contract.types import DoneEvent, FinishReason
+from eventspec.shared.contract.types import DoneEvent, FinishReason, ServerLimits
 from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from tests.support import cloud_harness as h
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 SLOTS = 2
-#: The tiny target keeps 1 KiB of KV per token (2 layers x K,V x 4 heads x 16 x fp32) and
-#: 4096 positions per slot: 4 MiB a slot, so this budget holds exactly SLOTS slots.
-KV_GB = SLOTS * 4 / 1024
+#: Positions per slot by default: the tiny prompt (157), 256 question tokens and the
+#: 512-token answer cap (not the model's 4,096).
+POSITIONS = auto_max_seq_len(len(build_tiny_random_target(seed=0).build_prompt_ids("")),
+                             ServerLimits().max_new_tokens, 4096)
+#: The tiny target keeps 1 KiB of KV per token (2 layers x K,V x 4 heads x 16 x fp32):
+#: POSITIONS KiB a slot, so this budget holds exactly SLOTS slots.
+KV_GB = (SLOTS * POSITIONS + 512) / 2**20
 Q = "What is moving?"
 
 
@@ -57,7 +62,7 @@ async def test_capacity_is_advertised(server: VerifierServer) -> None:
             await verifier_pb2_grpc.VerifierStub(ch).GetServerInfo(
                 verifier_pb2.GetServerInfoRequest(), timeout=5))
     assert info.limits.kv_slots == SLOTS
-    assert info.limits.kv_tokens_per_slot == 4096
+    assert info.limits.kv_tokens_per_slot == POSITIONS == 157 + 256 + 512
     assert info.cloud_cost.load_sessions == 1.0  # idle: a new request would run alone
 
 
