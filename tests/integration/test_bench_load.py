@@ -1,0 +1,34 @@
+"""The load benchmark at one tiny point on CPU: open-loop arrivals through the real
+server, whole vs chunked prefill vs prefix reuse. Checks what it writes, never speed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks import bench_load
+
+
+def test_the_load_benchmark_reports_every_config_and_identical_answers(tmp_path: Path) -> None:
+    out = tmp_path / "load.json"
+    code = bench_load.main([
+        "--rates", "20", "--requests", "4", "--answer-tokens", "6", "--clips", "2",
+        "--questions-per-clip", "2", "--configs", "whole:off:0", "reuse:8:0.05",
+        "--out", str(out)])
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert result["answers_identical_across_configs"] is True
+    whole, reuse = result["configs"]
+    assert whole["config"] == {"name": "whole", "prefill_chunk": "off", "prefix_cache_gb": 0.0}
+    for run in (whole, reuse):
+        (level,) = run["levels"]
+        assert level["requests"] == 4 and level["goodput_tok_s"] > 0
+        assert level["ttft_ms_p50"] <= level["ttft_ms_p99"]
+        assert level["itl_ms_p50"] <= level["itl_ms_p99"]
+        assert level["engine_step_ms"] <= level["in_server_step_ms"]
+        assert "answers" not in level
+        assert set(run["capacity_at_slo_per_s"]) == {"6"}
+    assert whole["levels"][0]["prefix_hits"] == 0  # the cache is off
+    # Two clips, two questions each, round-robin: the second round can hit.
+    assert reuse["levels"][0]["prefix_hits"] + reuse["levels"][0]["prefix_misses"] == 4
+    assert reuse["levels"][0]["prefix_misses"] >= 2
