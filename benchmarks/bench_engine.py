@@ -431,6 +431,22 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def fit_sessions(target: TargetModel, sessions: tuple[int, ...], max_seq: int
+                 ) -> tuple[int, ...]:
+    """The batch sizes whose slots (plus the padding slot) fit this card's free memory
+    less the engine's reserve: on an 80 GB card 64 slots of 4,096 positions (98 GiB)
+    do not, so the largest sizes are left out (logged) instead of failing."""
+    if target.device.type != "cuda":
+        return sessions
+    fit = static_kv_plan(target, kv_cache_bytes=None, max_seq_len=max_seq,
+                         max_slots=max(sessions))
+    kept = tuple(b for b in sessions if b <= fit.num_slots) or (fit.num_slots,)
+    if kept != sessions:
+        logging.warning("%s; batch sizes %s left out", fit.describe(),
+                        [b for b in sessions if b not in kept])
+    return kept
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tiny", action="store_true", help="CPU smoke run on the tiny target")
@@ -459,6 +475,7 @@ def main() -> int:
         sessions, drafts, max_seq = SESSIONS, DRAFTS, args.max_seq_len
     build_s = time.perf_counter() - t0
     dev = target.device
+    sessions = fit_sessions(target, sessions, max_seq)
     n_slots = max(sessions)
     kv = static_kv_plan(target, kv_cache_bytes=(n_slots + 1) * kv_bytes_per_slot(target, max_seq),
                         max_seq_len=max_seq)  # n_slots and the padding slot
@@ -467,7 +484,7 @@ def main() -> int:
         engine = build_static_engine(target, kv, token_buckets=(1, 9))
         engine.prefill([PrefillRequest(0, target.build_prompt_ids(QUESTION), pixels(target, 0))])
         fill_slots(engine, n_slots)
-        companions = (3, 15, 63) if not args.tiny else (1, 3)
+        companions = tuple(c for c in ((3, 15, 63) if not args.tiny else (1, 3)) if c < n_slots)
         inv = batch_invariance(engine, target, 200 if not args.tiny else 18, companions)
         print(json.dumps(inv, indent=1))
         Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -495,6 +512,7 @@ def main() -> int:
         "build_engine_s": engine_s,
         "warm_up": engine.warmup_report,
         "num_slots": engine.num_slots,
+        "sessions": list(sessions),
         "max_seq_len": max_seq,
         "token_buckets": list(engine.token_buckets),
         "session_buckets": list(engine.session_buckets),
@@ -528,12 +546,14 @@ def main() -> int:
     fill_slots(engine, n_slots)
     stage("steps", lambda: time_steps(engine, ctx, bw, weight_bytes, kv_per_token,
                                       args.repeats, sessions, drafts))  # fmt: skip
-    shapes = ((1, 1), (1, 9), (16, 9), (64, 9)) if not args.tiny else ((1, 1),)
+    shapes = tuple((b, q) for b, q in ((1, 1), (1, 9), (16, 9), (64, 9)) if b <= n_slots) \
+        if not args.tiny else ((1, 1),)
     stage("attention_per_layer", lambda: attention_choice(engine, ctx, args.repeats, shapes))
     if dev.type == "cuda":
         stage("replay_only_ms", lambda: replay_ms(engine, args.repeats))
         stage("profile", lambda: {f"B{b}_k{k}": profile_step(engine, ctx, b, k)
-                                  for b, k in ((1, 0), (16, 8), (64, 8))})  # fmt: skip
+                                  for b, k in ((1, 0), (16, 8), (64, 8))
+                                  if b <= n_slots})  # fmt: skip
         stage("profile_prefill", lambda: profile_prefill(engine, target))
     stage("hf_eager", lambda: hf_step_ms(target, max(3, args.repeats // 2)))
     n_agree = args.agree_tokens if not args.tiny else 20
