@@ -24,7 +24,7 @@ from tests.support.waiting import until
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 SLOTS = 2
-KV_GB = SLOTS * 4 / 1024  # the tiny target's 4 MiB slots (test_scheduler_capacity.py)
+KV_GB = h.tiny_kv_gb(SLOTS)
 Q = "What is moving?"
 
 

@@ -29,9 +29,7 @@ SLOTS = 2
 #: 512-token answer cap (not the model's 4,096).
 POSITIONS = auto_max_seq_len(len(build_tiny_random_target(seed=0).build_prompt_ids("")),
                              ServerLimits().max_new_tokens, 4096)
-#: The tiny target keeps 1 KiB of KV per token (2 layers x K,V x 4 heads x 16 x fp32):
-#: POSITIONS KiB a slot, so this budget holds exactly SLOTS slots.
-KV_GB = (SLOTS * POSITIONS + 512) / 2**20
+KV_GB = h.tiny_kv_gb(SLOTS)
 Q = "What is moving?"
 
 

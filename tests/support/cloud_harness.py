@@ -58,6 +58,19 @@ TEST_COST = CloudCost(
 )
 
 
+def tiny_kv_gb(slots: int) -> float:
+    """A KV budget holding exactly ``slots`` default-size slots of the tiny target: 1 KiB
+    of KV per position (2 layers x K,V x 4 heads x 16 x fp32), and positions per slot as
+    the server sizes them when ``--max-seq-len`` is unset (prompt + 256 question tokens +
+    the 512-token answer cap)."""
+    from eventspec.cloud.engine.kv import auto_max_seq_len
+    from eventspec.demoworld.tiny_target import build_tiny_random_target
+
+    base = len(build_tiny_random_target(seed=0).build_prompt_ids(""))
+    positions = auto_max_seq_len(base, ServerLimits().max_new_tokens, 4096)
+    return (slots * positions + 512) / 2**20
+
+
 def settings(*, input_timeout_s: float = 5.0, session_ttl_s: float = 600.0,
              kv_cache_gb: float | None = None, kv_queue: int = 64, kv_wait_s: float = 30.0,
              **limits: int) -> CloudSettings:
