@@ -335,7 +335,8 @@ def main() -> int:
     parser.add_argument("--draft-k", type=int, default=4)
     parser.add_argument("--kv-cache-gb", type=float, default=None)
     parser.add_argument("--max-seq-len", type=int, default=None,
-                        help="positions per KV slot (default: the model's)")
+                        help="positions per KV slot (default: the server's, prompt + 256 "
+                             "question tokens + the answer cap)")
     parser.add_argument("--engine", choices=["auto", "static", "hf"], default="auto")
     parser.add_argument("--calibrate", action="store_true",
                         help="calibrate the cost model on this engine and record what "
