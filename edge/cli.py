@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
              "file: only for files you trust)")
     arg("--model", default=env.model,
         help="a local EventGPT-7b directory, toy (the embedded toy-world model, with its "
-             "adapter) or tiny-random")
+             "adapter), toy-misaligned (the toy drafter on other wording: low acceptance, "
+             "for --draft-head) or tiny-random")
     arg("--adapter", type=Path, default=env.adapter,
         help="feature adapter directory, or toy (enables the aligned feature mode)")
     arg("--host", default=env.host, help="bind address")
@@ -118,6 +119,16 @@ def build_parser() -> argparse.ArgumentParser:
              "prefill on an H200)")
     arg("--oracle-seed", type=int, default=env.oracle_seed,
         help="seed of the oracle's right/wrong draws (per question and position)")
+    arg("--draft-head", type=Path, default=env.draft_head,
+        help="a token adapter or draft head directory (eventspec-edge train-adapter): "
+             "drafts its argmax, the target's predicted next token, from the HF "
+             "drafter's hidden states")
+    arg("--commit-log", type=Path, default=env.commit_log,
+        help="log the drafter's hidden states at committed positions and the committed "
+             "token ids (never events) to this directory, for train-adapter; off unless "
+             "given")
+    arg("--commit-log-max-mb", type=int, default=env.commit_log_max_mb,
+        help="the commit log's bound in MiB: once reached, nothing more is logged")
     arg("--draft-slots", type=int, default=env.draft_slots,
         help="KV slots of the static drafter, one per request drafting at once; more "
              "requests take turns, rebuilding an evicted slot (a full-size slot of 2,048 "
@@ -204,6 +215,9 @@ def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
         oracle_ms_per_token=args.oracle_ms_per_token,
         oracle_prefill_ms=args.oracle_prefill_ms,
         oracle_seed=args.oracle_seed,
+        draft_head=args.draft_head,
+        commit_log=args.commit_log,
+        commit_log_max_mb=args.commit_log_max_mb,
         profile_path=args.profile,
         recalibrate=args.recalibrate,
         vision_backend=args.vision_backend,
