@@ -17,6 +17,7 @@ train-adapter --log DIR`` reads it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from dataclasses import asdict, dataclass
@@ -124,7 +125,7 @@ def read_log(root: Path) -> tuple[LogMeta, list[Request]]:
     for shard in sorted(root.glob("commits-*.npz")):
         with np.load(shard) as z:
             feats, toks, offsets = z["features"], z["tokens"], z["offsets"]
-        for a, b in zip(offsets[:-1], offsets[1:], strict=True):
+        for a, b in itertools.pairwise(offsets.tolist()):
             requests.append(Request(feats[a:b], toks[a:b]))
     if not requests:
         raise NotFound(f"the commit log at {root} holds no requests")

@@ -3,9 +3,9 @@
 The edge only ever loads model directories. ``toy`` names the trained demo draft and
 its feature adapter, shipped as package data; ``toy-misaligned`` the demo drafter
 retrained on other wording (issue 22: low raw acceptance, for token adapters and draft
-heads to fix), whose vision path, and so feature adapter, is the aligned one's; ``tiny-random`` is written to a
-temporary directory by the demo world at the CLI's edge (:mod:`eventspec.edge.cli`), then
-loaded like any other.
+heads to fix), whose vision path, and so feature adapter, is the aligned one's;
+``tiny-random`` is written to a temporary directory by the demo world at the CLI's edge
+(:mod:`eventspec.edge.cli`), then loaded like any other.
 """
 
 from __future__ import annotations

@@ -106,7 +106,8 @@ class TokenAdapter(nn.Module):
              prev_tokens: torch.Tensor) -> torch.Tensor:
         """k new positions: feats [k, H], tokens [k] -> logits [k, V]."""
         cache.length += feats.shape[0]
-        return self(feats, prev_tokens)
+        logits: torch.Tensor = self(feats, prev_tokens)
+        return logits
 
 
 class DraftHead(nn.Module):

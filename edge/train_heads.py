@@ -14,15 +14,15 @@ import json
 import logging
 import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from eventspec.edge.commit_log import LogMeta, Request, read_log
+from eventspec.edge.head_training import HeadTraining
 from eventspec.edge.token_heads import (
-    HeadKind,
     TokenHead,
     TokenHeadConfig,
     build_head,
@@ -32,25 +32,6 @@ from eventspec.edge.token_heads import (
 from eventspec.shared.contract.errors import InvalidInput
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class HeadTraining:
-    """One training run's settings (``eventspec-edge train-adapter --help``)."""
-
-    kind: HeadKind = "adapter"
-    steps: int = 1500
-    batch: int = 64
-    hidden: int = 128
-    lr: float = 3e-3
-    holdout: float = 0.1
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.steps < 1 or self.batch < 1 or self.hidden < 1:
-            raise InvalidInput("--steps, --batch and --hidden must be >= 1")
-        if not 0.0 <= self.holdout < 1.0:
-            raise InvalidInput(f"--holdout must be in [0, 1), got {self.holdout}")
 
 
 def padded(requests: list[Request], start_id: int) -> tuple[torch.Tensor, ...]:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from eventspec.edge.commit_log import CommitLogWriter, LogMeta, read_log
+from eventspec.edge.head_training import HeadTraining
 from eventspec.edge.token_heads import (
     DraftHead,
     HeadCache,
@@ -20,7 +21,7 @@ from eventspec.edge.token_heads import (
     macs_per_token,
     save_head,
 )
-from eventspec.edge.train_heads import HeadTraining, train_from_log
+from eventspec.edge.train_heads import train_from_log
 from eventspec.shared.contract.errors import InvalidInput
 
 H, V = 16, 24

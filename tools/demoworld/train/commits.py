@@ -139,6 +139,19 @@ class SpecCounts:
         }
 
 
+def top1_matches(backend: DraftBackend, examples: Sequence[Example]) -> list[bool]:
+    """Per answer position: is the backend's draft the target's token, given the target's
+    prefix? (The seed work's top-1 acceptance; with one draft per step, exactly which
+    drafts are accepted.)"""
+    right: list[bool] = []
+    for ex in examples:
+        drafter = Drafter(backend)
+        drafter.prefill(ex.qa.question, ex.pixels)
+        truth = list(ex.answer)
+        right.extend(drafter.draft_next(truth[:p]) == truth[p] for p in range(len(truth)))
+    return right
+
+
 def speculate(backend: DraftBackend, examples: Sequence[Example], depth: int) -> SpecCounts:
     """Replay greedy speculation (``depth`` drafts, then the target's step) per example.
 
@@ -146,12 +159,11 @@ def speculate(backend: DraftBackend, examples: Sequence[Example], depth: int) ->
     drafts that match the answer from the commit point, then one target token.
     """
     counts = SpecCounts(depth)
+    counts.top1_right = top1_matches(backend, examples)
     for ex in examples:
         drafter = Drafter(backend)
         drafter.prefill(ex.qa.question, ex.pixels)
         truth = list(ex.answer)
-        counts.top1_right.extend(drafter.draft_next(truth[:p]) == truth[p]
-                                 for p in range(len(truth)))
         done = 0
         while done < len(truth):
             drafts: list[int] = []

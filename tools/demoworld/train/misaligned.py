@@ -16,6 +16,7 @@ import json
 import logging
 import random
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -48,7 +49,7 @@ def train_misaligned(args: ModelTraining, aligned_dir: Path, out: Path) -> dict[
     seed_everything(args.seed)
     device = torch.device(args.device)
     draft: DraftModel = load_draft(aligned_dir, device=device, dtype=torch.float32)
-    model = draft.model
+    model: Any = draft.model  # transformers' decorators hide eval/half from mypy
     seeds = list(range(args.first_seed, args.first_seed + args.scenes))
     clip = draft_clip_features(draft, seeds, args.workers)  # [N, 5, T, Dv], CLIP frozen
     examples = examples_for(seeds)
@@ -95,11 +96,12 @@ def train_misaligned(args: ModelTraining, aligned_dir: Path, out: Path) -> dict[
     return metrics
 
 
-MISALIGNED_CARD = """The misaligned toy drafter (issue 22): the aligned toy draft (`toy-eventgpt`, same
-architecture and vision path) fine-tuned with CLIP frozen on other wording with an
+MISALIGNED_CARD = """The misaligned toy drafter (issue 22): the aligned toy draft (`toy-eventgpt`,
+same architecture and vision path) fine-tuned with CLIP frozen on other wording with an
 event-only emphasis (`eventspec.demoworld.drafter_wording`): "Motion goes left." where
 the target says "It is moving left.", "I see two things." for "There are two objects.",
 "Events show no colour." for any colour. It states the same facts as the aligned draft
 but its tokens rarely match the target's, as EventGPT's rarely match Video-LLaVA's:
 the drafter the token adapter and the draft head are judged on. Weights in float16.
-Select it with `eventspec-edge serve --model toy-misaligned`."""
+Select it with `eventspec-edge serve --model toy-misaligned`; rebuild it with
+`eventspec toy train --stages misaligned --out DIR` (CPU: about 5 minutes)."""

@@ -66,7 +66,7 @@ class AdapterTraining:
 
 
 #: The misaligned drafter's defaults: a short fine-tune, minutes on a CPU.
-MISALIGNED = ModelTraining(scenes=800, steps=250, batch=32, lr=1e-3, warmup=20, val_scenes=64,
+MISALIGNED = ModelTraining(scenes=800, steps=250, batch=32, lr=1e-3, warmup=20, val_scenes=32,
                            log_every=25)
 
 
