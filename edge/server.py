@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from eventspec.edge.agent import EdgeAgent
 from eventspec.edge.align import load_adapter
 from eventspec.edge.cloud_link import CloudLink
+from eventspec.edge.commit_recorder import CommitRecorder
 from eventspec.edge.config import EdgeSettings
 from eventspec.edge.draft import DraftModel
 from eventspec.edge.draft_checkpoint import load_draft
@@ -236,6 +237,8 @@ class EdgeServer:
             cloud_wait_s=s.cloud_wait_s,
             first_reply_s=s.cloud_first_reply_s,
             max_queued_asks=s.max_queued_asks,
+            commit_recorder=(None if s.commit_log is None else await asyncio.to_thread(
+                CommitRecorder, draft, s.commit_log, s.commit_log_max_mb)),
         )
         if self.metrics is not None:
             self._bind_metrics(self.agent, source)
@@ -363,6 +366,9 @@ class EdgeServer:
         if self._link is not None:
             await self._link.close()
         if self.agent is not None:
+            await self.agent.drain_background()
+            if self.agent.commit_recorder is not None:
+                await asyncio.to_thread(self.agent.commit_recorder.close)
             self.agent.worker.shutdown()
         close = getattr(self._owned_source, "close", None)
         if callable(close):
