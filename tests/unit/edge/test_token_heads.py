@@ -4,6 +4,7 @@ training on a tiny synthetic log learns a mapping (CPU, seconds)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,15 @@ from eventspec.edge.train_heads import train_from_log
 from eventspec.shared.contract.errors import InvalidInput
 
 H, V = 16, 24
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """Tiny tensors: one intra-op thread, not two contending with the rest of the suite."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def config(kind: str) -> TokenHeadConfig:
@@ -110,3 +120,17 @@ def test_training_learns_a_synthetic_mapping(tmp_path: Path, kind: str) -> None:
     assert float(metrics["held_out_top1"]) > 0.5  # type: ignore[arg-type]  # chance: 1/16
     assert (tmp_path / kind / "README.md").read_text().count("train-adapter") >= 1
     assert load_head(tmp_path / kind).config.training["kind"] == kind
+
+
+def test_both_toy_drafters_are_selectable_by_name() -> None:
+    from eventspec.edge.model_dirs import (
+        TOY,
+        TOY_DRAFT_DIR,
+        TOY_MISALIGNED,
+        TOY_MISALIGNED_DIR,
+        draft_dir,
+    )
+
+    assert draft_dir(TOY) == TOY_DRAFT_DIR and draft_dir(TOY_MISALIGNED) == TOY_MISALIGNED_DIR
+    assert (TOY_MISALIGNED_DIR / "config.json").is_file()
+    assert "misaligned" in (TOY_MISALIGNED_DIR / "README.md").read_text()

@@ -124,7 +124,7 @@ def check(run: TrainRun, install: bool) -> None:
                         ("--workers", run.target.workers), ("--log-every", run.target.log_every)):
         if value < 1:
             raise TrainUsageError(f"{name} must be at least 1, got {value}")
-    if {"target", "draft", "misaligned"} & set(run.stages):
+    if {"target", "draft"} & set(run.stages):
         need = math.ceil(run.target.batch / MIN_QUESTIONS_PER_SCENE)
         if run.target.scenes < need:
             raise TrainUsageError(
