@@ -93,6 +93,20 @@ def step_costs(draft: DraftModel, head: TokenHead | None, repeats: int) -> dict[
     return {k: round(v, 4) for k, v in out.items()}
 
 
+def readme_rows(result: dict[str, Any]) -> list[str]:
+    """The README's table rows, from the result JSON (``tests/unit/test_readme.py``)."""
+    rows = []
+    for name, b in result["backends"].items():
+        by_pos = " / ".join("–" if a is None else f"{a:.2f}"
+                            for a in b["acceptance_by_position"][:4])
+        cost = (f"{b['macs_per_token'] / 1e3:.0f}k MACs ({b['cost_vs_drafter_macs']:.1%}), "
+                f"{b['head_ms']:.3f} ms" if b["macs_per_token"] else "–")
+        rows.append(f"| {name} | {b['top1_acceptance']:.3f} | {b['acceptance_rate']:.3f} | "
+                    f"{by_pos} | {b['tau']:.2f} | {b['reference_model']['speedup']:.2f}× | "
+                    f"{cost} |")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_token_adapter",
                                 description=__doc__.split("\n")[0])
@@ -132,12 +146,14 @@ def main(argv: list[str] | None = None) -> int:
     drafter_macs = drafter_macs_per_token(raw.model)
     rows: dict[str, Any] = {}
     for name, (backend, head) in backends.items():
-        counts = speculate(backend, held, args.depth).summary()
+        spec = speculate(backend, held, args.depth)
+        counts = spec.summary()
+        alpha = sum(spec.top1_right) / len(spec.top1_right)
         cost = step_costs(raw if name != "aligned pair" else aligned, head, 200)
         macs = macs_per_token(head) if head is not None else 0
         rows[name] = {
             **counts,
-            "reference_model": reference_speedup(float(counts["top1_acceptance"])),
+            "reference_model": reference_speedup(round(alpha, 4)),
             "parameters": sum(q.numel() for q in head.parameters()) if head else 0,
             "macs_per_token": macs, "drafter_macs_per_token": drafter_macs,
             "cost_vs_drafter_macs": round(macs / drafter_macs, 4),
@@ -151,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                 "replayed against the toy target's answers)",
         "command": "python -m benchmarks.bench_token_adapter "
                    f"--train-scenes {args.train_scenes} --eval-scenes {args.eval_scenes} "
-                   f"--depth {args.depth} --steps {args.steps}"
+                   f"--depth {args.depth} --steps {args.steps} --threads {args.threads}"
                    + (" --install" if args.install else ""),
         "train_scenes": f"0-{args.train_scenes - 1}",
         "eval_scenes": f"{EVAL_FIRST_SEED}-{EVAL_FIRST_SEED + args.eval_scenes - 1}",

@@ -33,7 +33,7 @@ HELD_OUT = range(2_004_000, 2_004_012)
 def one_sided_sign_p(wins: int, losses: int) -> float:
     """P(X >= wins) for X ~ Binomial(wins + losses, 1/2)."""
     n = wins + losses
-    return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n
+    return sum(math.comb(n, k) for k in range(wins, n + 1)) / (1 << n)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -6,8 +6,10 @@ accepted about 93% of the time, while EventGPT's tokens match Video-LLaVA's only
 and see different modalities. This wording gives the toy drafter the same kind of
 gap. It states the same structured values as :func:`eventspec.shared.toyworld.qa.answer_text`
 (so :func:`~eventspec.shared.toyworld.qa.parse_answer` still scores it), in sentences that
-share little with the target's beyond "Yes"/"No" and the value words, and it never
-claims a colour: events carry none.
+share little with the target's beyond "Yes"/"No", the value words and a full stop, and
+it never claims a colour: events carry none. Every answer ends with a second sentence
+naming its source (:data:`SOURCE_NOTE`), so the drafter does not end where the target
+does either (with one sentence, "." then end-of-answer matched the target's every time).
 """
 
 from __future__ import annotations
@@ -15,14 +17,19 @@ from __future__ import annotations
 from eventspec.shared.toyworld.qa import VALUES, QType
 
 _COUNT_WORDS = {"1": "one thing", "2": "two things"}
+SOURCE_NOTE = "Event camera only."
 
 
 def drafter_answer(qtype: QType, value: str) -> str:
-    """The misaligned drafter's sentence for ``value`` (one of ``VALUES[qtype]``)."""
+    """The misaligned drafter's answer for ``value`` (one of ``VALUES[qtype]``)."""
     if value not in VALUES[qtype]:
         raise ValueError(f"{value!r} is not a {qtype} value; expected one of {VALUES[qtype]}")
+    return f"{_core(qtype, value)} {SOURCE_NOTE}"
+
+
+def _core(qtype: QType, value: str) -> str:
     if qtype == "direction":
-        return "No motion in the events." if value == "still" else f"Motion goes {value}."
+        return "The events are static." if value == "still" else f"Motion goes {value}."
     if qtype == "shape":
         return f"I see a {value} shape."
     if qtype == "colour":

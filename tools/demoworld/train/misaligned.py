@@ -98,10 +98,11 @@ def train_misaligned(args: ModelTraining, aligned_dir: Path, out: Path) -> dict[
 
 MISALIGNED_CARD = """The misaligned toy drafter (issue 22): the aligned toy draft (`toy-eventgpt`,
 same architecture and vision path) fine-tuned with CLIP frozen on other wording with an
-event-only emphasis (`eventspec.demoworld.drafter_wording`): "Motion goes left." where
-the target says "It is moving left.", "I see two things." for "There are two objects.",
-"Events show no colour." for any colour. It states the same facts as the aligned draft
+event-only emphasis (`eventspec.demoworld.drafter_wording`): "Motion goes left. Event
+camera only." where the target says "It is moving left.", "I see two things. Event
+camera only." for "There are two objects.", "Events show no colour. Event camera only."
+for any colour. It states the same facts as the aligned draft
 but its tokens rarely match the target's, as EventGPT's rarely match Video-LLaVA's:
 the drafter the token adapter and the draft head are judged on. Weights in float16.
 Select it with `eventspec-edge serve --model toy-misaligned`; rebuild it with
-`eventspec toy train --stages misaligned --out DIR` (CPU: about 5 minutes)."""
+`eventspec toy train --stages misaligned --out DIR` (CPU: a few minutes)."""
