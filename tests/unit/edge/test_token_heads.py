@@ -134,3 +134,20 @@ def test_both_toy_drafters_are_selectable_by_name() -> None:
     assert draft_dir(TOY) == TOY_DRAFT_DIR and draft_dir(TOY_MISALIGNED) == TOY_MISALIGNED_DIR
     assert (TOY_MISALIGNED_DIR / "config.json").is_file()
     assert "misaligned" in (TOY_MISALIGNED_DIR / "README.md").read_text()
+
+
+def test_the_train_adapter_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from eventspec.edge.cli import main
+
+    writer = CommitLogWriter(tmp_path / "log", meta(), max_bytes=1 << 20)
+    rng = np.random.default_rng(2)
+    for _ in range(20):
+        writer.add(rng.standard_normal((3, H)), rng.integers(0, V, 3))
+    writer.flush()
+    argv = ["train-adapter", "--log", str(tmp_path / "log"), "--out", str(tmp_path / "out"),
+            "--kind", "head", "--steps", "5", "--hidden", "8"]
+    assert main(argv) == 0
+    assert '"kind": "head"' in capsys.readouterr().out
+    assert load_head(tmp_path / "out").config.kind == "head"
+    assert main(argv) == 1  # the directory is no longer empty
+    assert "not empty" in capsys.readouterr().err
