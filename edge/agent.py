@@ -10,14 +10,15 @@ another replica when one dies before anything is committed (``eventspec.edge.fai
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -69,6 +70,7 @@ from eventspec.shared.contract.types import (
 )
 
 if TYPE_CHECKING:
+    from eventspec.edge.commit_recorder import CommitRecorder
     from eventspec.edge.metrics import EdgeMetrics
 
 log = logging.getLogger(__name__)
@@ -96,6 +98,7 @@ class EdgeAgent:
         cloud_wait_s: float = 60.0,
         first_reply_s: float = 5.0,
         max_queued_asks: int = 256,
+        commit_recorder: CommitRecorder | None = None,
     ) -> None:
         self.source = source
         self.draft = draft
@@ -125,8 +128,30 @@ class EdgeAgent:
         self.metrics: EdgeMetrics | None = None
         #: What :meth:`warm_up` measured or reused (None before it ran).
         self.calibration: EdgeMeasurement | None = None
+        #: ``--commit-log``: what a draft head learns from, logged after each speculative
+        #: request (None: off, the default).
+        self.commit_recorder = commit_recorder
+        self._background: set[asyncio.Future[Any]] = set()
 
     # -- set-up ---------------------------------------------------------------------------
+
+    def background(self, work: Awaitable[object]) -> None:
+        """Run ``work`` without anyone waiting for it (e.g. the commit log's rows): kept
+        referenced until done, and a failure is logged, not lost."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+
+        def done(t: asyncio.Future[Any]) -> None:
+            self._background.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.warning("background work failed: %s", t.exception())
+
+        task.add_done_callback(done)
+
+    async def drain_background(self) -> None:
+        """Wait for the background work queued so far (before shutting the worker)."""
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
 
     async def warm_up(self, *, profile_path: Path | None = None,
                       recalibrate: bool = False) -> None:

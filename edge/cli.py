@@ -8,6 +8,7 @@ import sys
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from eventspec.edge.config import (
     DRAFT_ENGINES,
@@ -69,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
              "file: only for files you trust)")
     arg("--model", default=env.model,
         help="a local EventGPT-7b directory, toy (the embedded toy-world model, with its "
-             "adapter) or tiny-random")
+             "adapter), toy-misaligned (the toy drafter on other wording: low acceptance, "
+             "for --draft-head) or tiny-random")
     arg("--adapter", type=Path, default=env.adapter,
         help="feature adapter directory, or toy (enables the aligned feature mode)")
     arg("--host", default=env.host, help="bind address")
@@ -118,6 +120,16 @@ def build_parser() -> argparse.ArgumentParser:
              "prefill on an H200)")
     arg("--oracle-seed", type=int, default=env.oracle_seed,
         help="seed of the oracle's right/wrong draws (per question and position)")
+    arg("--draft-head", type=Path, default=env.draft_head,
+        help="a token adapter or draft head directory (eventspec-edge train-adapter): "
+             "drafts its argmax, the target's predicted next token, from the HF "
+             "drafter's hidden states")
+    arg("--commit-log", type=Path, default=env.commit_log,
+        help="log the drafter's hidden states at committed positions and the committed "
+             "token ids (never events) to this directory, for train-adapter; off unless "
+             "given")
+    arg("--commit-log-max-mb", type=int, default=env.commit_log_max_mb,
+        help="the commit log's bound in MiB: once reached, nothing more is logged")
     arg("--draft-slots", type=int, default=env.draft_slots,
         help="KV slots of the static drafter, one per request drafting at once; more "
              "requests take turns, rebuilding an evicted slot (a full-size slot of 2,048 "
@@ -169,7 +181,53 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--opset", type=int, default=17, help="ONNX opset, 17..20")
     export.add_argument("--log-level", default="INFO", type=str.upper,
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log threshold")
+    add_train_adapter_parser(sub)
     return parser
+
+
+def add_train_adapter_parser(sub: Any) -> None:
+    """``train-adapter``: a token adapter or draft head from a ``--commit-log`` directory."""
+    from eventspec.edge.head_training import HeadTraining
+
+    d = HeadTraining()
+    tr = sub.add_parser(
+        "train-adapter", formatter_class=DefaultsHelpFormatter,
+        help="train a token adapter or draft head (for serve --draft-head) from a commit "
+             "log (serve --commit-log), offline")
+    tr.add_argument("--log", type=Path, required=True, help="the commit log directory")
+    tr.add_argument("--out", type=Path, required=True,
+                    help="the new model directory (must not exist or be empty)")
+    tr.add_argument("--kind", choices=["adapter", "head"], default=d.kind,
+                    help="adapter: an MLP on the drafter's hidden state; head: EAGLE-style, "
+                         "hidden state plus the committed tokens through one attention layer")
+    tr.add_argument("--steps", type=int, default=d.steps, help="optimiser steps")
+    tr.add_argument("--batch", type=int, default=d.batch, help="requests per step")
+    tr.add_argument("--hidden", type=int, default=d.hidden, help="the network's width")
+    tr.add_argument("--lr", type=float, default=d.lr, help="peak learning rate")
+    tr.add_argument("--holdout", type=float, default=d.holdout,
+                    help="share of requests held out to report top-1 agreement")
+    tr.add_argument("--seed", type=int, default=d.seed, help="initialisation and order")
+
+
+def train_adapter_command(args: argparse.Namespace) -> int:
+    """``train-adapter``: train, write the directory, print its metrics as JSON."""
+    import json
+
+    from eventspec.edge.head_training import HeadTraining
+    from eventspec.edge.train_heads import train_from_log
+    from eventspec.shared.contract.errors import EventSpecError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    try:
+        metrics = train_from_log(args.log, args.out, HeadTraining(
+            kind=args.kind, steps=args.steps, batch=args.batch, hidden=args.hidden,
+            lr=args.lr, holdout=args.holdout, seed=args.seed))
+    except (EventSpecError, OSError) as exc:
+        print(f"{PROG} train-adapter: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(metrics, indent=2))
+    print(f"serve it with --draft-head {args.out}", file=sys.stderr)
+    return 0
 
 
 def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
@@ -204,6 +262,9 @@ def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
         oracle_ms_per_token=args.oracle_ms_per_token,
         oracle_prefill_ms=args.oracle_prefill_ms,
         oracle_seed=args.oracle_seed,
+        draft_head=args.draft_head,
+        commit_log=args.commit_log,
+        commit_log_max_mb=args.commit_log_max_mb,
         profile_path=args.profile,
         recalibrate=args.recalibrate,
         vision_backend=args.vision_backend,
@@ -236,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "export-onnx":
         return export_onnx_command(args)
+    if args.command == "train-adapter":
+        return train_adapter_command(args)
     settings = settings_from_args(args)
     return serve(PROG, args, log, settings, _server,
                  scratch_model=_tiny_random_draft if settings.model == TINY_RANDOM else None)

@@ -129,7 +129,18 @@ class CloudAttempt:
             await self.stream.done_writing()
         finally:
             await self._end_call()
+        self._log_commits()
         yield self._final_event()
+
+    def _log_commits(self) -> None:
+        """``--commit-log``: queue this request's committed positions on the model thread
+        (behind any drafting already queued; nothing waits for it)."""
+        recorder, prepared = self.agent.commit_recorder, self.prepared
+        if recorder is None or not self.open_req.speculative or not self.session.committed:
+            return
+        tokens = tuple(self.session.committed)
+        self.agent.background(self.agent.worker.run(lambda: recorder.record(
+            self.spec.question, prepared.event_pixels, prepared.clip_features, tokens)))
 
     # -- the steps ------------------------------------------------------------------------
 

@@ -100,6 +100,15 @@ class EdgeSettings:
     oracle_ms_per_token: float = 4.68
     oracle_prefill_ms: float = 36.1
     oracle_seed: int = 0
+    #: A token adapter or distilled draft head (``eventspec-edge train-adapter``): the
+    #: edge drafts its argmax (the target's predicted next token) from the HF drafter's
+    #: hidden states instead of the drafter's own (``eventspec.edge.headed_draft``).
+    draft_head: Path | None = None
+    #: Where to log what a draft head learns from (the drafter's hidden states at
+    #: committed positions and the committed token ids, never events); None: off.
+    commit_log: Path | None = None
+    #: The commit log's bound, MiB: once reached, nothing more is logged.
+    commit_log_max_mb: int = 256
     #: The edge's calibration profile (vision, prefill and per-token draft costs for
     #: this drafter): reused at the next start after a spot check; None: the default
     #: file under ~/.cache/eventspec (``resolved_profile_path``).
@@ -162,6 +171,9 @@ class EdgeSettings:
             oracle_ms_per_token=e.number("ORACLE_MS_PER_TOKEN", d.oracle_ms_per_token),
             oracle_prefill_ms=e.number("ORACLE_PREFILL_MS", d.oracle_prefill_ms),
             oracle_seed=e.integer("ORACLE_SEED", d.oracle_seed),
+            draft_head=e.path("DRAFT_HEAD"),
+            commit_log=e.path("COMMIT_LOG"),
+            commit_log_max_mb=e.integer("COMMIT_LOG_MAX_MB", d.commit_log_max_mb),
             profile_path=e.path("PROFILE"),
             recalibrate=e.switch("RECALIBRATE", d.recalibrate),
             vision_backend=e.text("VISION_BACKEND", d.vision_backend),
@@ -206,6 +218,7 @@ class EdgeSettings:
                 "--draft-engine hf"
             )
         self._check_oracle()
+        self._check_draft_head()
         require_choice("--vision-backend", self.vision_backend, VISION_BACKENDS)
         require_seconds("--request-timeout", self.request_timeout_s, zero_ok=False)
         require_seconds("--rpc-timeout-s", self.rpc_timeout_s, zero_ok=False)
@@ -222,6 +235,14 @@ class EdgeSettings:
         if self.cloud is not None:
             check_cloud_address(self.cloud)
 
+    def _check_draft_head(self) -> None:
+        """A draft head reads the HF drafter's hidden states: no static or oracle engine."""
+        if self.draft_head is not None and self.draft_engine not in ("auto", "hf"):
+            raise SettingsError(f"--draft-head needs the HF drafter (--draft-engine hf or "
+                                f"auto), not --draft-engine {self.draft_engine}")
+        if self.draft_head is not None and self.draft_quant != "none":
+            raise SettingsError("--draft-head needs the HF drafter: drop --draft-quant")
+        require_int("--commit-log-max-mb", self.commit_log_max_mb, 1, 1 << 20)
 
     def _check_oracle(self) -> None:
         """The oracle's flags (ignored by the other engines): its answers file with it."""

@@ -327,13 +327,7 @@ class DraftModel:
         were already computed, e.g. for the aligned-features path.
         """
         self._check_decoder()
-        if clip_features is None:
-            if pixel_values is None:
-                raise InvalidInput("prefill needs pixel_values or clip_features")
-            clip_features = self.clip_features(pixel_values)
-        ids = self.build_prompt_ids(question)
-        events = self.event_tokens(clip_features)  # [E, H]
-        embeds = self.model.embed_with_events(ids, events)  # [1, L', H]
+        embeds = self._prompt_embeds(question, pixel_values, clip_features)  # [1, L', H]
         cache = DynamicCache(config=self.model.config)
         out = self.model(
             inputs_embeds=embeds, use_cache=True, logits_to_keep=1,
@@ -342,8 +336,66 @@ class DraftModel:
         return DraftState(cache, int(embeds.shape[1])), out.logits[0, -1].float()
 
     @torch.no_grad()
+    def prefill_features(
+        self,
+        question: str,
+        pixel_values: torch.Tensor | None,
+        *,
+        clip_features: torch.Tensor | None = None,
+    ) -> tuple[DraftState, torch.Tensor, torch.Tensor]:
+        """:meth:`prefill`, also returning the last hidden state after the prompt.
+
+        -> (state, hidden [H] float32, logits [V] float32). The hidden state is the
+        decoder's output after its final norm, what the LM head reads: the features a
+        token adapter or draft head (``eventspec.edge.token_heads``) maps to the
+        target's next token.
+        """
+        self._check_decoder()
+        embeds = self._prompt_embeds(question, pixel_values, clip_features)  # [1, L', H]
+        cache = DynamicCache(config=self.model.config)
+        hidden, logits = self._decode(cache, inputs_embeds=embeds, keep=1)
+        return DraftState(cache, int(embeds.shape[1])), hidden[0], logits[0]
+
+    def _prompt_embeds(self, question: str, pixel_values: torch.Tensor | None,
+                       clip_features: torch.Tensor | None) -> torch.Tensor:
+        """The prompt's embeddings with the event tokens spliced in. [1, L', H]."""
+        if clip_features is None:
+            if pixel_values is None:
+                raise InvalidInput("prefill needs pixel_values or clip_features")
+            clip_features = self.clip_features(pixel_values)
+        ids = self.build_prompt_ids(question)
+        events = self.event_tokens(clip_features)  # [E, H]
+        return self.model.embed_with_events(ids, events)
+
+    def _decode(self, cache: DynamicCache, keep: int,
+                **inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder then the LM head on the last ``keep`` positions.
+
+        -> (hidden [keep, H], logits [keep, V]), both float32.
+        """
+        base = self.model.event_model
+        out = base(use_cache=True, **inputs, **{cache_kwarg(base): cache})
+        hidden = out.last_hidden_state[0, -keep:]  # [keep, H]
+        logits = self.model.lm_head(hidden)  # [keep, V]
+        return hidden.float(), logits.float()
+
+    @torch.no_grad()
     def step(self, state: DraftState, tokens: Sequence[int]) -> torch.Tensor:
         """Feed ``tokens`` after the cached sequence -> logits [len(tokens), V] float32."""
+        ids = self._step_ids(tokens)  # [1, k]
+        out = self.model(input_ids=ids, use_cache=True, **{cache_kwarg(self.model): state.cache})
+        logits: torch.Tensor = out.logits[0].float()  # [k, V]
+        return logits
+
+    @torch.no_grad()
+    def step_features(self, state: DraftState,
+                      tokens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`step`, also returning the hidden states: (hidden [k, H], logits [k, V])."""
+        ids = self._step_ids(tokens)  # [1, k]
+        return self._decode(state.cache, keep=ids.shape[1], input_ids=ids)
+
+    def _step_ids(self, tokens: Sequence[int]) -> torch.Tensor:
+        """``tokens`` checked, as input ids [1, k]."""
         toks = [int(t) for t in tokens]
         if not toks:
             raise InvalidInput("step needs at least one token")
@@ -351,10 +403,7 @@ class DraftModel:
         bad = [t for t in toks if not 0 <= t < self.model.config.vocab_size]
         if bad:
             raise InvalidInput(f"token ids out of range: {bad[:5]}")
-        ids = torch.tensor([toks], dtype=torch.long, device=self.device)  # [1, k]
-        out = self.model(input_ids=ids, use_cache=True, **{cache_kwarg(self.model): state.cache})
-        logits: torch.Tensor = out.logits[0].float()  # [k, V]
-        return logits
+        return torch.tensor([toks], dtype=torch.long, device=self.device)
 
     def rollback(self, state: DraftState, keep_len: int) -> None:
         """Cut the cache back to its first ``keep_len`` positions (never into the prompt).

@@ -17,13 +17,15 @@ from typing import TYPE_CHECKING, Any
 from eventspec.edge.agent import EdgeAgent
 from eventspec.edge.align import load_adapter
 from eventspec.edge.cloud_link import CloudLink
+from eventspec.edge.commit_recorder import CommitRecorder
 from eventspec.edge.config import EdgeSettings
 from eventspec.edge.draft import DraftModel
 from eventspec.edge.draft_checkpoint import load_draft
 from eventspec.edge.drafter import DraftBackend
 from eventspec.edge.events.base import EventSource
 from eventspec.edge.events.sources import open_source
-from eventspec.edge.model_dirs import TOY, adapter_dir, draft_dir
+from eventspec.edge.headed_draft import HeadedDraftBackend
+from eventspec.edge.model_dirs import TOY, TOY_MISALIGNED, adapter_dir, draft_dir
 from eventspec.edge.oracle_draft import (
     OracleDraftBackend,
     OracleSettings,
@@ -33,6 +35,7 @@ from eventspec.edge.oracle_draft import (
 from eventspec.edge.readiness import CloudState, CloudView, Readiness
 from eventspec.edge.servicer import EdgeAgentServicer
 from eventspec.edge.static_draft import draft_backend_for, draft_engine_name
+from eventspec.edge.token_heads import load_head
 from eventspec.edge.vision_backend import Aligner
 from eventspec.shared.contract.errors import (
     ErrorCode,
@@ -74,6 +77,15 @@ def oracle_for(settings: EdgeSettings, draft: DraftModel) -> OracleDraftBackend:
         seed=settings.oracle_seed)
     return oracle_backend(oracle, text_vocab_size=draft.text_vocab_size,
                           eos_token_id=draft.eos_token_id)
+
+
+def headed_backend_for(path: Path, draft: DraftModel) -> HeadedDraftBackend:
+    """``--draft-head DIR``: the adapter or head there, over the HF drafter."""
+    head = load_head(path, device=draft.device)
+    backend = HeadedDraftBackend(draft, head, name=f"hf + {head.config.kind} {path.name}")
+    log.info("drafting with the %s (trained on %s)", backend.name,
+             head.config.training.get("log_source", "?"))
+    return backend
 
 
 def warn_on_vocab_mismatch(cloud: str, cloud_fingerprint: str, draft_fingerprint: str) -> bool:
@@ -184,7 +196,7 @@ class EdgeServer:
         adapter = self.adapter
         # The toy draft brings its adapter unless told otherwise.
         adapter_name = s.adapter
-        if adapter_name is None and s.model == TOY and self.draft is None:
+        if adapter_name is None and s.model in (TOY, TOY_MISALIGNED) and self.draft is None:
             adapter_name = Path(TOY)
         if adapter is None and adapter_name is not None:
             readiness.set_edge_phase("loading the feature adapter")
@@ -199,6 +211,9 @@ class EdgeServer:
         backend: DraftBackend
         if s.draft_engine == "oracle":
             backend = await asyncio.to_thread(oracle_for, s, draft)
+        elif s.draft_head is not None:
+            readiness.set_edge_phase("loading the draft head")
+            backend = await asyncio.to_thread(headed_backend_for, s.draft_head, draft)
         else:
             if s.draft_engine != "hf":
                 readiness.set_edge_phase("building the static drafter" + (
@@ -222,6 +237,8 @@ class EdgeServer:
             cloud_wait_s=s.cloud_wait_s,
             first_reply_s=s.cloud_first_reply_s,
             max_queued_asks=s.max_queued_asks,
+            commit_recorder=(None if s.commit_log is None else await asyncio.to_thread(
+                CommitRecorder, draft, s.commit_log, s.commit_log_max_mb)),
         )
         if self.metrics is not None:
             self._bind_metrics(self.agent, source)
@@ -349,6 +366,9 @@ class EdgeServer:
         if self._link is not None:
             await self._link.close()
         if self.agent is not None:
+            await self.agent.drain_background()
+            if self.agent.commit_recorder is not None:
+                await asyncio.to_thread(self.agent.commit_recorder.close)
             self.agent.worker.shutdown()
         close = getattr(self._owned_source, "close", None)
         if callable(close):

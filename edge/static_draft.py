@@ -25,6 +25,7 @@ import torch
 
 from eventspec.edge.draft import DraftModel
 from eventspec.edge.drafter import DraftBackend
+from eventspec.edge.headed_draft import HeadedDraftBackend
 from eventspec.edge.oracle_draft import OracleDraftBackend
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.node.static.batch import StepBatch
@@ -243,9 +244,10 @@ def draft_backend_for(
 
 
 def draft_engine_name(backend: DraftBackend) -> str:
-    """"static", "static int8", "static int4", "hf", or the oracle's label ("oracle
-    α=0.8, ... — benchmarks only"): what the edge reports and logs."""
-    if isinstance(backend, OracleDraftBackend):
+    """"static", "static int8", "static int4", "hf", a draft head's name ("hf + adapter
+    DIR"), or the oracle's label ("oracle α=0.8, ... — benchmarks only"): what the edge
+    reports and logs."""
+    if isinstance(backend, OracleDraftBackend | HeadedDraftBackend):
         return backend.name
     if not isinstance(backend, StaticDraftBackend):
         return "hf"

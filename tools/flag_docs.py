@@ -42,6 +42,7 @@ def commands() -> dict[str, Callable[[], argparse.ArgumentParser]]:
         "eventspec toy eval": lambda: _sub(toy(), "eval"),
         "eventspec-edge serve": lambda: _sub(edge(), "serve"),
         "eventspec-edge export-onnx": lambda: _sub(edge(), "export-onnx"),
+        "eventspec-edge train-adapter": lambda: _sub(edge(), "train-adapter"),
         "eventspec-cloud serve": lambda: _sub(cloud(), "serve"),
     }
 

@@ -136,6 +136,14 @@ def test_the_engine_table_is_the_json() -> None:
     assert f"{result['warm_up']['seconds']:.1f} s" in README
 
 
+def test_the_token_adapter_table_is_the_json() -> None:
+    from benchmarks.bench_token_adapter import readme_rows
+
+    result = json.loads((ROOT / "benchmarks/results/token-adapter-toy.json").read_text())
+    assert "\n".join(readme_rows(result)) in README
+    assert result["command"] in README
+
+
 @pytest.mark.parametrize("name, label", [
     ("capacity-cpu.json", "HF reference"),
     ("capacity-cpu-paced50-20.json", "paced 50 ms / 20 ms per step"),

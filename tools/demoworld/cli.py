@@ -17,6 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from eventspec.demoworld.train.settings import (
+    DEFAULT_STAGES,
+    MISALIGNED,
     STAGES,
     AdapterTraining,
     ModelTraining,
@@ -53,14 +55,19 @@ def build_parser() -> argparse.ArgumentParser:
                             "toy-models-<UTC time> directory here)")
     where.add_argument("--install", action="store_true",
                        help="replace the shipped models in cloud/models and edge/models")
-    tr.add_argument("--stages", default=",".join(STAGES),
-                    help="which of target,draft,adapter to train, in that order (default: all)")
+    tr.add_argument("--stages", default=",".join(DEFAULT_STAGES),
+                    help=f"which of {','.join(STAGES)} to train, in that order (default: "
+                         "%(default)s; misaligned: the drafter fine-tuned on other wording, "
+                         "issue 22)")
     tr.add_argument("--target-model", type=Path, default=None,
                     help="the target the adapter pairs when the target stage does not run "
                          "(default: the shipped toy target)")
     tr.add_argument("--draft-model", type=Path, default=None,
-                    help="the draft the adapter pairs when the draft stage does not run "
-                         "(default: the shipped toy draft)")
+                    help="the draft the adapter pairs, and the misaligned drafter starts "
+                         "from, when the draft stage does not run (default: the shipped "
+                         "toy draft)")
+    tr.add_argument("--misaligned-steps", type=int, default=MISALIGNED.steps,
+                    help="fine-tuning steps of the misaligned drafter (default: %(default)s)")
     tr.add_argument("--device", default="", help="cuda or cpu (default: cuda if available)")
     tr.add_argument("--scenes", type=int, default=_MODEL.scenes,
                     help="training scenes of the target and the draft (default: %(default)s)")
@@ -132,6 +139,8 @@ def train_run(args: argparse.Namespace, device: str) -> TrainRun:
                                 steps=steps(args.adapter_steps, _ADAPTER.steps),
                                 batch=args.adapter_batch, seed=args.seed, device=device,
                                 workers=args.workers, log_every=args.log_every),
+        misaligned=replace(MISALIGNED, steps=args.misaligned_steps, seed=args.seed,
+                           device=device, workers=args.workers),
         target_in=args.target_model or shipped["target"],
         draft_in=args.draft_model or shipped["draft"],
     )
@@ -152,7 +161,8 @@ def _train(args: argparse.Namespace) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         run = replace(run, target=replace(run.target, device=device),
                       draft=replace(run.draft, device=device),
-                      adapter=replace(run.adapter, device=device))
+                      adapter=replace(run.adapter, device=device),
+                      misaligned=replace(run.misaligned, device=device))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     if args.install:
         replaced = ", ".join(str(run.outputs[stage]) for stage in run.stages)

@@ -15,7 +15,7 @@ from eventspec.demoworld.train.settings import (
     check,
     output_dirs,
 )
-from eventspec.edge.model_dirs import TOY_ADAPTER_DIR, TOY_DRAFT_DIR
+from eventspec.edge.model_dirs import TOY_ADAPTER_DIR, TOY_DRAFT_DIR, TOY_MISALIGNED_DIR
 
 
 def _run(tmp_path: Path, *flags: str) -> TrainRun:
@@ -45,9 +45,11 @@ def test_outputs_default_to_a_new_directory_and_install_to_the_shipped_ones() ->
     a = output_dirs(None, install=False)
     assert a["target"].parent.name.startswith("toy-models-")
     assert {p.parent for p in a.values()} == {a["target"].parent}
-    assert [p.name for p in a.values()] == ["toy-video-llava", "toy-eventgpt", "toy-adapter"]
+    assert [p.name for p in a.values()] == ["toy-video-llava", "toy-eventgpt", "toy-adapter",
+                                            "toy-eventgpt-misaligned"]
     assert output_dirs(None, install=True) == {
-        "target": TOY_TARGET_DIR, "draft": TOY_DRAFT_DIR, "adapter": TOY_ADAPTER_DIR}
+        "target": TOY_TARGET_DIR, "draft": TOY_DRAFT_DIR, "adapter": TOY_ADAPTER_DIR,
+        "misaligned": TOY_MISALIGNED_DIR}
     with pytest.raises(TrainUsageError, match="not both"):
         output_dirs(Path("x"), install=True)
     for shipped in (TOY_TARGET_DIR.parent, TOY_DRAFT_DIR, TOY_ADAPTER_DIR / "sub"):
@@ -56,4 +58,12 @@ def test_outputs_default_to_a_new_directory_and_install_to_the_shipped_ones() ->
 
 
 def test_every_stage_is_known() -> None:
-    assert STAGES == ("target", "draft", "adapter")
+    assert STAGES == ("target", "draft", "adapter", "misaligned")
+
+
+def test_the_misaligned_drafter_is_asked_for_not_default(tmp_path: Path) -> None:
+    assert _run(tmp_path).stages == ("target", "draft", "adapter")
+    run = _run(tmp_path, "--stages", "misaligned", "--misaligned-steps", "12")
+    assert run.stages == ("misaligned",) and run.misaligned.steps == 12
+    assert run.outputs["misaligned"].name == TOY_MISALIGNED_DIR.name
+    check(run, install=False)

@@ -1,7 +1,8 @@
-"""``eventspec toy train``: the three toy trainers in order.
+"""``eventspec toy train``: the toy trainers in order.
 
 Target, then draft, then the adapter between them (it needs both: the ones trained
-in this run, or the models ``TrainRun.target_in`` / ``draft_in`` name).
+in this run, or the models ``TrainRun.target_in`` / ``draft_in`` name), then, when
+asked for, the misaligned drafter (fine-tuned from that draft on other wording).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 
 from eventspec.demoworld.train.adapter import train_adapter
 from eventspec.demoworld.train.draft import train_draft
+from eventspec.demoworld.train.misaligned import train_misaligned
 from eventspec.demoworld.train.settings import TrainRun
 from eventspec.demoworld.train.target import train_target
 
@@ -32,6 +34,9 @@ def train(run: TrainRun) -> dict[str, object]:
     if "adapter" in run.stages:
         results["adapter"] = train_adapter(run.adapter, target_dir, draft_dir,
                                            run.outputs["adapter"])
+    if "misaligned" in run.stages:
+        results["misaligned"] = train_misaligned(run.misaligned, draft_dir,
+                                                 run.outputs["misaligned"])
     results["outputs"] = {stage: str(run.outputs[stage]) for stage in run.stages}
     results["total_seconds"] = round(time.perf_counter() - t0, 1)
     log.info("trained %s: %s", ", ".join(run.stages), json.dumps(results["outputs"]))

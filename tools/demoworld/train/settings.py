@@ -15,15 +15,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from eventspec.cloud.model_dirs import TOY_TARGET_DIR
-from eventspec.edge.model_dirs import TOY_ADAPTER_DIR, TOY_DRAFT_DIR
+from eventspec.edge.model_dirs import TOY_ADAPTER_DIR, TOY_DRAFT_DIR, TOY_MISALIGNED_DIR
 
 #: Every scene gets the direction, count and moving questions (one-object scenes also
 #: shape and colour), so N scenes give at least 3N training examples.
 MIN_QUESTIONS_PER_SCENE = 3
 #: Scenes held out of the adapter's training for its reported metrics: at least one.
 MIN_ADAPTER_SCENES = 2
-STAGES = ("target", "draft", "adapter")
-SHIPPED = {"target": TOY_TARGET_DIR, "draft": TOY_DRAFT_DIR, "adapter": TOY_ADAPTER_DIR}
+STAGES = ("target", "draft", "adapter", "misaligned")
+#: What ``toy train`` runs unless ``--stages`` says otherwise: the aligned pair and its
+#: feature adapter. ``misaligned`` (the drafter on other wording, issue 22) is asked for.
+DEFAULT_STAGES = ("target", "draft", "adapter")
+SHIPPED = {"target": TOY_TARGET_DIR, "draft": TOY_DRAFT_DIR, "adapter": TOY_ADAPTER_DIR,
+           "misaligned": TOY_MISALIGNED_DIR}
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,11 @@ class AdapterTraining:
     log_every: int = 200
 
 
+#: The misaligned drafter's defaults: a short fine-tune, minutes on a CPU.
+MISALIGNED = ModelTraining(scenes=800, steps=250, batch=32, lr=1e-3, warmup=20, val_scenes=32,
+                           log_every=25)
+
+
 class TrainUsageError(ValueError):
     """A ``toy train`` setting that cannot work; the message is the one line to print."""
 
@@ -75,6 +84,8 @@ class TrainRun:
     target: ModelTraining = field(default_factory=ModelTraining)
     draft: ModelTraining = field(default_factory=ModelTraining)
     adapter: AdapterTraining = field(default_factory=AdapterTraining)
+    #: The misaligned drafter's fine-tuning (from the aligned draft, CLIP frozen).
+    misaligned: ModelTraining = field(default_factory=lambda: MISALIGNED)
     #: The models the adapter pairs when their stages do not run in this call.
     target_in: Path = TOY_TARGET_DIR
     draft_in: Path = TOY_DRAFT_DIR
