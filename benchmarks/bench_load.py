@@ -261,6 +261,22 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def readme_rows(result: dict[str, Any]) -> list[str]:
+    """The README's table rows (``tests/unit/test_readme.py`` checks them against the
+    committed JSON)."""
+    rows = []
+    for run in result["configs"]:
+        for lv in run["levels"]:
+            hits = (f"{lv['prefix_hits']} of {lv['requests']}"
+                    if lv["prefix_hits"] or lv["prefix_misses"] else "–")
+            rows.append(
+                f"| {run['config']['name']} | {lv['rate_per_s']:g} | "
+                f"{lv['ttft_ms_p50']:.0f} / {lv['ttft_ms_p99']:.0f} | "
+                f"{lv['itl_ms_p50']:.1f} / {lv['itl_ms_p99']:.1f} | "
+                f"{lv['goodput_tok_s']:.1f} | {hits} |")
+    return rows
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_load",
                                 description=__doc__.split("\n")[0] if __doc__ else None)

@@ -195,3 +195,11 @@ def test_make_targets_named_exist() -> None:
     targets = set(re.findall(r"^([a-z][a-z-]*):", makefile, flags=re.M))
     for target in set(re.findall(r"`make ([a-z-]+)", README)):
         assert target in targets, f"make {target}"
+
+
+def test_the_load_table_is_the_json() -> None:
+    from benchmarks.bench_load import readme_rows
+
+    result = json.loads((ROOT / "benchmarks/results/load-cpu.json").read_text())
+    assert "\n".join(readme_rows(result)) in README
+    assert result["answers_identical_across_configs"] is True
