@@ -9,13 +9,12 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eventspec.cloud.decoding import Committed, DecodingSession
 from eventspec.cloud.prefill_chunking import ChunkPolicy
 from eventspec.cloud.prefix_cache import Prefix, PrefixCache, prefix_key, prefix_length
 from eventspec.cloud.scheduler import Scheduler
 from eventspec.cloud.tickets import Ticket
-from eventspec.shared.contract.types import GenerationSettings
-from tests.support.fake_engine import EOS, TEXT_VOCAB, ChunkedFakeEngine, target_only
+from tests.support.fake_engine import TEXT_VOCAB, ChunkedFakeEngine, target_only
+from tests.support.scheduler_sessions import answer, submit
 
 VIDEO = 3  # the fake prompts' <video> id
 MAX_SEQ = 64
@@ -72,29 +71,13 @@ def test_the_cache_keeps_to_its_bytes_and_evicts_the_least_recently_used(
         assert len(cache) == len(model)
 
 
-def _make(max_new: int, prompt_len: int) -> object:
-    def make(slot: int) -> DecodingSession:
-        return DecodingSession(
-            settings=GenerationSettings(max_new_tokens=max_new), slot=slot,
-            prompt_len=prompt_len, max_seq_len=MAX_SEQ, eos_token_id=EOS, max_verify_tokens=9,
-            decode=lambda ids: "", speculative=False,
-        )
-
-    return make
-
-
 async def _ask(sched: Scheduler, prompt: tuple[int, ...], clip: torch.Tensor,
                max_new: int) -> tuple[list[int], Ticket]:
-    ticket = sched.admit("r", _make(max_new, len(prompt)))  # type: ignore[arg-type]
-    sched.submit_prefill(ticket, prompt, video_features=clip)
-    got: list[int] = []
-    while True:
-        event = await asyncio.wait_for(ticket.events.get(), 20)
-        assert isinstance(event, Committed), event
-        got.extend(event.tokens)
-        if event.finish_reason is not None:
-            sched.release(ticket)
-            return got, ticket
+    ticket = submit(sched, "r", prompt, max_new, clip, max_seq_len=MAX_SEQ)
+    got = await answer(ticket)
+    assert isinstance(got, list), got
+    sched.release(ticket)
+    return got, ticket
 
 
 @given(questions=st.lists(st.lists(st.integers(4, 30), min_size=1, max_size=8),

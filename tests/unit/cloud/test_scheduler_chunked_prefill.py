@@ -12,50 +12,23 @@ import asyncio
 import itertools
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eventspec.cloud.decoding import Committed, DecodingSession
 from eventspec.cloud.prefill_chunking import CHUNK_QUANTUM, ChunkPolicy, auto_chunk_tokens
 from eventspec.cloud.prefill_queue import PrefillQueue
 from eventspec.cloud.scheduler import Scheduler
 from eventspec.cloud.tickets import Failure, Ticket
 from eventspec.shared.contract.timing import CloudCost
-from eventspec.shared.contract.types import GenerationSettings
-from tests.support.fake_engine import EOS, TEXT_VOCAB, ChunkedFakeEngine, FakeEngine, target_only
+from tests.support.fake_engine import TEXT_VOCAB, ChunkedFakeEngine, FakeEngine, target_only
+from tests.support.scheduler_sessions import answer, submit
 from tests.support.waiting import until
 
 MAX_SEQ = 64
 
 
-def _make(max_new: int, prompt_len: int) -> object:
-    def make(slot: int) -> DecodingSession:
-        return DecodingSession(
-            settings=GenerationSettings(max_new_tokens=max_new), slot=slot,
-            prompt_len=prompt_len, max_seq_len=MAX_SEQ, eos_token_id=EOS, max_verify_tokens=9,
-            decode=lambda ids: "", speculative=False,
-        )
-
-    return make
-
-
-async def _answer(ticket: Ticket) -> list[int] | Failure:
-    got: list[int] = []
-    while True:
-        event = await asyncio.wait_for(ticket.events.get(), 20)
-        if isinstance(event, Failure):
-            return event
-        assert isinstance(event, Committed)
-        got.extend(event.tokens)
-        if event.finish_reason is not None:
-            return got
-
-
 async def _ask(sched: Scheduler, name: str, prompt: tuple[int, ...], max_new: int) -> Ticket:
-    ticket = sched.admit(name, _make(max_new, len(prompt)))  # type: ignore[arg-type]
-    sched.submit_prefill(ticket, prompt, video_features=torch.zeros(1))
-    return ticket
+    return submit(sched, name, prompt, max_new, max_seq_len=MAX_SEQ)
 
 
 def _prompt(seed: int, n: int) -> tuple[int, ...]:
@@ -78,7 +51,7 @@ def test_chunked_answers_equal_target_only(chunk: int, lengths: list[int], max_n
                 tickets.append(await _ask(sched, f"r{i}", _prompt(i, n), max_new))
                 if stagger:  # later requests arrive while earlier ones decode
                     await asyncio.sleep(0)
-            results = await asyncio.gather(*(_answer(t) for t in tickets))
+            results = await asyncio.gather(*(answer(t) for t in tickets))
         finally:
             await asyncio.to_thread(sched.stop)
         for i, (n, got) in enumerate(zip(lengths, results, strict=True)):
@@ -101,7 +74,7 @@ async def test_a_decoding_session_steps_between_the_chunks_of_a_long_prompt() ->
         await until(engine.held.is_set, "the first request decodes")
         long = await _ask(sched, "long", _prompt(2, 30), 2)  # queued while a step runs
         engine.gate.set()
-        results = await asyncio.gather(_answer(first), _answer(long))
+        results = await asyncio.gather(answer(first), answer(long))
     finally:
         engine.gate.set()
         await asyncio.to_thread(sched.stop)
@@ -122,7 +95,7 @@ async def test_with_nothing_decoding_a_prompt_goes_whole() -> None:
     sched.start()
     try:
         ticket = await _ask(sched, "alone", _prompt(3, 30), 3)
-        result = await _answer(ticket)
+        result = await answer(ticket)
     finally:
         await asyncio.to_thread(sched.stop)
     assert result == target_only(_prompt(3, 30), 3, MAX_SEQ)
@@ -137,7 +110,7 @@ async def test_a_bad_prompt_fails_alone_among_chunks() -> None:
     try:
         good = await _ask(sched, "good", _prompt(4, 10), 4)
         bad = await _ask(sched, "bad", (5, 6, 31, 7), 4)
-        results = await asyncio.gather(_answer(good), _answer(bad))
+        results = await asyncio.gather(answer(good), answer(bad))
     finally:
         await asyncio.to_thread(sched.stop)
     assert results[0] == target_only(_prompt(4, 10), 4, MAX_SEQ)

@@ -10,13 +10,12 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from eventspec.cloud.decoding import Committed, DecodingSession
 from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.scheduler import Scheduler
-from eventspec.cloud.tickets import Failure, Ticket
+from eventspec.cloud.tickets import Failure
 from eventspec.shared.contract.errors import InvalidInput
-from eventspec.shared.contract.types import GenerationSettings
-from tests.support.fake_engine import EOS, TEXT_VOCAB, FakeEngine, target_only
+from tests.support.fake_engine import TEXT_VOCAB, FakeEngine, target_only
+from tests.support.scheduler_sessions import answer, submit
 from tests.support.waiting import until
 
 POISON = 31  # a prompt holding this token is refused by the engine
@@ -42,29 +41,6 @@ class RecordingEngine(FakeEngine):
         return super().prefill(requests)
 
 
-def _make(max_new: int, prompt_len: int) -> object:
-    def make(slot: int) -> DecodingSession:
-        return DecodingSession(
-            settings=GenerationSettings(max_new_tokens=max_new), slot=slot,
-            prompt_len=prompt_len, max_seq_len=64, eos_token_id=EOS, max_verify_tokens=9,
-            decode=lambda ids: "", speculative=False,
-        )
-
-    return make
-
-
-async def _answer(ticket: Ticket) -> list[int] | Failure:
-    got: list[int] = []
-    while True:
-        event = await asyncio.wait_for(ticket.events.get(), 10)
-        if isinstance(event, Failure):
-            return event
-        assert isinstance(event, Committed)
-        got.extend(event.tokens)
-        if event.finish_reason is not None:
-            return got
-
-
 async def test_waiting_prefills_share_a_call_within_the_budget_and_a_bad_one_fails_alone() -> None:
     engine = RecordingEngine(num_slots=5)
     sched = Scheduler(engine, text_vocab_size=TEXT_VOCAB, prefill_token_budget=10)
@@ -73,14 +49,13 @@ async def test_waiting_prefills_share_a_call_within_the_budget_and_a_bad_one_fai
     try:
         tickets = []
         for i, prompt in enumerate(prompts):
-            ticket = sched.admit(f"r{i}", _make(6, len(prompt)))  # type: ignore[arg-type]
-            sched.submit_prefill(ticket, prompt, video_features=torch.zeros(1))
+            ticket = submit(sched, f"r{i}", prompt, 6)
             tickets.append(ticket)
             if i == 0:
                 # The others must queue while the first call runs (and is blocked).
                 await until(engine.entered.is_set, "the first prefill call is running")
         engine.gate.set()
-        results = await asyncio.gather(*(_answer(t) for t in tickets))
+        results = await asyncio.gather(*(answer(t) for t in tickets))
     finally:
         engine.gate.set()
         await asyncio.to_thread(sched.stop)
@@ -107,9 +82,8 @@ async def test_a_prompt_longer_than_the_budget_still_runs_alone() -> None:
     sched = Scheduler(engine, text_vocab_size=TEXT_VOCAB, prefill_token_budget=2)
     sched.start()
     try:
-        ticket = sched.admit("long", _make(3, 5))  # type: ignore[arg-type]
-        sched.submit_prefill(ticket, (3, 4, 5, 6, 7), video_features=torch.zeros(1))
-        result = await _answer(ticket)
+        ticket = submit(sched, "long", (3, 4, 5, 6, 7), 3)
+        result = await answer(ticket)
     finally:
         await asyncio.to_thread(sched.stop)
     assert result == target_only((3, 4, 5, 6, 7), 3, 64)

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -23,7 +22,7 @@ import torch
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.train.common import examples_for, normalise
 from eventspec.demoworld.train.draft import event_frames_for
-from eventspec.demoworld.train.target import frames_for
+from eventspec.demoworld.train.target import frames_for, greedy_answer_ids
 from eventspec.edge.commit_log import CommitLogWriter, LogMeta
 from eventspec.edge.draft import DraftModel
 from eventspec.edge.drafter import DraftBackend, Drafter
@@ -41,31 +40,6 @@ class Example:
     answer: tuple[int, ...]
 
 
-@torch.no_grad()
-def target_answer_ids(target: TargetModel, frames_u8: torch.Tensor, questions: Sequence[str],
-                      max_new: int) -> list[list[int]]:
-    """Batched greedy target answers [B, 8, H, W, 3] -> ids, cut after EOS."""
-    model: Any = target.model
-    prompts = [target.build_prompt_ids(q) for q in questions]
-    width = max(len(p) for p in prompts)
-    pad = int(model.config.text_config.pad_token_id)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
-    pix = normalise(frames_u8).to(next(model.parameters()).dtype)
-    out = model.generate(input_ids=ids, attention_mask=mask, pixel_values_videos=pix,
-                         max_new_tokens=max_new, do_sample=False,
-                         eos_token_id=target.eos_token_id, pad_token_id=pad,
-                         suppress_tokens=list(range(target.text_vocab_size, target.vocab_size)))
-    answers = []
-    for row in out[:, width:].tolist():
-        cut = row.index(target.eos_token_id) + 1 if target.eos_token_id in row else len(row)
-        answers.append(row[:cut])
-    return answers
-
-
 def toy_examples(target: TargetModel, seeds: Sequence[int], max_new: int = 12,
                  workers: int = 1) -> list[Example]:
     """Every question of every scene, with the target's answer and the event pixels."""
@@ -76,7 +50,7 @@ def toy_examples(target: TargetModel, seeds: Sequence[int], max_new: int = 12,
     out: list[Example] = []
     for start in range(0, len(items), 128):
         chunk = items[start : start + 128]
-        answers = target_answer_ids(target, rgb[[i for i, _ in chunk]],
+        answers = greedy_answer_ids(target, rgb[[i for i, _ in chunk]],
                                     [qa.question for _, qa in chunk], max_new)
         out.extend(Example(seeds[i], qa, events[i], tuple(a))
                    for (i, qa), a in zip(chunk, answers, strict=True))

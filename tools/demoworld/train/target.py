@@ -216,11 +216,11 @@ def train_target(args: ModelTraining, out: Path) -> dict[str, object]:
 
 
 @torch.no_grad()
-def greedy_answers(target: TargetModel, frames_u8: torch.Tensor, questions: Sequence[str],
-                   max_new: int = 12) -> list[str]:
-    """Batched greedy answers (left-padded ``generate``) for [B, 8, H, W, 3] frames."""
+def greedy_answer_ids(target: TargetModel, frames_u8: torch.Tensor, questions: Sequence[str],
+                      max_new: int = 12) -> list[list[int]]:
+    """Batched greedy answers (left-padded ``generate``) for [B, 8, H, W, 3] frames, as
+    token ids cut after EOS (EOS kept)."""
     model: Any = target.model
-    tok = target.tokenizer
     device = next(model.parameters()).device
     prompts = [target.build_prompt_ids(q) for q in questions]
     width = max(len(p) for p in prompts)
@@ -236,7 +236,18 @@ def greedy_answers(target: TargetModel, frames_u8: torch.Tensor, questions: Sequ
                          eos_token_id=target.eos_token_id, pad_token_id=pad,
                          suppress_tokens=list(range(target.text_vocab_size,
                                                     target.vocab_size)))
-    return [str(tok.decode(row[width:], skip_special_tokens=True)) for row in out.tolist()]
+    answers = []
+    for row in out[:, width:].tolist():
+        cut = row.index(target.eos_token_id) + 1 if target.eos_token_id in row else len(row)
+        answers.append(row[:cut])
+    return answers
+
+
+def greedy_answers(target: TargetModel, frames_u8: torch.Tensor, questions: Sequence[str],
+                   max_new: int = 12) -> list[str]:
+    """:func:`greedy_answer_ids`, decoded."""
+    return [str(target.tokenizer.decode(ids, skip_special_tokens=True))
+            for ids in greedy_answer_ids(target, frames_u8, questions, max_new)]
 
 
 def evaluate_target(target: TargetModel, seeds: Sequence[int],
