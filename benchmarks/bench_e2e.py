@@ -45,24 +45,21 @@ import contextlib
 import json
 import logging
 import math
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 
 from benchmarks.delay_proxy import DelayProxy, LinkShape
 from benchmarks.e2e_capacity import capacity_point, capacity_table
+from benchmarks.e2e_nodes import Drafter, Nodes, cloud_args, edge_args, server_info
 from benchmarks.e2e_pool import (
-    SEED0,
     Question,
     ask_pairs,
     precompute_answers,
@@ -72,126 +69,31 @@ from benchmarks.e2e_pool import (
 from benchmarks.e2e_report import plot, table
 from benchmarks.spec_model import SpecInputs, cloud_step_cost, simulate
 from eventspec.shared.client.edge_client import EdgeClient
-from eventspec.shared.client.launch import Node, start_node, stop_node, wait_for_port
-from eventspec.shared.contract.convert_verifier import server_info_from_pb
 from eventspec.shared.contract.types import ServerInfo
-from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
-from eventspec.shared.wire.health import wait_for_serving
 
 log = logging.getLogger("benchmarks.bench_e2e")
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LABEL = "oracle drafter: drafts the target-only answer, each token wrong w.p. 1 - alpha — " \
         "benchmarks only"
-NODE_START_S = 300.0
 #: A request this much slower than target-only counts as slower.
 SLOWER = 1.03
 
-
-# -- processes ----------------------------------------------------------------------------
-
-@dataclass
-class Nodes:
-    """The processes this run started (stopped in reverse at the end)."""
-
-    tmp: Path
-    procs: list[Any]
-
-    async def start(self, node: Node, name: str, args: Sequence[str],
-                    random_cloud: Sequence[str] = ()) -> str:
-        """Start ``node serve`` (or, with ``random_cloud``, ``benchmarks.serve_random``
-        with those options, passing ``args`` on to its serve) and wait until it serves."""
-        log_path, port_file = self.tmp / f"{name}.log", self.tmp / f"{name}.port"
-        serve_args = ["--port", "0", "--port-file", str(port_file), *args]
-        if random_cloud:
-            with open(log_path, "wb") as out:
-                proc: Any = subprocess.Popen(
-                    [sys.executable, "-m", "benchmarks.serve_random", *random_cloud, "--",
-                     *serve_args], stdout=out, stderr=subprocess.STDOUT,
-                    env=dict(os.environ, PYTHONUNBUFFERED="1"))
-        else:
-            proc = start_node(node, ["serve", *serve_args], log_path)
-        self.procs.append(proc)
-        port = await wait_for_port(proc, port_file, log_path, NODE_START_S)
-        address = f"127.0.0.1:{port}"
-        await wait_for_serving(address, timeout_s=NODE_START_S)
-        return address
-
-    def stop(self, count: int | None = None) -> None:
-        """Stop the newest ``count`` processes (all by default)."""
-        n = len(self.procs) if count is None else count
-        for _ in range(n):
-            stop_node(self.procs.pop())
-
-
-def cloud_args(args: argparse.Namespace, max_clients: int) -> list[str]:
-    out = ["--model", args.cloud_model, "--max-sessions", str(max_clients + 2),
-           "--max-new-tokens", str(max(args.max_new_tokens, 16))]
-    if args.cloud_prefill_ms > 0 or args.cloud_step_ms > 0:
-        out += ["--emulate-prefill-ms", f"{args.cloud_prefill_ms:g}",
-                "--emulate-step-ms", f"{args.cloud_step_ms:g}"]
-    return out + list(args.cloud_args)
-
-
-@dataclass(frozen=True)
-class Drafter:
-    """One ``--alphas`` entry: the oracle's α and its pace (``A`` or ``A@MS``, MS the ms
-    per draft token; without it, ``--oracle-ms-per-token``)."""
-
-    alpha: float
-    ms_per_token: float
-
-    @classmethod
-    def parse(cls, text: str, default_ms: float) -> Drafter:
-        alpha, at, ms = text.partition("@")
-        try:
-            out = cls(float(alpha), float(ms) if at else default_ms)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"--alphas: {text!r} is not ALPHA or ALPHA@MS_PER_TOKEN") from None
-        if not (0.0 <= out.alpha <= 1.0 and out.ms_per_token >= 0):
-            raise argparse.ArgumentTypeError(
-                f"--alphas: {text!r} needs 0 <= ALPHA <= 1 and MS_PER_TOKEN >= 0")
-        return out
-
-    @property
-    def name(self) -> str:
-        return f"{self.alpha:g}@{self.ms_per_token:g}"
-
-
-def edge_args(args: argparse.Namespace, cloud: str, answers: Path, drafter: Drafter,
-              profile: Path) -> list[str]:
-    return ["--cloud", cloud, "--source", f"toy:{SEED0}-{SEED0 + args.scenes}",
-            "--model", args.edge_model, "--draft-engine", "oracle",
-            "--oracle-answers", str(answers),
-            "--oracle-alpha", f"{drafter.alpha:g}", "--oracle-ms-per-token",
-            f"{drafter.ms_per_token:g}", "--oracle-prefill-ms",
-            f"{args.oracle_prefill_ms:g}", "--oracle-seed", str(args.seed),
-            "--acceptance-prior", f"{drafter.alpha:g}", "--speculation", args.speculation,
-            "--profile", str(profile), *args.edge_args]
-
-
-async def server_info(address: str) -> ServerInfo:
-    async with grpc.aio.insecure_channel(address) as channel:
-        reply = await verifier_pb2_grpc.VerifierStub(channel).GetServerInfo(
-            verifier_pb2.GetServerInfoRequest(), timeout=30)
-    return server_info_from_pb(reply)
-
-
-# -- asking -------------------------------------------------------------------------------
 
 # -- one point ----------------------------------------------------------------------------
 
 def summarise(rows: list[dict[str, Any]], *, drafter: Drafter, rtt_ms: float, clients: int,
               args: argparse.Namespace, info: ServerInfo,
               answers: dict[str, list[int]]) -> dict[str, Any]:
-    alpha = drafter.alpha
     speedups = np.array([r["speedup"] for r in rows])
     drafted = sum(r["drafted"] for r in rows)
     accepted = sum(r["accepted"] for r in rows)
+    # The oracle's α is given; a real drafter's is what the cloud accepted of its drafts
+    # (per verified draft, so a lower bound on the per-token α the model means).
+    alpha = drafter.alpha if not drafter.real else accepted / drafted if drafted else 0.0
     steps = sum(r["steps"] for r in rows)
     same = [r["spec_ids"] == r["target_ids"] for r in rows]
-    as_answers = [r["target_ids"] == answers[r["question"]] for r in rows]
+    as_answers = [r["target_ids"] == answers.get(r["question"], r["target_ids"]) for r in rows]
     tokens = int(statistics.median(r["tokens"] for r in rows))
     depth = int(statistics.median(r["lookahead"] for r in rows)) or 1
     cloud_prefill = statistics.median(r["plan_prefill_ms"] for r in rows) or args.cloud_prefill_ms
@@ -313,7 +215,10 @@ def shape_all(proxies: Sequence[DelayProxy], rtt: float) -> None:
 def header(args: argparse.Namespace, info: ServerInfo, n_edges: int) -> dict[str, Any]:
     """The result's description of the run; points are appended as they are measured."""
     return {
-        "label": LABEL, "draft_engine": "",
+        "label": LABEL if args.drafter == "oracle" else
+        "the edges' own drafter (α is the measured acceptance)",
+        "drafter": args.drafter, "edge_model": args.edge_model, "edge_args": args.edge_args,
+        "draft_engine": "",
         "benchmark": "e2e: oracle drafter, real processes, delay proxies",
         "command": "python -m benchmarks.bench_e2e " + " ".join(args.argv),
         "partial": True,
@@ -357,13 +262,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             host, _, port = cloud.rpartition(":")
             answers_path = tmp / "answers.json"
             answers_path.write_text("{}")
-            first = await nodes.start("eventspec-edge", "edge-answers", edge_args(
-                args, cloud, answers_path, Drafter(1.0, 0.0), tmp / "edge-answers.msgpack"))
-            t0 = time.perf_counter()
-            answers = await precompute_answers(first, pool, longest, args.answers_concurrency)
-            result["answers_s"] = time.perf_counter() - t0
-            nodes.stop(1)
-            answers_path.write_text(json.dumps(answers))
+            answers: dict[str, list[int]] = {}
+            if args.drafter == "oracle":  # what the oracle drafts from
+                first = await nodes.start("eventspec-edge", "edge-answers", edge_args(
+                    args, cloud, answers_path, Drafter(1.0, 0.0),
+                    tmp / "edge-answers.msgpack"))
+                t0 = time.perf_counter()
+                answers = await precompute_answers(first, pool, longest,
+                                                   args.answers_concurrency)
+                result["answers_s"] = time.perf_counter() - t0
+                nodes.stop(1)
+                answers_path.write_text(json.dumps(answers))
             cut = {q: ids[:args.max_new_tokens] for q, ids in answers.items()}
             for i in range(n_edges):
                 proxies.append(await DelayProxy((host, int(port)), seed=args.seed + i).start())
@@ -381,7 +290,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     result["points"] += await latency_points(
                         args, edges, pool, drafter, rtt, info, cut, result["requests"])
                     save(args, result)
-                if args.capacity_tokens and drafter.alpha == args.capacity_alpha:
+                if args.capacity_tokens and (drafter.real
+                                             or drafter.alpha == args.capacity_alpha):
                     shape_all(proxies, args.capacity_rtt_ms)
                     result["capacity"] += await capacity_points(args, edges, pool, drafter)
                     save(args, result)
@@ -449,6 +359,11 @@ def parser() -> argparse.ArgumentParser:
                    help="HOST:PORT of a cloud started elsewhere (insecure): none is started")
     p.add_argument("--edge-args", nargs="*", default=[],
                    help="more `eventspec-edge serve` flags, e.g. --device cuda")
+    p.add_argument("--drafter", choices=["oracle", "real"], default="oracle",
+                   help="oracle: the oracle drafter at each --alphas entry; real: the "
+                        "edges' own drafter (--edge-model, --edge-args such as --draft-head "
+                        "DIR), once, its α measured; the reference model then takes "
+                        "--oracle-ms-per-token as the drafter's cost")
     p.add_argument("--oracle-ms-per-token", type=float, default=5.0)
     p.add_argument("--oracle-prefill-ms", type=float, default=20.0)
     p.add_argument("--speculation", choices=["auto", "always"], default="auto")
@@ -479,7 +394,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except argparse.ArgumentTypeError as e:
         print(e, file=sys.stderr)
         return 2
-    if args.capacity_tokens and args.capacity_alpha not in [d.alpha for d in args.alphas]:
+    if args.drafter == "real":
+        args.alphas = [Drafter(0.0, args.oracle_ms_per_token, real=True)]
+    elif args.capacity_tokens and args.capacity_alpha not in [d.alpha for d in args.alphas]:
         print(f"--capacity-alpha {args.capacity_alpha:g} is not among --alphas",
               file=sys.stderr)
         return 2

@@ -51,3 +51,18 @@ def test_the_rehearsal_writes_identical_answers_and_the_oracle_label(tmp_path: P
     assert cap["identical_share"] == 1.0
     assert cap["goodput_ratio"] == (cap["speculative"]["goodput_tok_s"]
                                     / cap["target_only"]["goodput_tok_s"])
+
+
+def test_the_edges_own_drafter_runs_once_with_its_measured_acceptance(tmp_path: Path) -> None:
+    out = tmp_path / "e2e-real.json"
+    code = bench_e2e.main([
+        "--drafter", "real", "--edge-model", "toy", "--rtt-ms", "5", "--clients", "1",
+        "--requests", "1", "--cloud-prefill-ms", "100", "--cloud-step-ms", "20",
+        "--max-new-tokens", "8", "--trials", "16", "--no-plot", "--out", str(out)])
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert result["drafter"] == "real" and "oracle" not in result["draft_engine"]
+    (point,) = result["points"]
+    assert point["identical"] is True
+    # Its α is what the cloud accepted of its drafts, not a given one.
+    assert point["alpha"] == (point["accepted"] / point["drafted"] if point["drafted"] else 0)

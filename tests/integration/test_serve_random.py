@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.bench_e2e import server_info
+from benchmarks.e2e_nodes import server_info
 from eventspec.demoworld.tiny_target import TINY_TARGET_ID
 from eventspec.shared.client.launch import stop_node, wait_for_port
 from eventspec.shared.wire.health import wait_for_serving

@@ -5,12 +5,14 @@ tests/integration/test_bench_e2e.py)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.bench_e2e import Drafter, main, per_client, split
+from benchmarks.bench_e2e import main, per_client, split
+from benchmarks.e2e_nodes import Drafter, edge_args
 from benchmarks.e2e_pool import question_pool
 
 
@@ -48,3 +50,18 @@ def test_clients_get_disjoint_questions_of_the_pool() -> None:
     assert [len(p) for p in parts] == [3, 3, 3, 3]
     texts = [q.text for p in parts for q in p]
     assert len(set(texts)) == 12
+
+
+def test_a_real_drafter_edge_gets_no_oracle_flags() -> None:
+    args = argparse.Namespace(scenes=4, edge_model="toy-misaligned", speculation="auto",
+                              edge_args=["--draft-head", "/models/head"],
+                              oracle_ms_per_token=2.0, oracle_prefill_ms=20.0, seed=0)
+    real = edge_args(args, "127.0.0.1:1", Path("a.json"), Drafter(0.0, 2.0, real=True),
+                     Path("p.msgpack"))
+    assert not [a for a in real if a.startswith("--oracle") or a == "--draft-engine"]
+    assert real[-2:] == ["--draft-head", "/models/head"] and "toy-misaligned" in real
+    oracle = edge_args(args, "127.0.0.1:1", Path("a.json"), Drafter(0.8, 2.0),
+                       Path("p.msgpack"))
+    assert oracle[oracle.index("--draft-engine") + 1] == "oracle"
+    assert oracle[oracle.index("--oracle-alpha") + 1] == "0.8"
+    assert Drafter(0.0, 2.0, real=True).name == "real"
