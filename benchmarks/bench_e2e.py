@@ -357,8 +357,10 @@ def parser() -> argparse.ArgumentParser:
                         "--device cuda --engine static")
     p.add_argument("--cloud", default=None,
                    help="HOST:PORT of a cloud started elsewhere (insecure): none is started")
-    p.add_argument("--edge-args", nargs="*", default=[],
-                   help="more `eventspec-edge serve` flags, e.g. --device cuda")
+    p.add_argument("--edge-args", nargs="*", action="extend", default=None,
+                   help="more `eventspec-edge serve` flags, each given with = so it is "
+                        "not read as this script's: --edge-args=--draft-head=DIR "
+                        "--edge-args=--device=cuda (repeatable)")
     p.add_argument("--drafter", choices=["oracle", "real"], default="oracle",
                    help="oracle: the oracle drafter at each --alphas entry; real: the "
                         "edges' own drafter (--edge-model, --edge-args such as --draft-head "
@@ -385,6 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
     args.argv = argv
+    args.edge_args = args.edge_args or []
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if args.requests < 1 or min([*args.clients, *args.capacity_clients]) < 1:
         print("--clients, --capacity-clients and --requests must be >= 1", file=sys.stderr)

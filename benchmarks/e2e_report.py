@@ -117,6 +117,22 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def drafter_rows(named: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Markdown rows comparing runs of different drafters (``--drafter real``), one per
+    run and N: what the README's drafter table shows (``tests/unit/test_readme.py``)."""
+    rows = []
+    for name, result in named:
+        for p in result["points"]:
+            acc = "–" if p["acceptance"] is None else f"{p['acceptance']:.2f}"
+            tps = "–" if p["tokens_per_step"] is None else f"{p['tokens_per_step']:.2f}"
+            rows.append(
+                f"| {name} | {p['clients']} | {p['spec_ms_p50']:.0f} / {p['target_ms_p50']:.0f} "
+                f"| {p['speedup_p50']:.2f}× (p10 {p['speedup_p10']:.2f}) "
+                f"| {p['share_slower_3pct']:.2f} | {acc} | {tps} "
+                f"| {p['predicted']['speedup_p50']:.2f}× |")
+    return rows
+
+
 def alpha(point: dict[str, Any], result: dict[str, Any]) -> str:
     """α, with ``@ms`` where the point's drafter is paced otherwise than the run's."""
     ms = point.get("draft_ms", result["oracle"]["ms_per_token"])

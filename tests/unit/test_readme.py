@@ -203,3 +203,14 @@ def test_the_load_table_is_the_json() -> None:
     result = json.loads((ROOT / "benchmarks/results/load-cpu.json").read_text())
     assert "\n".join(readme_rows(result)) in README
     assert result["answers_identical_across_configs"] is True
+
+
+def test_the_drafter_table_is_the_json() -> None:
+    from benchmarks.e2e_report import drafter_rows
+
+    names = [("raw misaligned", "raw-misaligned"), ("token adapter", "token-adapter"),
+             ("draft head", "draft-head"), ("aligned pair", "aligned")]
+    runs = [(name, json.loads((ROOT / f"benchmarks/results/e2e-cpu-drafter-{f}.json")
+                              .read_text())) for name, f in names]
+    assert "\n".join(drafter_rows(runs)) in README
+    assert all(r["identical"] and r["drafter"] == "real" for _, r in runs)
