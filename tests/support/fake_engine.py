@@ -90,6 +90,11 @@ class ChunkedFakeEngine(FakeEngine):
         self.hold_second_step = False
         self.held = threading.Event()
         self.gate = threading.Event()
+        #: When set to N, the N-th chunk call writes its chunks, then waits in
+        #: ``chunk_held`` until ``chunk_gate`` opens (10 s at most).
+        self.hold_after_chunk_call: int | None = None
+        self.chunk_held = threading.Event()
+        self.chunk_gate = threading.Event()
 
     def prefill(self, requests: Sequence[PrefillRequest]) -> torch.Tensor:
         self.events.append(("prefill", [r.slot for r in requests]))
@@ -119,6 +124,10 @@ class ChunkedFakeEngine(FakeEngine):
             seq = (held if c.start else []) + ids
             self.slots[c.slot] = seq
             rows.append(self._row(seq))
+        calls = sum(kind == "chunk" for kind, _ in self.events)
+        if self.hold_after_chunk_call == calls:
+            self.chunk_held.set()
+            assert self.chunk_gate.wait(timeout=10), "the test never opened the chunk gate"
         return torch.stack(rows)  # [R, V]
 
     def save_prefix(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,6 +20,7 @@ from eventspec.cloud.prefill_queue import PrefillQueue
 from eventspec.cloud.scheduler import Scheduler
 from eventspec.cloud.tickets import Failure, Ticket
 from eventspec.shared.contract.timing import CloudCost
+from eventspec.shared.contract.types import FinishReason
 from tests.support.fake_engine import TEXT_VOCAB, ChunkedFakeEngine, FakeEngine, target_only
 from tests.support.scheduler_sessions import answer, submit
 from tests.support.waiting import until
@@ -87,6 +88,36 @@ async def test_a_decoding_session_steps_between_the_chunks_of_a_long_prompt() ->
         between = engine.events[a + 1 : b]
         assert any(kind == "step" and first.slot in slots for kind, slots in between), \
             "the decoding session waited for more than one chunk"
+
+
+async def test_a_request_cancelled_between_its_chunks_stops_and_frees_its_slot() -> None:
+    """Cancelled after its first chunk: no further chunk is written, its slot comes back,
+    and the session decoding beside it answers as if it had been alone."""
+    seed = next(s for s in range(100) if len(target_only(_prompt(s, 3), 30, MAX_SEQ)) == 30)
+    engine = ChunkedFakeEngine(num_slots=2, max_seq_len=MAX_SEQ)
+    engine.hold_second_step = True
+    engine.hold_after_chunk_call = 2  # the first call was the decoding request's prompt
+    sched = Scheduler(engine, text_vocab_size=TEXT_VOCAB, prefill_chunk=ChunkPolicy("fixed", 4))
+    sched.start()
+    try:
+        first = await _ask(sched, "decoding", _prompt(seed, 3), 30)
+        await until(engine.held.is_set, "the first request decodes")
+        long = await _ask(sched, "long", _prompt(2, 30), 4)
+        engine.gate.set()
+        await until(engine.chunk_held.is_set, "the long prompt's first chunk is written")
+        sched.cancel(long)
+        engine.chunk_gate.set()
+        results = await asyncio.gather(answer(first), answer(long))
+    finally:
+        engine.gate.set()
+        engine.chunk_gate.set()
+        await asyncio.to_thread(sched.stop)
+    assert results[0] == target_only(_prompt(seed, 3), 30, MAX_SEQ)
+    assert results[1] == [] and long.session.finish_reason == FinishReason.CANCELLED
+    long_chunks = [p for kind, pieces in engine.events if kind == "chunk"
+                   for p in pieces if p[0] == long.slot]  # type: ignore[index]
+    assert long_chunks == [(long.slot, 0, 4)]
+    assert engine.slots[long.slot] is None and sched.pool.free == 2
 
 
 async def test_with_nothing_decoding_a_prompt_goes_whole() -> None:
