@@ -214,3 +214,11 @@ def test_the_drafter_table_is_the_json() -> None:
                               .read_text())) for name, f in names]
     assert "\n".join(drafter_rows(runs)) in README
     assert all(r["identical"] and r["drafter"] == "real" for _, r in runs)
+
+
+def test_the_e2e_capacity_table_is_the_json() -> None:
+    from benchmarks.e2e_capacity import capacity_table
+
+    result = json.loads((ROOT / "benchmarks/results/e2e-cpu-capacity.json").read_text())
+    assert capacity_table(result["capacity"]) in README
+    assert result["command"] in README.replace("\\\n    ", "")
