@@ -138,11 +138,13 @@ def hf_step_ms(target: TargetModel, repeats: int) -> dict[str, float]:
 def batch_invariance(
     engine: StaticEngine, target: TargetModel, n_tokens: int, companions: tuple[int, ...]
 ) -> dict[str, float]:
-    """Session 0's greedy argmax when it steps alone vs beside other sessions.
+    """Session 0's greedy argmax and logits when it steps alone vs beside others.
 
     The same teacher-forced tokens through slot 0, with k = 0 and k = 8 steps, alone
-    and in batches of 1 + c sessions (the others step their own random tokens). bf16
-    GEMMs pick different kernels for different row counts, so equality is measured.
+    and in batches of 1 + c sessions (the others step their own random tokens): the
+    share of equal argmaxes, whether the logits are bitwise equal and their largest
+    difference; and whether k = 8 steps give single-token steps' bits. bf16 GEMMs pick
+    different kernels for different row counts unless the engine is batch-invariant.
     """
     ids = target.build_prompt_ids(QUESTION)
     pix = pixels(target, 1)
@@ -152,8 +154,9 @@ def batch_invariance(
     ctx = len(ids)
 
     def run(chunk: int, others: int) -> torch.Tensor:
+        """Session 0's [n + 1, V] logits (the prefill's first, then every step's rows)."""
         first = engine.prefill([PrefillRequest(slot=0, input_ids=ids, pixel_values_videos=pix)])
-        rows = [first[0, :vocab].argmax()]
+        rows = [first[0, :vocab]]
         at = 0
         while at < n_tokens:
             q = min(chunk, n_tokens - at)
@@ -165,16 +168,24 @@ def batch_invariance(
                 counts=(q,) * (others + 1),
                 token_ids=torch.cat([toks, noise]),
             )
-            rows.extend(engine.step(batch)[:q, :vocab].argmax(-1))
+            rows.extend(engine.step(batch)[:q, :vocab])
             at += q
-        return torch.stack(rows)  # [n + 1]
+        return torch.stack(rows)  # [n + 1, V]
 
-    out: dict[str, float] = {"tokens": float(n_tokens + 1)}
+    out: dict[str, float] = {"tokens": float(n_tokens + 1),
+                             "batch_invariant": float(engine.batch_invariant)}
+    single = run(1, 0)
     for chunk in (1, 9):
         alone = run(chunk, 0)
+        # k = 8 steps against single-token steps: the verify step's own invariance.
+        out[f"k{chunk - 1}_vs_single_steps_bitwise"] = float(torch.equal(alone, single))
         for c in companions:
-            same = float((run(chunk, c) == alone).float().mean())
-            out[f"k{chunk - 1}_alone_vs_B{c + 1}"] = same
+            together = run(chunk, c)
+            out[f"k{chunk - 1}_alone_vs_B{c + 1}"] = float(
+                (together.argmax(-1) == alone.argmax(-1)).float().mean())
+            out[f"k{chunk - 1}_alone_vs_B{c + 1}_bitwise"] = float(torch.equal(together, alone))
+            out[f"k{chunk - 1}_alone_vs_B{c + 1}_max_abs_diff"] = float(
+                (together.float() - alone.float()).abs().max())
     return out
 
 
@@ -457,6 +468,8 @@ def main() -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--host-phases", action="store_true", help="only time step parts")
     parser.add_argument("--invariance", action="store_true", help="only batch invariance")
+    parser.add_argument("--batch-invariant", action="store_true",
+                        help="build the engine batch-invariant (the cloud's --batch-invariant)")
     parser.add_argument("--table", metavar="JSON", help="print a results file's table, exit")
     args = parser.parse_args()
     if args.table:
@@ -481,7 +494,8 @@ def main() -> int:
                         max_seq_len=max_seq)  # n_slots and the padding slot
     t0 = time.perf_counter()
     if args.invariance:
-        engine = build_static_engine(target, kv, token_buckets=(1, 9))
+        engine = build_static_engine(target, kv, token_buckets=(1, 9),
+                                     batch_invariant=args.batch_invariant)
         engine.prefill([PrefillRequest(0, target.build_prompt_ids(QUESTION), pixels(target, 0))])
         fill_slots(engine, n_slots)
         companions = tuple(c for c in ((3, 15, 63) if not args.tiny else (1, 3)) if c < n_slots)
@@ -491,7 +505,8 @@ def main() -> int:
         Path(args.out, "batch_invariance.json").write_text(json.dumps(inv, indent=1))
         return 0
     if args.host_phases:
-        engine = build_static_engine(target, kv, session_buckets=(1, 64), token_buckets=(1, 9))
+        engine = build_static_engine(target, kv, session_buckets=(1, 64), token_buckets=(1, 9),
+                                     batch_invariant=args.batch_invariant)
         ctx = len(target.build_prompt_ids(QUESTION))
         engine.prefill([PrefillRequest(0, target.build_prompt_ids(QUESTION), pixels(target, 0))])
         fill_slots(engine, n_slots)
@@ -501,13 +516,15 @@ def main() -> int:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         Path(args.out, "host_phases.json").write_text(json.dumps(phases, indent=1))
         return 0
-    engine = build_static_engine(target, kv, compile_layers=args.compile)
+    engine = build_static_engine(target, kv, compile_layers=args.compile,
+                                 batch_invariant=args.batch_invariant)
     engine_s = time.perf_counter() - t0
     result: dict[str, Any] = {
         "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,
         "compile_layers": args.compile,
+        "batch_invariant": args.batch_invariant,
         "build_model_s": build_s,
         "build_engine_s": engine_s,
         "warm_up": engine.warmup_report,

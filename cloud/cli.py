@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="GiB of device memory for saved prompt prefixes, taken out of the KV budget: "
              "a question about a clip already asked about skips the video prefill "
              "(static engine; 0: off)")
+    arg("--batch-invariant", action="store_true", default=env.batch_invariant,
+        help="batch-invariant arithmetic: a greedy answer's logits do not depend on who "
+             "else is in the batch, so speculative equals target-only at any load "
+             "(static engine; unfused and without CUDA graphs: slow on a GPU)")
     arg("--kv-queue", type=int, default=env.kv_queue,
         help="requests that may wait, first come first served, for a KV slot when all "
              "are taken (0: refuse at once with RESOURCE_EXHAUSTED)")
@@ -154,6 +158,7 @@ def settings_from_args(args: argparse.Namespace) -> CloudSettings:
         verify_width=args.verify_width,
         prefill_chunk=args.prefill_chunk,
         prefix_cache_gb=args.prefix_cache_gb,
+        batch_invariant=args.batch_invariant,
         kv_queue=args.kv_queue,
         kv_wait_s=args.kv_wait_s,
         profile_path=args.profile,

@@ -78,6 +78,10 @@ class CloudSettings:
     #: a clip asked about again skips its video prefill. 0 = off. Static engine only;
     #: taken out of the KV budget.
     prefix_cache_gb: float = 0.0
+    #: Batch-invariant arithmetic (``eventspec.shared.node.static.invariant``): a greedy
+    #: answer's logits do not depend on who else is in the batch. Static engine only;
+    #: unfused and without CUDA graphs, so slow on a GPU (not measured there yet).
+    batch_invariant: bool = False
     #: Requests that may wait for a KV slot when all are taken (FIFO); 0 refuses at once.
     kv_queue: int = 64
     #: The longest a request waits in that queue (its own deadline may be sooner).
@@ -140,6 +144,7 @@ class CloudSettings:
             verify_width=e.text("VERIFY_WIDTH", d.verify_width),
             prefill_chunk=e.text("PREFILL_CHUNK", d.prefill_chunk),
             prefix_cache_gb=e.number("PREFIX_CACHE_GB", d.prefix_cache_gb),
+            batch_invariant=e.switch("BATCH_INVARIANT", d.batch_invariant),
             kv_queue=e.integer("KV_QUEUE", d.kv_queue),
             kv_wait_s=e.number("KV_WAIT_S", d.kv_wait_s),
             session_ttl_s=e.number("SESSION_TTL_S", d.session_ttl_s),

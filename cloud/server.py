@@ -57,16 +57,22 @@ def load_target_for(settings: CloudSettings) -> TargetModel:
     return load_target(model_dir(settings.model), device=settings.device, dtype=dtype)
 
 
-def choose_engine(requested: str, target: TargetModel) -> str:
-    """``static`` or ``hf``: ``auto`` is static on CUDA; a model the static engine cannot
-    serve falls back to the HF reference, with the reason logged."""
+def choose_engine(requested: str, target: TargetModel, batch_invariant: bool = False) -> str:
+    """``static`` or ``hf``: ``auto`` is static on CUDA (and wherever ``--batch-invariant``
+    asks for it); a model the static engine cannot serve falls back to the HF reference,
+    with the reason logged, unless batch invariance was asked for (then it is an error)."""
     kind = requested
     if kind == "auto":
-        kind = "static" if target.device.type == "cuda" else "hf"
+        kind = "static" if target.device.type == "cuda" or batch_invariant else "hf"
     if kind not in ("static", "hf"):
         raise InvalidInput(f"--engine must be auto, static or hf, got {requested!r}")
+    if batch_invariant and kind != "static":
+        raise InvalidInput("--batch-invariant needs the static engine (--engine static or auto)")
     if kind == "static":
         reason = static_unsupported_reason(target)
+        if reason is not None and batch_invariant:
+            raise InvalidInput(f"--batch-invariant needs the static engine, which cannot "
+                               f"serve {target.model_id}: {reason}")
         if reason is not None:
             log.warning("the static engine cannot serve %s (%s); using the hf engine",
                         target.model_id, reason)
@@ -98,7 +104,7 @@ def slot_positions(settings: CloudSettings, target: TargetModel) -> int:
 
 def build_engine(settings: CloudSettings, target: TargetModel) -> BatchedEngine:
     """The chosen engine with KV slots reserved from the memory budget (logged)."""
-    kind = choose_engine(settings.engine, target)
+    kind = choose_engine(settings.engine, target, settings.batch_invariant)
     text_config = target.model.config.get_text_config(decoder=True)
     kv = plan_kv(
         bytes_per_token=kv_bytes_per_token(text_config, target.dtype),
@@ -113,7 +119,7 @@ def build_engine(settings: CloudSettings, target: TargetModel) -> BatchedEngine:
     log.info("KV capacity: %s", kv.describe())  # the engine is built with exactly these
     engine: BatchedEngine
     if kind == "static":
-        engine = build_static_engine(target, kv)
+        engine = build_static_engine(target, kv, batch_invariant=settings.batch_invariant)
     else:
         engine = HFEngine(target, num_slots=kv.num_slots, max_seq_len=kv.max_seq_len)
     if settings.emulate_prefill_ms or settings.emulate_step_ms:

@@ -108,3 +108,27 @@ async def test_chunked_prefill_serves_the_same_answers_to_requests_at_once() -> 
         finally:
             await server.stop()
     assert answers["static"] == answers["hf"]
+
+
+async def test_batch_invariant_serving_answers_as_hf_does_at_once() -> None:
+    """``--batch-invariant`` (static engine on CPU): requests at once, speculative with
+    hidden drafts, get the HF engine's one-at-a-time answers."""
+    answers: dict[str, list[list[int]]] = {}
+    for kind, invariant in (("hf", False), ("auto", True)):
+        settings = replace(h.settings(kv_cache_gb=0.05), engine=kind, batch_invariant=invariant)
+        server = VerifierServer(settings, target=build_tiny_random_target(seed=0),
+                                cost=h.TEST_COST)
+        await server.start()
+        try:
+            asks = [h.run_generate(server.port, h.open_msg(q, h.make_frames(i),
+                                                           max_new_tokens=12), hidden=[5, 6])
+                    for i, q in enumerate(QUESTIONS)]
+            outs = [await a for a in asks] if kind == "hf" else await asyncio.gather(*asks)
+            answers[kind] = [o.tokens for o in outs]
+            assert server.runtime is not None
+            engine = server.runtime.scheduler.engine
+            assert isinstance(engine, StaticEngine) == invariant
+            assert getattr(engine, "batch_invariant", False) == invariant
+        finally:
+            await server.stop()
+    assert answers["auto"] == answers["hf"]

@@ -60,6 +60,7 @@ CLOUD: dict[str, Case] = {
     "verify_width": ("--verify-width", "all", "all"),
     "prefill_chunk": ("--prefill-chunk", "256", "256"),
     "prefix_cache_gb": ("--prefix-cache-gb", "4", 4.0),
+    "batch_invariant": ("--batch-invariant", "1", True),
     "kv_queue": ("--kv-queue", "0", 0),
     "kv_wait_s": ("--kv-wait-s", "2.5", 2.5),
     "session_ttl_s": ("--session-ttl-s", "120", 120.0),

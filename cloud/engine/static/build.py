@@ -72,6 +72,7 @@ def build_static_engine(
     session_buckets: Sequence[int] = SESSION_BUCKETS,
     token_buckets: Sequence[int] = TOKEN_BUCKETS,
     warm_up: bool = True,
+    batch_invariant: bool = False,
 ) -> StaticEngine:
     """Build the engine with ``kv.num_slots`` slots of ``kv.max_seq_len``, capture its graphs.
 
@@ -96,6 +97,7 @@ def build_static_engine(
         compile_layers=compile_layers,
         session_buckets=session_buckets,
         token_buckets=token_buckets,
+        batch_invariant=batch_invariant,
     )
     logger.info(
         "static engine: %d KV slots x %d positions (%.2f GiB), device %s",

@@ -40,6 +40,7 @@ class StaticEngine(StaticRuntime):
         compile_layers: bool,
         session_buckets: Sequence[int] = SESSION_BUCKETS,
         token_buckets: Sequence[int] = TOKEN_BUCKETS,
+        batch_invariant: bool = False,
     ) -> None:
         reason = static_unsupported_reason(target)
         if reason is not None:
@@ -56,6 +57,7 @@ class StaticEngine(StaticRuntime):
             fuse_language_weights(target), cos, sin, num_slots=num_slots,
             max_seq_len=max_seq_len, use_graphs=use_graphs, compile_layers=compile_layers,
             session_buckets=session_buckets, token_buckets=token_buckets,
+            batch_invariant=batch_invariant,
         )
 
     @torch.inference_mode()

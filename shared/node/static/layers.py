@@ -11,10 +11,15 @@ cuBLAS GEMMs with the residual add fused (``addmm``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
 from eventspec.shared.node.static.quant import Weight, linear
+
+#: ``linear``'s signature; the batch-invariant mode swaps in a tiled one.
+Linear = Callable[[torch.Tensor, Weight], torch.Tensor]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -40,11 +45,13 @@ def attention_in(
     eps: float,
     num_heads: int,
     num_kv_heads: int,
+    lin: Linear = linear,
+    norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] = rms_norm,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Norm, fused QKV projection and RoPE. h: [M, H] -> q [M, Hq, D], k, v [M, Hkv, D]."""
     m = h.shape[0]
     d = cos.shape[-1]
-    qkv = linear(rms_norm(h, ln, eps), wqkv)  # [M, (Hq + 2 Hkv) D]
+    qkv = lin(norm(h, ln, eps), wqkv)  # [M, (Hq + 2 Hkv) D]
     q = qkv[:, : num_heads * d].view(m, num_heads, d)  # [M, Hq, D]
     k = qkv[:, num_heads * d : (num_heads + num_kv_heads) * d].view(m, num_kv_heads, d)
     v = qkv[:, (num_heads + num_kv_heads) * d :].reshape(m, num_kv_heads, d)  # [M, Hkv, D]
@@ -59,13 +66,15 @@ def attention_out_and_mlp(
     w_gate_up: Weight,
     w_down: Weight,
     eps: float,
+    lin: Linear = linear,
+    norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] = rms_norm,
 ) -> torch.Tensor:
     """Output projection + residual, then the SiLU-gated MLP + residual.
 
     h: [M, H] residual stream; attn: [M, Hq D] -> the next layer's input [M, H].
     """
-    h = h + linear(attn, wo)  # [M, H]
-    gate_up = linear(rms_norm(h, ln, eps), w_gate_up)  # [M, 2 I]
+    h = h + lin(attn, wo)  # [M, H]
+    gate_up = lin(norm(h, ln, eps), w_gate_up)  # [M, 2 I]
     inter = gate_up.shape[-1] // 2
     act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]  # [M, I]
-    return h + linear(act, w_down)  # [M, H]
+    return h + lin(act, w_down)  # [M, H]

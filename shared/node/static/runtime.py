@@ -57,6 +57,11 @@ from eventspec.shared.node.static.buckets import (
     StepInputs,
     bucket,
 )
+from eventspec.shared.node.static.invariant import (
+    invariant_attention,
+    invariant_linear,
+    invariant_rms_norm,
+)
 from eventspec.shared.node.static.kernels import rope_and_write_kv, silu_mul
 from eventspec.shared.node.static.quant import linear, linear_add_
 from eventspec.shared.node.static.staging import StepStaging
@@ -82,8 +87,13 @@ class StaticRuntime:
         compile_layers: bool,
         session_buckets: Sequence[int] = SESSION_BUCKETS,
         token_buckets: Sequence[int] = TOKEN_BUCKETS,
+        batch_invariant: bool = False,
     ) -> None:
-        """``weights`` and ``cos``/``sin`` [T >= max_seq_len, D] from :mod:`.weights`."""
+        """``weights`` and ``cos``/``sin`` [T >= max_seq_len, D] from :mod:`.weights`.
+
+        ``batch_invariant``: every row's arithmetic independent of the batch, the step's
+        width and the row's place in it (:mod:`.invariant`); unfused and without graphs.
+        """
         if num_slots < 1:
             raise InvalidInput("the static runtime needs at least one KV slot")
         if not 0 < max_seq_len <= cos.shape[0]:
@@ -104,7 +114,8 @@ class StaticRuntime:
         self._live: set[int] = set()
         #: Prompt positions each slot holds from prefills (chunks continue from here).
         self._filled: dict[int, int] = {}
-        self.use_graphs = use_graphs and self.device.type == "cuda"
+        self.batch_invariant = batch_invariant
+        self.use_graphs = use_graphs and self.device.type == "cuda" and not batch_invariant
         self.session_buckets = tuple(b for b in session_buckets if b <= num_slots) or (1,)
         if num_slots not in self.session_buckets and num_slots < max(session_buckets):
             self.session_buckets = (*self.session_buckets, num_slots)
@@ -114,12 +125,16 @@ class StaticRuntime:
             if self.device.type == "cuda"
             else 1
         )
-        self._use_splitkv = self.device.type == "cuda" and HAVE_TRITON
+        self._use_splitkv = self.device.type == "cuda" and HAVE_TRITON and not batch_invariant
 
         # CUDA: Triton kernels for RMSNorm, RoPE + KV write and SiLU-mul, cuBLAS GEMMs
-        # with the residual fused (addmm). CPU: the plain torch functions.
-        self._fused = self.device.type == "cuda" and HAVE_TRITON
+        # with the residual fused (addmm). CPU: the plain torch functions. Batch-invariant:
+        # the plain functions with tiled linear layers and norms, on either device.
+        self._fused = self.device.type == "cuda" and HAVE_TRITON and not batch_invariant
         self._norm: Callable[..., Any] = layers.rms_norm
+        self._lin: layers.Linear = linear
+        if batch_invariant:
+            self._norm, self._lin = invariant_rms_norm, invariant_linear
         if self._fused:
             self._norm = static_kernels.rms_norm
             if compile_layers:
@@ -189,6 +204,8 @@ class StaticRuntime:
 
         def attend(i: int, q: torch.Tensor) -> torch.Tensor:
             """Causal SDPA over each piece's slot up to its end, reading its K/V back."""
+            if self.batch_invariant:
+                return self._invariant_prefill_attention(i, q, slots, lengths, offsets, starts)
             outs = []
             for s, n, off, st in zip(slots, lengths, offsets, starts, strict=False):
                 k = self.k_cache[i, s, :, : st + n]  # [Hkv, st + L, D]
@@ -208,7 +225,7 @@ class StaticRuntime:
         self._live.update(slots)
         for s, st, n in zip(slots, starts, lengths, strict=True):
             self._filled[s] = st + n
-        logits: torch.Tensor = (x @ w.lm_head.t()).float()  # [R, V]
+        logits: torch.Tensor = self._lin(x, w.lm_head).float()  # [R, V]
         return logits
 
     def save_prefix(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -329,6 +346,23 @@ class StaticRuntime:
 
     # -- internals --------------------------------------------------------------------
 
+    def _invariant_prefill_attention(
+        self, i: int, q: torch.Tensor, slots: Sequence[int], lengths: Sequence[int],
+        offsets: Sequence[int], starts: Sequence[int],
+    ) -> torch.Tensor:
+        """Each prefill piece's queries through :func:`.invariant.invariant_attention`, so a
+        prompt row gives the bits a decode step at its position would. q: [M, Hq D]."""
+        w = self.weights
+        hq, d = w.num_heads, w.head_dim
+        outs = []
+        for s, n, off, st in zip(slots, lengths, offsets, starts, strict=False):
+            q4 = q[off : off + n].view(1, n, hq, d)  # [1, L, Hq, D]
+            slot = torch.tensor([s], device=q.device)  # [1]
+            pos = torch.arange(st, st + n, device=q.device)[None]  # [1, L]
+            o = invariant_attention(q4, self.k_cache[i], self.v_cache[i], slot, pos)
+            outs.append(o.reshape(n, hq * d))  # [L, Hq D]
+        return torch.cat(outs)  # [M, Hq D]
+
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.num_slots:
             raise InvalidInput(f"slot {slot} outside 0..{self.num_slots - 1}")
@@ -349,7 +383,10 @@ class StaticRuntime:
         def attend(i: int, q: torch.Tensor) -> torch.Tensor:
             q4 = q.view(bp, qp, hq, d)  # [Bp, Qp, Hq, D]
             kc, vc = self.k_cache[i], self.v_cache[i]  # [S+1, Hkv, T, D]
-            if self._use_splitkv:
+            if self.batch_invariant:
+                q_pos = inp.starts[:, None] + torch.arange(qp, device=q.device)  # [Bp, Qp]
+                o = invariant_attention(q4, kc, vc, inp.slots, q_pos)  # [Bp, Qp, Hq, D]
+            elif self._use_splitkv:
                 o = splitkv_attention(
                     q4, kc, vc, inp.slots, inp.starts, inp.seq_lens, num_splits=num_splits
                 )  # [Bp, Qp, Hq, D]
@@ -360,8 +397,12 @@ class StaticRuntime:
         for i in range(len(w.layers)):
             h = self._layer(i, h, cos, sin, inp.write_slot, inp.write_pos, attend)  # [M, H]
         x = self._norm(h, w.norm, w.eps)  # [M, H]
+        logits: torch.Tensor
+        if self.batch_invariant:
+            logits = self._lin(x, w.lm_head)  # [M, V]
+            return logits if out is None else out.copy_(logits)
         if out is None:
-            logits: torch.Tensor = x @ w.lm_head.t()  # [M, V]
+            logits = x @ w.lm_head.t()  # [M, V]
             return logits
         torch.matmul(x, w.lm_head.t(), out=out)
         return out
@@ -389,14 +430,16 @@ class StaticRuntime:
             linear_add_(h, attend(i, q), lw.wo)  # [M, H]
             gate_up = linear(self._norm(h, lw.ln_mlp, w.eps), lw.w_gate_up)  # [M, 2 I]
             return linear_add_(h, silu_mul(gate_up), lw.w_down)  # [M, H]
-        q, k, v = layers.attention_in(h, lw.ln_attn, lw.wqkv, cos, sin, w.eps, hq, hkv)
+        q, k, v = layers.attention_in(h, lw.ln_attn, lw.wqkv, cos, sin, w.eps, hq, hkv,
+                                      self._lin, self._norm)
         heads = torch.arange(hkv, device=h.device)  # [Hkv]
         t = self.max_seq_len
         rows = ((write_slot[:, None] * hkv + heads) * t + write_pos[:, None]).view(-1)  # [M Hkv]
         kc.view(-1, d).index_copy_(0, rows, k.view(-1, d))
         vc.view(-1, d).index_copy_(0, rows, v.view(-1, d))
         o = attend(i, q)  # [M, Hq D]
-        return layers.attention_out_and_mlp(h, o, lw.wo, lw.ln_mlp, lw.w_gate_up, lw.w_down, w.eps)
+        return layers.attention_out_and_mlp(h, o, lw.wo, lw.ln_mlp, lw.w_gate_up, lw.w_down,
+                                            w.eps, self._lin, self._norm)
 
 
 def _continuation_mask(start: int, n: int, device: torch.device) -> torch.Tensor:
