@@ -212,7 +212,7 @@ async def main_async(args: argparse.Namespace) -> int:
             ServerLimits(), max_sessions=top, max_new_tokens=max(512, args.max_new_tokens)),
         kv_cache_gb=args.kv_cache_gb, max_seq_len=args.max_seq_len, engine=args.engine,
         emulate_prefill_ms=args.emulate_prefill_ms, emulate_step_ms=args.emulate_step_ms,
-        profile_path=RESULTS / ".capacity-profile.msgpack",
+        profile_path=RESULTS / ".capacity-profile.msgpack", batch_invariant=args.batch_invariant,
     )
     if args.model == "full-size-random":
         from tests.support.fullsize import build_full_target
@@ -252,7 +252,7 @@ async def main_async(args: argparse.Namespace) -> int:
     agreement = _agreement(truths, levels)
     # bf16 kernels are not batch-invariant (docs/engine.md): near-ties flip with the batch
     # shape, so only float32 runs must agree exactly across N.
-    strict = args.dtype == "float32"
+    strict = args.dtype == "float32" or args.batch_invariant
     base = levels[0]["tokens_per_s"]
     assert isinstance(base, float)
     result = {
@@ -262,7 +262,7 @@ async def main_async(args: argparse.Namespace) -> int:
         "model": target.model_id, "device": args.device, "dtype": args.dtype,
         "torch_threads": args.threads, "max_new_tokens": args.max_new_tokens,
         "emulate_prefill_ms": args.emulate_prefill_ms, "emulate_step_ms": args.emulate_step_ms,
-        "engine": engine_name,
+        "engine": engine_name, "batch_invariant": args.batch_invariant,
         "kv_slots": info.limits.kv_slots, "kv_tokens_per_slot": info.limits.kv_tokens_per_slot,
         "published_cost_model": dataclasses.asdict(info.cloud_cost),
         "answers_identical": identical,
@@ -338,6 +338,9 @@ def main() -> int:
                         help="positions per KV slot (default: the server's, prompt + 256 "
                              "question tokens + the answer cap)")
     parser.add_argument("--engine", choices=["auto", "static", "hf"], default="auto")
+    parser.add_argument("--batch-invariant", action="store_true",
+                        help="the cloud's --batch-invariant: answers at every N should then "
+                             "equal the N = 1 target-only ones bitwise")
     parser.add_argument("--calibrate", action="store_true",
                         help="calibrate the cost model on this engine and record what "
                              "GetServerInfo publishes")
