@@ -7,6 +7,8 @@ attribute reads and nothing is recorded for it.
 
 from __future__ import annotations
 
+from eventspec.cloud.prefill_chunking import ChunkPolicy
+from eventspec.cloud.prefix_cache import PrefixCache
 from eventspec.cloud.runtime import VerifierRuntime
 from eventspec.shared.contract.types import VerifierStats
 
@@ -40,4 +42,24 @@ def live_stats(rt: VerifierRuntime | None, *, phase: str, uptime_s: float) -> Ve
         sessions_expired=rt.registry.expired,
         uptime_s=uptime_s,
         sessions_by_principal={str(p): n for p, n in held},
+        prefill=prefill_mode(sched.chunking),
+        prefill_chunks=s.prefill_chunks,
+        batch_invariant=bool(getattr(sched.engine, "batch_invariant", False)),
+        **prefix_cache_view(sched.prefix_cache),
     )
+
+
+def prefill_mode(policy: ChunkPolicy) -> str:
+    """``--prefill-chunk`` in words."""
+    if not policy.enabled:
+        return "whole"
+    return "chunks: auto" if policy.mode == "auto" else f"chunks of {policy.tokens}"
+
+
+def prefix_cache_view(cache: PrefixCache | None) -> dict[str, int]:
+    """The prefix cache's fields of the live view (zeros when it is off)."""
+    if cache is None:
+        return {}
+    return {"prefix_cache_entries": len(cache), "prefix_cache_bytes": cache.bytes,
+            "prefix_cache_budget_bytes": cache.max_bytes, "prefix_cache_hits": cache.hits,
+            "prefix_cache_misses": cache.misses}

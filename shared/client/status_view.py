@@ -18,6 +18,7 @@ from google.protobuf.message import Message
 from grpc import aio
 
 from eventspec.shared.contract import convert_verifier
+from eventspec.shared.contract.types import VerifierStats
 from eventspec.shared.pb.eventspec.v1 import (
     edge_pb2,
     edge_pb2_grpc,
@@ -109,10 +110,23 @@ def _render_cloud(address: str, m: verifier_pb2.VerifierStats) -> str:
         ("engine steps", f"{s.engine_steps} (mean {s.mean_batch_size:.2f} sessions, "
                          f"{s.mean_tokens_per_step:.2f} tokens per step)"),
         ("sessions expired", str(s.sessions_expired)),
+        ("prefill", s.prefill + (f" ({s.prefill_chunks} pieces written)"
+                                 if s.prefill.startswith("chunks") else "")),
+        ("prefix cache", _prefix_cache(s)),
+        ("batch-invariant", "yes" if s.batch_invariant else "no"),
         ("uptime", f"{s.uptime_s:.1f} s"),
     ]
     rows += [(f"sessions of {p}", str(n)) for p, n in s.sessions_by_principal.items()]
     return _lines(head, rows)
+
+
+def _prefix_cache(s: VerifierStats) -> str:
+    if not s.prefix_cache_budget_bytes:
+        return "off"
+    mib = 2**20
+    return (f"{s.prefix_cache_entries} clips, {s.prefix_cache_bytes / mib:.1f} of "
+            f"{s.prefix_cache_budget_bytes / mib:.1f} MiB; {s.prefix_cache_hits} hits, "
+            f"{s.prefix_cache_misses} misses")
 
 
 def _render_edge(address: str, m: edge_pb2.EdgeStatus) -> str:

@@ -189,6 +189,16 @@ class VerifierStats:
     sessions_expired: int = 0
     uptime_s: float = 0.0
     sessions_by_principal: dict[str, int] = field(default_factory=dict)
+    #: "whole", "chunks of N" or "chunks: auto" (``--prefill-chunk``).
+    prefill: str = ""
+    prefill_chunks: int = 0
+    #: The prefix cache now and since start (all 0 when it is off).
+    prefix_cache_entries: int = 0
+    prefix_cache_bytes: int = 0
+    prefix_cache_budget_bytes: int = 0
+    prefix_cache_hits: int = 0
+    prefix_cache_misses: int = 0
+    batch_invariant: bool = False
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,9 @@ async def test_live_sessions_slots_and_asks_while_a_request_runs(
     assert rc_cloud == 0 and rc_edge == 0
     assert text_cloud.startswith(f"cloud verifier {cloud_addr}: serving")
     assert "KV slots" in text_cloud
+    assert re.search(r"^  prefill +whole$", text_cloud, flags=re.M)
+    assert re.search(r"^  prefix cache +off$", text_cloud, flags=re.M)
+    assert re.search(r"^  batch-invariant +no$", text_cloud, flags=re.M)
     assert re.search(r"^  requests served +1$", text_cloud, flags=re.M)
     assert json_edge["node"] == "edge" and json_edge["requests_served"] == "1"
     assert json_edge["asks_in_flight"] == 0 and json_edge["serving"] is True

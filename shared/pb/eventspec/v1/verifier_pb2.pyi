@@ -90,6 +90,14 @@ class VerifierStats(_message.Message):
     SESSIONS_EXPIRED_FIELD_NUMBER: _builtins.int
     UPTIME_S_FIELD_NUMBER: _builtins.int
     SESSIONS_BY_PRINCIPAL_FIELD_NUMBER: _builtins.int
+    PREFILL_FIELD_NUMBER: _builtins.int
+    PREFILL_CHUNKS_FIELD_NUMBER: _builtins.int
+    PREFIX_CACHE_ENTRIES_FIELD_NUMBER: _builtins.int
+    PREFIX_CACHE_BYTES_FIELD_NUMBER: _builtins.int
+    PREFIX_CACHE_BUDGET_BYTES_FIELD_NUMBER: _builtins.int
+    PREFIX_CACHE_HITS_FIELD_NUMBER: _builtins.int
+    PREFIX_CACHE_MISSES_FIELD_NUMBER: _builtins.int
+    BATCH_INVARIANT_FIELD_NUMBER: _builtins.int
     state: _builtins.str
     """"serving", "warming up: <phase>", or "engine stopped: <why>"."""
     model_id: _builtins.str
@@ -114,6 +122,20 @@ class VerifierStats(_message.Message):
     """Sessions the TTL sweep released."""
     uptime_s: _builtins.float
     """Seconds since the server started."""
+    prefill: _builtins.str
+    """How prompts are prefilled: "whole", or "chunks of N" / "chunks: auto" (--prefill-chunk)."""
+    prefill_chunks: _builtins.int
+    """Prompt pieces written by chunked prefill calls since start."""
+    prefix_cache_entries: _builtins.int
+    """The prefix cache (--prefix-cache-gb; all 0 when off): entries and bytes held now, its
+    budget, and lookups that hit or missed since start.
+    """
+    prefix_cache_bytes: _builtins.int
+    prefix_cache_budget_bytes: _builtins.int
+    prefix_cache_hits: _builtins.int
+    prefix_cache_misses: _builtins.int
+    batch_invariant: _builtins.bool
+    """--batch-invariant: every row's logits independent of the batch."""
     @_builtins.property
     def sessions_by_principal(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Live sessions per authenticated principal (at most 32 principals, the busiest)."""
@@ -136,10 +158,18 @@ class VerifierStats(_message.Message):
         sessions_expired: _builtins.int = ...,
         uptime_s: _builtins.float = ...,
         sessions_by_principal: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        prefill: _builtins.str = ...,
+        prefill_chunks: _builtins.int = ...,
+        prefix_cache_entries: _builtins.int = ...,
+        prefix_cache_bytes: _builtins.int = ...,
+        prefix_cache_budget_bytes: _builtins.int = ...,
+        prefix_cache_hits: _builtins.int = ...,
+        prefix_cache_misses: _builtins.int = ...,
+        batch_invariant: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_ewma", b"acceptance_ewma", "engine_steps", b"engine_steps", "kv_slots_total", b"kv_slots_total", "kv_slots_used", b"kv_slots_used", "live_sessions", b"live_sessions", "max_sessions", b"max_sessions", "mean_batch_size", b"mean_batch_size", "mean_tokens_per_step", b"mean_tokens_per_step", "model_id", b"model_id", "prefills_waiting", b"prefills_waiting", "requests_served", b"requests_served", "sessions_by_principal", b"sessions_by_principal", "sessions_expired", b"sessions_expired", "state", b"state", "uptime_s", b"uptime_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_ewma", b"acceptance_ewma", "batch_invariant", b"batch_invariant", "engine_steps", b"engine_steps", "kv_slots_total", b"kv_slots_total", "kv_slots_used", b"kv_slots_used", "live_sessions", b"live_sessions", "max_sessions", b"max_sessions", "mean_batch_size", b"mean_batch_size", "mean_tokens_per_step", b"mean_tokens_per_step", "model_id", b"model_id", "prefill", b"prefill", "prefill_chunks", b"prefill_chunks", "prefills_waiting", b"prefills_waiting", "prefix_cache_budget_bytes", b"prefix_cache_budget_bytes", "prefix_cache_bytes", b"prefix_cache_bytes", "prefix_cache_entries", b"prefix_cache_entries", "prefix_cache_hits", b"prefix_cache_hits", "prefix_cache_misses", b"prefix_cache_misses", "requests_served", b"requests_served", "sessions_by_principal", b"sessions_by_principal", "sessions_expired", b"sessions_expired", "state", b"state", "uptime_s", b"uptime_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
