@@ -22,12 +22,18 @@ least recently used first out. Only the engine thread touches it.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from eventspec.cloud.engine.base import ChunkedPrefillEngine
+from eventspec.cloud.prefill_queue import Pending
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -108,3 +114,43 @@ class PrefixCache:
         self._entries[key] = entry
         self.bytes += entry.nbytes
         return True
+
+
+def reuse_prefix(engine: ChunkedPrefillEngine, cache: PrefixCache, pending: Pending,
+                 video_token_id: int) -> None:
+    """Look a queued prefill's clip and prompt prefix up; on a hit copy the saved K/V
+    into its slot, so its prefill starts after them; on a miss remember the key, so
+    :func:`keep_prefix` saves it once written. Sets the request's verdict. The cache
+    never fails a request: an error here is logged and the prompt is prefilled whole."""
+    req, session = pending.request, pending.ticket.session
+    visual = req.pixel_values_videos if req.pixel_values_videos is not None \
+        else req.video_features
+    # At least one row stays to prefill: the first token comes from its logits.
+    length = min(prefix_length(req.input_ids, video_token_id), len(req.input_ids) - 1)
+    session.prefix_cache = "miss"
+    if visual is None or length < 1:
+        return
+    try:
+        key = prefix_key(req.input_ids, length, visual)
+        entry = cache.get(key)
+        if entry is None or entry.length != length:
+            pending.prefix_key, pending.prefix_len = key, length
+            return
+        engine.load_prefix(req.slot, entry.k, entry.v)
+    except Exception:
+        log.exception("the prefix cache failed; the prompt is prefilled whole")
+        return
+    pending.done = length
+    session.prefix_reused_tokens = length
+    session.prefix_cache = "hit"
+
+
+def keep_prefix(engine: ChunkedPrefillEngine, cache: PrefixCache, pending: Pending) -> None:
+    """Keep a missed prompt's prefix, now written, for the next question on its clip."""
+    if pending.prefix_key is None:
+        return
+    try:
+        k, v = engine.save_prefix(pending.request.slot, pending.prefix_len)
+        cache.put(pending.prefix_key, Prefix(k, v, pending.prefix_len))
+    except Exception:
+        log.exception("the prefix cache could not keep a prefix")

@@ -65,13 +65,8 @@ from eventspec.cloud.engine.base import (
     PrefillRequest,
 )
 from eventspec.cloud.prefill_chunking import ChunkPolicy
-from eventspec.cloud.prefill_queue import (
-    DEFAULT_PREFILL_TOKEN_BUDGET,
-    Pending,
-    Piece,
-    PrefillQueue,
-)
-from eventspec.cloud.prefix_cache import Prefix, PrefixCache, prefix_key, prefix_length
+from eventspec.cloud.prefill_queue import DEFAULT_PREFILL_TOKEN_BUDGET, Piece, PrefillQueue
+from eventspec.cloud.prefix_cache import PrefixCache, keep_prefix, reuse_prefix
 from eventspec.cloud.sampler import BatchedSampler, SampleSpec, make_generator
 from eventspec.cloud.scheduler_stats import SchedulerStats, StepObserver
 from eventspec.cloud.tickets import Failure, Outbox, SchedulerEvent, SlotPool, Ticket
@@ -264,7 +259,8 @@ class Scheduler:
                 assert isinstance(payload, PrefillRequest)
                 pending = self._prefills.add(ticket, payload)
                 if self.prefix_cache is not None:
-                    self._reuse_prefix(pending, self.prefix_cache)
+                    assert isinstance(self.engine, ChunkedPrefillEngine)
+                    reuse_prefix(self.engine, self.prefix_cache, pending, self._video_token_id)
             elif kind == "release" and ticket is not None:
                 self._forget(ticket)
             try:
@@ -340,15 +336,16 @@ class Scheduler:
         prompts otherwise); the requests whose last piece it wrote get their first
         token. A failing call is retried one piece at a time, so a bad request fails
         alone."""
+        head = self._prefills.peek()
+        if head is None:
+            return
         running = len(self._running)
         sessions = max(running, self._last_step[0]) if running else 0
-        tokens = max(sessions, self._last_step[1])
-        budget = self.chunking.budget(self.chunk_cost, sessions, tokens,
+        budget = self.chunking.budget(self.chunk_cost, sessions,
+                                      max(sessions, self._last_step[1]),
                                       self._prefills.token_budget)
         if budget is None:  # nothing decodes: whole prompts, as without chunks
-            head = self._prefills.peek()
-            budget = max(self._prefills.token_budget,
-                         head.length - head.done if head is not None else 0)
+            budget = max(self._prefills.token_budget, head.length - head.done)
         pieces = self._prefills.next_pieces(
             budget, lambda ticket: ticket.slot_held and not self._ended_early(ticket))
         if not pieces:
@@ -391,7 +388,7 @@ class Scheduler:
         for i in done:
             pieces[i].pending.embeds = None
             if self.prefix_cache is not None:
-                self._save_prefix(pieces[i].pending, self.prefix_cache)
+                keep_prefix(engine, self.prefix_cache, pieces[i].pending)
         if not done:
             self.stats.prefill_ms += (self._clock() - t0) * 1e3
             return True
@@ -399,47 +396,6 @@ class Scheduler:
         self._finish_prefills([(pieces[i].pending.ticket, pieces[i].pending.request)
                                for i in done], rows, t0)
         return True
-
-    def _reuse_prefix(self, pending: Pending, cache: PrefixCache) -> None:
-        """Look the request's clip and prompt prefix up; on a hit copy the saved K/V into
-        its slot, so its prefill starts after them. The cache never fails a request: an
-        error here is logged and the prompt is prefilled whole."""
-        engine = self.engine
-        assert isinstance(engine, ChunkedPrefillEngine)
-        req, session = pending.request, pending.ticket.session
-        visual = req.pixel_values_videos if req.pixel_values_videos is not None \
-            else req.video_features
-        # At least one row stays to prefill: the first token comes from its logits.
-        length = min(prefix_length(req.input_ids, self._video_token_id),
-                     len(req.input_ids) - 1)
-        session.prefix_cache = "miss"
-        if visual is None or length < 1:
-            return
-        try:
-            key = prefix_key(req.input_ids, length, visual)
-            entry = cache.get(key)
-            if entry is None or entry.length != length:
-                pending.prefix_key, pending.prefix_len = key, length
-                return
-            engine.load_prefix(req.slot, entry.k, entry.v)
-        except Exception:
-            log.exception("the prefix cache failed; the prompt is prefilled whole")
-            return
-        pending.done = length
-        session.prefix_reused_tokens = length
-        session.prefix_cache = "hit"
-
-    def _save_prefix(self, pending: Pending, cache: PrefixCache) -> None:
-        """Keep a missed prompt's prefix for the next question about the same clip."""
-        if pending.prefix_key is None:
-            return
-        engine = self.engine
-        assert isinstance(engine, ChunkedPrefillEngine)
-        try:
-            k, v = engine.save_prefix(pending.request.slot, pending.prefix_len)
-            cache.put(pending.prefix_key, Prefix(k, v, pending.prefix_len))
-        except Exception:
-            log.exception("the prefix cache could not keep a prefix")
 
     def _step_all(self) -> None:
         """One engine step and one sampler call for every running session."""
