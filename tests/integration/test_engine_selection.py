@@ -11,9 +11,11 @@ from dataclasses import replace
 
 import pytest
 
+from eventspec.cloud.config import CloudSettings
 from eventspec.cloud.engine.hf import HFEngine
 from eventspec.cloud.engine.static.build import kv_bytes_per_slot
 from eventspec.cloud.engine.static.engine import StaticEngine
+from eventspec.cloud.scheduler import Scheduler
 from eventspec.cloud.server import VerifierServer, build_engine, choose_engine
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_target import build_tiny_random_target
@@ -86,49 +88,41 @@ async def test_static_engine_serves_what_hf_serves_over_grpc() -> None:
     assert all(answers["hf"])
 
 
+async def _ask_all(settings: CloudSettings, *, at_once: bool
+                   ) -> tuple[list[list[int]], Scheduler]:
+    """Every question, speculative with hidden drafts, one at a time or all at once;
+    the answers and the server's engine loop (read after it stopped)."""
+    server = VerifierServer(settings, target=build_tiny_random_target(seed=0),
+                            cost=h.TEST_COST)
+    await server.start()
+    try:
+        asks = [h.run_generate(server.port, h.open_msg(q, h.make_frames(i), max_new_tokens=12),
+                               hidden=[5, 6])
+                for i, q in enumerate(QUESTIONS)]
+        outs = await asyncio.gather(*asks) if at_once else [await a for a in asks]
+        assert server.runtime is not None
+        return [o.tokens for o in outs], server.runtime.scheduler
+    finally:
+        await server.stop()
+
+
 async def test_chunked_prefill_serves_the_same_answers_to_requests_at_once() -> None:
     """``--prefill-chunk 16``: prompts go in 16-token chunks while other requests decode,
     and every answer is the HF engine's, asked one at a time."""
-    answers: dict[str, list[list[int]]] = {}
-    for kind, chunk in (("hf", "off"), ("static", "16")):
-        settings = replace(h.settings(kv_cache_gb=0.05), engine=kind, prefill_chunk=chunk)
-        server = VerifierServer(settings, target=build_tiny_random_target(seed=0),
-                                cost=h.TEST_COST)
-        await server.start()
-        try:
-            asks = [h.run_generate(server.port, h.open_msg(q, h.make_frames(i),
-                                                           max_new_tokens=12), hidden=[5, 6])
-                    for i, q in enumerate(QUESTIONS)]
-            # hf: one at a time; static: all at once, so prompts chunk beside decoding.
-            outs = [await a for a in asks] if kind == "hf" else await asyncio.gather(*asks)
-            answers[kind] = [o.tokens for o in outs]
-            assert server.runtime is not None
-            chunks = server.runtime.scheduler.stats.prefill_chunks
-            assert (chunks >= len(QUESTIONS)) if kind == "static" else chunks == 0
-        finally:
-            await server.stop()
-    assert answers["static"] == answers["hf"]
+    base = h.settings(kv_cache_gb=0.05)
+    hf, hf_loop = await _ask_all(replace(base, engine="hf"), at_once=False)
+    chunked, loop = await _ask_all(replace(base, engine="static", prefill_chunk="16"),
+                                   at_once=True)
+    assert chunked == hf
+    assert hf_loop.stats.prefill_chunks == 0
+    assert loop.stats.prefill_chunks >= len(QUESTIONS)
 
 
 async def test_batch_invariant_serving_answers_as_hf_does_at_once() -> None:
     """``--batch-invariant`` (static engine on CPU): requests at once, speculative with
     hidden drafts, get the HF engine's one-at-a-time answers."""
-    answers: dict[str, list[list[int]]] = {}
-    for kind, invariant in (("hf", False), ("auto", True)):
-        settings = replace(h.settings(kv_cache_gb=0.05), engine=kind, batch_invariant=invariant)
-        server = VerifierServer(settings, target=build_tiny_random_target(seed=0),
-                                cost=h.TEST_COST)
-        await server.start()
-        try:
-            asks = [h.run_generate(server.port, h.open_msg(q, h.make_frames(i),
-                                                           max_new_tokens=12), hidden=[5, 6])
-                    for i, q in enumerate(QUESTIONS)]
-            outs = [await a for a in asks] if kind == "hf" else await asyncio.gather(*asks)
-            answers[kind] = [o.tokens for o in outs]
-            assert server.runtime is not None
-            engine = server.runtime.scheduler.engine
-            assert isinstance(engine, StaticEngine) == invariant
-            assert getattr(engine, "batch_invariant", False) == invariant
-        finally:
-            await server.stop()
-    assert answers["auto"] == answers["hf"]
+    base = h.settings(kv_cache_gb=0.05)
+    hf, _ = await _ask_all(replace(base, engine="hf"), at_once=False)
+    invariant, loop = await _ask_all(replace(base, batch_invariant=True), at_once=True)
+    assert invariant == hf
+    assert isinstance(loop.engine, StaticEngine) and loop.engine.batch_invariant
