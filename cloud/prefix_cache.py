@@ -69,7 +69,8 @@ def prefix_key(prompt_ids: Sequence[int], length: int, visual: torch.Tensor) -> 
     h.update(np.asarray([int(i) for i in prompt_ids[:length]], dtype=np.int64).tobytes())
     v = visual.detach().to("cpu").contiguous()
     h.update(f"{v.dtype}{tuple(v.shape)}".encode())
-    h.update(v.view(torch.uint8).numpy().tobytes() if v.numel() else b"")
+    if v.numel():
+        h.update(v.view(torch.uint8).numpy())  # the tensor's own buffer: no copy
     return h.hexdigest()
 
 
