@@ -70,7 +70,7 @@ def prefix_key(prompt_ids: Sequence[int], length: int, visual: torch.Tensor) -> 
     v = visual.detach().to("cpu").contiguous()
     h.update(f"{v.dtype}{tuple(v.shape)}".encode())
     if v.numel():
-        h.update(v.view(torch.uint8).numpy())  # the tensor's own buffer: no copy
+        h.update(v.view(torch.uint8).numpy().data)  # the tensor's own buffer: no copy
     return h.hexdigest()
 
 
