@@ -64,6 +64,7 @@ from benchmarks.e2e_pool import (
     ask_pairs,
     precompute_answers,
     question_pool,
+    scenes_needed,
     uplink_rows,
 )
 from benchmarks.e2e_report import plot, table
@@ -249,6 +250,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     max_n = max(ns)
     n_edges = min(max_n, args.max_edges or max_n)
     pool = question_pool(max(n * per_client(args, n) for n in ns))
+    args.scenes = scenes_needed(pool, args.scenes)
     longest = max([args.max_new_tokens, *args.capacity_tokens])
     with scratch(args.logs) as tmp:
         nodes = Nodes(tmp, [])

@@ -37,6 +37,7 @@ chunked:auto:0 reuse:auto:8``. Writes ``benchmarks/results/load-<device>.json``.
 from __future__ import annotations
 
 import argparse
+import gc
 import asyncio
 import json
 import logging
@@ -180,6 +181,18 @@ async def run_rate(server: VerifierServer, reqs: list[OpenRequest], rate: float,
     return level
 
 
+def release(server: VerifierServer) -> None:
+    """Drop a stopped server's engine and KV cache, so the next configuration's server
+    gets the card's memory (on an H200 the second one ran out of it)."""
+    server.runtime = None
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        logging.getLogger("bench_load").warning(
+            "after releasing a server: %.1f GiB allocated on the GPU",
+            torch.cuda.memory_allocated() / 2**30)
+
+
 async def run_config(args: argparse.Namespace, target: TargetModel, config: Config
                      ) -> dict[str, Any]:
     settings = replace(
@@ -212,6 +225,7 @@ async def run_config(args: argparse.Namespace, target: TargetModel, config: Conf
         info = server.runtime.info
     finally:
         await server.stop(0)
+        release(server)
     capacity = {str(t): max([lv["rate_per_s"] for lv in levels
                              if lv["answer_tokens"] == t and lv["meets_slo"]], default=0.0)
                 for t in args.answer_tokens}
@@ -229,12 +243,21 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     else:
         target = load_target_for(replace(CloudSettings(), model=args.model, device=args.device,
                                          dtype=args.dtype))
-    runs = [await run_config(args, target, c) for c in args.configs]
+    runs: list[dict[str, Any]] = []
+    for c in args.configs:
+        runs.append(await run_config(args, target, c))
+        if getattr(args, "save_partial", None):  # a run cut at its time limit keeps its configs
+            args.save_partial(header(args, target, runs, None) | {"partial": True})
     first = [lv["answers"] for lv in runs[0]["levels"]]
     identical = all([lv["answers"] for lv in r["levels"]] == first for r in runs)
-    for r in runs:
-        for lv in r["levels"]:
-            del lv["answers"]
+    return header(args, target, runs, identical)
+
+
+def header(args: argparse.Namespace, target: TargetModel, runs: list[dict[str, Any]],
+           identical: bool | None) -> dict[str, Any]:
+    """The results JSON of the configurations run so far (answers left out)."""
+    runs = [r | {"levels": [{k: v for k, v in lv.items() if k != "answers"}
+                            for lv in r["levels"]]} for r in runs]
     return {
         "what": "open-loop Poisson arrivals of target-only requests through one in-process "
                 "verifier over gRPC, per server configuration (issue 23)",
@@ -320,10 +343,15 @@ def main(argv: list[str] | None = None) -> int:
         print("--rates, --requests, --clips and --questions-per-clip must be > 0",
               file=sys.stderr)
         return 2
-    result = asyncio.run(main_async(args))
     out = args.out or RESULTS / f"load-{args.device.replace(':', '')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+
+    def save(result: dict[str, Any]) -> None:
+        out.write_text(json.dumps(result, indent=1) + "\n")
+
+    args.save_partial = save
+    result = asyncio.run(main_async(args))
+    save(result)
     print(table(result))
     print(f"answers identical across configurations: "
           f"{result['answers_identical_across_configs']}; wrote {out}")

@@ -38,6 +38,7 @@ class Nodes:
         with those options, passing ``args`` on to its serve) and wait until it serves."""
         log_path, port_file = self.tmp / f"{name}.log", self.tmp / f"{name}.port"
         serve_args = ["--port", "0", "--port-file", str(port_file), *args]
+        port_file.unlink(missing_ok=True)  # a reused --logs folder holds an old run's port
         if random_cloud:
             with open(log_path, "wb") as out:
                 proc: Any = subprocess.Popen(
@@ -61,7 +62,7 @@ class Nodes:
 
 def cloud_args(args: argparse.Namespace, max_clients: int) -> list[str]:
     out = ["--model", args.cloud_model, "--max-sessions", str(max_clients + 2),
-           "--max-new-tokens", str(max(args.max_new_tokens, 16))]
+           "--max-new-tokens", str(max(args.max_new_tokens, *args.capacity_tokens, 16))]
     if args.cloud_prefill_ms > 0 or args.cloud_step_ms > 0:
         out += ["--emulate-prefill-ms", f"{args.cloud_prefill_ms:g}",
                 "--emulate-step-ms", f"{args.cloud_step_ms:g}"]

@@ -60,6 +60,12 @@ def question_pool(n: int) -> list[Question]:
     return out
 
 
+def scenes_needed(pool: Sequence[Question], scenes: int) -> int:
+    """The toy scenes an edge's source must play so every question's clip lies in it
+    (at least ``scenes``): a 64-question pool spans more than the default 8."""
+    return max([scenes, *(q.scene + 1 for q in pool)])
+
+
 async def timed(client: EdgeClient, spec: AskSpec) -> tuple[FinalEvent, float]:
     """The final event of one Ask and its client wall time in ms."""
     t0 = time.perf_counter()

@@ -5,15 +5,19 @@ tests/integration/test_bench_e2e.py)."""
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks import e2e_nodes
 from benchmarks.bench_e2e import main, per_client, split
-from benchmarks.e2e_nodes import Drafter, edge_args
-from benchmarks.e2e_pool import question_pool
+from benchmarks.bench_e2e import parser as main_parser
+from benchmarks.e2e_nodes import Drafter, cloud_args, edge_args
+from benchmarks.e2e_pool import question_pool, scenes_needed
 
 
 def test_an_alpha_entry_takes_the_default_pace_or_its_own() -> None:
@@ -65,3 +69,48 @@ def test_a_real_drafter_edge_gets_no_oracle_flags() -> None:
     assert oracle[oracle.index("--draft-engine") + 1] == "oracle"
     assert oracle[oracle.index("--oracle-alpha") + 1] == "0.8"
     assert Drafter(0.0, 2.0, real=True).name == "real"
+
+
+@given(n=st.integers(1, 300), scenes=st.integers(1, 16))
+@settings(max_examples=30, deadline=None)
+def test_the_edges_source_covers_every_question_of_the_pool(n: int, scenes: int) -> None:
+    """A 64-client GPU run's pool spans more toy scenes than the default 8; an edge
+    whose source is shorter answers INVALID_ARGUMENT (clip outside the source)."""
+    pool = question_pool(n)
+    need = scenes_needed(pool, scenes)
+    assert need >= scenes
+    assert all(q.scene < need for q in pool)
+
+
+async def test_a_node_started_in_a_reused_logs_folder_reports_its_own_port(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--logs DIR`` reused: the last run's ``cloud.port`` must not be read as this
+    run's (the harness then waited 300 s on a dead port)."""
+    (tmp_path / "cloud.port").write_text("1")
+
+    def fake_node(node: str, args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+        port_file = args[args.index("--port-file") + 1]
+        code = ("import time, sys; time.sleep(0.2); open(sys.argv[1], 'w').write('12345');"
+                " time.sleep(60)")
+        return subprocess.Popen([sys.executable, "-c", code, port_file])
+
+    async def serving(address: str, timeout_s: float) -> None:
+        return None
+
+    monkeypatch.setattr(e2e_nodes, "start_node", fake_node)
+    monkeypatch.setattr(e2e_nodes, "wait_for_serving", serving)
+    nodes = e2e_nodes.Nodes(tmp_path, [])
+    try:
+        assert await nodes.start("eventspec-cloud", "cloud", []) == "127.0.0.1:12345"
+    finally:
+        nodes.stop()
+
+
+def test_the_cloud_accepts_the_capacity_phase_s_longest_answer() -> None:
+    """``--capacity-tokens 128 512`` with ``--max-new-tokens 128``: a cloud capped at
+    128 refused the 512-token answers (INVALID_ARGUMENT) before anything was measured."""
+    args = main_parser().parse_args(["--max-new-tokens", "128", "--capacity-tokens", "128",
+                                     "512"])
+    out = cloud_args(args, 64)
+    assert out[out.index("--max-new-tokens") + 1] == "512"
+    assert out[out.index("--max-sessions") + 1] == "66"
