@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     arg("--batch-invariant", action="store_true", default=env.batch_invariant,
         help="batch-invariant arithmetic: a greedy answer's logits do not depend on who "
              "else is in the batch, so speculative equals target-only at any load "
-             "(static engine; unfused and without CUDA graphs: slow on a GPU)")
+             "(static engine; on CUDA, batch-invariant Triton kernels with CUDA graphs)")
     arg("--kv-queue", type=int, default=env.kv_queue,
         help="requests that may wait, first come first served, for a KV slot when all "
              "are taken (0: refuse at once with RESOURCE_EXHAUSTED)")

@@ -24,10 +24,13 @@ result for a row depends on that row alone:
 - RoPE, SiLU and the embedding are elementwise or per row already.
 
 This is the reference implementation, in plain torch, checked bitwise on CPU
-(``tests/unit/cloud/test_batch_invariant.py``). It runs on CUDA too, unfused and
-without graphs, so there it is slow and has not been measured; fast GPU kernels (a
-persistent Triton matmul without split-K, split-KV attention with a fixed split size)
-are the issue's remaining work.
+(``tests/unit/cloud/test_batch_invariant.py``), and the path wherever the Triton
+kernels are not used (CPU, CUDA without Triton, int8/int4 weights): there it runs
+unfused and without graphs. On CUDA with Triton the runtime uses
+:mod:`.invariant_kernels` instead (a Triton GEMM with one tile per weight shape and no
+split-K, split-KV attention with a fixed split size, CUDA graphs on); those kernels
+compute the same functions with their own fixed orders, so their bits are not this
+module's. Neither path's GPU speed has been measured yet.
 """
 
 from __future__ import annotations

@@ -25,6 +25,12 @@ tokens into the prompt's embeddings and hands them to :meth:`StaticRuntime.prefi
 - **Prefill** runs the same layer functions with causal SDPA (flash attention on CUDA)
   per request, over all the call's requests' tokens at once.
 
+- **Batch-invariant** (``--batch-invariant``): a row's bits do not depend on the batch,
+  the step's width or the row's place. On CUDA with Triton the layers stay fused and
+  graphed, with a Triton GEMM of one tile per weight shape and split-KV attention of
+  a fixed split size (:mod:`.invariant_kernels`); prefill runs the step's attention.
+  Elsewhere (CPU, int8/int4 weights) the plain torch path of :mod:`.invariant`.
+
 On CPU the same runtime runs the plain torch layer functions without graphs, which is
 what the equality tests against the HF references exercise. ``docs/engine.md`` has the
 H200 measurements behind these choices.
@@ -62,8 +68,14 @@ from eventspec.shared.node.static.invariant import (
     invariant_linear,
     invariant_rms_norm,
 )
+from eventspec.shared.node.static.invariant_kernels import (
+    fixed_split_attention,
+    invariant_mm,
+    prefill_fixed_split_attention,
+)
+from eventspec.shared.node.static.invariant_tiles import PrefillTiles, prefill_tiles
 from eventspec.shared.node.static.kernels import rope_and_write_kv, silu_mul
-from eventspec.shared.node.static.quant import linear, linear_add_
+from eventspec.shared.node.static.quant import Weight, linear, linear_add_
 from eventspec.shared.node.static.staging import StepStaging
 from eventspec.shared.node.static.weights import LanguageWeights
 
@@ -92,7 +104,11 @@ class StaticRuntime:
         """``weights`` and ``cos``/``sin`` [T >= max_seq_len, D] from :mod:`.weights`.
 
         ``batch_invariant``: every row's arithmetic independent of the batch, the step's
-        width and the row's place in it (:mod:`.invariant`); unfused and without graphs.
+        width and the row's place in it. On CUDA with Triton and dense weights: the
+        fused layers with the batch-invariant Triton GEMM and fixed-split attention
+        (:mod:`.invariant_kernels`), CUDA graphs on. Elsewhere (CPU, CUDA without
+        Triton, or int8/int4 weights, which those kernels do not take): the plain torch
+        path of :mod:`.invariant`, unfused and without graphs.
         """
         if num_slots < 1:
             raise InvalidInput("the static runtime needs at least one KV slot")
@@ -115,7 +131,11 @@ class StaticRuntime:
         #: Prompt positions each slot holds from prefills (chunks continue from here).
         self._filled: dict[int, int] = {}
         self.batch_invariant = batch_invariant
-        self.use_graphs = use_graphs and self.device.type == "cuda" and not batch_invariant
+        triton_gpu = self.device.type == "cuda" and HAVE_TRITON
+        #: Batch-invariant through the Triton kernels (else the plain path, if invariant).
+        self.invariant_kernels = batch_invariant and triton_gpu and _all_dense(weights)
+        plain_invariant = batch_invariant and not self.invariant_kernels
+        self.use_graphs = use_graphs and self.device.type == "cuda" and not plain_invariant
         self.session_buckets = tuple(b for b in session_buckets if b <= num_slots) or (1,)
         if num_slots not in self.session_buckets and num_slots < max(session_buckets):
             self.session_buckets = (*self.session_buckets, num_slots)
@@ -125,19 +145,24 @@ class StaticRuntime:
             if self.device.type == "cuda"
             else 1
         )
-        self._use_splitkv = self.device.type == "cuda" and HAVE_TRITON and not batch_invariant
+        self._use_splitkv = triton_gpu and not batch_invariant
 
         # CUDA: Triton kernels for RMSNorm, RoPE + KV write and SiLU-mul, cuBLAS GEMMs
-        # with the residual fused (addmm). CPU: the plain torch functions. Batch-invariant:
-        # the plain functions with tiled linear layers and norms, on either device.
-        self._fused = self.device.type == "cuda" and HAVE_TRITON and not batch_invariant
+        # with the residual fused (addmm); batch-invariant, the same with the invariant
+        # Triton GEMM (the other three kernels are per row already). CPU: the plain torch
+        # functions; batch-invariant without the kernels: the plain functions with tiled
+        # linear layers and norms.
+        self._fused = triton_gpu and not plain_invariant
         self._norm: Callable[..., Any] = layers.rms_norm
         self._lin: layers.Linear = linear
-        if batch_invariant:
+        self._lin_add_: Callable[[torch.Tensor, torch.Tensor, Weight], torch.Tensor] = linear_add_
+        if plain_invariant:
             self._norm, self._lin = invariant_rms_norm, invariant_linear
+        if self.invariant_kernels:
+            self._lin, self._lin_add_ = _invariant_linear, _invariant_linear_add_
         if self._fused:
             self._norm = static_kernels.rms_norm
-            if compile_layers:
+            if compile_layers and not batch_invariant:  # Inductor picks its reduction by shape
                 self._norm = torch.compile(layers.rms_norm, dynamic=True, fullgraph=True)
 
         max_b = max(self.session_buckets)
@@ -167,8 +192,10 @@ class StaticRuntime:
         et al. 2024) and prefix reuse. The pieces are concatenated into one [sum L, H]
         activation, so every GEMM of every layer runs once for all of them; attention is
         causal SDPA per piece over its slot's [0, start + L) (flash on CUDA when the start
-        is 0, a masked kernel otherwise). Checked before any model work: one bad piece
-        fails the call, nothing written.
+        is 0, a masked kernel otherwise); batch-invariant, the step's own attention, so a
+        prompt row gets the bits a step at its position would (on CUDA, 16-query
+        pseudo-sessions: :func:`.invariant_kernels.prefill_fixed_split_attention`).
+        Checked before any model work: one bad piece fails the call, nothing written.
         """
         starts = [0] * len(slots) if starts is None else [int(s) for s in starts]
         if not slots or not len(slots) == len(embeds) == len(starts):
@@ -201,9 +228,16 @@ class StaticRuntime:
         cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)  # [M, D]
         write_slot = torch.cat([torch.full((n,), s, device=self.device)
                                 for s, n in zip(slots, lengths, strict=True)])  # [M]
+        tiles: PrefillTiles | None = None
+        if self.invariant_kernels:
+            tiles = prefill_tiles(slots, starts, lengths, self.device)
 
         def attend(i: int, q: torch.Tensor) -> torch.Tensor:
             """Causal SDPA over each piece's slot up to its end, reading its K/V back."""
+            if tiles is not None:
+                o = prefill_fixed_split_attention(q.view(-1, hq, d), self.k_cache[i],
+                                                  self.v_cache[i], tiles)  # [M, Hq, D]
+                return o.view(-1, hq * d)  # [M, Hq D]
             if self.batch_invariant:
                 return self._invariant_prefill_attention(i, q, slots, lengths, offsets, starts)
             outs = []
@@ -383,7 +417,9 @@ class StaticRuntime:
         def attend(i: int, q: torch.Tensor) -> torch.Tensor:
             q4 = q.view(bp, qp, hq, d)  # [Bp, Qp, Hq, D]
             kc, vc = self.k_cache[i], self.v_cache[i]  # [S+1, Hkv, T, D]
-            if self.batch_invariant:
+            if self.invariant_kernels:
+                o = fixed_split_attention(q4, kc, vc, inp.slots, inp.starts, inp.seq_lens)
+            elif self.batch_invariant:
                 q_pos = inp.starts[:, None] + torch.arange(qp, device=q.device)  # [Bp, Qp]
                 o = invariant_attention(q4, kc, vc, inp.slots, q_pos)  # [Bp, Qp, Hq, D]
             elif self._use_splitkv:
@@ -398,6 +434,10 @@ class StaticRuntime:
             h = self._layer(i, h, cos, sin, inp.write_slot, inp.write_pos, attend)  # [M, H]
         x = self._norm(h, w.norm, w.eps)  # [M, H]
         logits: torch.Tensor
+        if self.invariant_kernels:
+            assert isinstance(w.lm_head, torch.Tensor)
+            logits = invariant_mm(x, w.lm_head, out=out)  # [M, V]
+            return logits
         if self.batch_invariant:
             logits = self._lin(x, w.lm_head)  # [M, V]
             return logits if out is None else out.copy_(logits)
@@ -423,13 +463,13 @@ class StaticRuntime:
         hq, hkv, d = w.num_heads, w.num_kv_heads, w.head_dim
         kc, vc = self.k_cache[i], self.v_cache[i]  # [S+1, Hkv, T, D]
         if self._fused:
-            qkv = linear(self._norm(h, lw.ln_attn, w.eps), lw.wqkv)  # [M, (Hq + 2 Hkv) D]
+            qkv = self._lin(self._norm(h, lw.ln_attn, w.eps), lw.wqkv)  # [M, (Hq + 2 Hkv) D]
             q = rope_and_write_kv(qkv, cos, sin, kc, vc, write_slot, write_pos, hq, hkv)
             # In-place addmm: the residual add rides in the GEMM epilogue, and no copy of
             # h is made first (out-of-place addmm copies its input into the result).
-            linear_add_(h, attend(i, q), lw.wo)  # [M, H]
-            gate_up = linear(self._norm(h, lw.ln_mlp, w.eps), lw.w_gate_up)  # [M, 2 I]
-            return linear_add_(h, silu_mul(gate_up), lw.w_down)  # [M, H]
+            self._lin_add_(h, attend(i, q), lw.wo)  # [M, H]
+            gate_up = self._lin(self._norm(h, lw.ln_mlp, w.eps), lw.w_gate_up)  # [M, 2 I]
+            return self._lin_add_(h, silu_mul(gate_up), lw.w_down)  # [M, H]
         q, k, v = layers.attention_in(h, lw.ln_attn, lw.wqkv, cos, sin, w.eps, hq, hkv,
                                       self._lin, self._norm)
         heads = torch.arange(hkv, device=h.device)  # [Hkv]
@@ -440,6 +480,25 @@ class StaticRuntime:
         o = attend(i, q)  # [M, Hq D]
         return layers.attention_out_and_mlp(h, o, lw.wo, lw.ln_mlp, lw.w_gate_up, lw.w_down,
                                             w.eps, self._lin, self._norm)
+
+
+def _all_dense(weights: LanguageWeights) -> bool:
+    """Whether every layer's linear weights are dense tensors (not int8/int4)."""
+    return all(isinstance(m, torch.Tensor) for lw in weights.layers
+               for m in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down))
+
+
+def _invariant_linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
+    """:func:`.invariant_kernels.invariant_mm` as a ``layers.Linear`` (dense weights only:
+    quantised ones keep the plain invariant path, see ``StaticRuntime.__init__``)."""
+    assert isinstance(w, torch.Tensor)
+    return invariant_mm(x, w)
+
+
+def _invariant_linear_add_(h: torch.Tensor, x: torch.Tensor, w: Weight) -> torch.Tensor:
+    """``h += x @ w.T`` in place through the invariant GEMM's epilogue."""
+    assert isinstance(w, torch.Tensor)
+    return invariant_mm(x, w, accumulate_into=h)
 
 
 def _continuation_mask(start: int, n: int, device: torch.device) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """``--batch-invariant`` on CPU: a session's logits are the same bits alone or in a batch
 of 4 or 16, verifying 0 or 8 drafts, at any place in the step; a (k + 1)-token verify
-step equals k + 1 single-token steps; a chunked prefill equals a whole one. The tiny
-target in float32 and bfloat16 (issue 24; the default mode is only close, not equal)."""
+step equals k + 1 single-token steps; a chunked prefill equals a whole one, and a
+prompt row equals a step at its position. The tiny target in float32 and bfloat16
+(issue 24; the default mode is only close, not equal)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,15 @@ from eventspec.cloud.engine.static.build import (
     static_kv_plan,
 )
 from eventspec.cloud.engine.static.engine import StaticEngine
+from eventspec.cloud.engine.static.weights import fuse_language_weights
 from eventspec.cloud.server import choose_engine
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_target import build_tiny_random_target
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.node.static.batch import StepBatch
+from eventspec.shared.node.static.invariant import invariant_linear
+from eventspec.shared.node.static.quant import QuantMode, quantize_language_weights
+from eventspec.shared.node.static.runtime import _all_dense
 
 SLOTS = 17
 DRAFTS = [11, 5, 7, 3, 9, 2, 8, 4]  # 8 drafts after the committed token
@@ -88,6 +93,44 @@ def test_a_chunked_prefill_equals_a_whole_one(
     for lo in range(0, n, 7):
         last = engine.prefill_chunks([PrefillChunk(16, lo, embeds[lo : lo + 7])])[0]
     assert last is not None and torch.equal(last, whole)
+
+
+def test_a_prompt_row_equals_a_step_at_its_position(
+        invariant: tuple[TargetModel, StaticEngine, int]) -> None:
+    """Prefill attends as a step does: a prompt's last-position logits from a whole
+    prefill equal those of a one-token step over the same token after a prefill of the
+    rest."""
+    target, engine, n = invariant
+    g = target.geometry
+    pix = torch.randn((1, g.num_frames, 3, g.image_size, g.image_size),
+                      generator=torch.Generator().manual_seed(98)).to(target.dtype)
+    req = PrefillRequest(16, target.build_prompt_ids("What is moving?"), pixel_values_videos=pix)
+    whole = engine.prefill([req])[0]
+    embeds = engine.prompt_embeds(req)
+    engine.free(16)
+    engine.prefill_chunks([PrefillChunk(16, 0, embeds[: n - 1])])
+    last = int(req.input_ids[-1])
+    step = engine.step(StepBatch((16,), (n - 1,), (1,), torch.tensor([last])))[0]
+    engine.free(16)
+    assert torch.equal(step, whole)
+
+
+def test_on_cpu_the_invariant_mode_keeps_the_plain_path(
+        invariant: tuple[TargetModel, StaticEngine, int]) -> None:
+    """The Triton kernels are for CUDA; on CPU the runtime keeps the tiled torch path
+    (and no graphs), whatever is installed."""
+    _, engine, _ = invariant
+    assert engine.batch_invariant and not engine.invariant_kernels
+    assert not engine.use_graphs and not engine._fused
+    assert engine._lin is invariant_linear
+
+
+def test_quantised_weights_are_not_dense() -> None:
+    """int8/int4 layers take the plain invariant path (the Triton GEMM is dense only)."""
+    target = build_tiny_random_target(seed=0)
+    dense = fuse_language_weights(target)
+    assert _all_dense(dense)
+    assert not _all_dense(quantize_language_weights(dense, QuantMode.INT8))
 
 
 def test_the_default_mode_stays_close_without_the_bitwise_promise() -> None:

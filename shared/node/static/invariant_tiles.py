@@ -1,0 +1,221 @@
+"""The host-side rules of the batch-invariant Triton kernels (:mod:`.invariant_kernels`).
+
+Kept apart from the kernels so they can be read, and tested on CPU, without Triton:
+the one GEMM tile per weight shape and why, the attention's fixed split size and query
+tile, the launch arguments (where B, Q and M may only change a grid, never a
+compile-time argument), and how a prompt piece is cut into 16-query pseudo-sessions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import torch
+
+from eventspec.shared.contract.errors import InvalidInput
+
+__all__ = [
+    "ATTN_BLOCK_N",
+    "ATTN_WARPS",
+    "MM_CONFIGS",
+    "QUERY_TILE",
+    "SPLIT",
+    "AttentionLaunch",
+    "MmConfig",
+    "PrefillTiles",
+    "attention_launch",
+    "cdiv",
+    "dot_precision",
+    "mm_config",
+    "mm_launch",
+    "num_splits_for_slot",
+    "prefill_layout",
+    "prefill_pseudo_sessions",
+    "prefill_tiles",
+]
+
+@dataclass(frozen=True)
+class MmConfig:
+    """One tile configuration of :func:`invariant_mm` (Triton's launch parameters)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    #: Row tiles of one column stripe that run next to each other (they share the
+    #: stripe's weights in L2); a scheduling choice only, it changes no bits.
+    group_m: int = 8
+
+
+#: The tile of every 7B (LLaMA-7B / Video-LLaVA-7B) weight shape, keyed by (N, K).
+#: Why these: one config must serve decode (M = 1 .. ~600 rows after bucketing),
+#: which is bandwidth-bound and needs enough column stripes (N / BLOCK_N) to keep
+#: 132 SMs streaming weights, and prefill (M ~ 2,100), which is compute-bound and
+#: wants large tiles. BLOCK_M = 64 is the smallest tile Hopper's wgmma takes, so the
+#: wasted rows at M = 1 cost tensor-core time, not bytes; BLOCK_N is as wide as the
+#: stripe count allows (>= 128 stripes: 32 for the N = 4,096 projections, 64 for QKV,
+#: 128 for gate-up and the LM head). Chosen by that reasoning, not yet by measurement:
+#: ``python -m benchmarks.bench_invariant_kernels`` times candidates on a GPU, and
+#: changing an entry changes the engine's bits (not their invariance).
+MM_CONFIGS: Final[dict[tuple[int, int], MmConfig]] = {
+    (12288, 4096): MmConfig(64, 64, 64, 4, 4),  # fused QKV: 192 stripes
+    (4096, 4096): MmConfig(64, 32, 128, 4, 4),  # wo: 128 stripes
+    (22016, 4096): MmConfig(64, 128, 64, 4, 4),  # fused gate-up: 172 stripes
+    (4096, 11008): MmConfig(64, 32, 128, 4, 4),  # down: 128 stripes
+    (32000, 4096): MmConfig(64, 128, 64, 4, 4),  # LLaMA's LM head: 250 stripes
+    (32064, 4096): MmConfig(64, 128, 64, 4, 4),  # Video-LLaVA's LM head: 251 stripes
+}
+#: Shapes outside the table (smaller models, the toy): by N alone, same reasoning.
+WIDE_CONFIG: Final = MmConfig(64, 64, 64, 4, 3)
+NARROW_CONFIG: Final = MmConfig(64, 32, 64, 4, 3)
+#: N from which :data:`WIDE_CONFIG` applies.
+WIDE_N: Final = 8192
+
+#: Query rows per attention tile, for every Q (a verify step's 9, a decode's 1, a
+#: prefill's pseudo-session of 16).
+QUERY_TILE: Final = 16
+#: Key positions per attention split, counted from position 0. Larger splits mean
+#: fewer partial outputs (memory [B Q, cdiv(T, SPLIT), H, D] fp32 and its traffic),
+#: smaller ones more programs for a lone session; the benchmark times 64/128/256.
+SPLIT: Final = 128
+#: Key positions per block inside a split (SPLIT must be a multiple).
+ATTN_BLOCK_N: Final = 64
+#: Warps of the split kernel (fixed: it changes the MMA layout).
+ATTN_WARPS: Final = 4
+
+
+def mm_config(n: int, k: int) -> MmConfig:
+    """The one tile configuration for a weight [N, K]: a function of (N, K) alone."""
+    config = MM_CONFIGS.get((n, k))
+    if config is not None:
+        return config
+    return WIDE_CONFIG if n >= WIDE_N else NARROW_CONFIG
+
+
+def num_splits_for_slot(max_positions: int, split: int = SPLIT) -> int:
+    """The combine's split count: a power of two >= cdiv(T, split), T = the slot's
+    positions (so it follows the KV cache's shape, never B or Q)."""
+    if max_positions < 1 or split < 1:
+        raise InvalidInput(f"splits of {split} over {max_positions} positions")
+    need = -(-max_positions // split)
+    return 1 << (need - 1).bit_length()
+
+
+def prefill_pseudo_sessions(
+    start: int, length: int, tile: int = QUERY_TILE
+) -> list[tuple[int, int]]:
+    """(start, seq_len) of each pseudo-session of a prompt piece of ``length`` queries
+    at positions ``start`` .. ``start + length - 1``: tile j holds queries
+    ``start + tile j`` .. and may read keys up to ``start + tile (j + 1)``, clamped
+    to the piece's end, as a verify step of those queries would."""
+    if start < 0 or length < 1 or tile < 1:
+        raise InvalidInput(f"a prefill piece of {length} queries from {start}")
+    end = start + length
+    return [(s, min(s + tile, end)) for s in range(start, end, tile)]
+
+
+def prefill_layout(
+    starts: Sequence[int], lengths: Sequence[int], tile: int = QUERY_TILE
+) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Pseudo-sessions of several pieces (concatenated as the prefill concatenates
+    their rows): (piece of each tile, tile starts, tile seq_lens, rows) where
+    ``rows[i]`` is the padded row ([tiles * tile] rows) of the i-th concatenated query."""
+    pieces: list[int] = []
+    tile_starts: list[int] = []
+    tile_lens: list[int] = []
+    rows: list[int] = []
+    for piece, (start, length) in enumerate(zip(starts, lengths, strict=True)):
+        base = len(tile_starts) * tile
+        rows.extend(range(base, base + length))
+        for s, n in prefill_pseudo_sessions(start, length, tile):
+            pieces.append(piece)
+            tile_starts.append(s)
+            tile_lens.append(n)
+    return pieces, tile_starts, tile_lens, rows
+
+
+@dataclass(frozen=True)
+class PrefillTiles:
+    """A prefill's pseudo-sessions on the device (built once, used by every layer)."""
+
+    slots: torch.Tensor  # [P]
+    starts: torch.Tensor  # [P]
+    seq_lens: torch.Tensor  # [P]
+    rows: torch.Tensor  # [M] padded row of each query
+
+
+def prefill_tiles(
+    slots: Sequence[int], starts: Sequence[int], lengths: Sequence[int], device: torch.device
+) -> PrefillTiles:
+    """:func:`prefill_layout` of the pieces (slot r from start r, length r) as tensors."""
+    pieces, tile_starts, tile_lens, rows = prefill_layout(starts, lengths)
+
+    def t(values: Sequence[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long).to(device)
+
+    return PrefillTiles(t([slots[p] for p in pieces]), t(tile_starts), t(tile_lens), t(rows))
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def mm_launch(
+    m: int, n: int, k: int, dtype: torch.dtype, *, accumulate: bool,
+    config: MmConfig | None = None,
+) -> tuple[tuple[int], dict[str, Any]]:
+    """(grid, compile-time arguments) of :func:`invariant_mm` for x [M, K] @ w [N, K].T.
+
+    Only the grid follows M; every argument that selects the compiled kernel comes
+    from (N, K), the dtype and whether the residual is added.
+    """
+    c = config or mm_config(n, k)
+    meta: dict[str, Any] = {
+        "ACCUMULATE": accumulate, "PRECISION": dot_precision(dtype), "BLOCK_M": c.block_m,
+        "BLOCK_N": c.block_n, "BLOCK_K": c.block_k, "GROUP_M": c.group_m,
+        "num_warps": c.num_warps, "num_stages": c.num_stages,
+    }
+    return (cdiv(m, c.block_m) * cdiv(n, c.block_n),), meta
+
+
+@dataclass(frozen=True)
+class AttentionLaunch:
+    """The two launches of :func:`fixed_split_attention` for one call's shape."""
+
+    grid: tuple[int, int, int]  # (B x query tiles, heads, allocated splits)
+    meta: dict[str, Any]  # the split kernel's compile-time arguments
+    combine_grid: tuple[int, int]  # (B Q rows, heads)
+    combine_meta: dict[str, Any]
+    num_alloc: int  # cdiv(T, split): the splits a slot holds (partials allocated)
+    q_tiles: int  # cdiv(Q, QUERY_TILE)
+
+
+def attention_launch(
+    bp: int, nq: int, heads: int, head_dim: int, kv_heads: int, max_positions: int,
+    dtype: torch.dtype, split: int = SPLIT,
+) -> AttentionLaunch:
+    """Launch shapes of :func:`fixed_split_attention`: B and Q change only the grids
+    (and the runtime arguments ``num_q``/``q_tiles``, not specialised on); the
+    compile-time arguments follow the heads, the dtype, the split and the slot size T."""
+    num_alloc = cdiv(max_positions, split)
+    q_tiles = cdiv(nq, QUERY_TILE)
+    meta: dict[str, Any] = {
+        "GROUPS": heads // kv_heads, "HEAD_DIM": head_dim, "BLOCK_M": QUERY_TILE,
+        "BLOCK_N": ATTN_BLOCK_N, "SPLIT": split, "PRECISION": dot_precision(dtype),
+        "num_warps": ATTN_WARPS, "num_stages": 2,
+    }
+    combine_meta: dict[str, Any] = {
+        "HEAD_DIM": head_dim, "BLOCK_M": QUERY_TILE, "SPLIT": split,
+        "NUM_SPLITS": num_splits_for_slot(max_positions, split), "num_warps": 1,
+    }
+    return AttentionLaunch((bp * q_tiles, heads, num_alloc), meta, (bp * nq, heads),
+                           combine_meta, num_alloc, q_tiles)
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """``tl.dot``'s input precision: IEEE fp32 for float32 (the toy's fp32 path stays
+    fp32, as cuBLAS keeps it without TF32), the default otherwise (ignored for 16-bit)."""
+    return "ieee" if dtype == torch.float32 else "tf32"
