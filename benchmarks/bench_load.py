@@ -37,8 +37,8 @@ chunked:auto:0 reuse:auto:8``. Writes ``benchmarks/results/load-<device>.json``.
 from __future__ import annotations
 
 import argparse
-import gc
 import asyncio
+import gc
 import json
 import logging
 import random

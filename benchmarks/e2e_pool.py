@@ -10,7 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from eventspec.shared.client.edge_client import EdgeClient
+import grpc
+
+from eventspec.shared.client.edge_client import AskError, EdgeClient
 from eventspec.shared.contract.types import (
     AskSpec,
     FeatureMode,
@@ -131,7 +133,15 @@ async def uplink_rows(address: str, question: Question, max_new: int, rate_mbit:
     rows = []
     async with EdgeClient(address, timeout_s=300) as client:
         for mode in (FeatureMode.FRAMES, FeatureMode.ALIGNED, FeatureMode.AUTO):
-            final, total_ms = await timed(client, question.spec(Mode.SPECULATIVE, max_new, mode))
+            try:
+                final, total_ms = await timed(client,
+                                              question.spec(Mode.SPECULATIVE, max_new, mode))
+            except AskError as exc:  # e.g. aligned features from an edge with no adapter
+                if exc.code != grpc.StatusCode.FAILED_PRECONDITION:
+                    raise
+                rows.append({"rate_mbit": rate_mbit, "requested": mode.name.lower(),
+                             "error": str(exc)})
+                continue
             s = final.stats
             rows.append({
                 "rate_mbit": rate_mbit, "requested": mode.name.lower(),

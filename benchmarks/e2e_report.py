@@ -111,6 +111,9 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"{'uplink':>7} {'asked':>8} {'used':>8} {'TTFT ms':>8} {'bytes':>8} "
                      f"{'wire ms':>8} aligned fits")
         for u in result["uplink"]:
+            if "error" in u:
+                lines.append(f"{u['rate_mbit']:>7g} {u['requested']:>8} refused: {u['error']}")
+                continue
             lines.append(f"{u['rate_mbit']:>7g} {u['requested']:>8} {u['feature_mode']:>8} "
                          f"{u['ttft_ms']:>8.1f} {u['uplink_bytes']:>8} "
                          f"{u['wire_ms_at_rate']:>8.2f} {u['aligned_fits_uplink']}")

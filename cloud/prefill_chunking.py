@@ -8,12 +8,15 @@ chunk of the waiting prompts, so a decoding session waits at most one chunk per 
 
 The rule (``--prefill-chunk auto``): a chunk may cost about what the iteration's step
 costs, so decoding slows at most about twofold while a prefill is under way and a
-prompt still advances by one step's worth of compute per step. From the cloud's
-calibrated cost model: tokens = (step ms - prefill base ms) / prefill ms per text token,
-floored to a multiple of ``CHUNK_QUANTUM`` and held within [``CHUNK_QUANTUM``, the
-loop's prefill token budget floored likewise]. With nothing decoding there is no one to stall: the
-oldest prompt goes whole (and those behind it, within the budget), as without chunks.
-``--prefill-chunk N`` fixes N tokens; ``off`` prefills whole prompts always.
+prompt still advances by one step's worth of compute per step; but never fewer than
+``AUTO_MIN_CHUNK_TOKENS``, below which a chunk call costs the same whatever its size.
+From the cloud's calibrated cost model: tokens = (step ms - prefill base ms) / prefill
+ms per prompt token (the larger of its visual and text rates: a Video-LLaVA prompt is
+almost all video), floored to a multiple of ``CHUNK_QUANTUM`` and held within
+[``AUTO_MIN_CHUNK_TOKENS``, the loop's prefill token budget floored likewise]. With
+nothing decoding there is no one to stall: the oldest prompt goes whole (and those
+behind it, within the budget), as without chunks. ``--prefill-chunk N`` fixes N tokens;
+``off`` prefills whole prompts always.
 """
 
 from __future__ import annotations
@@ -25,6 +28,16 @@ from eventspec.shared.contract.timing import CloudCost
 #: Chunks are multiples of this many tokens (and never smaller): GEMM-friendly, and a
 #: lower bound on progress when the cost model says a step is very cheap.
 CHUNK_QUANTUM = 64
+
+#: The smallest ``auto`` chunk. A chunk is one eager 32-layer pass, and at full size on
+#: an H200 a pass of up to 512 tokens costs 11-14 ms whatever its size (kernel launches,
+#: not arithmetic): a 2,103-token prompt took 475 ms in 64-token chunks and 68 ms in
+#: 512-token ones against 59 ms whole, and 1,024-token chunks took 59.5 ms
+#: (``benchmarks/results/chunked-prefill-h200.json``, ``python -m
+#: benchmarks.probe_chunked_prefill``). The cost model has no per-call term
+#: (calibration fits ``prefill_base_ms`` = 0), so without this floor the rule chose
+#: 64-token chunks on the GPU and prefill throughput fell eightfold.
+AUTO_MIN_CHUNK_TOKENS = 1024
 
 
 @dataclass(frozen=True)
@@ -66,10 +79,14 @@ class ChunkPolicy:
 
 def auto_chunk_tokens(cost: CloudCost | None, sessions: int, step_tokens: int,
                       whole_budget: int) -> int:
-    """The ``auto`` rule (module docstring): a chunk costing about one step."""
+    """The ``auto`` rule (module docstring): a chunk costing about one step, and at
+    least ``AUTO_MIN_CHUNK_TOKENS`` (the budget permitting)."""
     upper = max(CHUNK_QUANTUM, whole_budget // CHUNK_QUANTUM * CHUNK_QUANTUM)
-    if cost is None or cost.prefill_ms_per_text_token <= 0:
+    lower = min(AUTO_MIN_CHUNK_TOKENS, upper)
+    per_token = 0.0 if cost is None else max(cost.prefill_ms_per_visual_token,
+                                             cost.prefill_ms_per_text_token)
+    if cost is None or per_token <= 0:
         return upper
     step_ms = cost.batch_step_ms(sessions, step_tokens)
-    tokens = (step_ms - cost.prefill_base_ms) / cost.prefill_ms_per_text_token
-    return max(CHUNK_QUANTUM, min(int(tokens) // CHUNK_QUANTUM * CHUNK_QUANTUM, upper))
+    tokens = (step_ms - cost.prefill_base_ms) / per_token
+    return max(lower, min(int(tokens) // CHUNK_QUANTUM * CHUNK_QUANTUM, upper))

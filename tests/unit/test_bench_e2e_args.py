@@ -9,15 +9,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grpc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks import e2e_nodes
+from benchmarks import e2e_nodes, e2e_pool
 from benchmarks.bench_e2e import main, per_client, split
 from benchmarks.bench_e2e import parser as main_parser
 from benchmarks.e2e_nodes import Drafter, cloud_args, edge_args
 from benchmarks.e2e_pool import question_pool, scenes_needed
+from benchmarks.e2e_report import table
+from eventspec.shared.client.edge_client import AskError
 
 
 def test_an_alpha_entry_takes_the_default_pace_or_its_own() -> None:
@@ -114,3 +117,36 @@ def test_the_cloud_accepts_the_capacity_phase_s_longest_answer() -> None:
     out = cloud_args(args, 64)
     assert out[out.index("--max-new-tokens") + 1] == "512"
     assert out[out.index("--max-sessions") + 1] == "66"
+
+
+class _RefusingEdge:
+    """An EdgeClient stand-in whose every Ask fails with ``code``."""
+
+    def __init__(self, code: grpc.StatusCode) -> None:
+        self.code = code
+
+    def __call__(self, address: str, timeout_s: float) -> _RefusingEdge:
+        return self
+
+    async def __aenter__(self) -> _RefusingEdge:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def ask_final(self, spec: object) -> None:
+        raise AskError(self.code, "feature mode aligned needs a feature adapter")
+
+
+async def test_an_uplink_mode_the_edge_refuses_is_a_row_not_the_end_of_the_run(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU run's edges (tiny-random, no adapter) refuse aligned features with
+    FAILED_PRECONDITION; that ended the whole run after its last latency point."""
+    monkeypatch.setattr(e2e_pool, "EdgeClient", _RefusingEdge(grpc.StatusCode.FAILED_PRECONDITION))
+    rows = await e2e_pool.uplink_rows("127.0.0.1:1", question_pool(1)[0], 8, 10.0)
+    assert [r["requested"] for r in rows] == ["frames", "aligned", "auto"]
+    assert all("adapter" in r["error"] for r in rows)
+    assert "refused" in table({"points": [], "uplink": rows, "draft_engine": "oracle"})
+    monkeypatch.setattr(e2e_pool, "EdgeClient", _RefusingEdge(grpc.StatusCode.UNAVAILABLE))
+    with pytest.raises(AskError):
+        await e2e_pool.uplink_rows("127.0.0.1:1", question_pool(1)[0], 8, 10.0)

@@ -15,7 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eventspec.cloud.prefill_chunking import CHUNK_QUANTUM, ChunkPolicy, auto_chunk_tokens
+from eventspec.cloud.prefill_chunking import (
+    AUTO_MIN_CHUNK_TOKENS,
+    CHUNK_QUANTUM,
+    ChunkPolicy,
+    auto_chunk_tokens,
+)
 from eventspec.cloud.prefill_queue import PrefillQueue
 from eventspec.cloud.scheduler import Scheduler
 from eventspec.cloud.tickets import Failure, Ticket
@@ -179,19 +184,33 @@ def test_auto_chunks_are_quantised_bounded_and_cost_about_a_step(
         step_base: float, per_token: float, prefill: float, sessions: int, budget: int) -> None:
     cost = _cost(step_base, per_token, prefill)
     tokens = auto_chunk_tokens(cost, sessions, sessions, budget)
-    assert tokens % CHUNK_QUANTUM == 0 and CHUNK_QUANTUM <= tokens <= max(CHUNK_QUANTUM, budget)
+    upper = max(CHUNK_QUANTUM, budget // CHUNK_QUANTUM * CHUNK_QUANTUM)
+    assert tokens % CHUNK_QUANTUM == 0
+    assert min(AUTO_MIN_CHUNK_TOKENS, upper) <= tokens <= upper
     # Not clamped: its cost is within a quantum of a step's.
-    if CHUNK_QUANTUM < tokens < budget // CHUNK_QUANTUM * CHUNK_QUANTUM:
+    if AUTO_MIN_CHUNK_TOKENS < tokens < upper:
         chunk_ms = cost.prefill_base_ms + tokens * prefill
         step_ms = cost.batch_step_ms(sessions, sessions)
         assert chunk_ms <= step_ms < chunk_ms + CHUNK_QUANTUM * prefill + 1e-9
 
 
 def test_auto_chunks_grow_with_the_step() -> None:
-    small = auto_chunk_tokens(_cost(5, 0.01, 0.025), 1, 1, 4096)
-    large = auto_chunk_tokens(_cost(20, 0.01, 0.025), 64, 64, 4096)
-    assert small < large
+    small = auto_chunk_tokens(_cost(5, 0.01, 0.001), 1, 1, 4096)
+    large = auto_chunk_tokens(_cost(20, 0.01, 0.001), 64, 64, 4096)
+    assert AUTO_MIN_CHUNK_TOKENS <= small < large
     assert ChunkPolicy("auto").budget(_cost(5, 0.01, 0.025), 0, 0, 2048) is None
+
+
+def test_auto_never_cuts_a_full_size_prompt_into_launch_bound_chunks() -> None:
+    """The H200's calibrated costs (a step of 16 sessions ~8.7 ms, ~0.028 ms per prompt
+    token, no per-call term) gave 64-token chunks: 33 calls of 11-14 ms for one
+    2,103-token prompt, 8x its whole prefill (``chunked-prefill-h200.json``)."""
+    cost = CloudCost(prefill_base_ms=0.0, prefill_ms_per_visual_token=0.028,
+                     prefill_ms_per_text_token=0.3, step_base_ms=5.0, step_ms_per_token=0.01,
+                     step_ms_per_session=0.23)
+    assert auto_chunk_tokens(cost, 16, 16, 2048) == AUTO_MIN_CHUNK_TOKENS
+    # A small model's budget below the floor: the floor gives way to it.
+    assert auto_chunk_tokens(cost, 16, 16, 256) == 256
 
 
 @given(lengths=st.lists(st.integers(1, 30), min_size=1, max_size=6),
