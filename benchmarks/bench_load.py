@@ -144,7 +144,7 @@ async def run_rate(server: VerifierServer, reqs: list[OpenRequest], rate: float,
     assert server.runtime is not None
     stats = server.runtime.scheduler.stats
     before = (stats.steps, stats.engine_ms, stats.sampler_ms, stats.overhead_ms,
-              stats.prefill_ms)
+              stats.prefill_ms, stats.prefills, stats.prefill_chunks)
     rng = random.Random(seed)
     arrivals = np.cumsum([rng.expovariate(rate) for _ in reqs])
     t0 = time.perf_counter()
@@ -169,6 +169,9 @@ async def run_rate(server: VerifierServer, reqs: list[OpenRequest], rate: float,
         "in_server_step_ms": in_server_ms / steps, "engine_step_ms": engine_ms / steps,
         "in_server_over_engine": in_server_ms / engine_ms if engine_ms else None,
         "prefill_share_of_wall": (stats.prefill_ms - before[4]) / 1e3 / wall,
+        # Pieces per prompt with chunking on (0 without): the chunk size the rule chose.
+        "chunks_per_prefill": (stats.prefill_chunks - before[6])
+        / max(1, stats.prefills - before[5]),
         "answers": [r["ids"] for r in rows],
     }
     level["itl_p99_over_p50"] = (level["itl_ms_p99"] / level["itl_ms_p50"]

@@ -32,3 +32,7 @@ def test_the_load_benchmark_reports_every_config_and_identical_answers(tmp_path:
     # Two clips, two questions each, round-robin: the second round can hit.
     assert reuse["levels"][0]["prefix_hits"] + reuse["levels"][0]["prefix_misses"] == 4
     assert reuse["levels"][0]["prefix_misses"] >= 2
+    # Chunks per prompt: none without chunking; with 8-token chunks a ~150-token toy
+    # prompt takes several (unless it arrived with nothing decoding: then whole).
+    assert whole["levels"][0]["chunks_per_prefill"] == 0
+    assert reuse["levels"][0]["chunks_per_prefill"] >= 1

@@ -202,12 +202,13 @@ def test_auto_chunks_grow_with_the_step() -> None:
 
 
 def test_auto_never_cuts_a_full_size_prompt_into_launch_bound_chunks() -> None:
-    """The H200's calibrated costs (a step of 16 sessions ~8.7 ms, ~0.028 ms per prompt
-    token, no per-call term) gave 64-token chunks: 33 calls of 11-14 ms for one
-    2,103-token prompt, 8x its whole prefill (``chunked-prefill-h200.json``)."""
-    cost = CloudCost(prefill_base_ms=0.0, prefill_ms_per_visual_token=0.028,
-                     prefill_ms_per_text_token=0.3, step_base_ms=5.0, step_ms_per_token=0.01,
-                     step_ms_per_session=0.23)
+    """The H200's calibrated costs (``e2e-h200-b.json``: 0.024-0.025 ms per prompt
+    token, no per-call term, a 4.8 ms step + 0.23 ms per extra session) gave 320-token
+    chunks at 16 sessions, and a chunk call of up to 512 tokens costs 11-14 ms whatever
+    its size (``chunked-prefill-h200.json``)."""
+    cost = CloudCost(prefill_base_ms=0.0, prefill_ms_per_visual_token=0.025058,
+                     prefill_ms_per_text_token=0.023930, step_base_ms=4.834,
+                     step_ms_per_token=0.01117, step_ms_per_session=0.22867)
     assert auto_chunk_tokens(cost, 16, 16, 2048) == AUTO_MIN_CHUNK_TOKENS
     # A small model's budget below the floor: the floor gives way to it.
     assert auto_chunk_tokens(cost, 16, 16, 256) == 256
