@@ -232,6 +232,17 @@ def format_tables(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def readme_rows(result: dict[str, Any]) -> list[str]:
+    """The README's rows: the 7B decoder's GEMMs per M with cuBLAS and with the shipped
+    tile table (``tests/unit/test_readme.py`` checks them against the committed JSON)."""
+    totals = result["gemm"]["decoder_ms"]
+    rows = []
+    for m in result["gemm"]["rows"]:
+        base, inv = totals["cublas"][str(m)], totals["table"][str(m)]
+        rows.append(f"| {m} | {base:.2f} | {inv:.2f} | {inv / base:.2f} |")
+    return rows
+
+
 def _out_path(arg: str | None, device: str) -> Path:
     name = f"invariant_kernels_{device.replace(' ', '_')}.json"
     if arg and arg.endswith(".json"):

@@ -222,3 +222,14 @@ def test_the_e2e_capacity_table_is_the_json() -> None:
     result = json.loads((ROOT / "benchmarks/results/e2e-cpu-capacity.json").read_text())
     assert capacity_table(result["capacity"]) in README
     assert result["command"] in README.replace("\\\n    ", "")
+
+
+def test_the_batch_invariant_gemm_table_is_the_json() -> None:
+    from benchmarks.bench_invariant_kernels import readme_rows
+
+    result = json.loads((ROOT / "benchmarks/results/invariant-kernels-h200.json").read_text())
+    assert "\n".join(readme_rows(result)) in README
+    assert all(all(v.values()) for v in result["gemm"]["row_invariant"].values())
+    agreement = json.loads((ROOT / "benchmarks/results/batch-invariance-h200-invariant.json")
+                           .read_text())
+    assert all(v == 1.0 for k, v in agreement.items() if k.endswith("_bitwise"))
