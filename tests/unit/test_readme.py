@@ -203,6 +203,8 @@ def test_the_load_table_is_the_json() -> None:
     result = json.loads((ROOT / "benchmarks/results/load-cpu.json").read_text())
     assert "\n".join(readme_rows(result)) in README
     assert result["answers_identical_across_configs"] is True
+    gpu = json.loads((ROOT / "benchmarks/results/load-h200-chunk512.json").read_text())
+    assert "\n".join(readme_rows(gpu)) in README
 
 
 def test_the_drafter_table_is_the_json() -> None:
@@ -233,3 +235,13 @@ def test_the_batch_invariant_gemm_table_is_the_json() -> None:
     agreement = json.loads((ROOT / "benchmarks/results/batch-invariance-h200-invariant.json")
                            .read_text())
     assert all(v == 1.0 for k, v in agreement.items() if k.endswith("_bitwise"))
+
+
+def test_the_gpu_e2e_tables_are_the_json() -> None:
+    from benchmarks.e2e_capacity import capacity_table
+    from benchmarks.e2e_report import table
+
+    result = json.loads((ROOT / "benchmarks/results/e2e-h200-b.json").read_text())
+    assert capacity_table(result["capacity"]) in README
+    for line in table(result).split("\n")[2:2 + len(result["points"])]:
+        assert line in README
