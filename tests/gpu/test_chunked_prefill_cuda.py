@@ -89,3 +89,23 @@ def test_a_loaded_prefix_on_cuda_equals_a_cold_prefill(engine: StaticEngine,
     assert _greedy(engine, toy, 2, n, warm) == _greedy(engine, toy, 1, n, cold)
     for slot in (0, 1, 2):
         engine.free(slot)
+
+
+def test_a_continuation_chunk_never_runs_cudnn_attention(engine: StaticEngine,
+                                                         toy: TargetModel) -> None:
+    """cuDNN's SDPA builds a graph for every new (queries, keys) shape, hundreds of ms
+    each, and chunk shapes vary request by request: an explicit boolean mask sent the
+    continuation chunks there on an H200 (``chunked-prefill-h200.json``'s profile).
+    The bottom-right causal bias runs flash / memory-efficient attention instead."""
+    from torch.profiler import ProfilerActivity, profile
+
+    req = _request(toy, 1, QUESTIONS[0])
+    embeds = engine.prompt_embeds(req, 0)  # [L, H]
+    cut = embeds.shape[0] // 2
+    engine.free(1)
+    engine.prefill_chunks([PrefillChunk(1, 0, embeds[:cut])])
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        engine.prefill_chunks([PrefillChunk(1, cut, embeds[cut:])])
+        torch.cuda.synchronize()
+    names = [e.key.lower() for e in prof.key_averages()]
+    assert not [n for n in names if "cudnn" in n], names

@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.node.static import kernels as static_kernels
@@ -191,9 +192,10 @@ class StaticRuntime:
         prefix copied in by :meth:`load_prefix`): chunked prefill (Sarathi-Serve, Agrawal
         et al. 2024) and prefix reuse. The pieces are concatenated into one [sum L, H]
         activation, so every GEMM of every layer runs once for all of them; attention is
-        causal SDPA per piece over its slot's [0, start + L) (flash on CUDA when the start
-        is 0, a masked kernel otherwise); batch-invariant, the step's own attention, so a
-        prompt row gets the bits a step at its position would (on CUDA, 16-query
+        causal SDPA per piece over its slot's [0, start + L) (flash on CUDA; a later
+        start aligns the causal mask to the bottom right); batch-invariant, the step's
+        own attention, so a prompt row gets the bits a step at its position would (on
+        CUDA, 16-query
         pseudo-sessions: :func:`.invariant_kernels.prefill_fixed_split_attention`).
         Checked before any model work: one bad piece fails the call, nothing written.
         """
@@ -244,7 +246,13 @@ class StaticRuntime:
             for s, n, off, st in zip(slots, lengths, offsets, starts, strict=False):
                 k = self.k_cache[i, s, :, : st + n]  # [Hkv, st + L, D]
                 v = self.v_cache[i, s, :, : st + n]  # [Hkv, st + L, D]
-                mask = None if st == 0 else _continuation_mask(st, n, self.device)
+                # A continuation (a chunk, or the rest after a reused prefix) is causal
+                # aligned to the bottom right: query j sees keys 0 .. st + j. As a
+                # CausalBias it runs flash / memory-efficient attention; an explicit
+                # boolean mask ran cuDNN's SDPA on an H200, which builds a graph for
+                # every new (queries, keys) shape (hundreds of ms, pytorch/pytorch#191576
+                # and sgl-project/sglang#4650 measured it), and chunk shapes vary.
+                mask = None if st == 0 else causal_lower_right(n, st + n)
                 o = F.scaled_dot_product_attention(
                     q[off : off + n].transpose(0, 1)[None], k[None], v[None],
                     attn_mask=mask, is_causal=mask is None, enable_gqa=hq != hkv,
@@ -500,8 +508,3 @@ def _invariant_linear_add_(h: torch.Tensor, x: torch.Tensor, w: Weight) -> torch
     assert isinstance(w, torch.Tensor)
     return invariant_mm(x, w, accumulate_into=h)
 
-
-def _continuation_mask(start: int, n: int, device: torch.device) -> torch.Tensor:
-    """[n, start + n] bool: query i (position start + i) sees keys 0 .. start + i."""
-    q = torch.arange(start, start + n, device=device)[:, None]  # [n, 1]
-    return torch.arange(start + n, device=device)[None, :] <= q  # [n, start + n]
