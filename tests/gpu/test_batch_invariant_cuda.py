@@ -11,8 +11,7 @@ checks as ``tests/unit/cloud/test_batch_invariant.py`` (a session alone and in p
 and full batches, verify vs single steps, chunked vs whole prefill, a prompt row vs a
 step at its position).
 
-Not run yet when written (no device time); the CPU logic of the kernels was checked in
-Triton's interpreter only.
+All 22 passed on an H200 (torch 2.11, Triton 3.6) in the session that wrote them.
 """
 
 from __future__ import annotations
