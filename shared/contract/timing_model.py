@@ -32,6 +32,15 @@ c = d / t1, E(g) = (1 - a^(g+1)) / (1 - a), Leviathan et al. 2023):
   cloud runs plain for ``R = (rtt + d) / (1 - c)``. Renewal-reward rate:
   ``r(g) = (E'/(1-s) + R/t1) / (T/(1-s) + R)`` tokens/ms (g = 0 gives 1/t1,
   plain decoding); the lookahead is the smallest g within 0.1% of the best r.
+* **Depth.** The lookahead g is what each step should find to verify; the edge's tail
+  is counted from the last commit it has *heard*, which lags the cloud: a commit
+  reaches the edge ``rtt/2`` after it, and a draft made then lands ``rtt/2 + d`` later,
+  while the cloud keeps committing ``E'(g)`` tokens per ``T(g)``. So the edge drafts
+  ``depth = g + ceil(E'(g) * (rtt + d) / T(g))`` ahead (``lookahead_tokens``), capped
+  at ``4 * max_lookahead``. With depth g alone, every draft of a fast cloud at B = 1
+  landed after its step had begun: 1.00 tokens per step on an H200 at RTT 1 ms, where
+  the Monte-Carlo of ``benchmarks/spec_model.py`` gives 1.10x for depth 3
+  (``benchmarks/results/e2e-h200-b.json``).
 * **Speedup** over target-only on the same stack for N = max_new_tokens:
   ``base = rtt + U + P + (N-1)*t1``; ``spec = rtt + U + P + T(k) + (N-1-E(k))/r``
   (k hidden drafts verified in the first step, or ``(N-1)/r`` when k = 0).
@@ -112,6 +121,18 @@ def _choose_lookahead(inp: PlanInputs) -> tuple[int, float, float]:
         return 0, rates[0], rates[0]
     gamma = next(g for g, r in enumerate(rates) if r >= best * (1.0 - _LOOKAHEAD_TOLERANCE))
     return gamma, rates[gamma], best
+
+
+def edge_depth(inp: PlanInputs, gamma: int) -> int:
+    """How far ahead of the last commit it heard the edge drafts, so that each step
+    finds ``gamma`` drafts despite the round trip (module docstring, "Depth")."""
+    if gamma <= 0:
+        return 0
+    d = inp.edge.draft_ms_per_token
+    step = inp.cloud.step_ms(gamma + 1)
+    per_step = min(expected_tokens(inp.alpha, gamma), step / d)
+    lag = math.ceil(per_step * (inp.edge.rtt_ms + d) / step - _FLOOR_EPS)
+    return min(gamma + max(0, lag), max(gamma, 4 * inp.max_lookahead))
 
 
 def _token_value_floor_ms(inp: PlanInputs) -> float:
@@ -227,15 +248,16 @@ def plan(inputs: PlanInputs) -> TimingPlan:
                 f"decoding target-only ({facts})"
             ),
         )
+    depth = edge_depth(inp, gamma)
     later = (
-        f"lookahead {gamma}"
+        f"lookahead {depth} (about {gamma} verified per step)"
         if gamma > 0
         else "no later-round drafts (edge too slow or alpha too low to get ahead)"
     )
     return TimingPlan(
         speculate=True,
         hidden_draft_budget=hidden,
-        lookahead_tokens=gamma,
+        lookahead_tokens=depth,
         chunk_cadence_tokens=_chunk_cadence(inp),
         aligned_fits_uplink=fits,
         acceptance_estimate=inp.alpha,
