@@ -89,14 +89,16 @@ def capacity_table(points: Sequence[dict[str, Any]]) -> str:
     """The capacity phase as text."""
     lines = [f"{'tokens':>6} {'N':>3} {'spec tok/s':>10} {'base tok/s':>10} {'ratio':>6} "
              f"{'spec p50':>8} {'spec p99':>8} {'base p50':>8} {'base p99':>8} "
-             f"{'tok/step':>8} {'same':>5}"]
+             f"{'p50 x':>6} {'tok/step':>8} {'same':>5}"]
     for p in points:
         s, b = p["speculative"], p["target_only"]
         tps = "–" if s["tokens_per_step"] is None else f"{s['tokens_per_step']:.2f}"
+        # Each mode alone at this load: the like-for-like latency speedup.
+        speedup = b["latency_ms_p50"] / s["latency_ms_p50"]
         lines.append(
             f"{p['max_new_tokens']:>6} {p['clients']:>3} {s['goodput_tok_s']:>10.1f} "
             f"{b['goodput_tok_s']:>10.1f} {p['goodput_ratio']:>6.3f} "
             f"{s['latency_ms_p50']:>8.0f} {s['latency_ms_p99']:>8.0f} "
-            f"{b['latency_ms_p50']:>8.0f} {b['latency_ms_p99']:>8.0f} {tps:>8} "
-            f"{p['identical_share']:>5.2f}")
+            f"{b['latency_ms_p50']:>8.0f} {b['latency_ms_p99']:>8.0f} {speedup:>6.3f} "
+            f"{tps:>8} {p['identical_share']:>5.2f}")
     return "\n".join(lines)
