@@ -52,6 +52,7 @@ import numpy as np
 import torch
 from grpc import aio
 
+from benchmarks.load_report import plot
 from eventspec.cloud.config import CloudSettings
 from eventspec.cloud.server import VerifierServer, load_target_for
 from eventspec.cloud.target import TargetModel
@@ -356,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     result = asyncio.run(main_async(args))
     save(result)
     print(table(result))
+    print(plot(result, out.with_suffix(".png")))
     print(f"answers identical across configurations: "
           f"{result['answers_identical_across_configs']}; wrote {out}")
     strict = args.dtype == "float32"
