@@ -145,7 +145,8 @@ async def run_rate(server: VerifierServer, reqs: list[OpenRequest], rate: float,
     assert server.runtime is not None
     stats = server.runtime.scheduler.stats
     before = (stats.steps, stats.engine_ms, stats.sampler_ms, stats.overhead_ms,
-              stats.prefill_ms, stats.prefills, stats.prefill_chunks)
+              stats.prefill_ms, stats.prefills, stats.prefill_chunks,
+              stats.engine_device_ms, stats.device_timed_steps)
     rng = random.Random(seed)
     arrivals = np.cumsum([rng.expovariate(rate) for _ in reqs])
     t0 = time.perf_counter()
@@ -157,8 +158,13 @@ async def run_rate(server: VerifierServer, reqs: list[OpenRequest], rate: float,
     rows = await asyncio.gather(*(at(float(d), r) for d, r in zip(arrivals, reqs, strict=True)))
     wall = max(r["done_at"] for r in rows) - t0
     steps = max(1, stats.steps - before[0])
-    engine_ms = stats.engine_ms - before[1]
-    in_server_ms = engine_ms + (stats.sampler_ms - before[2]) + (stats.overhead_ms - before[3])
+    # In-server: the loop's host time per step (engine call, sampler, its own work). The
+    # engine: the device's time on the step (CUDA events; on CUDA the host's time
+    # around the call is only its launch).
+    in_server_ms = (stats.engine_ms - before[1]) + (stats.sampler_ms - before[2]) \
+        + (stats.overhead_ms - before[3])
+    timed = stats.device_timed_steps - before[8]
+    engine_step = (stats.engine_device_ms - before[7]) / timed if timed else None
     ttft = np.array([r["ttft_ms"] for r in rows])
     itl = np.array([g for r in rows for g in r["itl_ms"]] or [0.0])
     tokens = sum(len(r["ids"]) for r in rows)
@@ -167,8 +173,8 @@ async def run_rate(server: VerifierServer, reqs: list[OpenRequest], rate: float,
         "goodput_tok_s": tokens / wall,
         "ttft_ms_p50": float(np.median(ttft)), "ttft_ms_p99": float(np.quantile(ttft, 0.99)),
         "itl_ms_p50": float(np.median(itl)), "itl_ms_p99": float(np.quantile(itl, 0.99)),
-        "in_server_step_ms": in_server_ms / steps, "engine_step_ms": engine_ms / steps,
-        "in_server_over_engine": in_server_ms / engine_ms if engine_ms else None,
+        "in_server_step_ms": in_server_ms / steps, "engine_step_ms": engine_step,
+        "in_server_over_engine": in_server_ms / steps / engine_step if engine_step else None,
         "prefill_share_of_wall": (stats.prefill_ms - before[4]) / 1e3 / wall,
         # Pieces per prompt with chunking on (0 without): the chunk size the rule chose.
         "chunks_per_prefill": (stats.prefill_chunks - before[6])

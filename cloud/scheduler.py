@@ -58,6 +58,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from eventspec.cloud.decoding import Committed, DecodingSession, StepInput
+from eventspec.cloud.device_timer import DeviceTimer
 from eventspec.cloud.engine.base import (
     BatchedEngine,
     ChunkedPrefillEngine,
@@ -112,6 +113,7 @@ class Scheduler:
         self.sampler = BatchedSampler(text_vocab_size)
         self.pool = SlotPool(engine.num_slots, engine.max_seq_len)
         self.stats = SchedulerStats()
+        self._device_timer = DeviceTimer(torch.device(getattr(engine, "device", "cpu")))
         self._clock = clock
         self._commands: queue.SimpleQueue[tuple[str, Ticket | None, object]] = queue.SimpleQueue()
         self._running: list[Ticket] = []
@@ -414,7 +416,9 @@ class Scheduler:
                                                                               strict=True)]
         t_engine = self._clock()
         try:
+            self._device_timer.start()
             logits = self.engine.step(batch)  # [N, V]
+            self._device_timer.stop()
             t_sampler = self._clock()
             verdicts = self.sampler(logits, specs)
         except Exception as exc:  # the batch fails, the loop goes on
@@ -467,6 +471,10 @@ class Scheduler:
         self._last_step = (sessions, tokens)
         s.engine_ms += (t_sampler - t_engine) * 1e3
         s.sampler_ms += (t_done - t_sampler) * 1e3
+        device_ms = self._device_timer.elapsed_ms()  # the sampler's read waited for it
+        if device_ms is not None:
+            s.engine_device_ms += device_ms
+            s.device_timed_steps += 1
         s.overhead_ms += ((t_engine - t_start) + (self._clock() - t_done)) * 1e3
         if self.observer is not None:
             self.observer.on_step(sessions, tokens, t_done - t_engine)

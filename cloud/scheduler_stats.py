@@ -21,7 +21,9 @@ class SchedulerStats:
     prefills: int = 0
     step_tokens: int = 0
     batch_sizes: collections.Counter[int] = field(default_factory=collections.Counter)
-    engine_ms: float = 0.0
+    engine_ms: float = 0.0  # host time of engine.step calls (launch time on CUDA)
+    engine_device_ms: float = 0.0  # the device's time on them (``DeviceTimer``)
+    device_timed_steps: int = 0  # steps whose device time was read
     sampler_ms: float = 0.0
     overhead_ms: float = 0.0  # the loop's own Python work around engine and sampler
     prefill_ms: float = 0.0  # engine prefill calls plus their first-token sampling
