@@ -37,9 +37,11 @@ c = d / t1, E(g) = (1 - a^(g+1)) / (1 - a), Leviathan et al. 2023):
   reaches the edge ``rtt/2`` after it, and a draft made then lands ``rtt/2 + d`` later,
   while the cloud keeps committing ``E'(g)`` tokens per ``T(g)``. So the edge drafts
   ``depth = g + ceil(E'(g) * (rtt + d) / T(g))`` ahead (``lookahead_tokens``), capped
-  at ``4 * max_lookahead``. With depth g alone, every draft of a fast cloud at B = 1
-  landed after its step had begun: 1.00 tokens per step on an H200 at RTT 1 ms, where
-  the Monte-Carlo of ``benchmarks/spec_model.py`` gives 1.10x for depth 3
+  at ``max_lookahead`` (the cloud's verify cap less one, which its configuration keeps
+  within the cap on a drafts message: a deeper tail would be refused). With depth g
+  alone, every draft of a fast cloud at B = 1 landed after its step had begun: 1.00
+  tokens per step on an H200 at RTT 1 ms, where the Monte-Carlo of
+  ``benchmarks/spec_model.py`` gives 1.10x for depth 3
   (``benchmarks/results/e2e-h200-b.json``).
 * **Speedup** over target-only on the same stack for N = max_new_tokens:
   ``base = rtt + U + P + (N-1)*t1``; ``spec = rtt + U + P + T(k) + (N-1-E(k))/r``
@@ -132,7 +134,7 @@ def edge_depth(inp: PlanInputs, gamma: int) -> int:
     step = inp.cloud.step_ms(gamma + 1)
     per_step = min(expected_tokens(inp.alpha, gamma), step / d)
     lag = math.ceil(per_step * (inp.edge.rtt_ms + d) / step - _FLOOR_EPS)
-    return min(gamma + max(0, lag), max(gamma, 4 * inp.max_lookahead))
+    return min(gamma + max(0, lag), max(gamma, inp.max_lookahead))
 
 
 def _token_value_floor_ms(inp: PlanInputs) -> float:

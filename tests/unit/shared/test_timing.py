@@ -303,3 +303,14 @@ def test_plan_inputs_validated(field: str, bad: object) -> None:
     changes: dict[str, Any] = {field: bad}
     with pytest.raises(InvalidInput, match=f"PlanInputs.{field}"):
         dataclasses.replace(_inputs(), **changes)
+
+
+@pytest.mark.parametrize("max_lookahead", [1, 4, 32])
+@pytest.mark.parametrize("rtt", [1.0, 70.0, 500.0])
+def test_the_depth_never_passes_the_cloud_s_cap(max_lookahead: int, rtt: float) -> None:
+    """A tail longer than the cloud's drafts cap is refused (INVALID_ARGUMENT); the
+    verify cap less one is within it (``--max-verify-tokens`` <= drafts cap + 1)."""
+    inp = PlanInputs(E2E_H200, _edge(d=0.5, rtt=rtt, prefill=45.0), 2056, 40, 0.9,
+                     max_new_tokens=512, max_lookahead=max_lookahead)
+    p = plan(inp)
+    assert p.lookahead_tokens <= max_lookahead
