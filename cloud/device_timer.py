@@ -32,14 +32,14 @@ class DeviceTimer:
 
     def start(self) -> None:
         if self._cuda:
-            self._begin = torch.cuda.Event(enable_timing=True)
+            self._begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             self._begin.record(torch.cuda.current_stream(self._device))
         else:
             self._t0 = time.perf_counter()
 
     def stop(self) -> None:
         if self._cuda:
-            self._end = torch.cuda.Event(enable_timing=True)
+            self._end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             self._end.record(torch.cuda.current_stream(self._device))
         else:
             self._t1 = time.perf_counter()
