@@ -136,6 +136,7 @@ async def run_level(server: VerifierServer, reqs: list[OpenRequest], n: int, *,
     sampler_before = stats.sampler_ms
     prefills_before, prefill_ms_before = stats.prefills, stats.prefill_ms
     prefill_wait_before = stats.prefill_wait_ms
+    device_before = (stats.engine_device_ms, stats.device_timed_steps)
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(len(reqs)):
         queue.put_nowait(i)
@@ -195,7 +196,11 @@ async def run_level(server: VerifierServer, reqs: list[OpenRequest], n: int, *,
         "tokens_per_target_step": round(tokens / max(1, steps), 2),
         "drafts_accepted": accepted[0],
         "batch_size_histogram": {str(b): c for b, c in sorted(hist.items()) if c},
+        # Host time around the engine call (on CUDA only its launch) and the device's.
         "engine_ms_per_step": round((stats.engine_ms - engine_before) / max(1, steps), 3),
+        "engine_device_ms_per_step": round(
+            (stats.engine_device_ms - device_before[0])
+            / max(1, stats.device_timed_steps - device_before[1]), 3),
         "sampler_ms_per_step": round((stats.sampler_ms - sampler_before) / max(1, steps), 3),
         "scheduler_overhead_ms_per_step": round(
             (stats.overhead_ms - overhead_before) / max(1, steps), 3),
