@@ -195,8 +195,8 @@ class StaticRuntime:
         causal SDPA per piece over its slot's [0, start + L) (flash on CUDA; a later
         start aligns the causal mask to the bottom right); batch-invariant, the step's
         own attention, so a prompt row gets the bits a step at its position would (on
-        CUDA, 16-query
-        pseudo-sessions: :func:`.invariant_kernels.prefill_fixed_split_attention`).
+        CUDA, 16-query pseudo-sessions:
+        :func:`.invariant_kernels.prefill_fixed_split_attention`).
         Checked before any model work: one bad piece fails the call, nothing written.
         """
         starts = [0] * len(slots) if starts is None else [int(s) for s in starts]
