@@ -81,6 +81,8 @@ from eventspec.shared.node.static.invariant_tiles import (
     attention_launch,
     mm_launch,
 )
+from eventspec.shared.node.static.quant import Weight
+from eventspec.shared.node.static.weights import LanguageWeights
 
 __all__ = ["fixed_split_attention", "invariant_mm", "prefill_fixed_split_attention"]
 
@@ -341,3 +343,22 @@ def prefill_fixed_split_attention(
     o = fixed_split_attention(padded.view(p, QUERY_TILE, nh, hd), k_cache, v_cache,
                               tiles.slots, tiles.starts, tiles.seq_lens, split=split)
     return o.view(p * QUERY_TILE, nh, hd).index_select(0, tiles.rows)  # [M, H, D]
+
+
+def all_dense(weights: LanguageWeights) -> bool:
+    """Whether every layer's linear weights are dense tensors (not int8/int4): the
+    kernels here take dense weights only; quantised ones keep the plain invariant path."""
+    return all(isinstance(m, torch.Tensor) for lw in weights.layers
+               for m in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down))
+
+
+def dense_invariant_linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
+    """:func:`invariant_mm` as a ``layers.Linear`` (dense weights, :func:`all_dense`)."""
+    assert isinstance(w, torch.Tensor)
+    return invariant_mm(x, w)
+
+
+def dense_invariant_linear_add_(h: torch.Tensor, x: torch.Tensor, w: Weight) -> torch.Tensor:
+    """``h += x @ w.T`` in place through the invariant GEMM's epilogue."""
+    assert isinstance(w, torch.Tensor)
+    return invariant_mm(x, w, accumulate_into=h)

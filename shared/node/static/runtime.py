@@ -70,6 +70,9 @@ from eventspec.shared.node.static.invariant import (
     invariant_rms_norm,
 )
 from eventspec.shared.node.static.invariant_kernels import (
+    all_dense,
+    dense_invariant_linear,
+    dense_invariant_linear_add_,
     fixed_split_attention,
     invariant_mm,
     prefill_fixed_split_attention,
@@ -134,7 +137,7 @@ class StaticRuntime:
         self.batch_invariant = batch_invariant
         triton_gpu = self.device.type == "cuda" and HAVE_TRITON
         #: Batch-invariant through the Triton kernels (else the plain path, if invariant).
-        self.invariant_kernels = batch_invariant and triton_gpu and _all_dense(weights)
+        self.invariant_kernels = batch_invariant and triton_gpu and all_dense(weights)
         plain_invariant = batch_invariant and not self.invariant_kernels
         self.use_graphs = use_graphs and self.device.type == "cuda" and not plain_invariant
         self.session_buckets = tuple(b for b in session_buckets if b <= num_slots) or (1,)
@@ -160,7 +163,7 @@ class StaticRuntime:
         if plain_invariant:
             self._norm, self._lin = invariant_rms_norm, invariant_linear
         if self.invariant_kernels:
-            self._lin, self._lin_add_ = _invariant_linear, _invariant_linear_add_
+            self._lin, self._lin_add_ = dense_invariant_linear, dense_invariant_linear_add_
         if self._fused:
             self._norm = static_kernels.rms_norm
             if compile_layers and not batch_invariant:  # Inductor picks its reduction by shape
@@ -488,23 +491,4 @@ class StaticRuntime:
         o = attend(i, q)  # [M, Hq D]
         return layers.attention_out_and_mlp(h, o, lw.wo, lw.ln_mlp, lw.w_gate_up, lw.w_down,
                                             w.eps, self._lin, self._norm)
-
-
-def _all_dense(weights: LanguageWeights) -> bool:
-    """Whether every layer's linear weights are dense tensors (not int8/int4)."""
-    return all(isinstance(m, torch.Tensor) for lw in weights.layers
-               for m in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down))
-
-
-def _invariant_linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
-    """:func:`.invariant_kernels.invariant_mm` as a ``layers.Linear`` (dense weights only:
-    quantised ones keep the plain invariant path, see ``StaticRuntime.__init__``)."""
-    assert isinstance(w, torch.Tensor)
-    return invariant_mm(x, w)
-
-
-def _invariant_linear_add_(h: torch.Tensor, x: torch.Tensor, w: Weight) -> torch.Tensor:
-    """``h += x @ w.T`` in place through the invariant GEMM's epilogue."""
-    assert isinstance(w, torch.Tensor)
-    return invariant_mm(x, w, accumulate_into=h)
 

@@ -23,8 +23,8 @@ from eventspec.demoworld.tiny_target import build_tiny_random_target
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.node.static.batch import StepBatch
 from eventspec.shared.node.static.invariant import invariant_linear
+from eventspec.shared.node.static.invariant_kernels import all_dense
 from eventspec.shared.node.static.quant import QuantMode, quantize_language_weights
-from eventspec.shared.node.static.runtime import _all_dense
 
 SLOTS = 17
 DRAFTS = [11, 5, 7, 3, 9, 2, 8, 4]  # 8 drafts after the committed token
@@ -79,16 +79,24 @@ def test_a_verify_step_equals_single_token_steps(
     assert torch.equal(verify, singles)
 
 
+def _whole_prefill(target: TargetModel, engine: StaticEngine, seed: int
+                   ) -> tuple[PrefillRequest, torch.Tensor, torch.Tensor]:
+    """A random clip's prompt in slot 16: the request, its whole prefill's first-token
+    logits [V] and its prompt embeddings [L, H]; the slot is free again after."""
+    g = target.geometry
+    pix = torch.randn((1, g.num_frames, 3, g.image_size, g.image_size),
+                      generator=torch.Generator().manual_seed(seed)).to(target.dtype)
+    req = PrefillRequest(16, target.build_prompt_ids("What is moving?"), pixel_values_videos=pix)
+    whole = engine.prefill([req])[0]  # [V]
+    embeds = engine.prompt_embeds(req)  # [L, H]
+    engine.free(16)
+    return req, whole, embeds
+
+
 def test_a_chunked_prefill_equals_a_whole_one(
         invariant: tuple[TargetModel, StaticEngine, int]) -> None:
     target, engine, n = invariant
-    g = target.geometry
-    pix = torch.randn((1, g.num_frames, 3, g.image_size, g.image_size),
-                      generator=torch.Generator().manual_seed(99)).to(target.dtype)
-    req = PrefillRequest(16, target.build_prompt_ids("What is moving?"), pixel_values_videos=pix)
-    whole = engine.prefill([req])[0]
-    embeds = engine.prompt_embeds(req)
-    engine.free(16)
+    _, whole, embeds = _whole_prefill(target, engine, seed=99)
     last = None
     for lo in range(0, n, 7):
         last = engine.prefill_chunks([PrefillChunk(16, lo, embeds[lo : lo + 7])])[0]
@@ -101,13 +109,7 @@ def test_a_prompt_row_equals_a_step_at_its_position(
     prefill equal those of a one-token step over the same token after a prefill of the
     rest."""
     target, engine, n = invariant
-    g = target.geometry
-    pix = torch.randn((1, g.num_frames, 3, g.image_size, g.image_size),
-                      generator=torch.Generator().manual_seed(98)).to(target.dtype)
-    req = PrefillRequest(16, target.build_prompt_ids("What is moving?"), pixel_values_videos=pix)
-    whole = engine.prefill([req])[0]
-    embeds = engine.prompt_embeds(req)
-    engine.free(16)
+    req, whole, embeds = _whole_prefill(target, engine, seed=98)
     engine.prefill_chunks([PrefillChunk(16, 0, embeds[: n - 1])])
     last = int(req.input_ids[-1])
     step = engine.step(StepBatch((16,), (n - 1,), (1,), torch.tensor([last])))[0]
@@ -129,8 +131,8 @@ def test_quantised_weights_are_not_dense() -> None:
     """int8/int4 layers take the plain invariant path (the Triton GEMM is dense only)."""
     target = build_tiny_random_target(seed=0)
     dense = fuse_language_weights(target)
-    assert _all_dense(dense)
-    assert not _all_dense(quantize_language_weights(dense, QuantMode.INT8))
+    assert all_dense(dense)
+    assert not all_dense(quantize_language_weights(dense, QuantMode.INT8))
 
 
 def test_the_default_mode_stays_close_without_the_bitwise_promise() -> None:
