@@ -44,6 +44,7 @@ import logging
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -244,7 +245,11 @@ async def run_config(args: argparse.Namespace, target: TargetModel, config: Conf
             "capacity_at_slo_per_s": capacity, "levels": levels}
 
 
-async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+async def main_async(args: argparse.Namespace,
+                     save_partial: Callable[[dict[str, Any]], None] | None = None
+                     ) -> dict[str, Any]:
+    """Every configuration in turn; ``save_partial`` gets the results so far after each
+    (a run cut at its time limit keeps its configurations)."""
     torch.set_num_threads(args.threads)
     if args.model == "full-size-random":
         from tests.support.fullsize import build_full_target
@@ -256,8 +261,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     for c in args.configs:
         runs.append(await run_config(args, target, c))
-        if getattr(args, "save_partial", None):  # a run cut at its time limit keeps its configs
-            args.save_partial(header(args, target, runs, None) | {"partial": True})
+        if save_partial is not None:
+            save_partial(header(args, target, runs, None) | {"partial": True})
     first = [lv["answers"] for lv in runs[0]["levels"]]
     identical = all([lv["answers"] for lv in r["levels"]] == first for r in runs)
     return header(args, target, runs, identical)
@@ -359,8 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     def save(result: dict[str, Any]) -> None:
         out.write_text(json.dumps(result, indent=1) + "\n")
 
-    args.save_partial = save
-    result = asyncio.run(main_async(args))
+    result = asyncio.run(main_async(args, save))
     save(result)
     print(table(result))
     print(plot(result, out.with_suffix(".png")))

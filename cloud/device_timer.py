@@ -25,29 +25,36 @@ class DeviceTimer:
     def __init__(self, device: torch.device) -> None:
         self._cuda = device.type == "cuda"
         self._device = device
+        # CUDA: one pair of events, re-recorded every step (no allocation on the loop).
         self._begin: Any = None
         self._end: Any = None
+        self._marked = False
+        if self._cuda:
+            self._begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            self._end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         self._t0 = 0.0
         self._t1 = 0.0
 
     def start(self) -> None:
+        self._marked = False
         if self._cuda:
-            self._begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             self._begin.record(torch.cuda.current_stream(self._device))
         else:
             self._t0 = time.perf_counter()
 
     def stop(self) -> None:
         if self._cuda:
-            self._end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             self._end.record(torch.cuda.current_stream(self._device))
         else:
             self._t1 = time.perf_counter()
+        self._marked = True
 
     def elapsed_ms(self) -> float | None:
         """The device time between the marks; None if unmarked or not yet finished."""
+        if not self._marked:
+            return None
         if not self._cuda:
-            return (self._t1 - self._t0) * 1e3 if self._t1 >= self._t0 > 0 else None
-        if self._begin is None or self._end is None or not self._end.query():
+            return (self._t1 - self._t0) * 1e3
+        if not self._end.query():
             return None
         return float(self._begin.elapsed_time(self._end))

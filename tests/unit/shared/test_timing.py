@@ -155,12 +155,10 @@ def test_the_edge_drafts_ahead_by_what_the_round_trip_hides(rtt: float, load: fl
     inp = PlanInputs(cloud, _edge(d=3.39, rtt=rtt, prefill=45.0), 2056, 40, 0.8,
                      max_new_tokens=128)
     p = plan(inp)
-    if not p.speculate or p.lookahead_tokens == 0:
-        return
+    assert p.speculate and p.lookahead_tokens > 0  # a 3.39 ms drafter pays at every point
     gamma = next(g for g in range(p.lookahead_tokens + 1)
                  if cloud.step_ms(g + 1) == p.predicted_step_ms)
-    lag_ms = rtt + 3.39
-    assert p.lookahead_tokens >= gamma + (1 if lag_ms > 0 else 0)
+    assert p.lookahead_tokens > gamma  # a draft's round trip is never free
 
     def model(depth: int) -> float:
         return simulate(SpecInputs(
