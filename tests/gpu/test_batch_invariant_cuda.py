@@ -11,7 +11,8 @@ checks as ``tests/unit/cloud/test_batch_invariant.py`` (a session alone and in p
 and full batches, verify vs single steps, chunked vs whole prefill, a prompt row vs a
 step at its position).
 
-All 22 passed on an H200 (torch 2.11, Triton 3.6) in the session that wrote them.
+All 22 passed on an H200 (torch 2.11, Triton 3.6), run by hand with pytest in the session
+that wrote them; no summary JSON was kept.
 """
 
 from __future__ import annotations
