@@ -1,8 +1,9 @@
 """The batch-invariant Triton kernels against cuBLAS and the split-KV kernel (GPU only).
 
-Why: ``--batch-invariant`` pins ONE tile configuration per weight shape
-(``shared/node/static/invariant_tiles.py``, ``MM_CONFIGS``), chosen without a
-measurement; this measures candidates so the table can be chosen by numbers. For each
+Why: ``--batch-invariant`` takes its GEMM tiles from a table
+(``shared/node/static/invariant_tiles.py``, ``MM_CONFIGS``: per weight shape, a tile
+for each bucket of M); this measures candidates so the table is chosen by numbers, and
+``--cross-tiles`` checks that different tiles give a row the same bits. For each
 7B weight shape and M in {1, 16, 64, 144, 576, 2100} it times ``invariant_mm`` under
 each candidate config (the table's own, and a few uniform ones, or ``--config``) and
 ``torch.nn.functional.linear`` (cuBLAS), all by ``triton.testing.do_bench`` medians with
@@ -17,6 +18,7 @@ against causal SDPA (flash). Meant to finish in about 2 minutes on an H100.
 
     python -m benchmarks.bench_invariant_kernels --out "$OUT"   # JSON + a printed table
     python -m benchmarks.bench_invariant_kernels --config 64,64,64,4,4 --config 128,128,64,8,3
+    python -m benchmarks.bench_invariant_kernels --cross-tiles --out "$OUT"   # bits across tiles
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ def _gemm_inputs(seed: int) -> tuple[dict[str, torch.Tensor], dict[int, torch.Te
     return weights, xs
 
 
-def row_invariant(config: MmConfig, x: torch.Tensor, w: torch.Tensor) -> bool:
+def row_invariant(config: MmConfig | None, x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether rows of a 2,100-row call equal the same rows from 1- and 144-row calls."""
     from eventspec.shared.node.static.invariant_kernels import invariant_mm
 
@@ -122,8 +124,9 @@ def bench_gemms(candidates: dict[str, MmConfig]) -> dict[str, Any]:
     for cname in [TABLE, *candidates]:
         ms[cname], invariant[cname] = {}, {}
         try:
-            for name, (n, k) in SHAPES.items():
-                c = mm_config(n, k) if cname == TABLE else candidates[cname]
+            for name, (_, k) in SHAPES.items():
+                # The table's tile follows M (config None: the engine's own choice).
+                c = None if cname == TABLE else candidates[cname]
                 w, x = weights[name], xs[k]
                 invariant[cname][name] = row_invariant(c, x, w)
                 ms[cname][name] = {
@@ -143,10 +146,119 @@ def bench_gemms(candidates: dict[str, MmConfig]) -> dict[str, Any]:
     # Per shape, the candidate with the smallest worse-of-the-two ratio (step, prompt).
     best = {s: min(ratios, key=lambda c, s=s: max(ratios[c][s].values())) for s in SHAPES}
     configs: dict[str, Any] = {c: config_name(v) for c, v in candidates.items()}
-    configs[TABLE] = {s: config_name(mm_config(*SHAPES[s])) for s in SHAPES}
+    configs[TABLE] = {s: {m: config_name(mm_config(*SHAPES[s], m)) for m in ROWS}
+                      for s in SHAPES}  # fmt: skip
     return {"rows": list(ROWS), "configs": configs, "ms": ms, "decoder_ms": decoder,
             "ratio_to_cublas": ratios, "row_invariant": invariant,
             "best_per_shape": best if ratios else {}, "errors": errors}
+
+
+#: Tile shapes (BLOCK_M, BLOCK_N, warps, stages) tried against the table's own tile at
+#: the table's BLOCK_K and at the other BLOCK_K (``--cross-tiles``): all wgmma shapes
+#: (BLOCK_M >= 64, warps a multiple of 4), so only the tiling differs, not the MMA.
+CROSS_TILES = ((64, 32, 4, 4), (64, 64, 4, 4), (64, 128, 4, 4), (64, 256, 4, 3),
+               (128, 32, 4, 4), (128, 64, 4, 4), (128, 64, 8, 3), (128, 128, 8, 3),
+               (128, 256, 8, 3), (256, 64, 8, 3), (256, 128, 8, 3))
+#: The few also tried at the other BLOCK_K (does the K chunk change a row's bits?).
+CROSS_OTHER_K = ((64, 64, 4, 4), (128, 128, 8, 3), (256, 128, 8, 3))
+#: Query tiles and splits tried for the prefill's attention (``--cross-tiles``).
+CROSS_QUERY_TILES = (16, 64, 128)
+CROSS_SPLITS = (128, 256)
+
+
+def cross_tile_gemms() -> dict[str, Any]:
+    """Whether a row's bits depend on the GEMM's tile shape when K is walked in the same
+    order: each shape's [2,100, N] product under every :data:`CROSS_TILES` shape (at the
+    table's BLOCK_K, a few at the other) against the table's tile, bitwise; and the times.
+    If they are equal, the engine may choose the tile by M (fast at every M) and stay
+    batch-invariant; the summary gives the fastest bit-equal tile per shape and M."""
+    from eventspec.shared.node.static.invariant_kernels import invariant_mm
+
+    weights, xs = _gemm_inputs(0)
+    out: dict[str, Any] = {}
+    best: dict[str, dict[int, tuple[str, float]]] = {}
+    for name, (n, k) in SHAPES.items():
+        w, x = weights[name], xs[k]
+        ref_cfg = mm_config(n, k)
+        ref = invariant_mm(x[:PREFILL_M], w, config=ref_cfg)  # [2100, N]
+        rows: dict[str, Any] = {"cublas": {m: bench_ms(lambda m=m, x=x, w=w: F.linear(x[:m], w))
+                                           for m in ROWS}}  # fmt: skip
+        per: dict[str, Any] = {}
+        other_k = 128 if ref_cfg.block_k == 64 else 64
+        tries = [MmConfig(bm, bn, ref_cfg.block_k, wp, st) for bm, bn, wp, st in CROSS_TILES]
+        tries += [MmConfig(bm, bn, other_k, wp, st) for bm, bn, wp, st in CROSS_OTHER_K]
+        for c in tries:
+            cname = config_name(c)
+            try:
+                got = invariant_mm(x[:PREFILL_M], w, config=c)
+                one = invariant_mm(x[:1].clone(), w, config=c)
+                equal = bool(torch.equal(got, ref) and torch.equal(one, ref[:1]))
+                diff = float((got.float() - ref.float()).abs().max())
+                ms = {m: bench_ms(lambda m=m, c=c, x=x, w=w: invariant_mm(x[:m], w, config=c))
+                      for m in ROWS}  # fmt: skip
+            except Exception as exc:  # shared memory, registers: Triton refuses
+                per[cname] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+                continue
+            per[cname] = {"equal_to_table": equal, "max_abs_diff": diff, "ms": ms}
+            print(f"{name} {cname} equal={equal} " + " ".join(
+                f"{m}:{v:.4f}/{rows['cublas'][m]:.4f}" for m, v in ms.items()), flush=True)
+        rows["configs"] = per
+        rows["table"] = config_name(ref_cfg)
+        out[name] = rows
+        best[name] = {}
+        for m in ROWS:
+            ok = {c: v["ms"][m] for c, v in per.items() if v.get("equal_to_table")}
+            if ok:
+                c = min(ok, key=ok.__getitem__)
+                best[name][m] = (c, ok[c] / rows["cublas"][m])
+    totals = {}
+    for m in ROWS:
+        if all(m in best[s] for s in SHAPES):
+            fast = {s: out[s]["configs"][best[s][m][0]]["ms"][m] for s in SHAPES}
+            totals[m] = {"best_equal": decoder_ms({s: {m: v} for s, v in fast.items()}, m),
+                         "cublas": decoder_ms({s: out[s]["cublas"] for s in SHAPES}, m)}
+    return {"shapes": out, "best_equal_per_m": best, "decoder_ms": totals}
+
+
+def cross_tile_attention() -> dict[str, Any]:
+    """Whether a prompt row's attention bits depend on the query tile (16 rows: mma;
+    64/128 rows: wgmma) at a fixed split, and what each tile and split costs for a
+    2,100-token prompt; rows compared bitwise against the 16-row tile at split 128."""
+    from eventspec.shared.node.static.invariant_kernels import prefill_fixed_split_attention
+    from eventspec.shared.node.static.invariant_tiles import prefill_tiles
+
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    shape = (2, HEADS, SLOT_POSITIONS, HEAD_DIM)
+    kc = torch.randn(shape, device="cuda", generator=gen, dtype=torch.bfloat16)
+    vc = torch.randn(shape, device="cuda", generator=gen, dtype=torch.bfloat16)
+    q = torch.randn(CONTEXT, HEADS, HEAD_DIM, device="cuda", generator=gen).bfloat16()
+    dev = torch.device("cuda")
+    results: dict[str, Any] = {"flash_sdpa_ms": bench_ms(
+        lambda: F.scaled_dot_product_attention(q.transpose(0, 1)[None], kc[0:1, :, :CONTEXT],
+                                               vc[0:1, :, :CONTEXT], is_causal=True))}
+    refs = {}
+    for split in CROSS_SPLITS:
+        for tile in CROSS_QUERY_TILES:
+            key = f"tile{tile}_split{split}"
+            try:
+                tiles = prefill_tiles([0], [0], [CONTEXT], dev, tile)
+                got = prefill_fixed_split_attention(q, kc, vc, tiles, split=split)
+                # The same prompt in two chunks (1,000 + 1,100 rows): chunking is free?
+                a = prefill_fixed_split_attention(
+                    q[:1000], kc, vc, prefill_tiles([0], [0], [1000], dev, tile), split=split)
+                b = prefill_fixed_split_attention(
+                    q[1000:], kc, vc, prefill_tiles([0], [1000], [CONTEXT - 1000], dev, tile),
+                    split=split)
+                refs.setdefault(split, got)
+                results[key] = {
+                    "equal_to_tile16": bool(torch.equal(got, refs[split])),
+                    "chunks_equal_whole": bool(torch.equal(torch.cat([a, b]), got)),
+                    "ms": bench_ms(lambda tiles=tiles, split=split: prefill_fixed_split_attention(
+                        q, kc, vc, tiles, split=split)),
+                }
+            except Exception as exc:
+                results[key] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+    return results
 
 
 def bench_attention() -> dict[str, Any]:
@@ -259,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="a candidate tile BM,BN,BK,warps,stages[,group] for every shape "
                          "(repeatable; replaces the built-in uniform candidates)")
     ap.add_argument("--skip-attention", action="store_true")
+    ap.add_argument("--cross-tiles", action="store_true",
+                    help="only test whether rows keep their bits across tile shapes "
+                         "(GEMM tiles, attention query tiles) and time each")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_invariant_kernels needs CUDA")
@@ -271,6 +386,20 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     result["triton"] = triton.__version__
+    if args.cross_tiles:
+        result["cross_attention"] = cross_tile_attention()
+        print(json.dumps(result["cross_attention"], indent=1))
+        result["cross_gemm"] = cross_tile_gemms()
+        result["seconds"] = time.perf_counter() - t0
+        path = _out_path(args.out, device).with_name(
+            f"invariant_cross_tiles_{device.replace(' ', '_')}.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1))
+        print(json.dumps({"best_equal_per_m": result["cross_gemm"]["best_equal_per_m"],
+                          "decoder_ms": result["cross_gemm"]["decoder_ms"]}, indent=1))
+        for s, v in result["cross_gemm"]["shapes"].items():
+            print(s, {c: r.get("equal_to_table", r.get("error")) for c, r in v["configs"].items()})
+        return 0
     result["gemm"] = bench_gemms(candidates)
     if not args.skip_attention:
         result["attention"] = bench_attention()

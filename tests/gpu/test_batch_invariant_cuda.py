@@ -2,9 +2,11 @@
 
 Kernel level, at the 7B shapes with random bf16 data (no model): the Triton GEMM gives a
 row the same bits in calls of 1 .. 2,100 rows at any place, with and without the
-residual; the fixed-split attention gives a query the same bits alone or among 3, 15 or
-63 other sessions, in a 9-query verify step or 9 single steps, and from the prefill's
-16-query pseudo-sessions or a decode step; both stay close to the float references.
+residual (the rows cover every tile of the table's M buckets, so this is also the check
+that the tiles agree with each other); the fixed-split attention gives a query the same
+bits alone or among 3, 15 or 63 other sessions, in a 9-query verify step or 9 single
+steps, and from the prefill's 16-query pseudo-sessions or a decode step; both stay
+close to the float references.
 
 Engine level, on the toy target (fp32 and bf16) with CUDA graphs on: the same bitwise
 checks as ``tests/unit/cloud/test_batch_invariant.py`` (a session alone and in padded

@@ -8,12 +8,13 @@ whole call's shape, so a row's reduction order follows the batch. The cure (He e
 "Defeating Nondeterminism in LLM Inference", Thinking Machines 2025) is kernels whose
 every reduction is fixed by the row alone:
 
-- :func:`invariant_mm`: ``x @ w.T`` with ONE tile configuration per weight shape
-  (:func:`.invariant_tiles.mm_config`), whatever the number of rows M: fixed
-  BLOCK_M/N/K, warps and stages, no split-K, K walked in order into an fp32
-  accumulator, the residual add in the epilogue. ``M`` is not specialised on
-  (``do_not_specialize``), so M = 1 and M % 16 == 0 run the same compiled kernel; no
-  autotuning, whose timing-dependent pick could differ between two processes.
+- :func:`invariant_mm`: ``x @ w.T`` with K walked in order into an fp32 accumulator,
+  no split-K, the residual add in the epilogue, and a tile from a short per-shape table
+  (:func:`.invariant_tiles.mm_config`): M picks one of a few tiles that give a row the
+  same bits (below), so a decode step and a prompt each get a fast one. ``M`` is not
+  specialised on (``do_not_specialize``), so M = 1 and M % 16 == 0 run the same
+  compiled kernel; no autotuning, whose timing-dependent pick could differ between two
+  processes.
 - :func:`fixed_split_attention`: FlashDecoding's split-KV scheme (Dao et al.,
   "Flash-Decoding for long-context inference", 2023) with a fixed split *size*
   (``SPLIT`` key positions counted from position 0) instead of a split *count*
@@ -28,12 +29,15 @@ per element already, so they are batch-invariant as they are.
 
 **Why each reduction's order is independent of B, Q, the row's place and seq_len.**
 
-*Matmul.* Output (r, n) is one tile's fp32 accumulator: the K chunks of ``BLOCK_K``
-are added in order, each chunk's products summed by one tensor-core instruction whose
-shape follows from the config (never from M). Rows of a tile do not mix (an MMA
-computes each output from its own row and column), rows past M are masked loads of
-zero that only feed their own (dropped) outputs, and the grid's order only decides
-*when* a tile runs. So row r's bits are a function of x[r], w and the config.
+*Matmul.* Output (r, n) is one tile's fp32 accumulator: ``tl.dot(x, w, acc)`` adds
+the K chunks in order, 16 products at a time by a tensor-core instruction, into the
+same accumulator. Rows of a tile do not mix (an MMA computes each output from its own
+row and column), rows past M are masked loads of zero that only feed their own
+(dropped) outputs, and the grid's order only decides *when* a tile runs. So row r's
+bits are a function of x[r], w and the instruction family; the tile's BLOCK_M/N/K,
+warps and stages do not enter, as long as every tile is a wgmma tile (BLOCK_M a
+multiple of 64, warps a multiple of 4), which the table keeps (and an H200 confirmed:
+``invariant_tiles.MM_CONFIGS`` says where).
 
 *Attention.* A query at position ``p`` of session ``b`` sees keys ``[0, p]`` (its
 session's ``seq_len`` is past ``p`` for every real row). Split ``s`` covers keys
@@ -57,8 +61,9 @@ output, which needs every visible value of that output channel to be exactly zer
 The host-side rules (the tile table, the launch arguments, the pseudo-sessions) are in
 :mod:`.invariant_tiles`. Measured on an H200 (``python -m
 benchmarks.bench_invariant_kernels``, ``benchmarks/results/invariant-kernels-h200.json``):
-every candidate tile is row-invariant; the shipped table's decoder GEMMs cost 1.10x
-cuBLAS at M <= 64, 1.76x at M = 144 and 2.51x at M = 2,100, and the engine gave
+every candidate tile is row-invariant; one tile per shape cost 1.10x cuBLAS at M <= 64,
+1.76x at M = 144 and 2.51x at M = 2,100 (``--cross-tiles``: the table's tiles by M,
+1.09x / 1.49x / 1.49x, ``invariant-cross-tiles-h200.json``), and the engine gave
 bitwise-equal logits alone and beside 3/15/63 sessions (``batch-invariance-h200-
 invariant.json``). Not claimed: that the bits equal cuBLAS's or the CPU path's (they do
 not: different kernels, same arithmetic up to rounding).
@@ -272,6 +277,7 @@ def fixed_split_attention(
     seq_lens: torch.Tensor,
     *,
     split: int = SPLIT,
+    query_tile: int = QUERY_TILE,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Split-KV attention with fixed-size splits; the contract of
@@ -296,7 +302,8 @@ def fixed_split_attention(
         raise InvalidInput(f"the output must be a row-major {list(q.shape)}")
     if bp * nq == 0:
         return out
-    launch = attention_launch(bp, nq, nh, hd, k_cache.shape[1], t, q.dtype, split)
+    launch = attention_launch(bp, nq, nh, hd, k_cache.shape[1], t, q.dtype, split,
+                              query_tile)
     num_alloc, q_tiles = launch.num_alloc, launch.q_tiles
     o_part = torch.empty((bp * nq, num_alloc, nh, hd), device=q.device,
                          dtype=torch.float32)  # [B Q, splits, H, D]
@@ -338,11 +345,13 @@ def prefill_fixed_split_attention(
     """
     _, nh, hd = q.shape
     p = tiles.slots.shape[0]
-    padded = q.new_zeros((p * QUERY_TILE, nh, hd))  # [P 16, H, D]
+    tile = tiles.tile
+    padded = q.new_zeros((p * tile, nh, hd))  # [P tile, H, D]
     padded.index_copy_(0, tiles.rows, q)
-    o = fixed_split_attention(padded.view(p, QUERY_TILE, nh, hd), k_cache, v_cache,
-                              tiles.slots, tiles.starts, tiles.seq_lens, split=split)
-    return o.view(p * QUERY_TILE, nh, hd).index_select(0, tiles.rows)  # [M, H, D]
+    o = fixed_split_attention(padded.view(p, tile, nh, hd), k_cache, v_cache,
+                              tiles.slots, tiles.starts, tiles.seq_lens, split=split,
+                              query_tile=tile)
+    return o.view(p * tile, nh, hd).index_select(0, tiles.rows)  # [M, H, D]
 
 
 def all_dense(weights: LanguageWeights) -> bool:

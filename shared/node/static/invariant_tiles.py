@@ -1,9 +1,9 @@
 """The host-side rules of the batch-invariant Triton kernels (:mod:`.invariant_kernels`).
 
 Kept apart from the kernels so they can be read, and tested on CPU, without Triton:
-the one GEMM tile per weight shape and why, the attention's fixed split size and query
-tile, the launch arguments (where B, Q and M may only change a grid, never a
-compile-time argument), and how a prompt piece is cut into 16-query pseudo-sessions.
+the GEMM tiles of each weight shape and why, the attention's fixed split size and query
+tile, the launch arguments (where B and Q may only change a grid, and M a grid and
+a tile among bit-equal ones), and how a prompt piece is cut into 16-query pseudo-sessions.
 """
 
 from __future__ import annotations
@@ -50,25 +50,48 @@ class MmConfig:
     group_m: int = 8
 
 
-#: The tile of every 7B (LLaMA-7B / Video-LLaVA-7B) weight shape, keyed by (N, K).
-#: Why these: one config must serve decode (M = 1 .. ~600 rows after bucketing),
-#: which is bandwidth-bound and needs enough column stripes (N / BLOCK_N) to keep
-#: 132 SMs streaming weights, and prefill (M ~ 2,100), which is compute-bound and
-#: wants large tiles. BLOCK_M = 64 is the smallest tile Hopper's wgmma takes, so the
-#: wasted rows at M = 1 cost tensor-core time, not bytes; BLOCK_N is as wide as the
-#: stripe count allows (>= 128 stripes: 32 for the N = 4,096 projections, 64 for QKV,
-#: 128 for gate-up and the LM head). Chosen by that reasoning, not yet by measurement:
-#: ``python -m benchmarks.bench_invariant_kernels`` times candidates on a GPU, and
-#: changing an entry changes the engine's bits (not their invariance).
-MM_CONFIGS: Final[dict[tuple[int, int], MmConfig]] = {
-    (12288, 4096): MmConfig(64, 64, 64, 4, 4),  # fused QKV: 192 stripes
-    (4096, 4096): MmConfig(64, 32, 128, 4, 4),  # wo: 128 stripes
-    (22016, 4096): MmConfig(64, 128, 64, 4, 4),  # fused gate-up: 172 stripes
-    (4096, 11008): MmConfig(64, 32, 128, 4, 4),  # down: 128 stripes
-    (32000, 4096): MmConfig(64, 128, 64, 4, 4),  # LLaMA's LM head: 250 stripes
-    (32064, 4096): MmConfig(64, 128, 64, 4, 4),  # Video-LLaVA's LM head: 251 stripes
+#: Why a tile may follow M at all: a row's bits depend on the order K is summed in and
+#: on the MMA instruction that sums each chunk, not on how rows and columns are tiled
+#: (module docstring of :mod:`.invariant_kernels`). Every tile below walks K in order
+#: into one fp32 accumulator (``tl.dot(x, w, acc)``) and is a wgmma tile (BLOCK_M a
+#: multiple of 64, warps a multiple of 4), so in bf16/fp16 a row gets the same bits
+#: under each of them. Measured, not only argued: ``python -m
+#: benchmarks.bench_invariant_kernels --cross-tiles`` on an H200 (Triton 3.6) found every
+#: such tile of every 7B shape, at BLOCK_K 64 and 128, bitwise equal on 2,100 rows
+#: (``benchmarks/results/invariant-cross-tiles-h200.json``), and ``make test-gpu``
+#: checks the table's own tiles against each other. float32 (``ieee`` dots, no tensor
+#: cores) was not measured, so it keeps the first tile at every M.
+#:
+#: (last M of the bucket, tile): decode steps are bandwidth-bound and want many column
+#: stripes; prompts (M ~ 2,100) are compute-bound and want big tiles. Each is the
+#: fastest bit-equal tile at the measured M of its bucket (1/16/64, 144, 576, 2,100).
+MmBuckets = tuple[tuple[int, MmConfig], ...]
+#: A bucket bound past any M (the last bucket's).
+ANY_M: Final = 1 << 62
+_QKV: Final[MmBuckets] = ((64, MmConfig(64, 32, 64, 4, 4)), (320, MmConfig(128, 64, 64, 8, 3)),
+                          (1024, MmConfig(128, 128, 64, 8, 3)),
+                          (ANY_M, MmConfig(256, 128, 64, 8, 3)))
+_WO_DOWN: Final[MmBuckets] = ((64, MmConfig(64, 32, 128, 4, 4)),
+                              (320, MmConfig(64, 128, 128, 4, 4)),
+                              (1024, MmConfig(64, 64, 64, 4, 4)),
+                              (ANY_M, MmConfig(128, 128, 64, 8, 3)))
+_GATE_UP: Final[MmBuckets] = ((64, MmConfig(64, 64, 64, 4, 4)),
+                              (320, MmConfig(64, 128, 64, 4, 4)),
+                              (1024, MmConfig(128, 128, 64, 8, 3)),
+                              (ANY_M, MmConfig(256, 128, 64, 8, 3)))
+_LM_HEAD: Final[MmBuckets] = ((320, MmConfig(64, 128, 64, 4, 4)),
+                              (1024, MmConfig(128, 256, 64, 8, 3)),
+                              (ANY_M, MmConfig(128, 128, 128, 8, 3)))
+#: The tiles of every 7B (LLaMA-7B / Video-LLaVA-7B) weight shape, keyed by (N, K).
+MM_CONFIGS: Final[dict[tuple[int, int], MmBuckets]] = {
+    (12288, 4096): _QKV,  # fused QKV
+    (4096, 4096): _WO_DOWN,  # wo
+    (22016, 4096): _GATE_UP,  # fused gate-up
+    (4096, 11008): _WO_DOWN,  # down
+    (32000, 4096): _LM_HEAD,  # LLaMA's LM head
+    (32064, 4096): _LM_HEAD,  # Video-LLaVA's LM head
 }
-#: Shapes outside the table (smaller models, the toy): by N alone, same reasoning.
+#: Shapes outside the table (smaller models, the toy): one tile at every M, by N alone.
 WIDE_CONFIG: Final = MmConfig(64, 64, 64, 4, 3)
 NARROW_CONFIG: Final = MmConfig(64, 32, 64, 4, 3)
 #: N from which :data:`WIDE_CONFIG` applies.
@@ -87,12 +110,16 @@ ATTN_BLOCK_N: Final = 64
 ATTN_WARPS: Final = 4
 
 
-def mm_config(n: int, k: int) -> MmConfig:
-    """The one tile configuration for a weight [N, K]: a function of (N, K) alone."""
-    config = MM_CONFIGS.get((n, k))
-    if config is not None:
-        return config
-    return WIDE_CONFIG if n >= WIDE_N else NARROW_CONFIG
+def mm_config(n: int, k: int, m: int = 1, dtype: torch.dtype = torch.bfloat16) -> MmConfig:
+    """The tile for ``x [M, K] @ w [N, K].T``: a function of (N, K) and M's bucket
+    (16-bit dtypes; float32 keeps the first bucket's tile at every M), never of what
+    else is in the batch."""
+    buckets = MM_CONFIGS.get((n, k))
+    if buckets is None:
+        return WIDE_CONFIG if n >= WIDE_N else NARROW_CONFIG
+    if dtype == torch.float32:
+        return buckets[0][1]
+    return next(c for last_m, c in buckets if m <= last_m)
 
 
 def num_splits_for_slot(max_positions: int, split: int = SPLIT) -> int:
@@ -145,18 +172,23 @@ class PrefillTiles:
     starts: torch.Tensor  # [P]
     seq_lens: torch.Tensor  # [P]
     rows: torch.Tensor  # [M] padded row of each query
+    #: Queries per pseudo-session (the attention kernel's query tile).
+    tile: int = QUERY_TILE
 
 
 def prefill_tiles(
-    slots: Sequence[int], starts: Sequence[int], lengths: Sequence[int], device: torch.device
+    slots: Sequence[int], starts: Sequence[int], lengths: Sequence[int], device: torch.device,
+    tile: int = QUERY_TILE,
 ) -> PrefillTiles:
-    """:func:`prefill_layout` of the pieces (slot r from start r, length r) as tensors."""
-    pieces, tile_starts, tile_lens, rows = prefill_layout(starts, lengths)
+    """:func:`prefill_layout` of the pieces (slot r from start r, length r) as tensors,
+    in pseudo-sessions of ``tile`` queries."""
+    pieces, tile_starts, tile_lens, rows = prefill_layout(starts, lengths, tile)
 
     def t(values: Sequence[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long).to(device)
 
-    return PrefillTiles(t([slots[p] for p in pieces]), t(tile_starts), t(tile_lens), t(rows))
+    return PrefillTiles(t([slots[p] for p in pieces]), t(tile_starts), t(tile_lens), t(rows),
+                        tile)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -169,10 +201,11 @@ def mm_launch(
 ) -> tuple[tuple[int], dict[str, Any]]:
     """(grid, compile-time arguments) of :func:`invariant_mm` for x [M, K] @ w [N, K].T.
 
-    Only the grid follows M; every argument that selects the compiled kernel comes
-    from (N, K), the dtype and whether the residual is added.
+    M sets the grid and picks the tile among (N, K)'s bit-equal ones
+    (:data:`MM_CONFIGS`); the other compile-time arguments come from the dtype and
+    whether the residual is added.
     """
-    c = config or mm_config(n, k)
+    c = config or mm_config(n, k, m, dtype)
     meta: dict[str, Any] = {
         "ACCUMULATE": accumulate, "PRECISION": dot_precision(dtype), "BLOCK_M": c.block_m,
         "BLOCK_N": c.block_n, "BLOCK_K": c.block_k, "GROUP_M": c.group_m,
@@ -190,25 +223,25 @@ class AttentionLaunch:
     combine_grid: tuple[int, int]  # (B Q rows, heads)
     combine_meta: dict[str, Any]
     num_alloc: int  # cdiv(T, split): the splits a slot holds (partials allocated)
-    q_tiles: int  # cdiv(Q, QUERY_TILE)
+    q_tiles: int  # cdiv(Q, query tile)
 
 
 def attention_launch(
     bp: int, nq: int, heads: int, head_dim: int, kv_heads: int, max_positions: int,
-    dtype: torch.dtype, split: int = SPLIT,
+    dtype: torch.dtype, split: int = SPLIT, query_tile: int = QUERY_TILE,
 ) -> AttentionLaunch:
     """Launch shapes of :func:`fixed_split_attention`: B and Q change only the grids
     (and the runtime arguments ``num_q``/``q_tiles``, not specialised on); the
     compile-time arguments follow the heads, the dtype, the split and the slot size T."""
     num_alloc = cdiv(max_positions, split)
-    q_tiles = cdiv(nq, QUERY_TILE)
+    q_tiles = cdiv(nq, query_tile)
     meta: dict[str, Any] = {
-        "GROUPS": heads // kv_heads, "HEAD_DIM": head_dim, "BLOCK_M": QUERY_TILE,
+        "GROUPS": heads // kv_heads, "HEAD_DIM": head_dim, "BLOCK_M": query_tile,
         "BLOCK_N": ATTN_BLOCK_N, "SPLIT": split, "PRECISION": dot_precision(dtype),
         "num_warps": ATTN_WARPS, "num_stages": 2,
     }
     combine_meta: dict[str, Any] = {
-        "HEAD_DIM": head_dim, "BLOCK_M": QUERY_TILE, "SPLIT": split,
+        "HEAD_DIM": head_dim, "BLOCK_M": query_tile, "SPLIT": split,
         "NUM_SPLITS": num_splits_for_slot(max_positions, split), "num_warps": 1,
     }
     return AttentionLaunch((bp * q_tiles, heads, num_alloc), meta, (bp * nq, heads),

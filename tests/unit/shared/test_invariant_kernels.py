@@ -33,26 +33,48 @@ ROWS = [1, 4, 9, 16, 144, 576, 2100, 2112]
 
 
 @pytest.mark.parametrize(("n", "k"), SHAPES_7B)
-def test_every_7b_shape_has_its_own_tile(n: int, k: int) -> None:
-    c = mm_config(n, k)
-    assert (n, k) in MM_CONFIGS and c is MM_CONFIGS[(n, k)]
-    for block in (c.block_m, c.block_n, c.block_k):
-        assert block >= 16 and block & (block - 1) == 0, c
-    assert k % c.block_k == 0, "K is walked in whole chunks"
-    assert -(-n // c.block_n) >= 128, "a decode step needs column stripes for every SM"
+def test_every_7b_shape_has_its_own_tiles_all_of_one_mma_family(n: int, k: int) -> None:
+    buckets = MM_CONFIGS[(n, k)]
+    bounds = [last for last, _ in buckets]
+    assert bounds == sorted(bounds) and len(set(bounds)) == len(bounds)
+    assert bounds[-1] >= 1 << 40, "the last bucket takes any M"
+    for m in ROWS:
+        c = mm_config(n, k, m)
+        assert c is next(cfg for last, cfg in buckets if m <= last)
+        for block in (c.block_m, c.block_n, c.block_k):
+            assert block >= 16 and block & (block - 1) == 0, c
+        assert k % c.block_k == 0, "K is walked in whole chunks"
+        # The one condition under which a row's bits do not depend on the tile:
+        # every tile a wgmma tile (the module docstring of invariant_kernels).
+        assert c.block_m % 64 == 0 and c.num_warps % 4 == 0, c
+    decode = mm_config(n, k, 1)
+    assert -(-n // decode.block_n) >= 128, "a decode step needs column stripes for every SM"
+
+
+@pytest.mark.parametrize(("n", "k"), SHAPES_7B)
+def test_float32_keeps_one_tile_at_every_m(n: int, k: int) -> None:
+    tiles = {mm_config(n, k, m, torch.float32) for m in ROWS}
+    assert tiles == {MM_CONFIGS[(n, k)][0][1]}
 
 
 @pytest.mark.parametrize(("n", "k"), [*SHAPES_7B, (576, 192), (3072, 192), (10000, 300)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("accumulate", [False, True])
-def test_only_the_matmul_grid_follows_the_rows(n: int, k: int, dtype: torch.dtype,
-                                               accumulate: bool) -> None:
-    launches = [mm_launch(m, n, k, dtype, accumulate=accumulate) for m in ROWS]
-    metas = [meta for _, meta in launches]
-    assert all(meta == metas[0] for meta in metas)
-    c = mm_config(n, k)
-    for m, (grid, _) in zip(ROWS, launches, strict=True):
+def test_the_rows_choose_only_the_grid_and_a_tile_of_their_bucket(
+        n: int, k: int, dtype: torch.dtype, accumulate: bool) -> None:
+    metas_by_tile: dict[object, list[dict]] = {}
+    for m in ROWS:
+        grid, meta = mm_launch(m, n, k, dtype, accumulate=accumulate)
+        c = mm_config(n, k, m, dtype)
         assert grid == (-(-m // c.block_m) * -(-n // c.block_n),)
+        assert (meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"], meta["num_warps"],
+                meta["num_stages"]) == (c.block_m, c.block_n, c.block_k, c.num_warps,
+                                        c.num_stages)
+        metas_by_tile.setdefault(c, []).append(meta)
+    for metas in metas_by_tile.values():  # rows of one tile share the compiled kernel
+        assert all(meta == metas[0] for meta in metas)
+    if (n, k) not in MM_CONFIGS:
+        assert len(metas_by_tile) == 1, "one tile outside the 7B table"
 
 
 def test_float32_runs_in_ieee_and_half_precision_in_the_default() -> None:
