@@ -58,7 +58,14 @@ import numpy as np
 
 from benchmarks.delay_proxy import DelayProxy, LinkShape
 from benchmarks.e2e_capacity import capacity_point, capacity_table
-from benchmarks.e2e_nodes import Drafter, Nodes, cloud_args, edge_args, server_info
+from benchmarks.e2e_nodes import (
+    Drafter,
+    Nodes,
+    cloud_args,
+    edge_args,
+    server_info,
+    write_random_adapter,
+)
 from benchmarks.e2e_pool import (
     Question,
     ask_pairs,
@@ -219,6 +226,7 @@ def header(args: argparse.Namespace, info: ServerInfo, n_edges: int) -> dict[str
         "label": LABEL if args.drafter == "oracle" else
         "the edges' own drafter (α is the measured acceptance)",
         "drafter": args.drafter, "edge_model": args.edge_model, "edge_args": args.edge_args,
+        "edge_adapter": args.edge_adapter,
         "draft_engine": "",
         "benchmark": "e2e: oracle drafter, real processes, delay proxies",
         "command": "python -m benchmarks.bench_e2e " + " ".join(args.argv),
@@ -260,6 +268,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             cloud = args.cloud or await nodes.start("eventspec-cloud", "cloud",
                                                     cloud_args(args, max_n), random_cloud)
             info = await server_info(cloud)
+            if args.edge_adapter == "random":
+                adapter = write_random_adapter(args.edge_model, info.geometry.feature_shape,
+                                               tmp / "random-adapter", args.seed)
+                args.edge_args = [*args.edge_args, f"--adapter={adapter}"]
             result = header(args, info, n_edges)
             host, _, port = cloud.rpartition(":")
             answers_path = tmp / "answers.json"
@@ -375,6 +387,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--uplink-mbit", type=float, nargs="*", default=[],
                    help="also ask one question per feature mode (frames, aligned, auto) "
                         "through an uplink of each rate: TTFT, bytes, the plan's view")
+    p.add_argument("--edge-adapter", choices=["none", "random"], default="none",
+                   help="random: give every edge an untrained feature adapter from its "
+                        "CLIP features to the cloud's video geometry, written for this run "
+                        "(the uplink phase at full size, where no trained one exists; "
+                        "the aligned answers then differ from the frames' answers)")
     p.add_argument("--scenes", type=int, default=8, help="toy scenes the edges play")
     p.add_argument("--trials", type=int, default=256, help="reference model trials")
     p.add_argument("--seed", type=int, default=0)

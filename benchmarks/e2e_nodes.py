@@ -113,6 +113,32 @@ def edge_args(args: argparse.Namespace, cloud: str, answers: Path, drafter: Draf
             "--profile", str(profile), *args.edge_args]
 
 
+def write_random_adapter(edge_model: str, dst: tuple[int, int, int], out: Path,
+                         seed: int) -> Path:
+    """An untrained feature adapter from ``edge_model``'s CLIP features (its 5 event
+    frames) to the cloud's video geometry ``dst`` (GetServerInfo), written to ``out``.
+
+    For ``--edge-adapter random``: at full size no trained adapter exists, and the uplink
+    phase needs aligned features of the real size ([8, 257, 1024] for Video-LLaVA-7B)
+    to time their transfer. Its features are not the clip's, so what the cloud answers
+    from them is not what it answers from the frames; the phase measures bytes and time.
+    """
+    from eventspec.edge.align import build_adapter_for, save_adapter
+    from eventspec.edge.draft import N_EVENT_FRAMES, EventGPTConfig, clip_config_of, image_size_of
+    from eventspec.edge.model_dirs import TINY_RANDOM, draft_dir
+
+    if edge_model == TINY_RANDOM:
+        from eventspec.demoworld.tiny_draft import tiny_draft_config
+
+        config = tiny_draft_config()
+    else:
+        config = EventGPTConfig.from_pretrained(str(draft_dir(edge_model)))
+    clip = clip_config_of(config)
+    patches = (image_size_of(clip) // int(clip.patch_size)) ** 2
+    src = (N_EVENT_FRAMES, 1 + patches, int(clip.hidden_size))
+    return save_adapter(build_adapter_for(src, dst, seed=seed), out)
+
+
 async def server_info(address: str) -> ServerInfo:
     async with grpc.aio.insecure_channel(address) as channel:
         reply = await verifier_pb2_grpc.VerifierStub(channel).GetServerInfo(

@@ -143,11 +143,17 @@ async def uplink_rows(address: str, question: Question, max_new: int, rate_mbit:
                              "error": str(exc)})
                 continue
             s = final.stats
+            upload_ms = s.stage_ms.get("edge_upload", 0.0)
             rows.append({
                 "rate_mbit": rate_mbit, "requested": mode.name.lower(),
                 "feature_mode": final.feature_mode.name.lower() if final.feature_mode else None,
                 "ttft_ms": s.ttft_ms, "total_ms": total_ms, "uplink_bytes": s.uplink_bytes,
                 "wire_ms_at_rate": s.uplink_bytes * 8 / (rate_mbit * 1e6) * 1e3,
+                # What the edge timed (Open sent to upload done and first reply), which
+                # feeds its uplink estimate: the rate that estimate sees.
+                "edge_upload_ms": upload_ms,
+                "edge_sees_mbit": (s.uplink_bytes * 8 / (upload_ms * 1e3)
+                                   if upload_ms > 0 else None),
                 "aligned_fits_uplink": bool(final.plan and final.plan.aligned_fits_uplink),
                 "plan_prefill_ms": final.plan.predicted_prefill_ms if final.plan else None,
             })
