@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ from eventspec.shared.contract.errors import (
 )
 from eventspec.shared.contract.tensor_assembly import TensorAssembler
 from eventspec.shared.contract.types import (
+    UPLOAD_STAGE,
     VIDEO_FEATURES_TENSOR,
     CancelRequest,
     DraftTail,
@@ -58,6 +60,7 @@ class Inbox:
         self.features_ready = asyncio.Event()
         self.features: torch.Tensor | None = None
         self._assembler: TensorAssembler | None = None
+        self._header_at = 0.0  # perf_counter when the features' header arrived
         self.cancelled = False
         self.finished = False
         self.error: EventSpecError | None = None
@@ -131,6 +134,7 @@ class Inbox:
                 f"tensor {header.name!r}: {size} bytes exceed the limit of "
                 f"{cap} bytes (GetServerInfo.limits.max_tensor_bytes); send int8 or fp16"
             )
+        self._header_at = time.perf_counter()
         self._assembler = TensorAssembler(
             header,
             max_bytes=cap,
@@ -150,6 +154,8 @@ class Inbox:
                 raise InvalidInput(f"aligned features contain {bad} NaN or inf values")
             self.features = feats
             self._assembler = None
+            self.ticket.session.counters.add_stage(
+                UPLOAD_STAGE, (time.perf_counter() - self._header_at) * 1e3)
             self.features_ready.set()
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,7 @@ from eventspec.edge.visual_input import PreparedVisual, send_features
 from eventspec.shared.contract.codec import WireDtype
 from eventspec.shared.contract.convert_verifier import CloudOutbound
 from eventspec.shared.contract.errors import EventSpecError, FailedPrecondition, Unavailable
+from eventspec.shared.contract.estimators import ThroughputEstimator
 from eventspec.shared.contract.planning import (
     RequestFacts,
     facts_from_open,
@@ -44,6 +45,7 @@ from eventspec.shared.contract.planning import (
 from eventspec.shared.contract.timing import EdgeCost, TimingPlan
 from eventspec.shared.contract.timing_model import plan
 from eventspec.shared.contract.types import (
+    UPLOAD_STAGE,
     AlignedSpec,
     AskEvent,
     AskSpec,
@@ -97,6 +99,8 @@ class CloudAttempt:
         self.stream: VerifierStream = (self.timeline.wrap(stream) if self.timeline is not None
                                        else stream)
         self.stage: dict[str, float] = {"edge_render": prepared.render_ms}
+        #: Payload bytes of the aligned features this attempt sent (0: frames).
+        self.uploaded_bytes = 0
         self.first_commit_at: float | None = None
         self.tasks: dict[str, asyncio.Future[Any]] = {}
         self.draft_context: tuple[int, ...] = ()
@@ -170,7 +174,7 @@ class CloudAttempt:
 
     async def _send_open_and_upload(self) -> AsyncIterator[CloudOutbound]:
         """Send the Open, upload the visual input behind it, and wait (bounded) for the
-        cloud's first reply; the upload feeds the uplink estimate. Returns the replies,
+        cloud's first reply. Returns the replies,
         the next one already being read."""
         t_up = time.perf_counter()
         await self.stream.send(self.open_req)
@@ -180,10 +184,8 @@ class CloudAttempt:
             send_features(self.stream, self.prepared, self.feature_dtype))
         await first_reply(self.link, self.stream, self.tasks["reply"], self.tasks["upload"],
                           within_s=self.agent.first_reply_s)
-        sent = await self.tasks.pop("upload")
-        up_s = time.perf_counter() - t_up
-        self.stage["edge_upload"] = up_s * 1e3
-        self.agent.uplink.observe(sent + sum(len(f) for f in self.prepared.frames or ()), up_s)
+        self.uploaded_bytes = await self.tasks.pop("upload")
+        self.stage["edge_upload"] = (time.perf_counter() - t_up) * 1e3
         return replies
 
     def _start_drafting(self) -> None:
@@ -273,6 +275,7 @@ class CloudAttempt:
         if drafter.drafted_total:
             agent.costs.update(drafter.prefill_ms, drafter.ms_per_token)
             self.stage["draft_prefill"] = drafter.prefill_ms
+        observe_uplink(agent.uplink, self.uploaded_bytes, done.stats.stage_ms)
         stats = edge_stats(done.stats, self.started, self.first_commit_at, self.stream,
                            self.stage)
         return FinalEvent(
@@ -287,6 +290,17 @@ class CloudAttempt:
             timeline=(self.timeline.finish(self.prepared, self.link.rtt.value)
                       if self.timeline is not None else None),
         )
+
+
+def observe_uplink(uplink: ThroughputEstimator, payload_bytes: int,
+                   cloud_stage_ms: Mapping[str, float]) -> None:
+    """Feed the uplink estimate the aligned features' transfer as the cloud timed it
+    (header to last chunk, ``Done.stats.stage_ms["upload"]``). The edge's own clock
+    around its writes is not used: it times buffers, not the link. Frames travel inside
+    the Open, so nothing times them, and they do not feed the estimate."""
+    ms = cloud_stage_ms.get(UPLOAD_STAGE, 0.0)
+    if payload_bytes > 0 and ms > 0:
+        uplink.observe(payload_bytes, ms / 1e3)
 
 
 def feature_dtype(

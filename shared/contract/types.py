@@ -263,6 +263,14 @@ class CommitEvent:
     at_ms: float
 
 
+#: ``RequestStats.stage_ms`` key the cloud sets on aligned requests: ms from the
+#: features' tensor header to their last chunk, as it received them. The edge feeds its
+#: uplink estimate from it: its own clock around its writes times buffers (gRPC's, the
+#: kernel's, a proxy's), not the link (through a 10 Mbit/s link it saw 4.2 MB "sent" in
+#: 434 ms: 78 Mbit/s; ``benchmarks/results/e2e-h200-uplink-invariant.json``).
+UPLOAD_STAGE = "upload"
+
+
 @dataclass(frozen=True)
 class RequestStats:
     """Per-request statistics in vLLM's vocabulary."""

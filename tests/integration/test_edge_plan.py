@@ -21,6 +21,7 @@ from eventspec.shared.client.edge_client import EdgeClient
 from eventspec.shared.contract.estimators import ThroughputEstimator
 from eventspec.shared.contract.timing import PlanInputs, TimingPlan
 from eventspec.shared.contract.types import (
+    UPLOAD_STAGE,
     AskSpec,
     FeatureMode,
     FinalEvent,
@@ -94,7 +95,11 @@ async def test_edge_plans_what_the_cloud_plans_with_its_measured_uplink(
     costs = [o.edge_cost for o in seen.opens]
     assert costs[0] is not None and costs[1] is not None
     assert costs[0].uplink_bytes_per_s == 0  # nothing measured before the first upload
-    assert measured > 0 and costs[1].uplink_bytes_per_s == measured
+    assert costs[1].uplink_bytes_per_s == measured
+    if feature_mode == FeatureMode.ALIGNED:  # the cloud timed the features' arrival
+        assert measured > 0 and UPLOAD_STAGE in first.stats.stage_ms
+    else:  # frames ride inside the Open: nothing times them, the uplink stays unknown
+        assert measured == 0 and UPLOAD_STAGE not in first.stats.stage_ms
     assert second.plan == seen.cloud[1]
 
 

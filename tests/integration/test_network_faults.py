@@ -3,6 +3,8 @@ real round trip, and connections cut at the worst moments.
 
 - With 20 ms of RTT the speculative answer is still the target's, and the edge's RTT
   estimate sees the delay.
+- Through a bandwidth-limited uplink, the edge's uplink estimate is the link's rate as
+  the cloud received the aligned features, not the speed of its own buffered writes.
 - A cut before anything is committed is retried (the whole request runs again) and the
   asker gets the target's answer; a cut after a committed token has reached the asker
   fails the Ask with UNAVAILABLE (a retry could duplicate text), and the edge serves the
@@ -19,7 +21,7 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from benchmarks.delay_proxy import DelayProxy
+from benchmarks.delay_proxy import DelayProxy, LinkShape
 from eventspec.cloud.engine.hf import HFEngine
 from eventspec.cloud.engine.paced import PacedEngine
 from eventspec.cloud.server import VerifierServer
@@ -27,9 +29,12 @@ from eventspec.edge.config import EdgeSettings
 from eventspec.edge.events.toy import ToySource
 from eventspec.edge.server import EdgeServer
 from eventspec.shared.client.edge_client import AskError, EdgeClient
+from eventspec.shared.contract.estimators import ThroughputEstimator
 from eventspec.shared.contract.types import (
+    UPLOAD_STAGE,
     AskSpec,
     CommittedEvent,
+    FeatureMode,
     FinalEvent,
     GenerationSettings,
     Mode,
@@ -75,14 +80,15 @@ async def net() -> AsyncIterator[Net]:
         await cloud.stop(0)
 
 
-def _spec(mode: Mode) -> AskSpec:
+def _spec(mode: Mode, feature_mode: FeatureMode = FeatureMode.AUTO) -> AskSpec:
     return AskSpec(QUESTION, mode=mode, generation=GenerationSettings(max_new_tokens=12),
-                   t0_us=0, t1_us=1_000_000)
+                   t0_us=0, t1_us=1_000_000, feature_mode=feature_mode)
 
 
-async def _final(address: str, mode: Mode) -> FinalEvent:
+async def _final(address: str, mode: Mode,
+                 feature_mode: FeatureMode = FeatureMode.AUTO) -> FinalEvent:
     async with EdgeClient(address, timeout_s=120) as client:
-        return await client.ask_final(_spec(mode))
+        return await client.ask_final(_spec(mode, feature_mode))
 
 
 async def test_a_20ms_round_trip_keeps_the_targets_answer(net: Net) -> None:
@@ -93,6 +99,26 @@ async def test_a_20ms_round_trip_keeps_the_targets_answer(net: Net) -> None:
     assert agent is not None and agent.link is not None
     assert agent.link.rtt.value >= 19.0  # 10 ms each way, at least
     assert net.proxy.stats.bytes_up > 0 and net.proxy.stats.bytes_down > 0
+
+
+async def test_the_uplink_estimate_is_the_links_rate_not_the_edges_writes(net: Net) -> None:
+    agent = net.edge.agent
+    assert agent is not None
+    rate = 200e3  # bytes/s: the toy's 35 KB of fp16 features take some 170 ms
+    net.proxy.set_shape("up", LinkShape(delay_ms=10.0, rate_bytes_per_s=rate))
+    agent.uplink = ThroughputEstimator(min_bytes=0)  # the toy payload is below the floor
+    try:
+        final = await _final(net.edge_address, Mode.TARGET_ONLY, FeatureMode.ALIGNED)
+    finally:
+        net.proxy.set_shape("up", LinkShape(delay_ms=10.0))
+    assert final.feature_mode == FeatureMode.ALIGNED
+    upload_ms = final.stats.stage_ms[UPLOAD_STAGE]  # as the cloud received them
+    seen = agent.uplink.bytes_per_s
+    assert seen > 0
+    # A busy machine can only make the transfer look slower; the edge's own clock made
+    # it look several times faster than the link (it timed its buffered writes).
+    assert seen <= 1.25 * rate, (seen, upload_ms)
+    assert final.stats.uplink_bytes > seen * upload_ms / 1e3  # the payload, plus messages
 
 
 async def test_a_cut_before_any_commit_is_retried_and_answers(net: Net) -> None:
