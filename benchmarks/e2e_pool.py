@@ -14,6 +14,7 @@ import grpc
 
 from eventspec.shared.client.edge_client import AskError, EdgeClient
 from eventspec.shared.contract.types import (
+    UPLOAD_STAGE,
     AskSpec,
     FeatureMode,
     FinalEvent,
@@ -144,16 +145,22 @@ async def uplink_rows(address: str, question: Question, max_new: int, rate_mbit:
                 continue
             s = final.stats
             upload_ms = s.stage_ms.get("edge_upload", 0.0)
+            cloud_ms = s.stage_ms.get(UPLOAD_STAGE, 0.0)
             rows.append({
                 "rate_mbit": rate_mbit, "requested": mode.name.lower(),
                 "feature_mode": final.feature_mode.name.lower() if final.feature_mode else None,
                 "ttft_ms": s.ttft_ms, "total_ms": total_ms, "uplink_bytes": s.uplink_bytes,
                 "wire_ms_at_rate": s.uplink_bytes * 8 / (rate_mbit * 1e6) * 1e3,
-                # What the edge timed (Open sent to upload done and first reply), which
-                # feeds its uplink estimate: the rate that estimate sees.
+                # The edge's clock (Open sent to upload done and first reply): it times
+                # buffers, so its rate is not the link's (it no longer feeds the estimate).
                 "edge_upload_ms": upload_ms,
                 "edge_sees_mbit": (s.uplink_bytes * 8 / (upload_ms * 1e3)
                                    if upload_ms > 0 else None),
+                # The cloud's timing of aligned features (header to last chunk), which
+                # feeds the edge's uplink estimate: the rate that estimate sees.
+                "cloud_upload_ms": cloud_ms or None,
+                "estimate_sample_mbit": (s.uplink_bytes * 8 / (cloud_ms * 1e3)
+                                         if cloud_ms > 0 else None),
                 "aligned_fits_uplink": bool(final.plan and final.plan.aligned_fits_uplink),
                 "plan_prefill_ms": final.plan.predicted_prefill_ms if final.plan else None,
             })

@@ -40,6 +40,10 @@ def test_the_rehearsal_writes_identical_answers_and_the_oracle_label(tmp_path: P
     for u in result["uplink"]:
         assert u["uplink_bytes"] > 0 and u["rate_mbit"] == 10
         assert u["wire_ms_at_rate"] == u["uplink_bytes"] * 8 / 10e6 * 1e3
+        # Only aligned features are timed by the cloud (frames ride in the Open).
+        timed = u["feature_mode"] == "aligned"
+        assert (u["cloud_upload_ms"] is not None) == timed
+        assert (u["estimate_sample_mbit"] is not None) == timed
     # The capacity phase: both clients in one mode at a time, goodput compared.
     (cap,) = result["capacity"]
     assert (cap["clients"], cap["max_new_tokens"], cap["rtt_ms"]) == (2, 10, 4)
