@@ -237,6 +237,28 @@ def test_the_batch_invariant_gemm_table_is_the_json() -> None:
     assert all(v == 1.0 for k, v in agreement.items() if k.endswith("_bitwise"))
 
 
+def test_the_batch_invariant_cost_table_and_claims_are_the_json() -> None:
+    from benchmarks.bench_invariant_cost import table
+
+    cost = json.loads((ROOT / "benchmarks/results/batch-invariant-cost-h200.json").read_text())
+    assert table(cost) in README
+    inv = cost["invariant"]["invariance"]
+    assert all(v == 1.0 for k, v in inv.items() if k.endswith("_bitwise"))
+    cross = json.loads((ROOT / "benchmarks/results/invariant-cross-tiles-h200.json")
+                       .read_text())
+    for shape in cross["cross_gemm"]["shapes"].values():
+        built = [c for c in shape["configs"].values() if "error" not in c]
+        assert built and all(c["equal_to_table"] for c in built)
+    capacity = json.loads((ROOT / "benchmarks/results/"
+                           "capacity-cuda-full-size-random-static-t128-invariant.json")
+                          .read_text())
+    assert capacity["batch_invariant"] and capacity["answers_identical"]
+    assert capacity["answers_agreeing_with_target_only_N1"] == 1.0
+    rates = {(lv["mode"], lv["concurrency"]): lv["tokens_per_s"] for lv in capacity["levels"]}
+    assert "150.9 / 637.8 / 743.5 tokens/s" in README
+    assert [rates[("target_only", n)] for n in (1, 16, 64)] == [150.9, 637.8, 743.5]
+
+
 def test_the_gpu_e2e_tables_are_the_json() -> None:
     from benchmarks.e2e_capacity import capacity_table
     from benchmarks.e2e_report import table
