@@ -260,6 +260,20 @@ def test_the_batch_invariant_cost_table_and_claims_are_the_json() -> None:
     assert [rates[("target_only", n)] for n in (1, 16, 64)] == [150.9, 637.8, 743.5]
 
 
+def test_the_uplink_rows_are_the_json() -> None:
+    result = json.loads((ROOT / "benchmarks/results/e2e-h200-uplink.json").read_text())
+    shown = [result["uplink"][i] for i in (0, 1, 2, 4, 5, 7)]  # the README's six rows
+    for u in shown:
+        cells = (f"| {u['rate_mbit']:g} Mbit/s | {u['requested']} | "
+                 + ("frames" if u["feature_mode"] == "frames" else
+                    "fp16 features" if u["uplink_bytes"] > 3e6 else "int8 features")
+                 + f" | {u['uplink_bytes']:,} | {u['ttft_ms']:,.0f} | "
+                 f"{u['wire_ms_at_rate']:,.0f} | ")
+        sample = u["estimate_sample_mbit"]
+        cells += f"{sample:.1f} Mbit/s |" if sample is not None else "– |"
+        assert cells in README, cells
+
+
 def test_the_gpu_e2e_tables_are_the_json() -> None:
     from benchmarks.e2e_capacity import capacity_table
     from benchmarks.e2e_report import table
