@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from eventspec.cloud.decoding import Committed, DecodingSession
 from eventspec.cloud.inbox import Inbox, visual_input
 from eventspec.cloud.open_request import clamp_to_context, first_message, validate_open
+from eventspec.cloud.prefix_cache import visual_key
 from eventspec.cloud.request_log import RequestRecord
 from eventspec.cloud.request_timeline import CloudTimeline
 from eventspec.cloud.runtime import VerifierRuntime
@@ -220,13 +221,29 @@ class _Results:
 
     async def prefill(self, open_req: OpenRequest, prompt_ids: Sequence[int]) -> None:
         """Queue the prefill once the visual input is in; a request cancelled before its
-        features arrived finishes CANCELLED without one."""
+        features arrived finishes CANCELLED without one.
+
+        With the prefix cache on, the visual input is keyed here, off the engine thread;
+        a clip whose prefix the cache holds skips its frames' preprocessing (22 ms for 8
+        frames on the H200 machine), which only the prefill of its <video> rows needs.
+        """
+        scheduler = self.rt.scheduler
+        keyed = scheduler.prefix_cache is not None
+        vkey: str | None = None
+        if keyed and open_req.frames is not None:
+            vkey = await asyncio.to_thread(visual_key, frames=open_req.frames)
+            if scheduler.prefix_may_hit(prompt_ids, vkey):
+                scheduler.submit_prefill(self.ticket, prompt_ids, visual_key=vkey,
+                                         deferred_frames=tuple(open_req.frames))
+                return
         visual = await visual_input(self.rt, open_req, self.inbox)
         if visual is None:  # cancelled before the features arrived: no prefill
             self.finish = FinishReason.CANCELLED
             self.ticket.session.finish(self.finish)
-        else:
-            self.rt.scheduler.submit_prefill(self.ticket, prompt_ids, **visual)
+            return
+        if keyed and vkey is None and visual.get("video_features") is not None:
+            vkey = await asyncio.to_thread(visual_key, tensor=visual["video_features"])
+        scheduler.submit_prefill(self.ticket, prompt_ids, **visual, visual_key=vkey)
 
     async def commits(self) -> AsyncGenerator[CommitEvent, None]:
         """A Commit for each result that carries tokens, until one carries a finish

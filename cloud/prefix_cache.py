@@ -24,13 +24,13 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from eventspec.cloud.engine.base import ChunkedPrefillEngine
+from eventspec.cloud.engine.base import ChunkedPrefillEngine, PrefillRequest
 from eventspec.cloud.prefill_queue import Pending
 
 log = logging.getLogger(__name__)
@@ -63,15 +63,52 @@ def prefix_length(prompt_ids: Sequence[int], video_token_id: int) -> int:
     return 0
 
 
-def prefix_key(prompt_ids: Sequence[int], length: int, visual: torch.Tensor) -> str:
-    """The content hash of a prompt's first ``length`` ids and its visual input."""
+def visual_key(*, frames: Sequence[bytes] | None = None,
+               tensor: torch.Tensor | None = None) -> str:
+    """The content hash of a request's visual input: its frames' encoded bytes (each
+    length-prefixed, so the split between frames counts) or a tensor's dtype, shape and
+    bytes. The server computes it off the engine thread, from the frames as they arrived
+    (so a repeated clip can skip their preprocessing) or from the aligned features."""
+    h = hashlib.blake2b(digest_size=20)
+    if frames is not None:
+        h.update(b"frames")
+        for frame in frames:
+            h.update(len(frame).to_bytes(8, "little"))
+            h.update(frame)
+    elif tensor is not None:
+        v = tensor.detach().to("cpu").contiguous()
+        h.update(f"tensor{v.dtype}{tuple(v.shape)}".encode())
+        if v.numel():
+            h.update(v.view(torch.uint8).numpy().data)  # the tensor's own buffer: no copy
+    else:
+        raise ValueError("visual_key needs frames or a tensor")
+    return h.hexdigest()
+
+
+def prefix_key(prompt_ids: Sequence[int], length: int, visual: str) -> str:
+    """The cache key of a prompt's first ``length`` ids and its visual input's
+    :func:`visual_key`."""
     h = hashlib.blake2b(digest_size=20)
     h.update(np.asarray([int(i) for i in prompt_ids[:length]], dtype=np.int64).tobytes())
-    v = visual.detach().to("cpu").contiguous()
-    h.update(f"{v.dtype}{tuple(v.shape)}".encode())
-    if v.numel():
-        h.update(v.view(torch.uint8).numpy().data)  # the tensor's own buffer: no copy
+    h.update(visual.encode())
     return h.hexdigest()
+
+
+def request_key(req: PrefillRequest, video_token_id: int) -> tuple[str, int] | None:
+    """(key, prefix length) of a prefill request, or None when it has no prefix to keep:
+    no <video> rows, or no visual input to key on. At least one row stays to prefill:
+    the first answer token comes from its logits."""
+    length = min(prefix_length(req.input_ids, video_token_id), len(req.input_ids) - 1)
+    if length < 1:
+        return None
+    vkey = req.visual_key
+    if vkey is None:  # a caller that did not key it: hash the tensor here
+        visual = req.pixel_values_videos if req.pixel_values_videos is not None \
+            else req.video_features
+        if visual is None:
+            return None
+        vkey = visual_key(tensor=visual)
+    return prefix_key(req.input_ids, length, vkey), length
 
 
 class PrefixCache:
@@ -82,6 +119,9 @@ class PrefixCache:
             raise ValueError(f"the prefix cache needs a positive budget, got {max_bytes} bytes")
         self.max_bytes = max_bytes
         self._entries: OrderedDict[str, Prefix] = OrderedDict()
+        #: The keys held, replaced whole on every change: other threads read it (one
+        #: reference read under the GIL) to guess whether a request will hit.
+        self._keys: frozenset[str] = frozenset()
         self.bytes = 0
         self.hits = 0
         self.misses = 0
@@ -89,6 +129,12 @@ class PrefixCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def may_hold(self, key: str) -> bool:
+        """Whether ``key`` was held a moment ago: safe from any thread, and only a guess
+        (the engine thread may evict it next), so a caller that acts on it needs a way
+        back (:func:`reuse_prefix` preprocesses deferred frames on a miss)."""
+        return key in self._keys
 
     def get(self, key: str) -> Prefix | None:
         """The entry (now the most recently used), counting a hit or a miss."""
@@ -114,36 +160,41 @@ class PrefixCache:
             self.evictions += 1
         self._entries[key] = entry
         self.bytes += entry.nbytes
+        self._keys = frozenset(self._entries)
         return True
 
 
 def reuse_prefix(engine: ChunkedPrefillEngine, cache: PrefixCache, pending: Pending,
-                 video_token_id: int) -> None:
+                 video_token_id: int,
+                 preprocess_frames: Callable[[Sequence[bytes]], torch.Tensor] | None = None
+                 ) -> None:
     """Look a queued prefill's clip and prompt prefix up; on a hit copy the saved K/V
     into its slot, so its prefill starts after them; on a miss remember the key, so
-    :func:`keep_prefix` saves it once written. Sets the request's verdict. The cache
-    never fails a request: an error here is logged and the prompt is prefilled whole."""
+    :func:`keep_prefix` saves it once written, and preprocess the frames of a request
+    that deferred them (it expected a hit: :meth:`PrefixCache.may_hold`) with
+    ``preprocess_frames``. Sets the request's verdict. The cache never fails a request:
+    an error here is logged and the prompt is prefilled whole."""
     req, session = pending.request, pending.ticket.session
-    visual = req.pixel_values_videos if req.pixel_values_videos is not None \
-        else req.video_features
-    # At least one row stays to prefill: the first token comes from its logits.
-    length = min(prefix_length(req.input_ids, video_token_id), len(req.input_ids) - 1)
     session.prefix_cache = "miss"
-    if visual is None or length < 1:
-        return
     try:
-        key = prefix_key(req.input_ids, length, visual)
-        entry = cache.get(key)
-        if entry is None or entry.length != length:
-            pending.prefix_key, pending.prefix_len = key, length
+        keyed = request_key(req, video_token_id)
+        entry = cache.get(keyed[0]) if keyed is not None else None
+        if entry is not None and keyed is not None and entry.length == keyed[1]:
+            engine.load_prefix(req.slot, entry.k, entry.v)
+            pending.done = pending.reused = keyed[1]
+            session.prefix_reused_tokens = keyed[1]
+            session.prefix_cache = "hit"
             return
-        engine.load_prefix(req.slot, entry.k, entry.v)
+        if keyed is not None:
+            pending.prefix_key, pending.prefix_len = keyed
     except Exception:
         log.exception("the prefix cache failed; the prompt is prefilled whole")
-        return
-    pending.done = length
-    session.prefix_reused_tokens = length
-    session.prefix_cache = "hit"
+    if req.deferred_frames is not None and req.pixel_values_videos is None:
+        if preprocess_frames is None:
+            raise RuntimeError("a request deferred its frames, but nothing can preprocess them")
+        # The rare race: evicted between the request's guess and now (engine thread).
+        pending.request = replace(req, pixel_values_videos=preprocess_frames(
+            req.deferred_frames), deferred_frames=None)
 
 
 def keep_prefix(engine: ChunkedPrefillEngine, cache: PrefixCache, pending: Pending) -> None:

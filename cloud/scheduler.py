@@ -67,7 +67,7 @@ from eventspec.cloud.engine.base import (
 )
 from eventspec.cloud.prefill_chunking import ChunkPolicy
 from eventspec.cloud.prefill_queue import DEFAULT_PREFILL_TOKEN_BUDGET, Piece, PrefillQueue
-from eventspec.cloud.prefix_cache import PrefixCache, keep_prefix, reuse_prefix
+from eventspec.cloud.prefix_cache import PrefixCache, keep_prefix, request_key, reuse_prefix
 from eventspec.cloud.sampler import BatchedSampler, SampleSpec, make_generator
 from eventspec.cloud.scheduler_stats import SchedulerStats, StepObserver
 from eventspec.cloud.tickets import Failure, Outbox, SchedulerEvent, SlotPool, Ticket
@@ -107,6 +107,9 @@ class Scheduler:
         #: engine can take them; prompts then go through the pieces path, whole or not.
         self.prefix_cache = prefix_cache if pieces else None
         self._video_token_id = video_token_id
+        #: The target's frame preprocessing (set by the server): a request that deferred
+        #: its frames for an expected prefix hit gets them preprocessed here if it misses.
+        self.preprocess_frames: Callable[[Sequence[bytes]], torch.Tensor] | None = None
         self._pieces = self.chunking.enabled or self.prefix_cache is not None
         #: The cost model the ``auto`` chunk size is read from (set by the server).
         self.chunk_cost: CloudCost | None = None
@@ -163,15 +166,29 @@ class Scheduler:
 
     def submit_prefill(self, ticket: Ticket, prompt_ids: Sequence[int], *,
                        pixel_values_videos: torch.Tensor | None = None,
-                       video_features: torch.Tensor | None = None) -> None:
-        """Queue the request's prefill; the first result follows on ``ticket.events``."""
+                       video_features: torch.Tensor | None = None,
+                       visual_key: str | None = None,
+                       deferred_frames: tuple[bytes, ...] | None = None) -> None:
+        """Queue the request's prefill; the first result follows on ``ticket.events``.
+        ``visual_key`` and ``deferred_frames``: see :class:`PrefillRequest`."""
         ticket.submitted_at = self._clock()
         if self.dead is not None:
             ticket.events.put_nowait(Failure(Unavailable(
                 f"the verifier's engine loop has stopped ({self.dead})")))
             return
-        req = PrefillRequest(ticket.slot, list(prompt_ids), pixel_values_videos, video_features)
+        req = PrefillRequest(ticket.slot, list(prompt_ids), pixel_values_videos, video_features,
+                             visual_key, deferred_frames)
         self._commands.put(("prefill", ticket, req))
+
+    def prefix_may_hit(self, prompt_ids: Sequence[int], visual_key: str) -> bool:
+        """Whether the prefix cache holds this prompt's clip now (a guess, from any
+        thread): then its frames need no preprocessing unless it misses after all."""
+        cache = self.prefix_cache
+        if cache is None or self.preprocess_frames is None:
+            return False
+        keyed = request_key(PrefillRequest(-1, prompt_ids, visual_key=visual_key),
+                            self._video_token_id)
+        return keyed is not None and cache.may_hold(keyed[0])
 
     def offer(self, ticket: Ticket, tail: DraftTail) -> None:
         """Hand the engine thread the edge's latest tail (a newer tail replaces an older)."""
@@ -262,7 +279,8 @@ class Scheduler:
                 pending = self._prefills.add(ticket, payload)
                 if self.prefix_cache is not None:
                     assert isinstance(self.engine, ChunkedPrefillEngine)
-                    reuse_prefix(self.engine, self.prefix_cache, pending, self._video_token_id)
+                    reuse_prefix(self.engine, self.prefix_cache, pending, self._video_token_id,
+                                 self.preprocess_frames)
             elif kind == "release" and ticket is not None:
                 self._forget(ticket)
             try:

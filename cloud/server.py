@@ -169,6 +169,7 @@ def build_runtime(
         info=info,
     )
     runtime.scheduler.chunk_cost = cost
+    runtime.scheduler.preprocess_frames = target.preprocess_frames
     if settings.verify_width == "auto":
         runtime.scheduler.verify_cost = cost
         runtime.scheduler.alpha_prior = lambda: runtime.acceptance.value

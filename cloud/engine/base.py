@@ -41,6 +41,12 @@ class PrefillRequest:
     input_ids: Sequence[int]  # the whole prompt, <video> placeholders included
     pixel_values_videos: torch.Tensor | None = None  # [1, F, 3, S, S]
     video_features: torch.Tensor | None = None  # [F, T, D], the tower's selected layer
+    #: The visual input's content hash (``eventspec.cloud.prefix_cache.visual_key``),
+    #: computed off the engine thread; None: the prefix cache hashes the tensor itself.
+    visual_key: str | None = None
+    #: Encoded frames not preprocessed yet: the request expected its clip's prefix in
+    #: the cache, so no pixels are needed unless it misses (then the loop makes them).
+    deferred_frames: tuple[bytes, ...] | None = None
 
 
 @runtime_checkable

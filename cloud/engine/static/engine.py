@@ -79,6 +79,10 @@ class StaticEngine(StaticRuntime):
         if len({r.slot for r in requests}) != len(requests):
             raise InvalidInput("a prefill names a slot twice")
         video_rows = [self._check_prefill(r) for r in requests]  # each [F*T] row indices
+        for r in requests:  # a whole prompt needs its visual input
+            if r.pixel_values_videos is None and r.video_features is None:
+                raise InvalidInput(
+                    "prefill needs exactly one of pixel_values_videos or video_features")
         return self._prefill_many(requests, video_rows)  # [R, V]
 
     def _check_prefill(self, req: PrefillRequest) -> list[int]:
@@ -95,7 +99,7 @@ class StaticEngine(StaticRuntime):
                 f"the prompt has {len(video_rows)} <video> placeholders, "
                 f"the target needs {t.geometry.visual_tokens}"
             )
-        if (req.pixel_values_videos is None) == (req.video_features is None):
+        if req.pixel_values_videos is not None and req.video_features is not None:
             raise InvalidInput("prefill needs exactly one of pixel_values_videos or video_features")
         return video_rows
 
@@ -128,9 +132,10 @@ class StaticEngine(StaticRuntime):
         t, w = self.target, self.weights
         if req.pixel_values_videos is not None:
             feats = t.video_features_from_pixels(req.pixel_values_videos)  # [F, T, Dv]
-        else:
-            assert req.video_features is not None
+        elif req.video_features is not None:
             feats = req.video_features
+        else:  # only rows after a reused prefix may go without a visual input
+            raise InvalidInput("prefill needs exactly one of pixel_values_videos or video_features")
         video = t.project_video_features(feats).reshape(-1, w.hidden)  # [F*T, H]
         ids = torch.tensor([int(i) for i in req.input_ids], device=self.device)  # [L]
         h = w.embed.index_select(0, ids)  # [L, H]

@@ -10,7 +10,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from eventspec.cloud.prefill_chunking import ChunkPolicy
-from eventspec.cloud.prefix_cache import Prefix, PrefixCache, prefix_key, prefix_length
+from eventspec.cloud.prefix_cache import (
+    Prefix,
+    PrefixCache,
+    prefix_key,
+    prefix_length,
+    visual_key,
+)
 from eventspec.cloud.scheduler import Scheduler
 from eventspec.cloud.tickets import Ticket
 from tests.support.fake_engine import TEXT_VOCAB, ChunkedFakeEngine, target_only
@@ -33,14 +39,37 @@ def test_the_prefix_ends_after_the_last_video_row() -> None:
 
 def test_keys_depend_on_the_prefix_and_the_clip_only() -> None:
     clip = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)
-    key = prefix_key([1, 3, 3, 9], 3, clip)
-    assert key == prefix_key([1, 3, 3, 7, 7], 3, clip.clone())  # another question
-    assert key != prefix_key([2, 3, 3, 9], 3, clip)  # another prompt prefix
+
+    def key(ids: list[int], tensor: torch.Tensor) -> str:
+        return prefix_key(ids, 3, visual_key(tensor=tensor))
+
+    base = key([1, 3, 3, 9], clip)
+    assert base == key([1, 3, 3, 7, 7], clip.clone())  # another question
+    assert base != key([2, 3, 3, 9], clip)  # another prompt prefix
     other = clip.clone()
     other[1, 2, 3] += 1e-3
-    assert key != prefix_key([1, 3, 3, 9], 3, other)  # another clip
-    assert key != prefix_key([1, 3, 3, 9], 3, clip.to(torch.bfloat16))  # other bytes
-    assert key != prefix_key([1, 3, 3, 9], 3, clip.reshape(6, 4))  # other shape
+    assert base != key([1, 3, 3, 9], other)  # another clip
+    assert base != key([1, 3, 3, 9], clip.to(torch.bfloat16))  # other bytes
+    assert base != key([1, 3, 3, 9], clip.reshape(6, 4))  # other shape
+
+
+def test_frames_are_keyed_by_their_encoded_bytes_and_how_they_split() -> None:
+    frames = (b"\xff\xd8one", b"\xff\xd8two")
+    assert visual_key(frames=frames) == visual_key(frames=tuple(bytes(f) for f in frames))
+    assert visual_key(frames=frames) != visual_key(frames=(b"\xff\xd8on", b"e\xff\xd8two"))
+    assert visual_key(frames=frames) != visual_key(frames=frames[::-1])
+    # Frames and a tensor never share a key, even over the same bytes.
+    raw = torch.frombuffer(bytearray(b"".join(frames)), dtype=torch.uint8)
+    assert visual_key(frames=frames) != visual_key(tensor=raw)
+
+
+def test_may_hold_follows_puts_and_evictions() -> None:
+    cache = PrefixCache(100)
+    assert not cache.may_hold("a")
+    cache.put("a", _entry(60))
+    assert cache.may_hold("a")
+    cache.put("b", _entry(60))  # evicts a
+    assert cache.may_hold("b") and not cache.may_hold("a")
 
 
 @given(ops=st.lists(st.tuples(st.sampled_from("gp"), st.integers(0, 5), st.integers(2, 60)),

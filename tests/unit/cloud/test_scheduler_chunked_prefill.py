@@ -21,7 +21,7 @@ from eventspec.cloud.prefill_chunking import (
     ChunkPolicy,
     auto_chunk_tokens,
 )
-from eventspec.cloud.prefill_queue import PrefillQueue
+from eventspec.cloud.prefill_queue import SHORT_TAIL_TOKENS, SHORT_TAILS_PER_CALL, PrefillQueue
 from eventspec.cloud.scheduler import Scheduler
 from eventspec.cloud.tickets import Failure, Ticket
 from eventspec.shared.contract.timing import CloudCost
@@ -239,6 +239,41 @@ def test_pieces_take_the_oldest_first_and_cover_each_prompt_once(
         assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
         if spans and spans[-1][1] == n:
             assert spans[0][0] == 0
+
+
+@given(prompts=st.lists(st.tuples(st.integers(1, 120), st.integers(0, 119)), min_size=1,
+                        max_size=8),
+       budget=st.integers(1, 200))
+def test_a_reused_prefixs_question_rides_first_outside_the_budget(
+        prompts: list[tuple[int, int]], budget: int) -> None:
+    """A hit's few remaining rows go into the next call whatever the queue ahead of them
+    (up to SHORT_TAILS_PER_CALL rows), and the other prompts keep their budget and order."""
+    queue = PrefillQueue(2048)
+    tickets = [object() for _ in prompts]
+    reused = {}
+    for t, (n, hit) in zip(tickets, prompts, strict=True):
+        pending = queue.add(t, _Request(n))  # type: ignore[arg-type]
+        if 0 < hit < n:  # as reuse_prefix records a hit
+            pending.done = pending.reused = hit
+            reused[t] = n - hit
+    pieces = queue.next_pieces(budget, lambda ticket: True)
+    # The short tails that fit the call's room, oldest first, ride first and finish.
+    room, expected = SHORT_TAILS_PER_CALL, []
+    for t in tickets:
+        if t in reused and reused[t] <= min(SHORT_TAIL_TOKENS, room):
+            expected.append(t)
+            room -= reused[t]
+    tails, rest = pieces[:len(expected)], pieces[len(expected):]
+    assert [p.pending.ticket for p in tails] == expected
+    assert all(p.finishes and p.start == p.pending.reused for p in tails)
+    assert sum(p.end - p.start for p in tails) <= SHORT_TAILS_PER_CALL
+    assert sum(p.end - p.start for p in rest) <= max(1, budget)
+    # The rest keep first-come order, and the oldest of them gets at least one row.
+    order = [tickets.index(p.pending.ticket) for p in rest]
+    assert order == sorted(order)
+    others = [t for t in tickets if t not in expected]
+    if others:
+        assert rest and rest[0].pending.ticket is others[0]
 
 
 class _Request:
