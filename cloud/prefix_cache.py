@@ -173,7 +173,8 @@ def reuse_prefix(engine: ChunkedPrefillEngine, cache: PrefixCache, pending: Pend
     :func:`keep_prefix` saves it once written, and preprocess the frames of a request
     that deferred them (it expected a hit: :meth:`PrefixCache.may_hold`) with
     ``preprocess_frames``. Sets the request's verdict. The cache never fails a request:
-    an error here is logged and the prompt is prefilled whole."""
+    an error in it is logged and the prompt is prefilled whole; only the deferred
+    frames' preprocessing may raise (the caller fails that request alone)."""
     req, session = pending.request, pending.ticket.session
     session.prefix_cache = "miss"
     try:

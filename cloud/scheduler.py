@@ -279,8 +279,11 @@ class Scheduler:
                 pending = self._prefills.add(ticket, payload)
                 if self.prefix_cache is not None:
                     assert isinstance(self.engine, ChunkedPrefillEngine)
-                    reuse_prefix(self.engine, self.prefix_cache, pending, self._video_token_id,
-                                 self.preprocess_frames)
+                    try:
+                        reuse_prefix(self.engine, self.prefix_cache, pending,
+                                     self._video_token_id, self.preprocess_frames)
+                    except Exception as exc:  # its deferred frames failed: it alone fails
+                        self._end(ticket, Failure(_as_error(exc, "prefill")))
             elif kind == "release" and ticket is not None:
                 self._forget(ticket)
             try:

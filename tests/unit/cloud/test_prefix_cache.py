@@ -18,9 +18,9 @@ from eventspec.cloud.prefix_cache import (
     visual_key,
 )
 from eventspec.cloud.scheduler import Scheduler
-from eventspec.cloud.tickets import Ticket
+from eventspec.cloud.tickets import Failure, Ticket
 from tests.support.fake_engine import TEXT_VOCAB, ChunkedFakeEngine, target_only
-from tests.support.scheduler_sessions import answer, submit
+from tests.support.scheduler_sessions import answer, session_factory, submit
 
 VIDEO = 3  # the fake prompts' <video> id
 MAX_SEQ = 64
@@ -134,6 +134,33 @@ def test_a_clip_asked_about_again_reuses_its_prefix_and_answers_the_same(
                 seen.add(c)
                 # A hit embeds only the question's rows (the tower would not run).
                 assert engine.embedded[-1] == (ticket.slot, 5 if hit else 0)
+        finally:
+            await asyncio.to_thread(sched.stop)
+
+    asyncio.run(go())
+
+
+def test_deferred_frames_that_fail_to_preprocess_fail_their_request_alone() -> None:
+    """A request bet on a hit and deferred its frames; it missed, and its frames do not
+    decode: that request fails with the error, and the loop serves the next one."""
+
+    def broken(frames):  # type: ignore[no-untyped-def]
+        raise ValueError("frame 0 is not a JPEG")
+
+    async def go() -> None:
+        engine = ChunkedFakeEngine(num_slots=2, max_seq_len=MAX_SEQ)
+        sched = Scheduler(engine, text_vocab_size=TEXT_VOCAB, prefix_cache=PrefixCache(1 << 20),
+                          video_token_id=VIDEO)
+        sched.preprocess_frames = broken
+        sched.start()
+        try:
+            prompt = (1, 2, VIDEO, VIDEO, VIDEO, 5, 9, 9)
+            ticket = sched.admit("bet", session_factory(4, len(prompt), MAX_SEQ))
+            sched.submit_prefill(ticket, prompt, visual_key="k", deferred_frames=(b"x",))
+            failed = await answer(ticket)
+            assert isinstance(failed, Failure) and "during prefill" in str(failed.error)
+            got, _ = await _ask(sched, prompt, torch.full((2,), 1.0), 4)
+            assert got == target_only(prompt, 4, MAX_SEQ)
         finally:
             await asyncio.to_thread(sched.stop)
 
