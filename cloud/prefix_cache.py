@@ -94,21 +94,28 @@ def prefix_key(prompt_ids: Sequence[int], length: int, visual: str) -> str:
     return h.hexdigest()
 
 
-def request_key(req: PrefillRequest, video_token_id: int) -> tuple[str, int] | None:
-    """(key, prefix length) of a prefill request, or None when it has no prefix to keep:
-    no <video> rows, or no visual input to key on. At least one row stays to prefill:
+def keyed_prefix(prompt_ids: Sequence[int], visual: str, video_token_id: int
+                 ) -> tuple[str, int] | None:
+    """(key, prefix length) of a prompt whose visual input has :func:`visual_key`
+    ``visual``, or None when it has no <video> rows. At least one row stays to prefill:
     the first answer token comes from its logits."""
-    length = min(prefix_length(req.input_ids, video_token_id), len(req.input_ids) - 1)
+    length = min(prefix_length(prompt_ids, video_token_id), len(prompt_ids) - 1)
     if length < 1:
         return None
+    return prefix_key(prompt_ids, length, visual), length
+
+
+def request_key(req: PrefillRequest, video_token_id: int) -> tuple[str, int] | None:
+    """:func:`keyed_prefix` of a prefill request; a request not keyed on its way in has
+    its visual tensor hashed here (None without one)."""
     vkey = req.visual_key
-    if vkey is None:  # a caller that did not key it: hash the tensor here
+    if vkey is None:
         visual = req.pixel_values_videos if req.pixel_values_videos is not None \
             else req.video_features
         if visual is None:
             return None
         vkey = visual_key(tensor=visual)
-    return prefix_key(req.input_ids, length, vkey), length
+    return keyed_prefix(req.input_ids, vkey, video_token_id)
 
 
 class PrefixCache:

@@ -41,14 +41,13 @@ request state for no measured gain. See docs/scheduler.md.
 This module is the loop. Around it: ``eventspec.cloud.tickets`` holds what it shares
 with the streams (tickets, KV slots, the outbox), ``eventspec.cloud.prefill_queue`` the
 waiting prefills and how many go into one call, ``eventspec.cloud.scheduler_stats`` its
-counters.
+counters, ``eventspec.cloud.step_assembly`` how a step's batch is built.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import queue
 import threading
@@ -57,7 +56,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from eventspec.cloud.decoding import Committed, DecodingSession, StepInput
+from eventspec.cloud.decoding import Committed, DecodingSession
 from eventspec.cloud.device_timer import DeviceTimer
 from eventspec.cloud.engine.base import (
     BatchedEngine,
@@ -67,20 +66,16 @@ from eventspec.cloud.engine.base import (
 )
 from eventspec.cloud.prefill_chunking import ChunkPolicy
 from eventspec.cloud.prefill_queue import DEFAULT_PREFILL_TOKEN_BUDGET, Piece, PrefillQueue
-from eventspec.cloud.prefix_cache import PrefixCache, keep_prefix, request_key, reuse_prefix
+from eventspec.cloud.prefix_cache import PrefixCache, keep_prefix, keyed_prefix, reuse_prefix
 from eventspec.cloud.sampler import BatchedSampler, SampleSpec, make_generator
 from eventspec.cloud.scheduler_stats import SchedulerStats, StepObserver
+from eventspec.cloud.step_assembly import batch_of, trim_drafts
 from eventspec.cloud.tickets import Failure, Outbox, SchedulerEvent, SlotPool, Ticket
 from eventspec.shared.contract.errors import EventSpecError, Unavailable
 from eventspec.shared.contract.timing import CloudCost
 from eventspec.shared.contract.types import DraftTail, FinishReason
-from eventspec.shared.contract.verify_width import SessionDrafts, verify_widths
-from eventspec.shared.node.static.batch import StepBatch
 
 log = logging.getLogger(__name__)
-
-#: How many drafts' worth of the server-wide acceptance a session's own rate starts from.
-_PRIOR_DRAFTS = 4.0
 
 
 class Scheduler:
@@ -183,12 +178,10 @@ class Scheduler:
     def prefix_may_hit(self, prompt_ids: Sequence[int], visual_key: str) -> bool:
         """Whether the prefix cache holds this prompt's clip now (a guess, from any
         thread): then its frames need no preprocessing unless it misses after all."""
-        cache = self.prefix_cache
-        if cache is None or self.preprocess_frames is None:
+        if self.prefix_cache is None or self.preprocess_frames is None:
             return False
-        keyed = request_key(PrefillRequest(-1, prompt_ids, visual_key=visual_key),
-                            self._video_token_id)
-        return keyed is not None and cache.may_hold(keyed[0])
+        keyed = keyed_prefix(prompt_ids, visual_key, self._video_token_id)
+        return keyed is not None and self.prefix_cache.may_hold(keyed[0])
 
     def offer(self, ticket: Ticket, tail: DraftTail) -> None:
         """Hand the engine thread the edge's latest tail (a newer tail replaces an older)."""
@@ -431,8 +424,9 @@ class Scheduler:
             self._read_mailbox(t)
             inputs.append(t.session.step_input())
         if self.verify_cost is not None and any(inp.drafts for inp in inputs):
-            inputs = self._trim_drafts(ready, inputs, self.verify_cost)
-        batch = self._batch_of(inputs)
+            inputs = trim_drafts([t.session.counters for t in ready], inputs,
+                                 self.verify_cost, self.alpha_prior())
+        batch = batch_of(inputs, self.engine.device)
         specs = [self._spec(t, len(inp.tokens), inp.drafts) for t, inp in zip(ready, inputs,
                                                                               strict=True)]
         t_engine = self._clock()
@@ -457,46 +451,16 @@ class Scheduler:
                 self._end(t, done)
         self._record_step(len(ready), batch.num_tokens, t_start, t_engine, t_sampler, t_done)
 
-    def _trim_drafts(self, ready: Sequence[Ticket], inputs: list[StepInput], cost: CloudCost
-                     ) -> list[StepInput]:
-        """Each session's verified drafts cut to the width that maximises the step's
-        expected tokens per ms; a session's own acceptance so far, shrunk towards the
-        server-wide estimate (4 drafts' worth), is what its drafts are expected to do."""
-        prior = self.alpha_prior()
-        offers = []
-        for t, inp in zip(ready, inputs, strict=True):
-            c = t.session.counters
-            alpha = (c.accepted + _PRIOR_DRAFTS * prior) / (c.drafted + _PRIOR_DRAFTS)
-            offers.append(SessionDrafts(len(inp.drafts), min(1.0, max(0.0, alpha))))
-        widths = verify_widths(cost, offers)
-        return [inp if k == len(inp.drafts) else dataclasses.replace(
-                    inp, tokens=inp.tokens[: k + 1], drafts=inp.drafts[:k])
-                for inp, k in zip(inputs, widths, strict=True)]
-
-    def _batch_of(self, inputs: Sequence[StepInput]) -> StepBatch:
-        """The sessions' step inputs as one engine batch, tokens flattened session-major."""
-        flat = [tok for inp in inputs for tok in inp.tokens]
-        return StepBatch(
-            slots=tuple(inp.slot for inp in inputs),
-            start_positions=tuple(inp.start_position for inp in inputs),
-            counts=tuple(len(inp.tokens) for inp in inputs),
-            token_ids=torch.tensor(flat, dtype=torch.long, device=self.engine.device),  # [N]
-        )
-
     def _record_step(self, sessions: int, tokens: int, t_start: float, t_engine: float,
                      t_sampler: float, t_done: float) -> None:
         """Count the step and split its time into engine, sampler and the loop's own work
         (everything before the engine call and after the sampler, commits included)."""
-        s = self.stats
-        s.observe_step(sessions, tokens)
         self._last_step = (sessions, tokens)
-        s.engine_ms += (t_sampler - t_engine) * 1e3
-        s.sampler_ms += (t_done - t_sampler) * 1e3
-        device_ms = self._device_timer.elapsed_ms()  # the sampler's read waited for it
-        if device_ms is not None:
-            s.engine_device_ms += device_ms
-            s.device_timed_steps += 1
-        s.overhead_ms += ((t_engine - t_start) + (self._clock() - t_done)) * 1e3
+        self.stats.observe_step(
+            sessions, tokens, engine_ms=(t_sampler - t_engine) * 1e3,
+            sampler_ms=(t_done - t_sampler) * 1e3,
+            overhead_ms=((t_engine - t_start) + (self._clock() - t_done)) * 1e3,
+            device_ms=self._device_timer.elapsed_ms())  # the sampler's read waited for it
         if self.observer is not None:
             self.observer.on_step(sessions, tokens, t_done - t_engine)
 

@@ -30,10 +30,19 @@ class SchedulerStats:
     prefill_wait_ms: float = 0.0  # queued prefills waiting for the loop (steps, prefills)
     prefill_chunks: int = 0  # prompt pieces written by chunked prefill calls
 
-    def observe_step(self, sessions: int, tokens: int) -> None:
+    def observe_step(self, sessions: int, tokens: int, *, engine_ms: float, sampler_ms: float,
+                     overhead_ms: float, device_ms: float | None) -> None:
+        """Count one step and its time: the engine call, the sampler call, the loop's own
+        work around them, and the device's time when it was read (None: not timed)."""
         self.steps += 1
         self.step_tokens += tokens
         self.batch_sizes[sessions] += 1
+        self.engine_ms += engine_ms
+        self.sampler_ms += sampler_ms
+        self.overhead_ms += overhead_ms
+        if device_ms is not None:
+            self.engine_device_ms += device_ms
+            self.device_timed_steps += 1
 
 
 class StepObserver(Protocol):
