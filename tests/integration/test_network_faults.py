@@ -104,7 +104,7 @@ async def test_a_20ms_round_trip_keeps_the_targets_answer(net: Net) -> None:
 async def test_the_uplink_estimate_is_the_links_rate_not_the_edges_writes(net: Net) -> None:
     agent = net.edge.agent
     assert agent is not None
-    rate = 200e3  # bytes/s: the toy's 35 KB of fp16 features take some 170 ms
+    rate = 100e3  # bytes/s: the toy's 35 KB of fp16 features take some 350 ms
     net.proxy.set_shape("up", LinkShape(delay_ms=10.0, rate_bytes_per_s=rate))
     agent.uplink = ThroughputEstimator(min_bytes=0)  # the toy payload is below the floor
     try:
@@ -115,9 +115,10 @@ async def test_the_uplink_estimate_is_the_links_rate_not_the_edges_writes(net: N
     upload_ms = final.stats.stage_ms[UPLOAD_STAGE]  # as the cloud received them
     seen = agent.uplink.bytes_per_s
     assert seen > 0
-    # A busy machine can only make the transfer look slower; the edge's own clock made
-    # it look several times faster than the link (it timed its buffered writes).
-    assert seen <= 1.25 * rate, (seen, upload_ms)
+    # The edge's own clock made the link look 7x faster than it was (it timed its
+    # buffered writes). The cloud's timing can err high only by reading the header late
+    # while the chunks queue behind it: 3x would take 230 ms of such lag.
+    assert seen <= 3 * rate, (seen, upload_ms)
     assert final.stats.uplink_bytes > seen * upload_ms / 1e3  # the payload, plus messages
 
 
