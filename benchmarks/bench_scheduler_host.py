@@ -1,7 +1,7 @@
 """The engine loop's own cost per step, with an engine that costs nothing (issue 23).
 
 On an H200 the in-server step was 1.12-1.38x the engine's device time at 16-64
-sessions (``load-h200-*.json``): 1.6-3.6 ms a step outside the engine. This measures the
+sessions (``load-h200-*.json``): 0.7-4.1 ms a step outside the engine. This measures the
 part that is the loop's Python alone: B greedy target-only sessions decode through the
 real ``Scheduler`` and its sampler over an engine whose step returns a precomputed
 logits view (a 64-token vocabulary, so the sampler's arithmetic is negligible too),
