@@ -9,7 +9,7 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from eventspec.cloud.config import ENGINES, ENV_PREFIX, VERIFY_WIDTHS, CloudSettings
+from eventspec.cloud.config import ENGINES, ENV_PREFIX, KV_LAYOUTS, VERIFY_WIDTHS, CloudSettings
 from eventspec.cloud.model_dirs import TINY_RANDOM
 from eventspec.shared.helpfmt import DefaultsHelpFormatter
 from eventspec.shared.node.node_cli import (
@@ -57,9 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="cap on a request's max_new_tokens (>= 1; a request's 0 means min(64, this "
              "cap))")
     arg("--kv-cache-gb", type=float, default=env.kv_cache_gb,
-        help="KV memory budget in GiB; slots = budget / (max-seq-len x KV bytes per "
-             "token), at most --max-sessions (default: --kv-memory-fraction of free GPU "
-             "memory, or 2 GiB on CPU)")
+        help="KV memory budget in GiB: by length, an arena of budget / (KV bytes per "
+             "token) positions less one --max-seq-len for padding; with slots, budget / "
+             "(max-seq-len x KV bytes per token) slots, at most --max-sessions (default: "
+             "--kv-memory-fraction of free GPU memory, or 2 GiB on CPU)")
+    arg("--kv-layout", choices=list(KV_LAYOUTS), default=env.kv_layout,
+        help="by-length: a request takes KV for its own prompt plus its answer cap, so "
+             "short requests leave room for more (static engine); slots: every request "
+             "a slot of --max-seq-len positions (the HF engine always)")
     arg("--kv-memory-fraction", type=float, default=env.kv_memory_fraction,
         help="without --kv-cache-gb, the share of free GPU memory the KV budget takes, "
              "in (0, 1]")
@@ -153,6 +158,7 @@ def settings_from_args(args: argparse.Namespace) -> CloudSettings:
         kv_cache_gb=args.kv_cache_gb,
         kv_memory_fraction=args.kv_memory_fraction,
         max_seq_len=args.max_seq_len,
+        kv_layout=args.kv_layout,
         engine=args.engine,
         max_verify_tokens=args.max_verify_tokens,
         verify_width=args.verify_width,

@@ -40,6 +40,8 @@ SEED_MAX = 2**64 - 1
 
 #: ``--verify-width`` choices.
 VERIFY_WIDTHS = ("auto", "all")
+#: ``--kv-layout`` choices.
+KV_LAYOUTS = ("by-length", "slots")
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,10 @@ class CloudSettings:
     #: Positions per KV slot (prompt + answer); None = the prompt, 256 question tokens and
     #: the answer cap, at most the model's (``eventspec.cloud.engine.kv.auto_max_seq_len``).
     max_seq_len: int | None = None
+    #: "by-length": each request takes KV for its own prompt plus its answer cap from one
+    #: arena (``eventspec.cloud.kv_arena``; the static engine); "slots": every request a
+    #: slot of ``max_seq_len`` positions (the HF engine always).
+    kv_layout: str = "by-length"
     #: Target engine: "static" (static KV slots, CUDA graphs), "hf" (the HF eager
     #: reference), or "auto" (static on CUDA, hf on CPU).
     engine: str = "auto"
@@ -139,6 +145,7 @@ class CloudSettings:
             kv_cache_gb=e.optional_number("KV_CACHE_GB"),
             kv_memory_fraction=e.number("KV_MEMORY_FRACTION", d.kv_memory_fraction),
             max_seq_len=e.optional_integer("MAX_SEQ_LEN"),
+            kv_layout=e.text("KV_LAYOUT", d.kv_layout),
             engine=e.text("ENGINE", d.engine),
             max_verify_tokens=e.integer("MAX_VERIFY_TOKENS", d.max_verify_tokens),
             verify_width=e.text("VERIFY_WIDTH", d.verify_width),
@@ -194,6 +201,7 @@ class CloudSettings:
         require_int("--max-verify-tokens", self.max_verify_tokens, 1,
                     lim.max_draft_tokens + 1, "the drafts cap plus one")
         require_choice("--verify-width", self.verify_width, VERIFY_WIDTHS)
+        require_choice("--kv-layout", self.kv_layout, KV_LAYOUTS)
         if not (math.isfinite(self.prefix_cache_gb) and self.prefix_cache_gb >= 0):
             raise SettingsError(f"--prefix-cache-gb must be >= 0 (0: off), "
                                 f"got {self.prefix_cache_gb:g}")

@@ -154,13 +154,17 @@ async def _admit(
     """A place under the session caps, then a KV slot: (the registry key, the ticket).
     The place is given back when no slot is free."""
     sched = rt.scheduler
+    # KV for the prompt and the answer cap: with KV by length the request gets exactly
+    # that and its session stays within it; a fixed slot holds max_seq_len whatever.
+    need = prompt_len + open_req.generation.max_new_tokens
+    room = need if sched.kv_by_length else sched.engine.max_seq_len
 
     def make_session(slot: int) -> DecodingSession:
         return DecodingSession(
             settings=open_req.generation,
             slot=slot,
             prompt_len=prompt_len,
-            max_seq_len=sched.engine.max_seq_len,
+            max_seq_len=room,
             eos_token_id=rt.info.eos_token_id,
             max_verify_tokens=rt.settings.max_verify_tokens,
             decode=rt.target.decode,
@@ -176,14 +180,14 @@ async def _admit(
         probe.stage = "kv"
     try:
         if rt.kv_queue is None:
-            ticket = sched.admit(open_req.request_id, make_session)  # a KV slot
+            ticket = sched.admit(open_req.request_id, make_session, positions=need)
         else:  # a KV slot, waiting in line while none is free
             wait_s = rt.settings.kv_wait_s
             if open_req.deadline_ms > 0:
                 wait_s = min(wait_s, open_req.deadline_ms / 1000)
             ticket = await rt.kv_queue.admit(
-                lambda: sched.admit(open_req.request_id, make_session), wait_s=wait_s,
-                full_message=sched.pool.full_message)
+                lambda: sched.admit(open_req.request_id, make_session, positions=need),
+                positions=need, wait_s=wait_s, full_message=lambda: sched.pool.full_message)
     except BaseException:
         await rt.registry.close(key)
         raise

@@ -1,9 +1,10 @@
-"""Requests that find every KV slot taken wait for one, first come first served.
+"""Requests that find KV memory taken wait for room, first come first served.
 
 Why: refusing the request after the last slot at once (RESOURCE_EXHAUSTED) turned a
 momentary peak into errors, although slots free up every few hundred ms as answers end
 (``bench_capacity.py --concurrency 64`` on an 80 GB card ended in that error). Now such
-a request waits in a bounded FIFO until a slot is free, for at most ``--kv-wait-s`` or
+a request waits in a bounded FIFO until its KV fits (a free slot, or with KV by length
+a free run of its own positions: ``eventspec.cloud.kv_arena``), for at most ``--kv-wait-s`` or
 the request's own deadline, whichever is sooner. RESOURCE_EXHAUSTED comes only when the
 queue is full or the wait ran out, and the message says which.
 
@@ -25,11 +26,15 @@ T = TypeVar("T")
 
 
 class KvWaitQueue:
-    """A FIFO of at most ``capacity`` requests waiting for a free KV slot."""
+    """A FIFO of at most ``capacity`` requests waiting for KV room.
 
-    def __init__(self, capacity: int, free_slots: Callable[[], int]) -> None:
+    ``fits(positions)``: whether a request needing that many positions would get KV
+    now (the pool's ``fits``). The head of the line waits until it fits, so a long
+    request is not passed by shorter ones forever."""
+
+    def __init__(self, capacity: int, fits: Callable[[int], bool]) -> None:
         self.capacity = capacity
-        self._free_slots = free_slots
+        self._fits = fits
         self._waiters: collections.deque[object] = collections.deque()
         self._changed: asyncio.Condition | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -48,17 +53,18 @@ class KvWaitQueue:
             self._loop = asyncio.get_running_loop()
         return self._changed
 
-    async def admit(self, take_slot: Callable[[], T], *, wait_s: float, full_message: str) -> T:
-        """``take_slot()`` now if a slot is free and nobody waits ahead; otherwise wait
-        in line up to ``wait_s`` seconds. ``full_message`` says what is full (the slots)."""
-        if not self._waiters and self._free_slots() > 0:
+    async def admit(self, take_slot: Callable[[], T], *, positions: int, wait_s: float,
+                    full_message: Callable[[], str]) -> T:
+        """``take_slot()`` now if ``positions`` fit and nobody waits ahead; otherwise wait
+        in line up to ``wait_s`` seconds. ``full_message()`` says what is full."""
+        if not self._waiters and self._fits(positions):
             return take_slot()
         if self.capacity <= 0:
             return take_slot()  # no queue: the pool's own refusal
         if len(self._waiters) >= self.capacity:
             raise ResourceExhausted(
-                f"{full_message}, and the queue of {self.capacity} requests waiting for a "
-                "slot is full (--kv-queue); retry later"
+                f"{full_message()}, and the queue of {self.capacity} requests waiting for "
+                "KV is full (--kv-queue); retry later"
             )
         changed = self._condition()
         me = object()
@@ -68,12 +74,12 @@ class KvWaitQueue:
                 try:
                     await asyncio.wait_for(
                         changed.wait_for(lambda: self._waiters[0] is me
-                                         and self._free_slots() > 0),
+                                         and self._fits(positions)),
                         timeout=max(0.0, wait_s))
                 except TimeoutError:
                     self.timed_out += 1
                     raise ResourceExhausted(
-                        f"{full_message}; waited {wait_s:g} s in line for a slot (the "
+                        f"{full_message()}; waited {wait_s:g} s in line for KV (the "
                         "shorter of --kv-wait-s and the request's deadline); retry later"
                     ) from None
                 self.admitted_after_wait += 1
@@ -83,7 +89,7 @@ class KvWaitQueue:
             self._notify_soon()
 
     def wake_from_thread(self) -> None:
-        """A slot was given back (engine thread): let the first waiter look again."""
+        """KV was given back (engine thread): let the first waiter look again."""
         loop = self._loop
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._notify_soon)

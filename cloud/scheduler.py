@@ -64,6 +64,7 @@ from eventspec.cloud.engine.base import (
     PrefillChunk,
     PrefillRequest,
 )
+from eventspec.cloud.kv_arena import ArenaPool
 from eventspec.cloud.prefill_chunking import ChunkPolicy
 from eventspec.cloud.prefill_queue import DEFAULT_PREFILL_TOKEN_BUDGET, Piece, PrefillQueue
 from eventspec.cloud.prefix_cache import PrefixCache, keep_prefix, keyed_prefix, reuse_prefix
@@ -71,7 +72,7 @@ from eventspec.cloud.sampler import BatchedSampler, SampleSpec, make_generator
 from eventspec.cloud.scheduler_stats import SchedulerStats, StepObserver
 from eventspec.cloud.step_assembly import batch_of, trim_drafts
 from eventspec.cloud.tickets import Failure, Outbox, SchedulerEvent, SlotPool, Ticket
-from eventspec.shared.contract.errors import EventSpecError, Unavailable
+from eventspec.shared.contract.errors import EventSpecError, InvalidInput, Unavailable
 from eventspec.shared.contract.timing import CloudCost
 from eventspec.shared.contract.types import DraftTail, FinishReason
 
@@ -109,7 +110,13 @@ class Scheduler:
         #: The cost model the ``auto`` chunk size is read from (set by the server).
         self.chunk_cost: CloudCost | None = None
         self.sampler = BatchedSampler(text_vocab_size)
-        self.pool = SlotPool(engine.num_slots, engine.max_seq_len)
+        #: KV by length (``eventspec.cloud.kv_arena``) where the engine keeps an arena of
+        #: positions; else fixed slots of ``max_seq_len``.
+        arena = getattr(engine, "kv_positions", None)
+        self.kv_by_length = bool(arena)
+        self.pool: SlotPool | ArenaPool = (
+            ArenaPool(arena, engine.max_seq_len, engine.num_slots) if arena
+            else SlotPool(engine.num_slots, engine.max_seq_len))
         self.stats = SchedulerStats()
         self._device_timer = DeviceTimer(torch.device(getattr(engine, "device", "cpu")))
         self._clock = clock
@@ -144,14 +151,23 @@ class Scheduler:
         self._thread = threading.Thread(target=self._run, name="engine-core", daemon=True)
         self._thread.start()
 
-    def admit(self, request_id: str, make_session: Callable[[int], DecodingSession]) -> Ticket:
-        """Take a KV slot for a new request (RESOURCE_EXHAUSTED when none is free;
-        UNAVAILABLE once the engine loop has ended, never a request that hangs)."""
+    def admit(self, request_id: str, make_session: Callable[[int], DecodingSession], *,
+              positions: int | None = None) -> Ticket:
+        """Take KV for a new request: a slot, or with KV by length a run of ``positions``
+        (its prompt plus its answer cap; the session must stay within them). Raises
+        RESOURCE_EXHAUSTED when none is free; UNAVAILABLE once the engine loop has
+        ended, never a request that hangs."""
         if self.dead is not None:
             raise Unavailable(f"the verifier's engine loop has stopped ({self.dead})")
-        slot = self.pool.acquire()
+        need = self.pool.max_seq_len if positions is None else positions
+        slot = self.pool.acquire(need)
         try:
+            if self.kv_by_length:
+                self.engine.reserve(slot, need)  # type: ignore[attr-defined]
             session = make_session(slot)
+            if self.kv_by_length and session.max_seq_len > need:
+                raise InvalidInput(f"a session of {session.max_seq_len} positions in KV "
+                                   f"reserved for {need}")
         except BaseException:
             self.pool.release(slot)
             raise

@@ -115,6 +115,7 @@ def build_engine(settings: CloudSettings, target: TargetModel) -> BatchedEngine:
         max_slots=settings.limits.max_sessions,
         scratch_slots=SCRATCH_SLOTS if kind == "static" else 0,
         reserved_bytes=int(settings.prefix_cache_gb * GIB) if kind == "static" else 0,
+        by_length=kind == "static" and settings.kv_layout == "by-length",
     )
     log.info("KV capacity: %s", kv.describe())  # the engine is built with exactly these
     engine: BatchedEngine
@@ -175,7 +176,7 @@ def build_runtime(
         runtime.scheduler.alpha_prior = lambda: runtime.acceptance.value
     if settings.kv_queue > 0:
         pool = runtime.scheduler.pool
-        runtime.kv_queue = KvWaitQueue(settings.kv_queue, lambda: pool.free)
+        runtime.kv_queue = KvWaitQueue(settings.kv_queue, pool.fits)
         pool.on_release = runtime.kv_queue.wake_from_thread
     return runtime
 

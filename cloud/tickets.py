@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from eventspec.cloud.decoding import Committed, DecodingSession
-from eventspec.shared.contract.errors import EventSpecError, ResourceExhausted
+from eventspec.shared.contract.errors import EventSpecError, InvalidInput, ResourceExhausted
 from eventspec.shared.contract.types import DraftTail
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,16 @@ class SlotPool:
         return (f"all {self.num_slots} KV slots are in use ({self.num_slots} slots x "
                 f"{self.max_seq_len} tokens, GetServerInfo.limits.kv_slots)")
 
-    def acquire(self) -> int:
+    def fits(self, positions: int) -> bool:
+        """Whether a request of ``positions`` would be admitted now (a slot is free)."""
+        return bool(self._free) and positions <= self.max_seq_len
+
+    def acquire(self, positions: int | None = None) -> int:
+        """A free slot (every slot holds ``max_seq_len`` positions, whatever ``positions``
+        the request needs, at most that)."""
+        if positions is not None and not 0 < positions <= self.max_seq_len:
+            raise InvalidInput(f"a request of {positions} positions exceeds this verifier's "
+                               f"{self.max_seq_len} per slot")
         with self._lock:
             if not self._free:
                 raise ResourceExhausted(f"{self.full_message}; retry later or raise --kv-cache-gb")

@@ -47,12 +47,23 @@ class KVPlan:
     budget_bytes: int
     source: str  # where the budget came from, for the start-up log
     scratch_slots: int = 0
+    #: KV by length (``eventspec.cloud.kv_arena``): positions of the arena requests take
+    #: their runs from; ``num_slots`` is then the most sessions at once. 0: fixed slots.
+    arena_positions: int = 0
 
     @property
     def slot_bytes(self) -> int:
         return self.bytes_per_token * self.max_seq_len
 
     def describe(self) -> str:
+        if self.arena_positions:
+            return (
+                f"KV by length: an arena of {self.arena_positions} positions "
+                f"({self.arena_positions * self.bytes_per_token / GIB:.2f} GiB, "
+                f"{self.bytes_per_token} B/token) + a {self.max_seq_len}-position scratch "
+                f"window, at most {self.num_slots} sessions of at most {self.max_seq_len} "
+                f"positions each (budget {self.budget_bytes / GIB:.2f} GiB from {self.source})"
+            )
         scratch = f" + {self.scratch_slots} scratch" if self.scratch_slots else ""
         return (
             f"{self.num_slots} KV slots{scratch} x {self.max_seq_len} tokens "
@@ -100,6 +111,31 @@ def fit_slots(
     return KVPlan(int(slots), max_seq_len, bytes_per_token, budget_bytes, source, scratch_slots)
 
 
+def fit_arena(
+    budget_bytes: int,
+    source: str,
+    *,
+    bytes_per_token: int,
+    max_seq_len: int,
+    max_sessions: int,
+) -> KVPlan:
+    """KV by length: the budget as one arena of positions, less a ``max_seq_len``
+    window of scratch for padding rows; at most ``max_sessions`` at once. Raises
+    InvalidInput when the arena cannot hold one request of ``max_seq_len``."""
+    if max_seq_len < 1 or bytes_per_token < 1 or max_sessions < 1:
+        raise InvalidInput(f"max_seq_len, bytes_per_token and max_sessions must be >= 1, got "
+                           f"{max_seq_len}, {bytes_per_token}, {max_sessions}")
+    positions = budget_bytes // bytes_per_token - max_seq_len
+    if positions < max_seq_len:
+        raise InvalidInput(
+            f"the KV budget of {budget_bytes / GIB:.3f} GiB ({source}) holds "
+            f"{budget_bytes // bytes_per_token} positions: not one request of {max_seq_len} "
+            f"plus as many for padding; raise --kv-cache-gb or lower --max-seq-len"
+        )
+    return KVPlan(max_sessions, max_seq_len, bytes_per_token, budget_bytes, source,
+                  scratch_slots=1, arena_positions=int(positions))
+
+
 def plan_kv(
     *,
     bytes_per_token: int,
@@ -110,11 +146,13 @@ def plan_kv(
     max_slots: int,
     scratch_slots: int = 0,
     reserved_bytes: int = 0,
+    by_length: bool = False,
 ) -> KVPlan:
     """The server's budget: ``kv_cache_gb``, else a fraction of free device memory (CUDA)
     less ``reserved_bytes`` (the prefix cache's), or ``CPU_DEFAULT_KV_GB`` (CPU); then
     :func:`fit_slots`, at most ``max_slots`` (the session cap, since a slot nobody can
-    use is wasted memory). Raises InvalidInput when not one slot fits."""
+    use is wasted memory), or with ``by_length`` :func:`fit_arena` for at most
+    ``max_slots`` sessions. Raises InvalidInput when not one request fits."""
     if kv_cache_gb is not None:
         if not kv_cache_gb > 0:
             raise InvalidInput(f"--kv-cache-gb must be > 0, got {kv_cache_gb}")
@@ -129,5 +167,8 @@ def plan_kv(
             source += f" less {reserved_bytes / GIB:.1f} GiB for the prefix cache"
     else:
         budget, source = int(CPU_DEFAULT_KV_GB * GIB), f"the CPU default of {CPU_DEFAULT_KV_GB} GiB"
+    if by_length:
+        return fit_arena(budget, source, bytes_per_token=bytes_per_token,
+                         max_seq_len=max_seq_len, max_sessions=max_slots)
     return fit_slots(budget, source, bytes_per_token=bytes_per_token, max_seq_len=max_seq_len,
                      max_slots=max_slots, scratch_slots=scratch_slots)

@@ -49,6 +49,8 @@ class PacedEngine:
         self.device: torch.device = inner.device
         self.num_slots = inner.num_slots
         self.max_seq_len = inner.max_seq_len
+        #: KV by length passes through (``eventspec.cloud.kv_arena``).
+        self.kv_positions: int | None = getattr(inner, "kv_positions", None)
 
     @staticmethod
     def _pad(started: float, floor_ms: float) -> None:
@@ -91,3 +93,7 @@ class PacedEngine:
 
     def free(self, slot: int) -> None:
         self.inner.free(slot)
+
+    def reserve(self, slot: int, positions: int) -> None:
+        """KV by length: the inner engine's reservation (only called when it has one)."""
+        self.inner.reserve(slot, positions)  # type: ignore[attr-defined]

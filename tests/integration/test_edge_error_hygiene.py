@@ -88,14 +88,14 @@ def test_scrub_addresses_keeps_plain_messages() -> None:
      "retry later"),
     ("no slot fits; raise --kv-cache-gb or lower --max-seq-len", "no slot fits"),
     ("all 3 KV slots are in use (3 slots x 512 tokens, GetServerInfo.limits.kv_slots), and "
-     "the queue of 64 requests waiting for a slot is full (--kv-queue); retry later",
+     "the queue of 64 requests waiting for KV is full (--kv-queue); retry later",
      "all 3 KV slots are in use (3 slots x 512 tokens, GetServerInfo.limits.kv_slots), and "
-     "the queue of 64 requests waiting for a slot is full; retry later"),
+     "the queue of 64 requests waiting for KV is full; retry later"),
     ("all 3 KV slots are in use (3 slots x 512 tokens, GetServerInfo.limits.kv_slots); waited "
-     "30 s in line for a slot (the shorter of --kv-wait-s and the request's deadline); retry "
+     "30 s in line for KV (the shorter of --kv-wait-s and the request's deadline); retry "
      "later",
      "all 3 KV slots are in use (3 slots x 512 tokens, GetServerInfo.limits.kv_slots); waited "
-     "30 s in line for a slot; retry later"),
+     "30 s in line for KV; retry later"),
     ("max_new_tokens 33 exceeds this server's cap of 32",
      "max_new_tokens 33 exceeds this server's cap of 32"),
 ])

@@ -60,12 +60,33 @@ def test_the_logged_kv_capacity_is_what_the_engine_built(
     target = build_tiny_random_target(seed=0)  # the static engine fuses its weights
     per_slot = kv_bytes_per_slot(target, 128)
     settings = replace(h.settings(kv_cache_gb=(5 * per_slot + 1024) / 2**30, max_sessions=16),
-                       engine=kind, max_seq_len=128)
+                       engine=kind, max_seq_len=128, kv_layout="slots")
     with caplog.at_level(logging.INFO, logger="eventspec.cloud.server"):
         engine = build_engine(settings, target)
     logged = re.findall(r"KV capacity: (\d+) KV slots", caplog.text)
     assert logged == [str(engine.num_slots)], caplog.text
     assert engine.num_slots == (4 if kind == "static" else 5)
+
+
+def test_kv_by_length_is_one_arena_less_a_padding_window(
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    # The same budget by length: every position but one slot's worth of scratch is
+    # the arena (5 x 128 + 1 positions less 128), for up to --max-sessions requests.
+    target = build_tiny_random_target(seed=0)
+    per_slot = kv_bytes_per_slot(target, 128)
+    per_token = per_slot // 128
+    settings = replace(h.settings(kv_cache_gb=(5 * per_slot + per_token) / 2**30,
+                                  max_sessions=16), engine="static", max_seq_len=128)
+    with caplog.at_level(logging.INFO, logger="eventspec.cloud.server"):
+        engine = build_engine(settings, target)
+    assert isinstance(engine, StaticEngine)
+    assert engine.kv_positions == 5 * 128 + 1 - 128
+    assert engine.num_slots == 16
+    logged = re.findall(r"KV by length: an arena of (\d+) positions", caplog.text)
+    assert logged == [str(engine.kv_positions)], caplog.text
+    hf = build_engine(replace(settings, engine="hf"), target)  # no arena: slots
+    assert getattr(hf, "kv_positions", None) is None and hf.num_slots == 5
 
 
 async def test_static_engine_serves_what_hf_serves_over_grpc() -> None:

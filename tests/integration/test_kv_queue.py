@@ -83,7 +83,7 @@ async def test_a_full_queue_is_refused_saying_so(server: VerifierServer) -> None
         failure = await h.expect_failure(server.port, [h.open_msg(Q, h.make_frames(3))])
         assert failure.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert f"all {SLOTS} KV slots are in use" in failure.details
-        assert "queue of 1 requests waiting for a slot is full (--kv-queue)" in failure.details
+        assert "queue of 1 requests waiting for KV is full (--kv-queue)" in failure.details
         for call in (*held, waiter):
             call.cancel()
     await h.wait_for_sessions(server, 0)
@@ -106,7 +106,7 @@ async def test_the_wait_ends_at_the_requests_deadline_saying_so(server: Verifier
         for call in held:
             call.cancel()
     assert failure.code == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "waited 0.3 s in line for a slot" in failure.details
+    assert "waited 0.3 s in line for KV" in failure.details
     assert queue.timed_out == timed_out + 1 and queue.waiting == 0
     await h.wait_for_sessions(server, 0)
 

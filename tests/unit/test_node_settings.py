@@ -55,6 +55,7 @@ CLOUD: dict[str, Case] = {
     "kv_cache_gb": ("--kv-cache-gb", "1.5", 1.5),
     "kv_memory_fraction": ("--kv-memory-fraction", "0.5", 0.5),
     "max_seq_len": ("--max-seq-len", "2048", 2048),
+    "kv_layout": ("--kv-layout", "slots", "slots"),
     "engine": ("--engine", "hf", "hf"),
     "max_verify_tokens": ("--max-verify-tokens", "9", 9),
     "verify_width": ("--verify-width", "all", "all"),

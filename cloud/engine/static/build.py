@@ -98,12 +98,19 @@ def build_static_engine(
         session_buckets=session_buckets,
         token_buckets=token_buckets,
         batch_invariant=batch_invariant,
+        kv_positions=kv.arena_positions or None,
     )
-    logger.info(
-        "static engine: %d KV slots x %d positions (%.2f GiB), device %s",
-        engine.num_slots, engine.max_seq_len,
-        (engine.num_slots + SCRATCH_SLOTS) * kv.slot_bytes / GIB, target_model.device,
-    )  # fmt: skip
+    if kv.arena_positions:
+        logger.info("static engine: KV by length, %d positions for up to %d sessions "
+                    "(%.2f GiB with the scratch window), device %s", kv.arena_positions,
+                    engine.num_slots, (kv.arena_positions + kv.max_seq_len) * kv.bytes_per_token
+                    / GIB, target_model.device)
+    else:
+        logger.info(
+            "static engine: %d KV slots x %d positions (%.2f GiB), device %s",
+            engine.num_slots, engine.max_seq_len,
+            (engine.num_slots + SCRATCH_SLOTS) * kv.slot_bytes / GIB, target_model.device,
+        )  # fmt: skip
     if warm_up:
         engine.warm_up()
     return engine

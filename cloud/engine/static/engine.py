@@ -41,6 +41,7 @@ class StaticEngine(StaticRuntime):
         session_buckets: Sequence[int] = SESSION_BUCKETS,
         token_buckets: Sequence[int] = TOKEN_BUCKETS,
         batch_invariant: bool = False,
+        kv_positions: int | None = None,
     ) -> None:
         reason = static_unsupported_reason(target)
         if reason is not None:
@@ -57,7 +58,7 @@ class StaticEngine(StaticRuntime):
             fuse_language_weights(target), cos, sin, num_slots=num_slots,
             max_seq_len=max_seq_len, use_graphs=use_graphs, compile_layers=compile_layers,
             session_buckets=session_buckets, token_buckets=token_buckets,
-            batch_invariant=batch_invariant,
+            batch_invariant=batch_invariant, kv_positions=kv_positions,
         )
 
     @torch.inference_mode()
@@ -91,8 +92,9 @@ class StaticEngine(StaticRuntime):
         t = self.target
         ids_list = [int(i) for i in req.input_ids]
         n = len(ids_list)
-        if not 0 < n <= self.max_seq_len - 1:
-            raise InvalidInput(f"prompt of {n} tokens does not fit a slot of {self.max_seq_len}")
+        if not 0 < n <= self._room(req.slot) - 1:
+            raise InvalidInput(f"prompt of {n} tokens does not fit a slot of "
+                               f"{self._room(req.slot)}")
         video_rows = [i for i, tok in enumerate(ids_list) if tok == t.video_token_id]
         if len(video_rows) != t.geometry.visual_tokens:
             raise InvalidInput(

@@ -9,7 +9,13 @@ tokens into the prompt's embeddings and hands them to :meth:`StaticRuntime.prefi
   in place (by the fused RoPE kernel on CUDA, ``index_copy_`` on CPU); the extra slot
   is scratch that padded rows write into, so padding never touches a live session.
   Rollback is free: a step names each session's valid length and nothing beyond it
-  is read.
+  is read. With ``kv_positions`` (KV by length, the cloud's default) the tensor is one
+  arena of positions per layer and head, [layers, Hkv, A + T, D], seen through a
+  strided view of the same [layers, A + 1, Hkv, T, D] shape whose "slot" stride is one
+  position: slot ``s`` is the window starting at position ``s``, so a session owns
+  the run ``[s, s + n)`` it :meth:`~StaticRuntime.reserve`-d and every kernel, which
+  addresses ``slot * stride + pos * stride``, runs unchanged
+  (``eventspec.cloud.kv_arena`` hands out the runs). The scratch window starts at A.
 - **Attention** reads only each session's real length: a Triton split-KV kernel on
   CUDA (:mod:`.attention`), dense masked SDPA on CPU.
 - **Weights** are the HF model's own tensors with fused QKV and gate-up
@@ -104,8 +110,13 @@ class StaticRuntime:
         session_buckets: Sequence[int] = SESSION_BUCKETS,
         token_buckets: Sequence[int] = TOKEN_BUCKETS,
         batch_invariant: bool = False,
+        kv_positions: int | None = None,
     ) -> None:
         """``weights`` and ``cos``/``sin`` [T >= max_seq_len, D] from :mod:`.weights`.
+
+        ``kv_positions``: KV by length, an arena of that many positions (see the module
+        docstring); ``num_slots`` is then the most sessions a step holds, a slot id is
+        a run's first position, and a session must :meth:`reserve` its run first.
 
         ``batch_invariant``: every row's arithmetic independent of the batch, the step's
         width and the row's place in it. On CUDA with Triton and dense weights: the
@@ -118,6 +129,8 @@ class StaticRuntime:
             raise InvalidInput("the static runtime needs at least one KV slot")
         if not 0 < max_seq_len <= cos.shape[0]:
             raise InvalidInput(f"max_seq_len {max_seq_len} outside 1..{cos.shape[0]} positions")
+        if kv_positions is not None and kv_positions < 1:
+            raise InvalidInput(f"a KV arena needs at least one position, got {kv_positions}")
         self.device: torch.device = weights.embed.device
         self.dtype = weights.embed.dtype
         self.num_slots = num_slots
@@ -125,12 +138,14 @@ class StaticRuntime:
         self.weights = weights
         self.cos, self.sin = cos, sin  # each [T, D]
         w = self.weights
-        # One slot more than served: the scratch slot that padding rows write into.
-        # Zeroed, not empty: the CPU path's dense attention multiplies masked-out
-        # positions by 0, and 0 * NaN garbage would poison a row.
-        shape = (len(w.layers), num_slots + 1, w.num_kv_heads, max_seq_len, w.head_dim)
-        self.k_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)  # [L,S+1,Hkv,T,D]
-        self.v_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)  # [L,S+1,Hkv,T,D]
+        #: Positions of the KV arena (KV by length), or None: fixed slots.
+        self.kv_positions = kv_positions
+        # One slot more than served (or a window after the arena): the scratch that
+        # padding rows write into.
+        self.k_cache = self._kv_tensor()  # [L, S+1, Hkv, T, D] (a strided view by length)
+        self.v_cache = self._kv_tensor()  # [L, S+1, Hkv, T, D]
+        #: KV by length: each session's run, first position -> positions reserved.
+        self._reserved: dict[int, int] = {}
         self._live: set[int] = set()
         #: Prompt positions each slot holds from prefills (chunks continue from here).
         self._filled: dict[int, int] = {}
@@ -174,7 +189,7 @@ class StaticRuntime:
         # Static step buffers: one int64 block holding every index array at fixed
         # offsets, so each bucket's views keep their addresses across replays.
         self._staging = StepStaging(self.device, max_seq_len=max_seq_len,
-                                    scratch_slot=num_slots, cap_m=max_m, cap_b=max_b)
+                                    scratch_slot=self._scratch_slot, cap_m=max_m, cap_b=max_b)
         self._logits = torch.zeros(max_m, w.vocab, device=self.device, dtype=self.dtype)
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.warmup_report: dict[str, float] = {}
@@ -213,10 +228,10 @@ class StaticRuntime:
                 raise InvalidInput(
                     f"slot {s}: embeddings must be [L, {self.weights.hidden}], got {list(e.shape)}"
                 )
-            if not 0 < start + e.shape[0] <= self.max_seq_len - 1 or e.shape[0] < 1:
+            if not 0 < start + e.shape[0] <= self._room(s) - 1 or e.shape[0] < 1:
                 raise InvalidInput(
                     f"prompt of {start + e.shape[0]} tokens does not fit a slot of "
-                    f"{self.max_seq_len}"
+                    f"{self._room(s)}"
                 )
             if start and self._filled.get(s) != start:
                 raise InvalidInput(f"slot {s} holds {self._filled.get(s, 0)} prompt positions, "
@@ -290,9 +305,9 @@ class StaticRuntime:
         w = self.weights
         n = int(k.shape[2]) if k.dim() == 4 else 0
         want = (len(w.layers), w.num_kv_heads, n, w.head_dim)
-        if tuple(k.shape) != want or tuple(v.shape) != want or not 0 < n < self.max_seq_len:
+        if tuple(k.shape) != want or tuple(v.shape) != want or not 0 < n < self._room(slot):
             raise InvalidInput(f"a prefix must be K and V of {list(want)} with 0 < length < "
-                               f"{self.max_seq_len}, got {list(k.shape)} and {list(v.shape)}")
+                               f"{self._room(slot)}, got {list(k.shape)} and {list(v.shape)}")
         self.k_cache[:, slot, :, :n].copy_(k)
         self.v_cache[:, slot, :, :n].copy_(v)
         self._filled[slot] = n
@@ -309,9 +324,9 @@ class StaticRuntime:
         for slot, start, count in triples:
             if slot not in self._live:
                 raise InvalidInput(f"slot {slot} holds no prefilled session")
-            if count < 1 or start < 1 or start + count > self.max_seq_len:
+            if count < 1 or start < 1 or start + count > self._room(slot):
                 raise InvalidInput(
-                    f"slot {slot}: tokens [{start}, {start + count}) outside 1..{self.max_seq_len}"
+                    f"slot {slot}: tokens [{start}, {start + count}) outside 1..{self._room(slot)}"
                 )
         n = batch.num_tokens
         if tuple(batch.token_ids.shape) != (n,):
@@ -335,10 +350,26 @@ class StaticRuntime:
         return logits.index_select(0, dest).float()  # [N, V]
 
     def free(self, slot: int) -> None:
-        """Forget the slot's content (idempotent); nothing to clear, it is overwritten."""
+        """Forget the slot's content (idempotent); nothing to clear, it is overwritten.
+        By length, the run's reservation ends too."""
         self._check_slot(slot)
         self._live.discard(slot)
         self._filled.pop(slot, None)
+        self._reserved.pop(slot, None)
+
+    def reserve(self, slot: int, positions: int) -> None:
+        """KV by length: the session starting at position ``slot`` of the arena owns
+        ``positions`` from there (the caller's allocator keeps runs apart); its prefill
+        and steps are checked against them. Fixed slots: only checks the length."""
+        self._check_slot(slot)
+        if not 0 < positions <= self.max_seq_len:
+            raise InvalidInput(f"a session of {positions} positions; this engine holds "
+                               f"1..{self.max_seq_len} per session")
+        if self.kv_positions is not None:
+            if slot + positions > self.kv_positions:
+                raise InvalidInput(f"a run of {positions} positions from {slot} passes the "
+                                   f"arena's end ({self.kv_positions})")
+            self._reserved[slot] = positions
 
     # -- warm-up --------------------------------------------------------------------
 
@@ -409,8 +440,36 @@ class StaticRuntime:
         return torch.cat(outs)  # [M, Hq D]
 
     def _check_slot(self, slot: int) -> None:
-        if not 0 <= slot < self.num_slots:
-            raise InvalidInput(f"slot {slot} outside 0..{self.num_slots - 1}")
+        top = self.num_slots if self.kv_positions is None else self.kv_positions
+        if not 0 <= slot < top:
+            raise InvalidInput(f"slot {slot} outside 0..{top - 1}")
+
+    def _room(self, slot: int) -> int:
+        """Positions the session in ``slot`` may use: the slot, or the run it reserved
+        (none reserved: 0, so nothing fits)."""
+        if self.kv_positions is None:
+            return self.max_seq_len
+        return self._reserved.get(slot, 0)
+
+    @property
+    def _scratch_slot(self) -> int:
+        """Where padding rows write: the extra slot, or the window after the arena."""
+        return self.num_slots if self.kv_positions is None else self.kv_positions
+
+    def _kv_tensor(self) -> torch.Tensor:
+        """Zeroed K or V memory as [L, S + 1, Hkv, T, D]: contiguous slots, or (by
+        length) a strided view of an [L, Hkv, A + T, D] arena, slot s = position s."""
+        w = self.weights
+        layers_, hkv, t, d = len(w.layers), w.num_kv_heads, self.max_seq_len, w.head_dim
+        # Zeroed, not empty: the CPU path's dense attention multiplies masked-out
+        # positions by 0, and 0 * NaN garbage would poison a row.
+        if self.kv_positions is None:
+            return torch.zeros((layers_, self.num_slots + 1, hkv, t, d), device=self.device,
+                               dtype=self.dtype)
+        span = self.kv_positions + t  # the arena, then the scratch window
+        arena = torch.zeros((layers_, hkv, span, d), device=self.device, dtype=self.dtype)
+        return arena.as_strided((layers_, self.kv_positions + 1, hkv, t, d),
+                                (hkv * span * d, d, span * d, d, 1))
 
     def _forward(self, inp: StepInputs, out: torch.Tensor | None) -> torch.Tensor:
         """The padded step: [M] ids -> [M, V] logits (into ``out`` when given).
@@ -484,11 +543,20 @@ class StaticRuntime:
         q, k, v = layers.attention_in(h, lw.ln_attn, lw.wqkv, cos, sin, w.eps, hq, hkv,
                                       self._lin, self._norm)
         heads = torch.arange(hkv, device=h.device)  # [Hkv]
-        t = self.max_seq_len
-        rows = ((write_slot[:, None] * hkv + heads) * t + write_pos[:, None]).view(-1)  # [M Hkv]
-        kc.view(-1, d).index_copy_(0, rows, k.view(-1, d))
-        vc.view(-1, d).index_copy_(0, rows, v.view(-1, d))
+        s_slot, s_head, s_pos = (st // d for st in kc.stride()[:3])  # in rows of D
+        rows = (write_slot[:, None] * s_slot + heads * s_head
+                + write_pos[:, None] * s_pos).view(-1)  # [M Hkv]
+        _rows_of(kc).index_copy_(0, rows, k.view(-1, d))
+        _rows_of(vc).index_copy_(0, rows, v.view(-1, d))
         o = attend(i, q)  # [M, Hq D]
         return layers.attention_out_and_mlp(h, o, lw.wo, lw.ln_mlp, lw.w_gate_up, lw.w_down,
                                             w.eps, self._lin, self._norm)
 
+
+
+def _rows_of(cache: torch.Tensor) -> torch.Tensor:
+    """One layer's K or V memory as [rows, D] from its first element: the slots'
+    memory, contiguous or the arena behind a strided view (its storage offset kept)."""
+    d = cache.shape[-1]
+    last = sum((n - 1) * st for n, st in zip(cache.shape, cache.stride(), strict=True))
+    return cache.as_strided((last // d + 1, d), (d, 1))
