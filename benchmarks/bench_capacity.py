@@ -137,6 +137,8 @@ async def run_level(server: VerifierServer, reqs: list[OpenRequest], n: int, *,
     prefills_before, prefill_ms_before = stats.prefills, stats.prefill_ms
     prefill_wait_before = stats.prefill_wait_ms
     device_before = (stats.engine_device_ms, stats.device_timed_steps)
+    kv_queue = server.runtime.kv_queue
+    waited_before = kv_queue.admitted_after_wait if kv_queue is not None else 0
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(len(reqs)):
         queue.put_nowait(i)
@@ -196,6 +198,11 @@ async def run_level(server: VerifierServer, reqs: list[OpenRequest], n: int, *,
         "tokens_per_target_step": round(tokens / max(1, steps), 2),
         "drafts_accepted": accepted[0],
         "batch_size_histogram": {str(b): c for b, c in sorted(hist.items()) if c},
+        # The most sessions one step held (KV holds at least that many at once), and the
+        # requests that waited in the KV queue before they got KV.
+        "max_sessions_in_a_step": max((b for b, c in hist.items() if c), default=0),
+        "kv_queue_waits": (kv_queue.admitted_after_wait - waited_before
+                           if kv_queue is not None else 0),
         # Host time around the engine call (on CUDA only its launch) and the device's.
         "engine_ms_per_step": round((stats.engine_ms - engine_before) / max(1, steps), 3),
         "engine_device_ms_per_step": round(
@@ -210,6 +217,8 @@ async def run_level(server: VerifierServer, reqs: list[OpenRequest], n: int, *,
 
 async def main_async(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
     top = max(args.concurrency)
     settings = replace(
         CloudSettings(), model=args.model, device=args.device, dtype=args.dtype, port=0,
@@ -218,6 +227,7 @@ async def main_async(args: argparse.Namespace) -> int:
         kv_cache_gb=args.kv_cache_gb, max_seq_len=args.max_seq_len, engine=args.engine,
         emulate_prefill_ms=args.emulate_prefill_ms, emulate_step_ms=args.emulate_step_ms,
         profile_path=RESULTS / ".capacity-profile.msgpack", batch_invariant=args.batch_invariant,
+        kv_layout=args.kv_layout,
     )
     if args.model == "full-size-random":
         from tests.support.fullsize import build_full_target
@@ -251,6 +261,7 @@ async def main_async(args: argparse.Namespace) -> int:
         assert server.runtime is not None
         info = server.runtime.info
         engine_name = type(server.runtime.scheduler.engine).__name__
+        arena_positions = getattr(server.runtime.scheduler.engine, "kv_positions", None)
     finally:
         await server.stop(0)
     identical = all(level["answers"] == truths for level in levels)
@@ -269,6 +280,8 @@ async def main_async(args: argparse.Namespace) -> int:
         "emulate_prefill_ms": args.emulate_prefill_ms, "emulate_step_ms": args.emulate_step_ms,
         "engine": engine_name, "batch_invariant": args.batch_invariant,
         "kv_slots": info.limits.kv_slots, "kv_tokens_per_slot": info.limits.kv_tokens_per_slot,
+        "kv_layout": args.kv_layout, "kv_arena_positions": arena_positions,
+        "gil_switch_interval_ms": round(sys.getswitchinterval() * 1e3, 3),
         "published_cost_model": dataclasses.asdict(info.cloud_cost),
         "answers_identical": identical,
         "answers_agreeing_with_target_only_N1": agreement,
@@ -322,7 +335,10 @@ def _row(level: dict[str, object]) -> str:
             f"ttft {level['ttft_p50_ms']} ms (server {level['server_ttft_p50_ms']}, prefill "
             f"{level['prefill_ms_mean']} + wait {level['prefill_wait_ms_mean']}), "
             f"{level['ms_per_token_p50']} ms/token, step {level['in_server_step_ms']} ms, "
-            f"{level['tokens_per_target_step']} tok/step, batches {level['batch_size_histogram']}")
+            f"(device {level['engine_device_ms_per_step']} ms), "
+            f"{level['tokens_per_target_step']} tok/step, at most "
+            f"{level['max_sessions_in_a_step']} sessions a step, {level['kv_queue_waits']} "
+            f"waited for KV, batches {level['batch_size_histogram']}")
 
 
 def main() -> int:
@@ -343,6 +359,11 @@ def main() -> int:
                         help="positions per KV slot (default: the server's, prompt + 256 "
                              "question tokens + the answer cap)")
     parser.add_argument("--engine", choices=["auto", "static", "hf"], default="auto")
+    parser.add_argument("--kv-layout", choices=["by-length", "slots"], default="by-length",
+                        help="the server's --kv-layout (by-length: the static engine only)")
+    parser.add_argument("--switch-interval-ms", type=float, default=None,
+                        help="the interpreter's thread switch interval (sys.setswitchinterval; "
+                             "default: Python's 5 ms)")
     parser.add_argument("--batch-invariant", action="store_true",
                         help="the cloud's --batch-invariant: answers at every N should then "
                              "equal the N = 1 target-only ones bitwise")

@@ -242,3 +242,34 @@ async def test_the_server_on_the_static_engine_is_lossless_at_full_size() -> Non
         del target
         torch.cuda.empty_cache()
     assert accepted > 0
+
+
+def test_kv_by_length_gives_the_bits_of_fixed_slots(
+    toy: TargetModel, engines: tuple[StaticEngine, StaticEngine], record_property: Record,
+) -> None:
+    """The arena behind a strided view (slot = a run's first position, runs at odd
+    places, padding into the window after the arena) through the graphed, fused Triton
+    path: every row's logits are bitwise those of fixed slots, prefill and steps."""
+    graphed, _ = engines
+    ids = toy.build_prompt_ids(QUESTION)
+    need = len(ids) + 40
+    bases = [3, 3 + need, 3 + 2 * need + 5]
+    arena = StaticEngine(toy, num_slots=8, max_seq_len=graphed.max_seq_len, use_graphs=True,
+                         compile_layers=False, kv_positions=bases[-1] + need + 1)
+    arena.warm_up()
+    slots = [0, 5, 2]
+    for base, slot in zip(bases, slots, strict=True):
+        arena.reserve(base, need)
+        pix = _pixels(toy, slot)
+        first = [e.prefill([PrefillRequest(s, ids, pixel_values_videos=pix)])
+                 for e, s in ((arena, base), (graphed, slot))]
+        assert torch.equal(first[0], first[1])
+    starts = [len(ids)] * 3
+    for i, counts in enumerate([(1, 1, 1), (5, 1, 9), (3, 17, 2), (33, 1, 1)]):
+        tokens = _tokens(toy, sum(counts), seed=i)
+        got = _step(arena, bases, starts, list(counts), tokens)
+        want = _step(graphed, slots, starts, list(counts), tokens)
+        d = recorded(record_property, f"by_length_step_{i}", got, want)
+        assert d["bitwise"], (counts, d)
+        starts = [s + 1 for s in starts]
+    _free((graphed,), slots)
