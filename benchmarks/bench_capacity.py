@@ -217,8 +217,6 @@ async def run_level(server: VerifierServer, reqs: list[OpenRequest], n: int, *,
 
 async def main_async(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
-    if args.switch_interval_ms is not None:
-        sys.setswitchinterval(args.switch_interval_ms / 1e3)
     top = max(args.concurrency)
     settings = replace(
         CloudSettings(), model=args.model, device=args.device, dtype=args.dtype, port=0,
@@ -227,7 +225,7 @@ async def main_async(args: argparse.Namespace) -> int:
         kv_cache_gb=args.kv_cache_gb, max_seq_len=args.max_seq_len, engine=args.engine,
         emulate_prefill_ms=args.emulate_prefill_ms, emulate_step_ms=args.emulate_step_ms,
         profile_path=RESULTS / ".capacity-profile.msgpack", batch_invariant=args.batch_invariant,
-        kv_layout=args.kv_layout,
+        kv_layout=args.kv_layout, gil_switch_interval_ms=args.gil_switch_interval_ms,
     )
     if args.model == "full-size-random":
         from tests.support.fullsize import build_full_target
@@ -281,7 +279,7 @@ async def main_async(args: argparse.Namespace) -> int:
         "engine": engine_name, "batch_invariant": args.batch_invariant,
         "kv_slots": info.limits.kv_slots, "kv_tokens_per_slot": info.limits.kv_tokens_per_slot,
         "kv_layout": args.kv_layout, "kv_arena_positions": arena_positions,
-        "gil_switch_interval_ms": round(sys.getswitchinterval() * 1e3, 3),
+        "gil_switch_interval_ms": args.gil_switch_interval_ms,
         "published_cost_model": dataclasses.asdict(info.cloud_cost),
         "answers_identical": identical,
         "answers_agreeing_with_target_only_N1": agreement,
@@ -361,9 +359,9 @@ def main() -> int:
     parser.add_argument("--engine", choices=["auto", "static", "hf"], default="auto")
     parser.add_argument("--kv-layout", choices=["by-length", "slots"], default="by-length",
                         help="the server's --kv-layout (by-length: the static engine only)")
-    parser.add_argument("--switch-interval-ms", type=float, default=None,
-                        help="the interpreter's thread switch interval (sys.setswitchinterval; "
-                             "default: Python's 5 ms)")
+    parser.add_argument("--gil-switch-interval-ms", type=float,
+                        default=CloudSettings().gil_switch_interval_ms,
+                        help="the server's --gil-switch-interval-ms (0: Python's 5 ms)")
     parser.add_argument("--batch-invariant", action="store_true",
                         help="the cloud's --batch-invariant: answers at every N should then "
                              "equal the N = 1 target-only ones bitwise")

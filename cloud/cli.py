@@ -96,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="batch-invariant arithmetic: a greedy answer's logits do not depend on who "
              "else is in the batch, so speculative equals target-only at any load "
              "(static engine; on CUDA, batch-invariant Triton kernels with CUDA graphs)")
+    arg("--gil-switch-interval-ms", type=float, default=env.gil_switch_interval_ms,
+        help="the interpreter's thread switch interval while serving (0: Python's 5 ms); "
+             "the engine thread waits up to this long for the GIL after each torch call "
+             "while gRPC work holds it")
     arg("--kv-queue", type=int, default=env.kv_queue,
         help="requests that may wait, first come first served, for a KV slot when all "
              "are taken (0: refuse at once with RESOURCE_EXHAUSTED)")
@@ -165,6 +169,7 @@ def settings_from_args(args: argparse.Namespace) -> CloudSettings:
         prefill_chunk=args.prefill_chunk,
         prefix_cache_gb=args.prefix_cache_gb,
         batch_invariant=args.batch_invariant,
+        gil_switch_interval_ms=args.gil_switch_interval_ms,
         kv_queue=args.kv_queue,
         kv_wait_s=args.kv_wait_s,
         profile_path=args.profile,

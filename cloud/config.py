@@ -88,6 +88,10 @@ class CloudSettings:
     #: answer's logits do not depend on who else is in the batch. Static engine only;
     #: unfused and without CUDA graphs, so slow on a GPU (not measured there yet).
     batch_invariant: bool = False
+    #: The interpreter's thread switch interval while the engine loop runs, in ms (0: leave
+    #: Python's 5 ms). The engine thread gives up the GIL at every torch call and waits up
+    #: to this long to get it back from the gRPC event loop (``eventspec.cloud.scheduler``).
+    gil_switch_interval_ms: float = 0.1
     #: Requests that may wait for a KV slot when all are taken (FIFO); 0 refuses at once.
     kv_queue: int = 64
     #: The longest a request waits in that queue (its own deadline may be sooner).
@@ -152,6 +156,7 @@ class CloudSettings:
             prefill_chunk=e.text("PREFILL_CHUNK", d.prefill_chunk),
             prefix_cache_gb=e.number("PREFIX_CACHE_GB", d.prefix_cache_gb),
             batch_invariant=e.switch("BATCH_INVARIANT", d.batch_invariant),
+            gil_switch_interval_ms=e.number("GIL_SWITCH_INTERVAL_MS", d.gil_switch_interval_ms),
             kv_queue=e.integer("KV_QUEUE", d.kv_queue),
             kv_wait_s=e.number("KV_WAIT_S", d.kv_wait_s),
             session_ttl_s=e.number("SESSION_TTL_S", d.session_ttl_s),
@@ -209,6 +214,10 @@ class CloudSettings:
             ChunkPolicy.parse(self.prefill_chunk)
         except ValueError as e:
             raise SettingsError(str(e)) from None
+        if not (math.isfinite(self.gil_switch_interval_ms)
+                and 0 <= self.gil_switch_interval_ms <= 1000):
+            raise SettingsError("--gil-switch-interval-ms must be in [0, 1000] (0: Python's "
+                                f"own), got {self.gil_switch_interval_ms:g}")
         require_int("--kv-queue", self.kv_queue, 0, 100_000, "0 refuses at once")
         require_seconds("--kv-wait-s", self.kv_wait_s, zero_ok=True)
         for flag, seconds in (("--session-ttl-s", self.session_ttl_s),

@@ -33,10 +33,15 @@ step's worth while sessions decode (``eventspec.cloud.prefill_chunking``), and a
 continues where its slot ends at the next iteration; docs/scheduler.md has the rule.
 
 Why a thread and not an engine-core process: the loop's own Python work per step is
-tens of microseconds per session (``benchmarks/bench_capacity.py`` reports it as
-``scheduler_overhead_ms``), small beside a forward, and torch releases the GIL inside
-its kernels; a process would add a msgpack round trip per step and a second copy of the
-request state for no measured gain. See docs/scheduler.md.
+tens of microseconds per session (``benchmarks/bench_scheduler_host.py``), small beside
+a forward, and torch releases the GIL inside its kernels; a process would add a msgpack
+round trip per step and a second copy of the request state. The thread's price is the
+GIL: it gives the lock up at every torch call and, while the gRPC event loop holds it,
+waits up to the interpreter's switch interval (5 ms by default) to get it back, a few
+dozen times a step. On an H100 at 16 and 64 sessions that put the step at 1.28 and
+1.23 times the device's time; with the interval at 0.1 ms (``switch_interval_s``, the
+server's ``--gil-switch-interval-ms``, set while the loop runs) 1.09 and 1.12
+(docs/scheduler.md, "The server as fast as its engine").
 
 This module is the loop. Around it: ``eventspec.cloud.tickets`` holds what it shares
 with the streams (tickets, KV slots, the outbox), ``eventspec.cloud.prefill_queue`` the
@@ -50,6 +55,7 @@ import asyncio
 import contextlib
 import logging
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -137,6 +143,10 @@ class Scheduler:
         #: The acceptance a session's drafts are expected to have before it has shown its
         #: own (the server-wide estimate).
         self.alpha_prior: Callable[[], float] = lambda: 0.5
+        #: The interpreter's switch interval while the loop runs (None: leave it); the
+        #: previous one comes back at ``stop``.
+        self.switch_interval_s: float | None = None
+        self._saved_switch_interval: float | None = None
 
     # -- the streams' side (event loop) ------------------------------------------------------
 
@@ -148,6 +158,9 @@ class Scheduler:
         """
         self._loop = asyncio.get_running_loop()
         self._on_death = on_death
+        if self.switch_interval_s is not None:  # process-wide; see the module docstring
+            self._saved_switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(self.switch_interval_s)
         self._thread = threading.Thread(target=self._run, name="engine-core", daemon=True)
         self._thread.start()
 
@@ -217,6 +230,9 @@ class Scheduler:
         self._commands.put(("stop", None, None))
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if self._saved_switch_interval is not None:
+            sys.setswitchinterval(self._saved_switch_interval)
+            self._saved_switch_interval = None
 
     @property
     def live(self) -> int:

@@ -170,6 +170,8 @@ def build_runtime(
         info=info,
     )
     runtime.scheduler.chunk_cost = cost
+    if settings.gil_switch_interval_ms > 0:
+        runtime.scheduler.switch_interval_s = settings.gil_switch_interval_ms / 1e3
     runtime.scheduler.preprocess_frames = target.preprocess_frames
     if settings.verify_width == "auto":
         runtime.scheduler.verify_cost = cost

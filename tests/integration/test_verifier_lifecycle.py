@@ -351,3 +351,18 @@ async def test_registry_sweep_prefers_the_expire_callback() -> None:
     assert released == [1] and len(registry) == 0
     assert not task.done(), "with an expire callback the stream ends itself"
     task.cancel()
+
+
+async def test_the_switch_interval_is_short_while_serving_and_restored_after() -> None:
+    """--gil-switch-interval-ms holds while the engine loop runs (the engine thread gets
+    the GIL back from the event loop within it) and the interpreter's own comes back."""
+    import sys
+
+    before = sys.getswitchinterval()
+    server = await h.start_verifier()
+    try:
+        assert server.settings.gil_switch_interval_ms == 0.1
+        assert sys.getswitchinterval() == pytest.approx(1e-4)
+    finally:
+        await server.stop(0)
+    assert sys.getswitchinterval() == before

@@ -62,6 +62,7 @@ CLOUD: dict[str, Case] = {
     "prefill_chunk": ("--prefill-chunk", "256", "256"),
     "prefix_cache_gb": ("--prefix-cache-gb", "4", 4.0),
     "batch_invariant": ("--batch-invariant", "1", True),
+    "gil_switch_interval_ms": ("--gil-switch-interval-ms", "0.5", 0.5),
     "kv_queue": ("--kv-queue", "0", 0),
     "kv_wait_s": ("--kv-wait-s", "2.5", 2.5),
     "session_ttl_s": ("--session-ttl-s", "120", 120.0),
