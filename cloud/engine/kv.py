@@ -120,7 +120,8 @@ def fit_arena(
     max_sessions: int,
 ) -> KVPlan:
     """KV by length: the budget as one arena of positions, less a ``max_seq_len``
-    window of scratch for padding rows; at most ``max_sessions`` at once. Raises
+    window of scratch for padding rows; at most ``max_sessions`` at once, so at most
+    ``max_sessions x max_seq_len`` positions (more could never be used). Raises
     InvalidInput when the arena cannot hold one request of ``max_seq_len``."""
     if max_seq_len < 1 or bytes_per_token < 1 or max_sessions < 1:
         raise InvalidInput(f"max_seq_len, bytes_per_token and max_sessions must be >= 1, got "
@@ -132,6 +133,7 @@ def fit_arena(
             f"{budget_bytes // bytes_per_token} positions: not one request of {max_seq_len} "
             f"plus as many for padding; raise --kv-cache-gb or lower --max-seq-len"
         )
+    positions = min(positions, max_sessions * max_seq_len)
     return KVPlan(max_sessions, max_seq_len, bytes_per_token, budget_bytes, source,
                   scratch_slots=1, arena_positions=int(positions))
 

@@ -467,6 +467,11 @@ class StaticRuntime:
             return torch.zeros((layers_, self.num_slots + 1, hkv, t, d), device=self.device,
                                dtype=self.dtype)
         span = self.kv_positions + t  # the arena, then the scratch window
+        if hkv * span * d >= 2**31:  # the kernels multiply a head by its stride in int32
+            raise InvalidInput(
+                f"a KV arena of {self.kv_positions} positions x {hkv} KV heads x {d} is "
+                "past 2^31 elements a layer; lower --kv-cache-gb or --max-sessions, or use "
+                "--kv-layout slots")
         arena = torch.zeros((layers_, hkv, span, d), device=self.device, dtype=self.dtype)
         return arena.as_strided((layers_, self.kv_positions + 1, hkv, t, d),
                                 (hkv * span * d, d, span * d, d, 1))

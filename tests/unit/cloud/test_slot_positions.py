@@ -16,6 +16,7 @@ from eventspec.cloud.engine.kv import AUTO_QUESTION_TOKENS, GIB, auto_max_seq_le
 from eventspec.cloud.server import slot_positions
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_target import build_tiny_random_target
+from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.contract.types import ServerLimits
 
 
@@ -55,3 +56,18 @@ def test_the_prefix_cache_budget_comes_out_of_free_memory_only() -> None:
     explicit = plan_kv(bytes_per_token=1024, max_seq_len=1024, device=cpu, kv_cache_gb=1.0,
                        memory_fraction=0.9, max_slots=10**6, reserved_bytes=GIB // 2)
     assert explicit.budget_bytes == GIB
+
+
+def test_kv_by_length_takes_the_budget_up_to_what_the_sessions_could_use() -> None:
+    """The arena is the budget's positions less one request of padding scratch, capped
+    at --max-sessions requests of the longest length (a toy on an 80 GB card reserved
+    70 GB for four sessions before the cap); too small a budget names the flags."""
+    from eventspec.cloud.engine.kv import fit_arena
+
+    plan = fit_arena(1000 * 10, "test", bytes_per_token=10, max_seq_len=100, max_sessions=64)
+    assert (plan.arena_positions, plan.num_slots) == (900, 64)
+    capped = fit_arena(10**9, "test", bytes_per_token=10, max_seq_len=100, max_sessions=4)
+    assert capped.arena_positions == 400
+    assert "KV by length: an arena of 400 positions" in capped.describe()
+    with pytest.raises(InvalidInput, match="raise --kv-cache-gb or lower --max-seq-len"):
+        fit_arena(150 * 10, "test", bytes_per_token=10, max_seq_len=100, max_sessions=4)
