@@ -327,6 +327,22 @@ def _agreement(truths: list[list[int]], levels: list[dict[str, object]]) -> floa
     return round(same / max(1, total), 4)
 
 
+def server_gap_rows(result: dict[str, object]) -> list[str]:
+    """README rows of a run: per level, the in-server step against the device's time
+    for the engine call (CUDA events), and how many sessions KV held at once."""
+    rows = []
+    levels = result["levels"]
+    assert isinstance(levels, list)
+    for lv in levels:
+        mode = "target-only" if lv["mode"] == "target_only" else "oracle edge"
+        ratio = lv["in_server_step_ms"] / lv["engine_device_ms_per_step"]
+        rows.append(
+            f"| {mode} | {lv['concurrency']} | {lv['tokens_per_s']} | {lv['ttft_p50_ms']:.0f} | "
+            f"{lv['in_server_step_ms']:.2f} | {lv['engine_device_ms_per_step']:.2f} | "
+            f"{ratio:.2f} | {lv['max_sessions_in_a_step']} | {lv['kv_queue_waits']} |")
+    return rows
+
+
 def _row(level: dict[str, object]) -> str:
     return (f"{level['mode']:>28} N={level['concurrency']:>3}: {level['tokens_per_s']:>8} tok/s, "
             f"p50 {level['latency_p50_s']} s, p99 {level['latency_p99_s']} s, "

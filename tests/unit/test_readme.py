@@ -206,8 +206,20 @@ def test_the_load_table_is_the_json() -> None:
     for name in ("load-h200-causal.json", "load-h200-t512.json"):
         gpu = json.loads((ROOT / "benchmarks/results" / name).read_text())
         assert "\n".join(readme_rows(gpu)) in README
-    fast = json.loads((ROOT / "benchmarks/results/load-h200-reuse-fast.json").read_text())
-    assert "\n".join(f"  {row}" for row in readme_rows(fast)) in README
+    for name in ("load-h200-reuse-fast.json", "load-h100-reuse.json"):
+        fast = json.loads((ROOT / "benchmarks/results" / name).read_text())
+        assert "\n".join(f"  {row}" for row in readme_rows(fast)) in README, name
+
+
+def test_the_h100_capacity_tables_are_the_json() -> None:
+    from benchmarks.bench_capacity import server_gap_rows
+
+    for name in ("capacity-h100-by-length-t128-gil5ms.json",
+                 "capacity-h100-by-length-t128.json"):
+        result = json.loads((ROOT / "benchmarks/results" / name).read_text())
+        assert "\n".join(server_gap_rows(result)) in README, name
+        assert result["kv_layout"] == "by-length"
+        assert f"an arena of {result['kv_arena_positions']:,} positions" in README
 
 
 def test_the_drafter_table_is_the_json() -> None:
