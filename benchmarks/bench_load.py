@@ -77,20 +77,25 @@ SEED0 = EVAL_SEED_MIN + 11000
 
 @dataclass(frozen=True)
 class Config:
-    """One server configuration: ``NAME:PREFILL_CHUNK:PREFIX_CACHE_GB``."""
+    """One server configuration: ``NAME:PREFILL_CHUNK:PREFIX_CACHE_GB[:apart]``; with
+    ``apart`` chunks run in calls of their own (``--mixed-steps off``)."""
 
     name: str
     prefill_chunk: str
     prefix_cache_gb: float
+    mixed_steps: bool = True
 
     @classmethod
     def parse(cls, text: str) -> Config:
         try:
-            name, chunk, gb = text.split(":")
-            return cls(name, chunk, float(gb))
+            name, chunk, gb, *rest = text.split(":")
+            if rest not in ([], ["apart"]):
+                raise ValueError(text)
+            return cls(name, chunk, float(gb), mixed_steps=not rest)
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"--configs: {text!r} is not NAME:PREFILL_CHUNK:PREFIX_CACHE_GB") from None
+                f"--configs: {text!r} is not NAME:PREFILL_CHUNK:PREFIX_CACHE_GB[:apart]"
+            ) from None
 
 
 def workload(n: int, clips: int, per_clip: int, max_new: int) -> list[OpenRequest]:
@@ -210,6 +215,7 @@ async def run_config(args: argparse.Namespace, target: TargetModel, config: Conf
         CloudSettings(), model=args.model, device=args.device, dtype=args.dtype, port=0,
         engine=args.engine, kv_cache_gb=args.kv_cache_gb, max_seq_len=args.max_seq_len,
         prefill_chunk=config.prefill_chunk, prefix_cache_gb=config.prefix_cache_gb,
+        mixed_steps=config.mixed_steps,
         limits=replace(ServerLimits(), max_sessions=args.max_sessions,
                        max_new_tokens=max(512, *args.answer_tokens)),
         recalibrate=args.calibrate, profile_path=RESULTS / ".load-profile.msgpack")

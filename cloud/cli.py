@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="GiB of device memory for saved prompt prefixes, taken out of the KV budget: "
              "a question about a clip already asked about skips the video prefill "
              "(static engine; 0: off)")
+    arg("--mixed-steps", choices=["on", "off"], default="on" if env.mixed_steps else "off",
+        help="with --prefill-chunk, run the chunks inside the decoding sessions' step (one "
+             "forward, static engine; not with --batch-invariant); off: a call of their own")
     arg("--batch-invariant", action="store_true", default=env.batch_invariant,
         help="batch-invariant arithmetic: a greedy answer's logits do not depend on who "
              "else is in the batch, so speculative equals target-only at any load "
@@ -169,6 +172,7 @@ def settings_from_args(args: argparse.Namespace) -> CloudSettings:
         prefill_chunk=args.prefill_chunk,
         prefix_cache_gb=args.prefix_cache_gb,
         batch_invariant=args.batch_invariant,
+        mixed_steps=args.mixed_steps == "on",
         gil_switch_interval_ms=args.gil_switch_interval_ms,
         kv_queue=args.kv_queue,
         kv_wait_s=args.kv_wait_s,

@@ -80,6 +80,9 @@ class CloudSettings:
     #: prompts), "auto" (a chunk costs about one step, from the cost model) or a number of
     #: tokens per iteration. The static engine only; off until measured on a GPU.
     prefill_chunk: str = "off"
+    #: With chunking, the chunks ride the running sessions' step in one forward (mixed
+    #: steps) where the engine can; False runs each chunk in a call of its own.
+    mixed_steps: bool = True
     #: GiB of device memory for saved prompt prefixes (``eventspec.cloud.prefix_cache``):
     #: a clip asked about again skips its video prefill. 0 = off. Static engine only;
     #: taken out of the KV budget.
@@ -154,6 +157,7 @@ class CloudSettings:
             max_verify_tokens=e.integer("MAX_VERIFY_TOKENS", d.max_verify_tokens),
             verify_width=e.text("VERIFY_WIDTH", d.verify_width),
             prefill_chunk=e.text("PREFILL_CHUNK", d.prefill_chunk),
+            mixed_steps=e.switch("MIXED_STEPS", d.mixed_steps),
             prefix_cache_gb=e.number("PREFIX_CACHE_GB", d.prefix_cache_gb),
             batch_invariant=e.switch("BATCH_INVARIANT", d.batch_invariant),
             gil_switch_interval_ms=e.number("GIL_SWITCH_INTERVAL_MS", d.gil_switch_interval_ms),

@@ -67,6 +67,7 @@ from eventspec.cloud.device_timer import DeviceTimer
 from eventspec.cloud.engine.base import (
     BatchedEngine,
     ChunkedPrefillEngine,
+    MixedStepEngine,
     PrefillChunk,
     PrefillRequest,
 )
@@ -113,6 +114,10 @@ class Scheduler:
         #: its frames for an expected prefix hit gets them preprocessed here if it misses.
         self.preprocess_frames: Callable[[Sequence[bytes]], torch.Tensor] | None = None
         self._pieces = self.chunking.enabled or self.prefix_cache is not None
+        #: Chunks ride the step's forward (``MixedStepEngine``) while sessions decode;
+        #: set False to run each chunk in a call of its own (``--mixed-steps off``).
+        self.mixed_steps = (self.chunking.enabled and isinstance(engine, MixedStepEngine)
+                            and engine.mixed_steps)
         #: The cost model the ``auto`` chunk size is read from (set by the server).
         self.chunk_cost: CloudCost | None = None
         self.sampler = BatchedSampler(text_vocab_size)
@@ -252,13 +257,14 @@ class Scheduler:
                 self._take_commands(block=not self._running and not self._prefills)
                 if self._stopping:
                     break
+                riding: list[Piece] = []
                 if self._pieces:
-                    self._prefill_chunk()
+                    riding = self._prefill_chunk()
                 else:
                     self._prefill_one()
                 # The first token goes out now, not after the next step.
                 self._outbox.flush(self._loop)
-                self._step_all()
+                self._step_all(riding)
                 self._outbox.flush(self._loop)
         except BaseException as exc:  # a bug in the loop must not leave streams hanging
             self.dead = f"{type(exc).__name__}: {exc}"
@@ -353,7 +359,7 @@ class Scheduler:
         return True
 
     def _finish_prefills(self, group: list[tuple[Ticket, PrefillRequest]],
-                         logits: torch.Tensor, t0: float) -> None:
+                         logits: torch.Tensor, t0: float, *, own_call: bool = True) -> None:
         """Sample each prefilled request's first token (checking one hidden draft)."""
         now = self._clock()
         specs, drafts_of = [], []
@@ -371,22 +377,24 @@ class Scheduler:
                 self._end(ticket, Failure(error))
             return
         self.stats.prefills += len(group)
-        self.stats.prefill_ms += (self._clock() - t0) * 1e3
+        if own_call:
+            self.stats.prefill_ms += (self._clock() - t0) * 1e3
         for (ticket, _), verdict, drafts in zip(group, verdicts, drafts_of, strict=True):
             done = ticket.session.commit(verdict.accepted, verdict.tokens, len(drafts), 0.0)
             self._outbox.post(ticket, done)
             if done.finish_reason is None:
                 self._running.append(ticket)
 
-    def _prefill_chunk(self) -> None:
+    def _prefill_chunk(self) -> list[Piece]:
         """One chunked prefill call: pieces of the oldest prompts within this iteration's
         budget (``ChunkPolicy.budget``: a step's worth while sessions decode, whole
         prompts otherwise); the requests whose last piece it wrote get their first
         token. A failing call is retried one piece at a time, so a bad request fails
-        alone."""
+        alone. With mixed steps and sessions decoding, the pieces are returned to ride
+        the step's forward instead (:meth:`_step_all`)."""
         head = self._prefills.peek()
         if head is None:
-            return
+            return []
         running = len(self._running)
         sessions = max(running, self._last_step[0]) if running else 0
         budget = self.chunking.budget(self.chunk_cost, sessions,
@@ -397,13 +405,20 @@ class Scheduler:
         pieces = self._prefills.next_pieces(
             budget, lambda ticket: ticket.slot_held and not self._ended_early(ticket))
         if not pieces:
-            return
+            return []
         t0 = self._clock()
         for piece in pieces:
             if not piece.pending.started:
                 piece.pending.started = True
                 self.stats.prefill_wait_ms += (t0 - piece.pending.ticket.submitted_at) * 1e3
                 piece.pending.ticket.prefill_started_at = t0
+        if self.mixed_steps and self._running:
+            return pieces
+        self._run_pieces(pieces, t0)
+        return []
+
+    def _run_pieces(self, pieces: list[Piece], t0: float) -> None:
+        """The pieces in a prefill call of their own, one at a time if the call fails."""
         if not self._prefill_pieces(pieces, t0, fail_alone=len(pieces) == 1):
             log.warning("a chunked prefill of %d pieces failed; retrying them one by one",
                         len(pieces))
@@ -415,21 +430,37 @@ class Scheduler:
         engine = self.engine
         assert isinstance(engine, ChunkedPrefillEngine)
         try:
-            chunks = []
-            for piece in pieces:
-                p = piece.pending
-                if p.embeds is None:
-                    p.first = piece.start
-                    p.embeds = engine.prompt_embeds(p.request, p.first)  # [L - first, H]
-                chunks.append(PrefillChunk(p.request.slot, piece.start,
-                                           p.embeds[piece.start - p.first : piece.end - p.first]))
-            logits = engine.prefill_chunks(chunks)  # [R, V]
+            logits = engine.prefill_chunks(self._chunks_of(pieces))  # [R, V]
         except Exception as exc:
             if not fail_alone:
                 return False
             for piece in pieces:
                 self._end(piece.pending.ticket, Failure(_as_error(exc, "prefill")))
             return True
+        self._after_pieces(pieces, logits, t0, own_call=True)
+        return True
+
+    def _chunks_of(self, pieces: list[Piece]) -> list[PrefillChunk]:
+        """Each piece's rows of its prompt's embeddings (made at its first piece)."""
+        engine = self.engine
+        assert isinstance(engine, ChunkedPrefillEngine)
+        chunks = []
+        for piece in pieces:
+            p = piece.pending
+            if p.embeds is None:
+                p.first = piece.start
+                p.embeds = engine.prompt_embeds(p.request, p.first)  # [L - first, H]
+            chunks.append(PrefillChunk(p.request.slot, piece.start,
+                                       p.embeds[piece.start - p.first : piece.end - p.first]))
+        return chunks
+
+    def _after_pieces(self, pieces: list[Piece], logits: torch.Tensor, t0: float, *,
+                      own_call: bool) -> None:
+        """The pieces are written: advance them; the prompts they finished get their
+        first token from ``logits`` [R, V] (row r: piece r's last position). Prefill time
+        is counted only for a call of their own (``own_call``), not a mixed step."""
+        engine = self.engine
+        assert isinstance(engine, ChunkedPrefillEngine)
         PrefillQueue.advance(pieces)
         self.stats.prefill_chunks += len(pieces)
         done = [i for i, piece in enumerate(pieces) if piece.finishes]
@@ -438,18 +469,22 @@ class Scheduler:
             if self.prefix_cache is not None:
                 keep_prefix(engine, self.prefix_cache, pieces[i].pending)
         if not done:
-            self.stats.prefill_ms += (self._clock() - t0) * 1e3
-            return True
+            if own_call:
+                self.stats.prefill_ms += (self._clock() - t0) * 1e3
+            return
         rows = logits.index_select(0, torch.tensor(done, device=logits.device))  # [D, V]
         self._finish_prefills([(pieces[i].pending.ticket, pieces[i].pending.request)
-                               for i in done], rows, t0)
-        return True
+                               for i in done], rows, t0, own_call=own_call)
 
-    def _step_all(self) -> None:
-        """One engine step and one sampler call for every running session."""
+    def _step_all(self, riding: list[Piece] | None = None) -> None:
+        """One engine step and one sampler call for every running session; ``riding``
+        prompt pieces go through the same forward (a mixed step), or, if it fails, in a
+        call of their own before a plain step, so a bad piece fails alone."""
         t_start = self._clock()
         ready = [t for t in list(self._running) if not self._ended_early(t)]
         if not ready:
+            if riding:
+                self._run_pieces(riding, t_start)
             return
         inputs = []
         for t in ready:
@@ -462,10 +497,26 @@ class Scheduler:
         specs = [self._spec(t, len(inp.tokens), inp.drafts) for t, inp in zip(ready, inputs,
                                                                               strict=True)]
         t_engine = self._clock()
+        chunk_logits: torch.Tensor | None = None
+        if riding:
+            engine = self.engine
+            assert isinstance(engine, MixedStepEngine)
+            try:
+                self._device_timer.start()
+                logits, chunk_logits = engine.step_with_chunks(batch, self._chunks_of(riding))
+                self._device_timer.stop()
+            except Exception:
+                log.warning("a mixed step of %d sessions and %d prompt pieces failed; "
+                            "running them apart", len(ready), len(riding), exc_info=True)
+                self._run_pieces(riding, self._clock())
+                self._step_all()
+                return
+            self._after_pieces(riding, chunk_logits, t_engine, own_call=False)
         try:
-            self._device_timer.start()
-            logits = self.engine.step(batch)  # [N, V]
-            self._device_timer.stop()
+            if chunk_logits is None:
+                self._device_timer.start()
+                logits = self.engine.step(batch)  # [N, V]
+                self._device_timer.stop()
             t_sampler = self._clock()
             verdicts = self.sampler(logits, specs)
         except Exception as exc:  # the batch fails, the loop goes on

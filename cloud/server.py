@@ -170,6 +170,7 @@ def build_runtime(
         info=info,
     )
     runtime.scheduler.chunk_cost = cost
+    runtime.scheduler.mixed_steps = runtime.scheduler.mixed_steps and settings.mixed_steps
     if settings.gil_switch_interval_ms > 0:
         runtime.scheduler.switch_interval_s = settings.gil_switch_interval_ms / 1e3
     runtime.scheduler.preprocess_frames = target.preprocess_frames

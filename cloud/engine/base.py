@@ -111,3 +111,17 @@ class ChunkedPrefillEngine(Protocol):
     def load_prefix(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write a saved prefix into the slot's first positions."""
         ...
+
+
+@runtime_checkable
+class MixedStepEngine(Protocol):
+    """An engine that can run prompt chunks inside a step's forward (chunked prefill
+    without a call of its own per chunk: Sarathi-Serve's stall-free batches)."""
+
+    mixed_steps: bool  # False where the engine cannot now (e.g. batch-invariant)
+
+    def step_with_chunks(self, batch: StepBatch, chunks: Sequence[PrefillChunk]
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``step(batch)`` and ``prefill_chunks(chunks)`` in one forward: ([N, V] step
+        logits, [R, V] logits of each chunk's last position)."""
+        ...

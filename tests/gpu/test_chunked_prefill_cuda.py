@@ -109,3 +109,31 @@ def test_a_continuation_chunk_never_runs_cudnn_attention(engine: StaticEngine,
         torch.cuda.synchronize()
     names = [e.key.lower() for e in prof.key_averages()]
     assert not [n for n in names if "cudnn" in n], names
+
+
+@pytest.mark.parametrize("size,drafts", [(16, 0), (64, 3), (200, 8)])
+def test_a_mixed_step_on_cuda_equals_the_step_and_the_chunk_apart(
+    engine: StaticEngine, toy: TargetModel, size: int, drafts: int
+) -> None:
+    """Session A verifies ``drafts`` drafts a step while B's prompt rides the same eager
+    forward (split-KV rows and SDPA rows in one layer loop): A's rows are within 1e-3 of
+    the graphed step alone and B's answer is its whole-prefill answer."""
+    a, b = _request(toy, 0, QUESTIONS[0]), _request(toy, 1, QUESTIONS[1])
+    la, lb, vocab = len(a.input_ids), len(b.input_ids), toy.text_vocab_size
+    want_b = _greedy(engine, toy, 1, lb, engine.prefill([b])[0])
+    engine.free(1)
+    first_a = engine.prefill([a])[0]
+    embeds = engine.prompt_embeds(b)  # [Lb, H]
+    start, pos, token, first_b = 0, la, int(first_a[:vocab].argmax()), None
+    while start < lb:
+        end = min(lb, start + size)
+        fed = [token, *range(5, 5 + drafts)]
+        batch = StepBatch((0,), (pos,), (len(fed),),
+                          torch.tensor(fed, dtype=torch.long, device="cuda"))
+        step, chunk = engine.step_with_chunks(batch, [PrefillChunk(1, start, embeds[start:end])])
+        torch.testing.assert_close(step, engine.step(batch), rtol=0, atol=ATOL)
+        first_b, start, pos, token = chunk[0], end, pos + 1, int(step[0, :vocab].argmax())
+    assert first_b is not None
+    assert _greedy(engine, toy, 1, lb, first_b) == want_b
+    engine.free(0)
+    engine.free(1)

@@ -138,3 +138,21 @@ class ChunkedFakeEngine(FakeEngine):
 
     def load_prefix(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
         self.slots[slot] = [int(x) for x in k.tolist()]
+
+
+class MixedFakeEngine(ChunkedFakeEngine):
+    """``ChunkedFakeEngine`` whose chunks can ride a step (the ``MixedStepEngine``
+    side); a mixed call is recorded as ("mixed", [step slots, [(slot, start, end)]])."""
+
+    mixed_steps = True
+
+    def step_with_chunks(self, batch: StepBatch, chunks: Sequence[PrefillChunk]
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        mark = len(self.events)
+        chunk_logits = self.prefill_chunks(chunks)  # a poisoned chunk fails the call first
+        logits = super().step(batch)
+        del self.events[mark:]
+        self.events.append(("mixed", [list(batch.slots),
+                                      [(c.slot, c.start, c.start + len(c.embeds))
+                                       for c in chunks]]))
+        return logits, chunk_logits

@@ -60,6 +60,7 @@ CLOUD: dict[str, Case] = {
     "max_verify_tokens": ("--max-verify-tokens", "9", 9),
     "verify_width": ("--verify-width", "all", "all"),
     "prefill_chunk": ("--prefill-chunk", "256", "256"),
+    "mixed_steps": ("--mixed-steps", "off", False),
     "prefix_cache_gb": ("--prefix-cache-gb", "4", 4.0),
     "batch_invariant": ("--batch-invariant", "1", True),
     "gil_switch_interval_ms": ("--gil-switch-interval-ms", "0.5", 0.5),

@@ -21,6 +21,7 @@ from eventspec.cloud.engine.static.weights import (
 )
 from eventspec.cloud.target import TargetModel
 from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.node.static.batch import StepBatch
 from eventspec.shared.node.static.buckets import SESSION_BUCKETS, TOKEN_BUCKETS
 from eventspec.shared.node.static.runtime import StaticRuntime
 
@@ -127,6 +128,20 @@ class StaticEngine(StaticRuntime):
             raise InvalidInput("prefill needs at least one chunk")
         return self.prefill_embeds([c.slot for c in chunks], [c.embeds for c in chunks],
                                    [c.start for c in chunks])  # [R, V]
+
+    @property
+    def mixed_steps(self) -> bool:
+        """Whether :meth:`step_with_chunks` runs (not with ``batch_invariant``)."""
+        return not self.batch_invariant
+
+    def step_with_chunks(self, batch: StepBatch, chunks: Sequence[PrefillChunk]
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A mixed step (:meth:`StaticRuntime.step_with_pieces`): ([N, V] step logits,
+        [R, V] logits of each chunk's last position)."""
+        if not chunks:
+            raise InvalidInput("a mixed step needs at least one chunk")
+        return self.step_with_pieces(batch, [c.slot for c in chunks], [c.embeds for c in chunks],
+                                     [c.start for c in chunks])
 
     @torch.inference_mode()
     def _embeds(self, req: PrefillRequest, video_rows: list[int]) -> torch.Tensor:

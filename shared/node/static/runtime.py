@@ -48,6 +48,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -92,6 +93,21 @@ from eventspec.shared.node.static.weights import LanguageWeights
 logger = logging.getLogger(__name__)
 
 __all__ = ["StaticRuntime"]
+
+
+@dataclass(frozen=True)
+class _Pieces:
+    """Prompt pieces checked and laid out as one activation: piece r is rows
+    ``offsets[r]`` .. ``offsets[r + 1] - 1``, positions ``starts[r]`` on, of ``slots[r]``."""
+
+    slots: list[int]
+    starts: list[int]
+    lengths: list[int]
+    offsets: list[int]  # [R + 1]
+    h: torch.Tensor  # [M, H] embeddings in the model dtype
+    pos: torch.Tensor  # [M] positions (RoPE rows and where K/V go)
+    write_slot: torch.Tensor  # [M]
+    last_rows: torch.Tensor  # [R] each piece's last row
 
 
 class StaticRuntime:
@@ -217,76 +233,63 @@ class StaticRuntime:
         :func:`.invariant_kernels.prefill_fixed_split_attention`).
         Checked before any model work: one bad piece fails the call, nothing written.
         """
-        starts = [0] * len(slots) if starts is None else [int(s) for s in starts]
-        if not slots or not len(slots) == len(embeds) == len(starts):
-            raise InvalidInput("prefill needs one embedding and one start per slot, at least one")
-        if len(set(slots)) != len(slots):
-            raise InvalidInput("a prefill names a slot twice")
-        for s, e, start in zip(slots, embeds, starts, strict=True):
-            self._check_slot(s)
-            if e.dim() != 2 or e.shape[1] != self.weights.hidden:
-                raise InvalidInput(
-                    f"slot {s}: embeddings must be [L, {self.weights.hidden}], got {list(e.shape)}"
-                )
-            if not 0 < start + e.shape[0] <= self._room(s) - 1 or e.shape[0] < 1:
-                raise InvalidInput(
-                    f"prompt of {start + e.shape[0]} tokens does not fit a slot of "
-                    f"{self._room(s)}"
-                )
-            if start and self._filled.get(s) != start:
-                raise InvalidInput(f"slot {s} holds {self._filled.get(s, 0)} prompt positions, "
-                                   f"not {start}: a chunk must continue where the last ended")
+        pieces = self._pieces(slots, embeds, starts)
         w = self.weights
-        d, hq, hkv = w.head_dim, w.num_heads, w.num_kv_heads
-        lengths = [int(e.shape[0]) for e in embeds]
-        offsets = [0]
-        for n in lengths:
-            offsets.append(offsets[-1] + n)
-        h = torch.cat([e.to(self.dtype) for e in embeds])  # [M, H]
-        pos = torch.cat([torch.arange(st, st + n, device=self.device)
-                         for st, n in zip(starts, lengths, strict=True)])  # [M]
-        cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)  # [M, D]
-        write_slot = torch.cat([torch.full((n,), s, device=self.device)
-                                for s, n in zip(slots, lengths, strict=True)])  # [M]
-        tiles: PrefillTiles | None = None
-        if self.invariant_kernels:
-            tiles = prefill_tiles(slots, starts, lengths, self.device)
-
-        def attend(i: int, q: torch.Tensor) -> torch.Tensor:
-            """Causal SDPA over each piece's slot up to its end, reading its K/V back."""
-            if tiles is not None:
-                o = prefill_fixed_split_attention(q.view(-1, hq, d), self.k_cache[i],
-                                                  self.v_cache[i], tiles)  # [M, Hq, D]
-                return o.view(-1, hq * d)  # [M, Hq D]
-            if self.batch_invariant:
-                return self._invariant_prefill_attention(i, q, slots, lengths, offsets, starts)
-            outs = []
-            for s, n, off, st in zip(slots, lengths, offsets, starts, strict=False):
-                k = self.k_cache[i, s, :, : st + n]  # [Hkv, st + L, D]
-                v = self.v_cache[i, s, :, : st + n]  # [Hkv, st + L, D]
-                # A continuation (a chunk, or the rest after a reused prefix) is causal
-                # aligned to the bottom right: query j sees keys 0 .. st + j. As a
-                # CausalBias it runs flash / memory-efficient attention; an explicit
-                # boolean mask ran cuDNN's SDPA on an H200, which builds a graph for
-                # every new (queries, keys) shape (hundreds of ms, pytorch/pytorch#191576
-                # and sgl-project/sglang#4650 measured it), and chunk shapes vary.
-                mask = None if st == 0 else causal_lower_right(n, st + n)
-                o = F.scaled_dot_product_attention(
-                    q[off : off + n].transpose(0, 1)[None], k[None], v[None],
-                    attn_mask=mask, is_causal=mask is None, enable_gqa=hq != hkv,
-                )  # [1, Hq, L, D]
-                outs.append(o[0].transpose(0, 1).reshape(n, hq * d))  # [L, Hq D]
-            return torch.cat(outs)  # [M, Hq D]
-
+        cos, sin = self.cos.index_select(0, pieces.pos), self.sin.index_select(0, pieces.pos)
+        attend = self._prompt_attention(pieces)
+        h = pieces.h  # [M, H]
         for i in range(len(w.layers)):
-            h = self._layer(i, h, cos, sin, write_slot, pos, attend)  # [M, H]
-        last = torch.tensor([off - 1 for off in offsets[1:]], device=self.device)  # [R]
-        x = self._norm(h.index_select(0, last), w.norm, w.eps)  # [R, H]
-        self._live.update(slots)
-        for s, st, n in zip(slots, starts, lengths, strict=True):
-            self._filled[s] = st + n
+            h = self._layer(i, h, cos, sin, pieces.write_slot, pieces.pos, attend)  # [M, H]
+        x = self._norm(h.index_select(0, pieces.last_rows), w.norm, w.eps)  # [R, H]
+        self._mark_filled(pieces)
         logits: torch.Tensor = self._lin(x, w.lm_head).float()  # [R, V]
         return logits
+
+    @torch.inference_mode()
+    def step_with_pieces(
+        self, batch: StepBatch, slots: Sequence[int], embeds: Sequence[torch.Tensor],
+        starts: Sequence[int],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A mixed step: ``batch``'s decode and verify tokens and prompt pieces (as in
+        :meth:`prefill_embeds`) in one forward. Returns ([N, V] step logits, [R, V]
+        logits of each piece's last position), float32.
+
+        Sarathi-Serve's stall-free batching (Agrawal et al., OSDI 2024): the pieces'
+        rows ride the step's GEMMs, so the weights are read once for both and a chunk
+        adds its arithmetic to the step instead of a call of its own (a separate eager
+        chunk call cost about 9 ms of launches on an H200 whatever its size). Eager,
+        not graphed (the pieces' lengths vary); decode rows attend as in :meth:`step`,
+        piece rows as in :meth:`prefill_embeds`. Not with ``batch_invariant``: the
+        rows' GEMM shapes would follow the chunk. Checked before any model work.
+        """
+        if self.batch_invariant:
+            raise InvalidInput("mixed steps are not batch-invariant; step and prefill apart")
+        self._check_step(batch)
+        pieces = self._pieces(slots, embeds, starts)
+        if set(slots) & set(batch.slots):
+            raise InvalidInput("a slot both steps and prefills in one mixed step")
+        w = self.weights
+        b, q_max = len(batch.slots), max(batch.counts)
+        inp, dest = self._staging.load(batch, b, q_max)  # exact shape: eager
+        m = b * q_max
+        h = torch.cat([w.embed.index_select(0, inp.ids), pieces.h])  # [m + Mp, H]
+        pos = torch.cat([inp.pos, pieces.pos])  # [m + Mp]
+        cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)  # [., D]
+        write_slot = torch.cat([inp.write_slot, pieces.write_slot])
+        write_pos = torch.cat([inp.write_pos, pieces.pos])
+        decode, prompt = self._step_attention(inp), self._prompt_attention(pieces)
+
+        def attend(i: int, q: torch.Tensor) -> torch.Tensor:
+            return torch.cat([decode(i, q[:m]), prompt(i, q[m:])])  # [m + Mp, Hq D]
+
+        for i in range(len(w.layers)):
+            h = self._layer(i, h, cos, sin, write_slot, write_pos, attend)
+        rows = torch.cat([dest, m + pieces.last_rows])  # [N + R]
+        x = self._norm(h.index_select(0, rows), w.norm, w.eps)  # [N + R, H]
+        self._mark_filled(pieces)
+        logits: torch.Tensor = self._lin(x, w.lm_head).float()  # [N + R, V]
+        n = batch.num_tokens
+        return logits[:n], logits[n:]
 
     def save_prefix(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A copy of the first ``length`` positions of ``slot``'s K and V, each
@@ -315,23 +318,8 @@ class StaticRuntime:
     @torch.inference_mode()
     def step(self, batch: StepBatch) -> torch.Tensor:
         """Write the batch's tokens into their slots; return [N, V] float32 logits."""
+        self._check_step(batch)
         b = len(batch.slots)
-        if b == 0 or not len(batch.start_positions) == len(batch.counts) == b:
-            raise InvalidInput("a step needs matching, non-empty slots/starts/counts")
-        if len(set(batch.slots)) != b:
-            raise InvalidInput("a step names a slot twice")
-        triples = zip(batch.slots, batch.start_positions, batch.counts, strict=True)
-        for slot, start, count in triples:
-            if slot not in self._live:
-                raise InvalidInput(f"slot {slot} holds no prefilled session")
-            if count < 1 or start < 1 or start + count > self._room(slot):
-                raise InvalidInput(
-                    f"slot {slot}: tokens [{start}, {start + count}) outside 1..{self._room(slot)}"
-                )
-        n = batch.num_tokens
-        if tuple(batch.token_ids.shape) != (n,):
-            raise InvalidInput(f"token_ids must be [{n}], got {list(batch.token_ids.shape)}")
-
         q_max = max(batch.counts)
         bp = bucket(b, self.session_buckets) if self.use_graphs else b
         qp = bucket(q_max, self.token_buckets) if self.use_graphs else q_max
@@ -439,6 +427,104 @@ class StaticRuntime:
             outs.append(o.reshape(n, hq * d))  # [L, Hq D]
         return torch.cat(outs)  # [M, Hq D]
 
+    def _check_step(self, batch: StepBatch) -> None:
+        b = len(batch.slots)
+        if b == 0 or not len(batch.start_positions) == len(batch.counts) == b:
+            raise InvalidInput("a step needs matching, non-empty slots/starts/counts")
+        if len(set(batch.slots)) != b:
+            raise InvalidInput("a step names a slot twice")
+        triples = zip(batch.slots, batch.start_positions, batch.counts, strict=True)
+        for slot, start, count in triples:
+            if slot not in self._live:
+                raise InvalidInput(f"slot {slot} holds no prefilled session")
+            if count < 1 or start < 1 or start + count > self._room(slot):
+                raise InvalidInput(
+                    f"slot {slot}: tokens [{start}, {start + count}) outside 1..{self._room(slot)}"
+                )
+        n = batch.num_tokens
+        if tuple(batch.token_ids.shape) != (n,):
+            raise InvalidInput(f"token_ids must be [{n}], got {list(batch.token_ids.shape)}")
+
+    def _pieces(self, slots: Sequence[int], embeds: Sequence[torch.Tensor],
+                starts: Sequence[int] | None) -> _Pieces:
+        """Checked prompt pieces as one activation (see :meth:`prefill_embeds`)."""
+        starts = [0] * len(slots) if starts is None else [int(s) for s in starts]
+        if not slots or not len(slots) == len(embeds) == len(starts):
+            raise InvalidInput("prefill needs one embedding and one start per slot, at least one")
+        if len(set(slots)) != len(slots):
+            raise InvalidInput("a prefill names a slot twice")
+        for s, e, start in zip(slots, embeds, starts, strict=True):
+            self._check_slot(s)
+            if e.dim() != 2 or e.shape[1] != self.weights.hidden:
+                raise InvalidInput(
+                    f"slot {s}: embeddings must be [L, {self.weights.hidden}], got {list(e.shape)}"
+                )
+            if not 0 < start + e.shape[0] <= self._room(s) - 1 or e.shape[0] < 1:
+                raise InvalidInput(
+                    f"prompt of {start + e.shape[0]} tokens does not fit a slot of "
+                    f"{self._room(s)}"
+                )
+            if start and self._filled.get(s) != start:
+                raise InvalidInput(f"slot {s} holds {self._filled.get(s, 0)} prompt positions, "
+                                   f"not {start}: a chunk must continue where the last ended")
+        lengths = [int(e.shape[0]) for e in embeds]
+        offsets = [0]
+        for n in lengths:
+            offsets.append(offsets[-1] + n)
+        dev = self.device
+        return _Pieces(
+            slots=list(slots), starts=starts, lengths=lengths, offsets=offsets,
+            h=torch.cat([e.to(self.dtype) for e in embeds]),  # [M, H]
+            pos=torch.cat([torch.arange(st, st + n, device=dev)
+                           for st, n in zip(starts, lengths, strict=True)]),  # [M]
+            write_slot=torch.cat([torch.full((n,), s, device=dev)
+                                  for s, n in zip(slots, lengths, strict=True)]),  # [M]
+            last_rows=torch.tensor([off - 1 for off in offsets[1:]], device=dev),  # [R]
+        )
+
+    def _mark_filled(self, pieces: _Pieces) -> None:
+        self._live.update(pieces.slots)
+        for s, st, n in zip(pieces.slots, pieces.starts, pieces.lengths, strict=True):
+            self._filled[s] = st + n
+
+    def _prompt_attention(self, pieces: _Pieces) -> Callable[[int, torch.Tensor], torch.Tensor]:
+        """Attention of prompt pieces' queries [M, Hq D]: causal over each piece's slot
+        up to its end, reading its K/V back (the layer wrote them first)."""
+        w = self.weights
+        d, hq, hkv = w.head_dim, w.num_heads, w.num_kv_heads
+        slots, lengths, offsets = pieces.slots, pieces.lengths, pieces.offsets
+        starts = pieces.starts
+        tiles: PrefillTiles | None = None
+        if self.invariant_kernels:
+            tiles = prefill_tiles(slots, starts, lengths, self.device)
+
+        def attend(i: int, q: torch.Tensor) -> torch.Tensor:
+            if tiles is not None:
+                o = prefill_fixed_split_attention(q.view(-1, hq, d), self.k_cache[i],
+                                                  self.v_cache[i], tiles)  # [M, Hq, D]
+                return o.view(-1, hq * d)  # [M, Hq D]
+            if self.batch_invariant:
+                return self._invariant_prefill_attention(i, q, slots, lengths, offsets, starts)
+            outs = []
+            for s, n, off, st in zip(slots, lengths, offsets, starts, strict=False):
+                k = self.k_cache[i, s, :, : st + n]  # [Hkv, st + L, D]
+                v = self.v_cache[i, s, :, : st + n]  # [Hkv, st + L, D]
+                # A continuation (a chunk, or the rest after a reused prefix) is causal
+                # aligned to the bottom right: query j sees keys 0 .. st + j. As a
+                # CausalBias it runs flash / memory-efficient attention; an explicit
+                # boolean mask ran cuDNN's SDPA on an H200, which builds a graph for
+                # every new (queries, keys) shape (hundreds of ms, pytorch/pytorch#191576
+                # and sgl-project/sglang#4650 measured it), and chunk shapes vary.
+                mask = None if st == 0 else causal_lower_right(n, st + n)
+                o = F.scaled_dot_product_attention(
+                    q[off : off + n].transpose(0, 1)[None], k[None], v[None],
+                    attn_mask=mask, is_causal=mask is None, enable_gqa=hq != hkv,
+                )  # [1, Hq, L, D]
+                outs.append(o[0].transpose(0, 1).reshape(n, hq * d))  # [L, Hq D]
+            return torch.cat(outs)  # [M, Hq D]
+
+        return attend
+
     def _check_slot(self, slot: int) -> None:
         top = self.num_slots if self.kv_positions is None else self.kv_positions
         if not 0 <= slot < top:
@@ -476,17 +562,10 @@ class StaticRuntime:
         return arena.as_strided((layers_, self.kv_positions + 1, hkv, t, d),
                                 (hkv * span * d, d, span * d, d, 1))
 
-    def _forward(self, inp: StepInputs, out: torch.Tensor | None) -> torch.Tensor:
-        """The padded step: [M] ids -> [M, V] logits (into ``out`` when given).
-
-        Everything here is device work on static addresses, so it is what the CUDA
-        graphs capture.
-        """
+    def _step_attention(self, inp: StepInputs) -> Callable[[int, torch.Tensor], torch.Tensor]:
+        """Attention of a padded step's queries [Bp Qp, Hq D] over their sessions' KV."""
         w = self.weights
         bp, qp, hq, d = inp.sessions, inp.tokens, w.num_heads, w.head_dim
-        h = w.embed.index_select(0, inp.ids)  # [M, H]
-        cos = self.cos.index_select(0, inp.pos)  # [M, D]
-        sin = self.sin.index_select(0, inp.pos)  # [M, D]
         num_splits = num_splits_for(bp, hq, self._sm_count)
 
         def attend(i: int, q: torch.Tensor) -> torch.Tensor:
@@ -505,6 +584,19 @@ class StaticRuntime:
                 o = reference_attention(q4, kc, vc, inp.slots, inp.starts, inp.seq_lens)
             return o.reshape(bp * qp, hq * d)  # [M, Hq D]
 
+        return attend
+
+    def _forward(self, inp: StepInputs, out: torch.Tensor | None) -> torch.Tensor:
+        """The padded step: [M] ids -> [M, V] logits (into ``out`` when given).
+
+        Everything here is device work on static addresses, so it is what the CUDA
+        graphs capture.
+        """
+        w = self.weights
+        h = w.embed.index_select(0, inp.ids)  # [M, H]
+        cos = self.cos.index_select(0, inp.pos)  # [M, D]
+        sin = self.sin.index_select(0, inp.pos)  # [M, D]
+        attend = self._step_attention(inp)
         for i in range(len(w.layers)):
             h = self._layer(i, h, cos, sin, inp.write_slot, inp.write_pos, attend)  # [M, H]
         x = self._norm(h, w.norm, w.eps)  # [M, H]

@@ -164,3 +164,57 @@ def test_a_saved_prefix_continued_equals_a_cold_prefill(engine: StaticEngine,
 
 def dataclass_replace(req: PrefillRequest, slot: int) -> PrefillRequest:
     return PrefillRequest(slot, req.input_ids, req.pixel_values_videos, req.video_features)
+
+
+@settings(max_examples=10, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(size=st.integers(12, 48), drafts=st.lists(st.integers(0, 4), min_size=1, max_size=6),
+       seed=st.integers(0, 3))
+def test_a_mixed_step_equals_the_step_and_the_chunk_apart(
+    engine: StaticEngine, tiny: TargetModel, size: int, drafts: list[int], seed: int
+) -> None:
+    """Session A steps (with 0..4 draft rows a step) while B's prompt goes in chunks of
+    ``size`` inside the same forward: A's rows and B's first-token row equal what the
+    step and the chunks give apart, and both answers are what each gets alone."""
+    a, b = request(tiny, 0, QUESTIONS[0], seed=seed), request(tiny, 1, QUESTIONS[1], seed=9)
+    la, lb, vocab = len(a.input_ids), len(b.input_ids), tiny.text_vocab_size
+    alone_b = greedy(engine, tiny, 1, lb, engine.prefill([b])[0], 6)
+    engine.free(1)
+    first_a = engine.prefill([a])[0]
+    tokens_a = [int(first_a[:vocab].argmax())]
+    embeds = engine.prompt_embeds(b)  # [Lb, H]
+    start, i, first_b = 0, 0, None
+    gen = torch.Generator().manual_seed(seed)
+    while start < lb:
+        end = min(lb, start + size)
+        k = drafts[i % len(drafts)]
+        fed = [tokens_a[-1], *torch.randint(3, vocab, (k,), generator=gen).tolist()]
+        batch = StepBatch((0,), (la + len(tokens_a) - 1,), (len(fed),), torch.tensor(fed))
+        step, chunk = engine.step_with_chunks(batch, [PrefillChunk(1, start,
+                                                                   embeds[start:end])])
+        assert step.shape == (len(fed), tiny.vocab_size) and chunk.shape == (1, tiny.vocab_size)
+        apart = engine.step(batch)  # the same positions again: A's rows alone
+        torch.testing.assert_close(step, apart, rtol=0, atol=ATOL)
+        first_b, start, i = chunk[0], end, i + 1
+        tokens_a.append(int(step[0, :vocab].argmax()))  # drafts all rejected: one token
+    assert first_b is not None
+    assert greedy(engine, tiny, 1, lb, first_b, 6) == alone_b
+    engine.free(1)
+    alone_a = greedy(engine, tiny, 0, la, first_a, len(tokens_a))
+    assert tokens_a == alone_a
+    engine.free(0)
+
+
+def test_a_mixed_step_checks_before_any_work(engine: StaticEngine, tiny: TargetModel) -> None:
+    engine.free(1)
+    a = request(tiny, 0, QUESTIONS[0])
+    first = engine.prefill([a])[0]
+    la = len(a.input_ids)
+    batch = StepBatch((0,), (la,), (1,), torch.tensor([int(first.argmax())]))
+    embeds = engine.prompt_embeds(request(tiny, 1, QUESTIONS[1]))
+    with pytest.raises(InvalidInput, match="a slot both steps and prefills"):
+        engine.step_with_chunks(batch, [PrefillChunk(0, 0, embeds[:4])])
+    with pytest.raises(InvalidInput, match="must continue where the last ended"):
+        engine.step_with_chunks(batch, [PrefillChunk(1, 3, embeds[3:8])])
+    assert 1 not in engine._live  # nothing written, nothing marked
+    engine.free(0)

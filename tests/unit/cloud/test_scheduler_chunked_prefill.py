@@ -26,7 +26,13 @@ from eventspec.cloud.scheduler import Scheduler
 from eventspec.cloud.tickets import Failure, Ticket
 from eventspec.shared.contract.timing import CloudCost
 from eventspec.shared.contract.types import FinishReason
-from tests.support.fake_engine import TEXT_VOCAB, ChunkedFakeEngine, FakeEngine, target_only
+from tests.support.fake_engine import (
+    TEXT_VOCAB,
+    ChunkedFakeEngine,
+    FakeEngine,
+    MixedFakeEngine,
+    target_only,
+)
 from tests.support.scheduler_sessions import answer, submit
 from tests.support.waiting import until
 
@@ -279,3 +285,100 @@ def test_a_reused_prefixs_question_rides_first_outside_the_budget(
 class _Request:
     def __init__(self, n: int) -> None:
         self.input_ids = list(range(n))
+
+
+@settings(max_examples=30, deadline=None)
+@given(chunk=st.integers(1, 12), lengths=st.lists(st.integers(1, 40), min_size=2, max_size=5),
+       max_new=st.integers(2, 12))
+def test_mixed_steps_answer_as_target_only(chunk: int, lengths: list[int],
+                                          max_new: int) -> None:
+    """Chunks riding the decoding sessions' step: every answer equals target-only, and
+    while anyone decodes no chunk runs in a call of its own."""
+    async def go() -> None:
+        engine = MixedFakeEngine(num_slots=5, max_seq_len=MAX_SEQ)
+        sched = Scheduler(engine, text_vocab_size=TEXT_VOCAB,
+                          prefill_chunk=ChunkPolicy("fixed", chunk))
+        assert sched.mixed_steps
+        sched.start()
+        try:
+            first = await _ask(sched, "r0", _prompt(0, lengths[0]), max_new)
+            await until(lambda: first.session.prefilled, "the first request decodes")
+            rest = [await _ask(sched, f"r{i}", _prompt(i, n), max_new)
+                    for i, n in enumerate(lengths[1:], start=1)]
+            results = await asyncio.gather(*(answer(t) for t in [first, *rest]))
+        finally:
+            await asyncio.to_thread(sched.stop)
+        for i, (n, got) in enumerate(zip(lengths, results, strict=True)):
+            assert got == target_only(_prompt(i, n), max_new, MAX_SEQ), i
+        mixed = [e for kind, e in engine.events if kind == "mixed"]
+        for steps, pieces in mixed:
+            assert steps and pieces and not set(steps) & {s for s, _, _ in pieces}  # type: ignore[union-attr]
+
+    asyncio.run(go())
+
+
+def _long_answer_seed(n: int = 30) -> int:
+    """A prompt seed whose answer runs ``n`` tokens without EOS (it decodes all along)."""
+    return next(s for s in range(100) if len(target_only(_prompt(s, 3), n, MAX_SEQ)) == n)
+
+
+async def test_a_mixed_step_carries_a_newcomers_chunks_beside_a_decoding_session() -> None:
+    seed = _long_answer_seed()
+    engine = MixedFakeEngine(num_slots=3, max_seq_len=MAX_SEQ)
+    engine.hold_second_step = True
+    sched = Scheduler(engine, text_vocab_size=TEXT_VOCAB, prefill_chunk=ChunkPolicy("fixed", 4))
+    sched.start()
+    try:
+        old = await _ask(sched, "old", _prompt(seed, 3), 30)
+        await until(engine.held.is_set, "the first request decodes")
+        new = await _ask(sched, "new", _prompt(2, 17), 3)  # queued while a step runs
+        engine.gate.set()
+        results = await asyncio.gather(answer(old), answer(new))
+    finally:
+        engine.gate.set()
+        await asyncio.to_thread(sched.stop)
+    assert results == [target_only(_prompt(seed, 3), 30, MAX_SEQ),
+                       target_only(_prompt(2, 17), 3, MAX_SEQ)]
+    mixed = [e for kind, e in engine.events if kind == "mixed"]
+    assert all(old.slot in steps for steps, _ in mixed)  # type: ignore[misc, operator]
+    assert [p for _, pieces in mixed for p in pieces] == [  # type: ignore[attr-defined, misc]
+        (new.slot, 0, 4), (new.slot, 4, 8), (new.slot, 8, 12), (new.slot, 12, 16),
+        (new.slot, 16, 17)]
+    assert [e for kind, e in engine.events if kind == "chunk"] == [[(old.slot, 0, 3)]], \
+        "a chunk ran in a call of its own while a session decoded"
+
+
+async def test_a_bad_prompt_in_a_mixed_step_fails_alone() -> None:
+    """The mixed call fails: its chunks run apart (the bad one fails alone) and the
+    decoding session's step runs plain; its answer is untouched."""
+    seed = _long_answer_seed()
+    engine = MixedFakeEngine(num_slots=3, max_seq_len=MAX_SEQ)
+    engine.poison, engine.hold_second_step = 31, True
+    sched = Scheduler(engine, text_vocab_size=TEXT_VOCAB, prefill_chunk=ChunkPolicy("fixed", 64))
+    sched.start()
+    try:
+        old = await _ask(sched, "old", _prompt(seed, 3), 30)
+        await until(engine.held.is_set, "the first request decodes")
+        bad = await _ask(sched, "bad", (5, 6, 31, 7), 4)
+        good = await _ask(sched, "good", _prompt(4, 10), 4)
+        engine.gate.set()
+        results = await asyncio.gather(answer(old), answer(bad), answer(good))
+    finally:
+        engine.gate.set()
+        await asyncio.to_thread(sched.stop)
+    assert results[0] == target_only(_prompt(seed, 3), 30, MAX_SEQ)
+    assert isinstance(results[1], Failure) and "poisoned" in str(results[1].error)
+    assert results[2] == target_only(_prompt(4, 10), 4, MAX_SEQ)
+    assert sched.pool.free == 3
+    assert not [e for kind, e in engine.events if kind == "mixed"
+                and bad.slot in {s for s, _, _ in e[1]}]  # type: ignore[misc, union-attr]
+
+
+def test_mixed_steps_can_be_turned_off() -> None:
+    engine = MixedFakeEngine(num_slots=2, max_seq_len=MAX_SEQ)
+    assert Scheduler(engine, text_vocab_size=TEXT_VOCAB,
+                     prefill_chunk=ChunkPolicy("fixed", 8)).mixed_steps
+    assert not Scheduler(engine, text_vocab_size=TEXT_VOCAB).mixed_steps  # chunking off
+    engine.mixed_steps = False  # e.g. batch-invariant
+    assert not Scheduler(engine, text_vocab_size=TEXT_VOCAB,
+                         prefill_chunk=ChunkPolicy("fixed", 8)).mixed_steps
