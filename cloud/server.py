@@ -314,6 +314,9 @@ class VerifierServer:
         if self.runtime is not None:
             await self.runtime.registry.close_all()
             await asyncio.to_thread(self.runtime.scheduler.stop)
+            release = getattr(self.runtime.scheduler.engine, "release", None)
+            if self.engine is None and release is not None:  # one it built itself
+                release()
         self._host = None
 
     async def wait(self) -> None:

@@ -13,13 +13,15 @@ def test_the_load_benchmark_reports_every_config_and_identical_answers(tmp_path:
     out = tmp_path / "load.json"
     code = bench_load.main([
         "--rates", "20", "--requests", "4", "--answer-tokens", "6", "--clips", "2",
-        "--questions-per-clip", "2", "--configs", "whole:off:0", "reuse:8:0.05",
+        "--questions-per-clip", "2", "--configs", "whole:off:0", "reuse:8:0.05:apart",
         "--out", str(out)])
     assert code == 0
     result = json.loads(out.read_text())
     assert result["answers_identical_across_configs"] is True
     whole, reuse = result["configs"]
-    assert whole["config"] == {"name": "whole", "prefill_chunk": "off", "prefix_cache_gb": 0.0}
+    assert whole["config"] == {"name": "whole", "prefill_chunk": "off", "prefix_cache_gb": 0.0,
+                               "mixed_steps": True}
+    assert reuse["config"]["mixed_steps"] is False
     for run in (whole, reuse):
         (level,) = run["levels"]
         assert level["requests"] == 4 and level["goodput_tok_s"] > 0

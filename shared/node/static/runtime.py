@@ -162,6 +162,7 @@ class StaticRuntime:
         self.v_cache = self._kv_tensor()  # [L, S+1, Hkv, T, D]
         #: KV by length: each session's run, first position -> positions reserved.
         self._reserved: dict[int, int] = {}
+        self._released = False
         self._live: set[int] = set()
         #: Prompt positions each slot holds from prefills (chunks continue from here).
         self._filled: dict[int, int] = {}
@@ -345,6 +346,21 @@ class StaticRuntime:
         self._filled.pop(slot, None)
         self._reserved.pop(slot, None)
 
+    def release(self) -> None:
+        """Give the device memory back: KV, the CUDA graphs and their pool, the static
+        step buffers (not the weights, which the caller may share). The runtime serves
+        nothing after this. Why: a process that builds one engine after another (a
+        benchmark of several server configurations) otherwise holds every old engine's
+        KV as long as anything references it; on an 80 GB card the second one did not fit.
+        """
+        self._released = True
+        self._graphs.clear()
+        empty = torch.empty(0, device=self.device, dtype=self.dtype)
+        self.k_cache = self.v_cache = self._logits = empty
+        self._live.clear()
+        self._filled.clear()
+        self._reserved.clear()
+
     def reserve(self, slot: int, positions: int) -> None:
         """KV by length: the session starting at position ``slot`` of the arena owns
         ``positions`` from there (the caller's allocator keeps runs apart); its prefill
@@ -526,6 +542,8 @@ class StaticRuntime:
         return attend
 
     def _check_slot(self, slot: int) -> None:
+        if self._released:
+            raise InvalidInput("this engine was released (its server stopped)")
         top = self.num_slots if self.kv_positions is None else self.kv_positions
         if not 0 <= slot < top:
             raise InvalidInput(f"slot {slot} outside 0..{top - 1}")
