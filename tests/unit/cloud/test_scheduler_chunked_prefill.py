@@ -74,24 +74,38 @@ def test_chunked_answers_equal_target_only(chunk: int, lengths: list[int], max_n
     asyncio.run(go())
 
 
-async def test_a_decoding_session_steps_between_the_chunks_of_a_long_prompt() -> None:
-    # A prompt whose answer runs 30 tokens without EOS, so it decodes all along.
-    seed = next(s for s in range(100) if len(target_only(_prompt(s, 3), 30, MAX_SEQ)) == 30)
-    engine = ChunkedFakeEngine(num_slots=2, max_seq_len=MAX_SEQ)
+async def _beside_a_decoding_session(engine: ChunkedFakeEngine, chunk: int,
+                                     newcomer: tuple[int, ...], max_new: int
+                                     ) -> tuple[Ticket, Ticket]:
+    """A request that decodes 30 tokens, and ``newcomer`` queued while its second step
+    runs; both answers must be target-only's. Returns (the decoding one, the newcomer)."""
+    seed = _long_answer_seed()
     engine.hold_second_step = True
-    sched = Scheduler(engine, text_vocab_size=TEXT_VOCAB, prefill_chunk=ChunkPolicy("fixed", 4))
+    sched = Scheduler(engine, text_vocab_size=TEXT_VOCAB,
+                      prefill_chunk=ChunkPolicy("fixed", chunk))
     sched.start()
     try:
         first = await _ask(sched, "decoding", _prompt(seed, 3), 30)
         await until(engine.held.is_set, "the first request decodes")
-        long = await _ask(sched, "long", _prompt(2, 30), 2)  # queued while a step runs
+        new = await _ask(sched, "new", newcomer, max_new)  # queued while a step runs
         engine.gate.set()
-        results = await asyncio.gather(answer(first), answer(long))
+        results = await asyncio.gather(answer(first), answer(new))
     finally:
         engine.gate.set()
         await asyncio.to_thread(sched.stop)
-    assert results[0] == target_only(_prompt(seed, 3), 30, MAX_SEQ)
-    assert results[1] == target_only(_prompt(2, 30), 2, MAX_SEQ)
+    assert results == [target_only(_prompt(seed, 3), 30, MAX_SEQ),
+                       target_only(newcomer, max_new, MAX_SEQ)]
+    return first, new
+
+
+def _long_answer_seed(n: int = 30) -> int:
+    """A prompt seed whose answer runs ``n`` tokens without EOS (it decodes all along)."""
+    return next(s for s in range(100) if len(target_only(_prompt(s, 3), n, MAX_SEQ)) == n)
+
+
+async def test_a_decoding_session_steps_between_the_chunks_of_a_long_prompt() -> None:
+    engine = ChunkedFakeEngine(num_slots=2, max_seq_len=MAX_SEQ)
+    first, long = await _beside_a_decoding_session(engine, 4, _prompt(2, 30), 2)
     long_chunks = [i for i, (kind, pieces) in enumerate(engine.events)
                    if kind == "chunk" and any(p[0] == long.slot for p in pieces)]  # type: ignore[index]
     assert len(long_chunks) == 30 // 4 + 1  # 4 tokens a call while the other decodes
@@ -104,7 +118,7 @@ async def test_a_decoding_session_steps_between_the_chunks_of_a_long_prompt() ->
 async def test_a_request_cancelled_between_its_chunks_stops_and_frees_its_slot() -> None:
     """Cancelled after its first chunk: no further chunk is written, its slot comes back,
     and the session decoding beside it answers as if it had been alone."""
-    seed = next(s for s in range(100) if len(target_only(_prompt(s, 3), 30, MAX_SEQ)) == 30)
+    seed = _long_answer_seed()
     engine = ChunkedFakeEngine(num_slots=2, max_seq_len=MAX_SEQ)
     engine.hold_second_step = True
     engine.hold_after_chunk_call = 2  # the first call was the decoding request's prompt
@@ -317,28 +331,9 @@ def test_mixed_steps_answer_as_target_only(chunk: int, lengths: list[int],
     asyncio.run(go())
 
 
-def _long_answer_seed(n: int = 30) -> int:
-    """A prompt seed whose answer runs ``n`` tokens without EOS (it decodes all along)."""
-    return next(s for s in range(100) if len(target_only(_prompt(s, 3), n, MAX_SEQ)) == n)
-
-
 async def test_a_mixed_step_carries_a_newcomers_chunks_beside_a_decoding_session() -> None:
-    seed = _long_answer_seed()
     engine = MixedFakeEngine(num_slots=3, max_seq_len=MAX_SEQ)
-    engine.hold_second_step = True
-    sched = Scheduler(engine, text_vocab_size=TEXT_VOCAB, prefill_chunk=ChunkPolicy("fixed", 4))
-    sched.start()
-    try:
-        old = await _ask(sched, "old", _prompt(seed, 3), 30)
-        await until(engine.held.is_set, "the first request decodes")
-        new = await _ask(sched, "new", _prompt(2, 17), 3)  # queued while a step runs
-        engine.gate.set()
-        results = await asyncio.gather(answer(old), answer(new))
-    finally:
-        engine.gate.set()
-        await asyncio.to_thread(sched.stop)
-    assert results == [target_only(_prompt(seed, 3), 30, MAX_SEQ),
-                       target_only(_prompt(2, 17), 3, MAX_SEQ)]
+    old, new = await _beside_a_decoding_session(engine, 4, _prompt(2, 17), 3)
     mixed = [e for kind, e in engine.events if kind == "mixed"]
     assert all(old.slot in steps for steps, _ in mixed)  # type: ignore[misc, operator]
     assert [p for _, pieces in mixed for p in pieces] == [  # type: ignore[attr-defined, misc]
