@@ -48,12 +48,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.node.static import kernels as static_kernels
@@ -86,6 +83,8 @@ from eventspec.shared.node.static.invariant_kernels import (
 )
 from eventspec.shared.node.static.invariant_tiles import PrefillTiles, prefill_tiles
 from eventspec.shared.node.static.kernels import rope_and_write_kv, silu_mul
+from eventspec.shared.node.static.kv_memory import kv_tensor, rows_of
+from eventspec.shared.node.static.pieces import PromptPieces, lay_out, sdpa_piece_attention
 from eventspec.shared.node.static.quant import Weight, linear, linear_add_
 from eventspec.shared.node.static.staging import StepStaging
 from eventspec.shared.node.static.weights import LanguageWeights
@@ -93,21 +92,6 @@ from eventspec.shared.node.static.weights import LanguageWeights
 logger = logging.getLogger(__name__)
 
 __all__ = ["StaticRuntime"]
-
-
-@dataclass(frozen=True)
-class _Pieces:
-    """Prompt pieces checked and laid out as one activation: piece r is rows
-    ``offsets[r]`` .. ``offsets[r + 1] - 1``, positions ``starts[r]`` on, of ``slots[r]``."""
-
-    slots: list[int]
-    starts: list[int]
-    lengths: list[int]
-    offsets: list[int]  # [R + 1]
-    h: torch.Tensor  # [M, H] embeddings in the model dtype
-    pos: torch.Tensor  # [M] positions (RoPE rows and where K/V go)
-    write_slot: torch.Tensor  # [M]
-    last_rows: torch.Tensor  # [R] each piece's last row
 
 
 class StaticRuntime:
@@ -462,7 +446,7 @@ class StaticRuntime:
             raise InvalidInput(f"token_ids must be [{n}], got {list(batch.token_ids.shape)}")
 
     def _pieces(self, slots: Sequence[int], embeds: Sequence[torch.Tensor],
-                starts: Sequence[int] | None) -> _Pieces:
+                starts: Sequence[int] | None) -> PromptPieces:
         """Checked prompt pieces as one activation (see :meth:`prefill_embeds`)."""
         starts = [0] * len(slots) if starts is None else [int(s) for s in starts]
         if not slots or not len(slots) == len(embeds) == len(starts):
@@ -483,31 +467,19 @@ class StaticRuntime:
             if start and self._filled.get(s) != start:
                 raise InvalidInput(f"slot {s} holds {self._filled.get(s, 0)} prompt positions, "
                                    f"not {start}: a chunk must continue where the last ended")
-        lengths = [int(e.shape[0]) for e in embeds]
-        offsets = [0]
-        for n in lengths:
-            offsets.append(offsets[-1] + n)
-        dev = self.device
-        return _Pieces(
-            slots=list(slots), starts=starts, lengths=lengths, offsets=offsets,
-            h=torch.cat([e.to(self.dtype) for e in embeds]),  # [M, H]
-            pos=torch.cat([torch.arange(st, st + n, device=dev)
-                           for st, n in zip(starts, lengths, strict=True)]),  # [M]
-            write_slot=torch.cat([torch.full((n,), s, device=dev)
-                                  for s, n in zip(slots, lengths, strict=True)]),  # [M]
-            last_rows=torch.tensor([off - 1 for off in offsets[1:]], device=dev),  # [R]
-        )
+        return lay_out(slots, embeds, starts, self.dtype, self.device)
 
-    def _mark_filled(self, pieces: _Pieces) -> None:
+    def _mark_filled(self, pieces: PromptPieces) -> None:
         self._live.update(pieces.slots)
         for s, st, n in zip(pieces.slots, pieces.starts, pieces.lengths, strict=True):
             self._filled[s] = st + n
 
-    def _prompt_attention(self, pieces: _Pieces) -> Callable[[int, torch.Tensor], torch.Tensor]:
+    def _prompt_attention(self, pieces: PromptPieces
+                          ) -> Callable[[int, torch.Tensor], torch.Tensor]:
         """Attention of prompt pieces' queries [M, Hq D]: causal over each piece's slot
         up to its end, reading its K/V back (the layer wrote them first)."""
         w = self.weights
-        d, hq, hkv = w.head_dim, w.num_heads, w.num_kv_heads
+        d, hq = w.head_dim, w.num_heads
         slots, lengths, offsets = pieces.slots, pieces.lengths, pieces.offsets
         starts = pieces.starts
         tiles: PrefillTiles | None = None
@@ -521,23 +493,7 @@ class StaticRuntime:
                 return o.view(-1, hq * d)  # [M, Hq D]
             if self.batch_invariant:
                 return self._invariant_prefill_attention(i, q, slots, lengths, offsets, starts)
-            outs = []
-            for s, n, off, st in zip(slots, lengths, offsets, starts, strict=False):
-                k = self.k_cache[i, s, :, : st + n]  # [Hkv, st + L, D]
-                v = self.v_cache[i, s, :, : st + n]  # [Hkv, st + L, D]
-                # A continuation (a chunk, or the rest after a reused prefix) is causal
-                # aligned to the bottom right: query j sees keys 0 .. st + j. As a
-                # CausalBias it runs flash / memory-efficient attention; an explicit
-                # boolean mask ran cuDNN's SDPA on an H200, which builds a graph for
-                # every new (queries, keys) shape (hundreds of ms, pytorch/pytorch#191576
-                # and sgl-project/sglang#4650 measured it), and chunk shapes vary.
-                mask = None if st == 0 else causal_lower_right(n, st + n)
-                o = F.scaled_dot_product_attention(
-                    q[off : off + n].transpose(0, 1)[None], k[None], v[None],
-                    attn_mask=mask, is_causal=mask is None, enable_gqa=hq != hkv,
-                )  # [1, Hq, L, D]
-                outs.append(o[0].transpose(0, 1).reshape(n, hq * d))  # [L, Hq D]
-            return torch.cat(outs)  # [M, Hq D]
+            return sdpa_piece_attention(q, self.k_cache[i], self.v_cache[i], pieces, hq)
 
         return attend
 
@@ -561,24 +517,12 @@ class StaticRuntime:
         return self.num_slots if self.kv_positions is None else self.kv_positions
 
     def _kv_tensor(self) -> torch.Tensor:
-        """Zeroed K or V memory as [L, S + 1, Hkv, T, D]: contiguous slots, or (by
-        length) a strided view of an [L, Hkv, A + T, D] arena, slot s = position s."""
+        """Zeroed K or V memory, [L, S + 1, Hkv, T, D] (:func:`.kv_memory.kv_tensor`)."""
         w = self.weights
-        layers_, hkv, t, d = len(w.layers), w.num_kv_heads, self.max_seq_len, w.head_dim
-        # Zeroed, not empty: the CPU path's dense attention multiplies masked-out
-        # positions by 0, and 0 * NaN garbage would poison a row.
-        if self.kv_positions is None:
-            return torch.zeros((layers_, self.num_slots + 1, hkv, t, d), device=self.device,
-                               dtype=self.dtype)
-        span = self.kv_positions + t  # the arena, then the scratch window
-        if hkv * span * d >= 2**31:  # the kernels multiply a head by its stride in int32
-            raise InvalidInput(
-                f"a KV arena of {self.kv_positions} positions x {hkv} KV heads x {d} is "
-                "past 2^31 elements a layer; lower --kv-cache-gb or --max-sessions, or use "
-                "--kv-layout slots")
-        arena = torch.zeros((layers_, hkv, span, d), device=self.device, dtype=self.dtype)
-        return arena.as_strided((layers_, self.kv_positions + 1, hkv, t, d),
-                                (hkv * span * d, d, span * d, d, 1))
+        return kv_tensor(layers=len(w.layers), slots=self.num_slots, kv_heads=w.num_kv_heads,
+                         positions=self.max_seq_len, head_dim=w.head_dim,
+                         arena_positions=self.kv_positions, device=self.device,
+                         dtype=self.dtype)
 
     def _step_attention(self, inp: StepInputs) -> Callable[[int, torch.Tensor], torch.Tensor]:
         """Attention of a padded step's queries [Bp Qp, Hq D] over their sessions' KV."""
@@ -661,17 +605,8 @@ class StaticRuntime:
         s_slot, s_head, s_pos = (st // d for st in kc.stride()[:3])  # in rows of D
         rows = (write_slot[:, None] * s_slot + heads * s_head
                 + write_pos[:, None] * s_pos).view(-1)  # [M Hkv]
-        _rows_of(kc).index_copy_(0, rows, k.view(-1, d))
-        _rows_of(vc).index_copy_(0, rows, v.view(-1, d))
+        rows_of(kc).index_copy_(0, rows, k.view(-1, d))
+        rows_of(vc).index_copy_(0, rows, v.view(-1, d))
         o = attend(i, q)  # [M, Hq D]
         return layers.attention_out_and_mlp(h, o, lw.wo, lw.ln_mlp, lw.w_gate_up, lw.w_down,
                                             w.eps, self._lin, self._norm)
-
-
-
-def _rows_of(cache: torch.Tensor) -> torch.Tensor:
-    """One layer's K or V memory as [rows, D] from its first element: the slots'
-    memory, contiguous or the arena behind a strided view (its storage offset kept)."""
-    d = cache.shape[-1]
-    last = sum((n - 1) * st for n, st in zip(cache.shape, cache.stride(), strict=True))
-    return cache.as_strided((last // d + 1, d), (d, 1))

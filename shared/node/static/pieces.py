@@ -1,0 +1,79 @@
+"""Prompt pieces as one activation, and their attention: what a prefill, a chunk and a
+mixed step's prompt rows share (:mod:`.runtime`).
+
+A piece is rows ``start`` .. ``start + L - 1`` of one prompt, going into one slot; a
+call's pieces are concatenated so every GEMM runs once for all of them (Sarathi-Serve,
+Agrawal et al., OSDI 2024, chunks prompts this way). Their attention is causal over
+each piece's slot up to its end: the rows before ``start`` are already in the slot (an
+earlier chunk, or a reused prefix).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
+
+
+@dataclass(frozen=True)
+class PromptPieces:
+    """Pieces laid out as one activation: piece r is rows ``offsets[r]`` ..
+    ``offsets[r + 1] - 1``, positions ``starts[r]`` on, of ``slots[r]``."""
+
+    slots: list[int]
+    starts: list[int]
+    lengths: list[int]
+    offsets: list[int]  # [R + 1]
+    h: torch.Tensor  # [M, H] embeddings in the model dtype
+    pos: torch.Tensor  # [M] positions (RoPE rows and where K/V go)
+    write_slot: torch.Tensor  # [M]
+    last_rows: torch.Tensor  # [R] each piece's last row
+
+
+def lay_out(slots: Sequence[int], embeds: Sequence[torch.Tensor], starts: Sequence[int],
+            dtype: torch.dtype, device: torch.device) -> PromptPieces:
+    """The pieces (already checked) as one activation. embeds[r]: [L_r, H]."""
+    lengths = [int(e.shape[0]) for e in embeds]
+    offsets = [0]
+    for n in lengths:
+        offsets.append(offsets[-1] + n)
+    return PromptPieces(
+        slots=list(slots), starts=list(starts), lengths=lengths, offsets=offsets,
+        h=torch.cat([e.to(dtype) for e in embeds]),  # [M, H]
+        pos=torch.cat([torch.arange(st, st + n, device=device)
+                       for st, n in zip(starts, lengths, strict=True)]),  # [M]
+        write_slot=torch.cat([torch.full((n,), s, device=device)
+                              for s, n in zip(slots, lengths, strict=True)]),  # [M]
+        last_rows=torch.tensor([off - 1 for off in offsets[1:]], device=device),  # [R]
+    )
+
+
+def sdpa_piece_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         pieces: PromptPieces, num_heads: int) -> torch.Tensor:
+    """Causal SDPA of each piece's queries over its slot's K/V up to the piece's end.
+
+    q: [M, Hq, D] or [M, Hq D]; k_cache, v_cache: one layer's [S, Hkv, T, D] (the layer wrote the
+    pieces' K/V first). Returns [M, Hq D]. Flash attention on CUDA where it applies.
+    """
+    hq, hkv, d = num_heads, k_cache.shape[1], k_cache.shape[3]
+    outs = []
+    for s, n, off, st in zip(pieces.slots, pieces.lengths, pieces.offsets, pieces.starts,
+                             strict=False):
+        k = k_cache[s, :, : st + n]  # [Hkv, st + L, D]
+        v = v_cache[s, :, : st + n]  # [Hkv, st + L, D]
+        # A continuation (a chunk, or the rest after a reused prefix) is causal aligned
+        # to the bottom right: query j sees keys 0 .. st + j. As a CausalBias it runs
+        # flash / memory-efficient attention; an explicit boolean mask ran cuDNN's SDPA
+        # on an H200, which builds a graph for every new (queries, keys) shape (hundreds
+        # of ms, pytorch/pytorch#191576 and sgl-project/sglang#4650 measured it), and
+        # chunk shapes vary.
+        mask = None if st == 0 else causal_lower_right(n, st + n)
+        o = F.scaled_dot_product_attention(
+            q[off : off + n].reshape(n, hq, d).transpose(0, 1)[None], k[None], v[None],
+            attn_mask=mask, is_causal=mask is None, enable_gqa=hq != hkv,
+        )  # [1, Hq, L, D]
+        outs.append(o[0].transpose(0, 1).reshape(n, hq * d))  # [L, Hq D]
+    return torch.cat(outs)  # [M, Hq D]
