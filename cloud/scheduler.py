@@ -40,7 +40,7 @@ GIL: it gives the lock up at every torch call and, while the gRPC event loop hol
 waits up to the interpreter's switch interval (5 ms by default) to get it back, a few
 dozen times a step. On an H100 at 16 and 64 sessions that put the step at 1.28 and
 1.23 times the device's time; with the interval at 0.1 ms (``switch_interval_s``, the
-server's ``--gil-switch-interval-ms``, set while the loop runs) 1.09 and 1.12
+server's ``--gil-switch-interval-ms``, set while the loop runs) 1.08 and 1.13
 (docs/scheduler.md, "The server as fast as its engine").
 
 This module is the loop. Around it: ``eventspec.cloud.tickets`` holds what it shares
@@ -187,6 +187,8 @@ class Scheduler:
                 raise InvalidInput(f"a session of {session.max_seq_len} positions in KV "
                                    f"reserved for {need}")
         except BaseException:
+            if self.kv_by_length:
+                self.engine.free(slot)  # the run's reservation ends with it
             self.pool.release(slot)
             raise
         s = session.settings

@@ -7,11 +7,15 @@ from __future__ import annotations
 import itertools
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eventspec.cloud.kv_arena import ArenaPool, PositionArena
+from eventspec.cloud.scheduler import Scheduler
 from eventspec.shared.contract.errors import InvalidInput, ResourceExhausted
+from tests.support.fake_engine import TEXT_VOCAB
+from tests.support.scheduler_sessions import session_factory
 
 #: A program: allocate a run of n positions (n > 0), or release the i-th held run (-i-1).
 ops = st.lists(st.one_of(st.integers(1, 40), st.integers(-8, -1)), max_size=120)
@@ -99,3 +103,30 @@ def test_fragmentation_makes_a_long_request_wait_not_fail_the_arena() -> None:
     pool.release(a)  # 0..60 merge: now it fits
     assert pool.fits(60)
     pool.release(c)
+
+
+class _ArenaEngine:
+    """Just what ``Scheduler.admit`` touches of an engine with KV by length."""
+
+    device = torch.device("cpu")
+    num_slots, max_seq_len, kv_positions = 4, 64, 200
+
+    def __init__(self) -> None:
+        self.reserved: dict[int, int] = {}
+
+    def reserve(self, slot: int, positions: int) -> None:
+        self.reserved[slot] = positions
+
+    def free(self, slot: int) -> None:
+        self.reserved.pop(slot, None)
+
+
+def test_admit_takes_a_run_of_what_the_request_needs_and_gives_it_back_on_failure() -> None:
+    engine = _ArenaEngine()
+    sched = Scheduler(engine, text_vocab_size=TEXT_VOCAB)  # type: ignore[arg-type]
+    assert sched.kv_by_length and isinstance(sched.pool, ArenaPool)
+    ticket = sched.admit("a", session_factory(8, 20, max_seq_len=28), positions=28)
+    assert engine.reserved == {ticket.slot: 28} and sched.pool.positions_free == 172
+    with pytest.raises(InvalidInput, match="a session of 64 positions in KV reserved for 28"):
+        sched.admit("b", session_factory(8, 20, max_seq_len=64), positions=28)
+    assert engine.reserved == {ticket.slot: 28} and sched.pool.positions_free == 172
