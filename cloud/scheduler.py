@@ -55,13 +55,13 @@ import asyncio
 import contextlib
 import logging
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 
 import torch
 
+from eventspec.cloud import switch_interval
 from eventspec.cloud.decoding import Committed, DecodingSession
 from eventspec.cloud.device_timer import DeviceTimer
 from eventspec.cloud.engine.base import (
@@ -149,9 +149,9 @@ class Scheduler:
         #: own (the server-wide estimate).
         self.alpha_prior: Callable[[], float] = lambda: 0.5
         #: The interpreter's switch interval while the loop runs (None: leave it); the
-        #: previous one comes back at ``stop``.
+        #: interpreter's own comes back when the last loop stops (``switch_interval``).
         self.switch_interval_s: float | None = None
-        self._saved_switch_interval: float | None = None
+        self._holds_switch_interval = False
 
     # -- the streams' side (event loop) ------------------------------------------------------
 
@@ -164,8 +164,8 @@ class Scheduler:
         self._loop = asyncio.get_running_loop()
         self._on_death = on_death
         if self.switch_interval_s is not None:  # process-wide; see the module docstring
-            self._saved_switch_interval = sys.getswitchinterval()
-            sys.setswitchinterval(self.switch_interval_s)
+            switch_interval.hold(self.switch_interval_s)
+            self._holds_switch_interval = True
         self._thread = threading.Thread(target=self._run, name="engine-core", daemon=True)
         self._thread.start()
 
@@ -237,9 +237,9 @@ class Scheduler:
         self._commands.put(("stop", None, None))
         if self._thread is not None:
             self._thread.join(timeout=30)
-        if self._saved_switch_interval is not None:
-            sys.setswitchinterval(self._saved_switch_interval)
-            self._saved_switch_interval = None
+        if self._holds_switch_interval:
+            self._holds_switch_interval = False
+            switch_interval.let_go()
 
     @property
     def live(self) -> int:

@@ -1,0 +1,38 @@
+"""The interpreter's thread switch interval while engine loops run, shared by all of them.
+
+Why: the engine thread gives the GIL up at every torch call and waits up to the switch
+interval (5 ms by default) to get it back from the gRPC event loop; a short interval
+bounds that wait (``eventspec.cloud.scheduler``). The interval is process-wide, so with
+several engine loops in one process (tests, benchmarks) the first to start saves the
+interpreter's own and the last to stop puts it back, in whatever order they stop.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+_lock = threading.Lock()
+_holders = 0
+_saved = 0.0
+
+
+def hold(interval_s: float) -> None:
+    """An engine loop starts: the interval is at most ``interval_s`` until it lets go."""
+    global _holders, _saved
+    with _lock:
+        if _holders == 0:
+            _saved = sys.getswitchinterval()
+        _holders += 1
+        sys.setswitchinterval(min(interval_s, sys.getswitchinterval()))
+
+
+def let_go() -> None:
+    """An engine loop that held the interval stopped; the last one restores it."""
+    global _holders
+    with _lock:
+        if _holders == 0:
+            raise RuntimeError("the switch interval was let go more often than held")
+        _holders -= 1
+        if _holders == 0:
+            sys.setswitchinterval(_saved)
