@@ -118,6 +118,14 @@ class ArenaPool:
         return self.arena.free_positions
 
     @property
+    def positions_total(self) -> int:
+        return self.arena.size
+
+    @property
+    def positions_used(self) -> int:
+        return self.arena.size - self.arena.free_positions
+
+    @property
     def full_message(self) -> str:
         return (f"KV memory is full ({self.arena.runs} requests hold "
                 f"{self.arena.size - self.arena.free_positions} of {self.arena.size} "

@@ -153,17 +153,29 @@ class CloudMetrics:
                              registry=r)
         self.kv_total = Gauge(_name("kv_slots_total"), "KV slots the engine reserved at "
                               "start-up", registry=r)
-        self.kv_usage = Gauge(_name("kv_cache_usage_perc"), "Fraction of KV slots in use "
-                              "(0..1)", registry=r)
+        self.kv_positions_used = Gauge(
+            _name("kv_positions_used"), "KV positions held by requests now (with KV by "
+            "length a request holds its prompt plus its answer cap; in slots, whole slots)",
+            registry=r)
+        self.kv_positions_total = Gauge(_name("kv_positions_total"), "KV positions the "
+                                        "engine reserved at start-up", registry=r)
+        self.kv_usage = Gauge(_name("kv_cache_usage_perc"), "Fraction of KV positions in "
+                              "use (0..1)", registry=r)
 
     def bind(self, *, running: Callable[[], int], waiting: Callable[[], int],
-             kv_used: Callable[[], int], kv_total: int) -> None:
-        """Read the gauges from the live server at scrape time (no per-request work)."""
+             kv_used: Callable[[], int], kv_total: int, positions_used: Callable[[], int],
+             positions_total: int) -> None:
+        """Read the gauges from the live server at scrape time (no per-request work).
+        ``kv_used`` / ``kv_total``: requests holding KV and the most at once (slots);
+        ``positions_*``: the KV memory behind them, in positions."""
         self.running.set_function(running)
         self.waiting.set_function(waiting)
         self.kv_used.set_function(kv_used)
         self.kv_total.set(kv_total)
-        self.kv_usage.set_function(lambda: kv_used() / kv_total if kv_total else 0.0)
+        self.kv_positions_used.set_function(positions_used)
+        self.kv_positions_total.set(positions_total)
+        self.kv_usage.set_function(
+            lambda: positions_used() / positions_total if positions_total else 0.0)
 
     # -- the engine thread ---------------------------------------------------------------
 

@@ -280,8 +280,11 @@ class VerifierServer:
         runtime.metrics = metrics
         sched, registry = runtime.scheduler, runtime.registry
         sched.observer = metrics
+        pool = sched.pool
         metrics.bind(running=lambda: len(registry), waiting=lambda: sched.waiting,
-                     kv_used=lambda: sched.live, kv_total=sched.pool.num_slots)
+                     kv_used=lambda: sched.live, kv_total=pool.num_slots,
+                     positions_used=lambda: pool.positions_used,
+                     positions_total=pool.positions_total)
 
     def _warming(self, phase: str) -> None:
         """A warm-up phase began: log it, and let callers see it while NOT_SERVING.

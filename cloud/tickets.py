@@ -76,6 +76,15 @@ class SlotPool:
         return len(self._free)
 
     @property
+    def positions_total(self) -> int:
+        return self.num_slots * self.max_seq_len
+
+    @property
+    def positions_used(self) -> int:
+        """Positions held: a held slot holds all of its own, used or not."""
+        return (self.num_slots - len(self._free)) * self.max_seq_len
+
+    @property
     def full_message(self) -> str:
         return (f"all {self.num_slots} KV slots are in use ({self.num_slots} slots x "
                 f"{self.max_seq_len} tokens, GetServerInfo.limits.kv_slots)")

@@ -48,6 +48,7 @@ async def test_short_requests_share_the_memory_of_two_slots_and_the_rest_queue()
         async with aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
             held = [await _hold(ch) for _ in range(fits)]
             assert server.held_slots == fits
+            assert sched.pool.positions_used == fits * need  # each holds what it needs
             waiter = asyncio.create_task(
                 h.run_generate(server.port, h.open_msg(Q, frames, max_new_tokens=MAX_NEW)))
             await until(lambda: queue.waiting == 1, "the next request waits for KV",

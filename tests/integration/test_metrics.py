@@ -80,6 +80,8 @@ async def test_counters_move_by_what_the_requests_report() -> None:
         assert cloud.metrics_port != edge.metrics_port
         before_cloud = await asyncio.to_thread(scrape, cloud.metrics_port)
         assert value(before_cloud, "eventspec:kv_slots_total") >= 1
+        assert value(before_cloud, "eventspec:kv_positions_total") >= value(
+            before_cloud, "eventspec:kv_slots_total")
         finals = [
             await ask(edge.port, "What is moving?", Mode.SPECULATIVE),
             await ask(edge.port, "Which way does it go?", Mode.SPECULATIVE),
@@ -125,6 +127,8 @@ async def test_counters_move_by_what_the_requests_report() -> None:
     assert value(c, "eventspec:requests_by_edge_total", edge="anonymous") == 3
     assert value(c, "eventspec:draft_tokens_by_edge_total", edge="anonymous") == drafted
     assert value(c, "eventspec:kv_slots_used") == 0
+    assert value(c, "eventspec:kv_positions_used") == 0
+    assert value(c, "eventspec:kv_cache_usage_perc") == 0
     assert value(c, "eventspec:num_requests_running") == 0
 
     # The edge: the same requests, counted from the Finals its clients were sent.
