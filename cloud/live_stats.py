@@ -45,6 +45,9 @@ def live_stats(rt: VerifierRuntime | None, *, phase: str, uptime_s: float) -> Ve
         prefill=prefill_mode(sched.chunking),
         prefill_chunks=s.prefill_chunks,
         batch_invariant=bool(getattr(sched.engine, "batch_invariant", False)),
+        kv_positions_used=sched.pool.positions_used,
+        kv_positions_total=sched.pool.positions_total,
+        kv_layout="by-length" if sched.kv_by_length else "slots",
         **prefix_cache_view(sched.prefix_cache),
     )
 

@@ -104,6 +104,8 @@ def _render_cloud(address: str, m: verifier_pb2.VerifierStats) -> str:
     rows = [
         ("sessions", f"{s.live_sessions} of {s.max_sessions}"),
         ("KV slots", f"{s.kv_slots_used} of {s.kv_slots_total} in use"),
+        ("KV positions", f"{s.kv_positions_used:,} of {s.kv_positions_total:,} in use "
+                         f"({s.kv_layout})"),
         ("prefills waiting", str(s.prefills_waiting)),
         ("requests served", str(s.requests_served)),
         ("acceptance (EWMA)", f"{s.acceptance_ewma:.3f}"),

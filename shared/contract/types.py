@@ -199,6 +199,10 @@ class VerifierStats:
     prefix_cache_hits: int = 0
     prefix_cache_misses: int = 0
     batch_invariant: bool = False
+    #: KV memory in positions now and reserved, and ``--kv-layout`` ("by-length"/"slots").
+    kv_positions_used: int = 0
+    kv_positions_total: int = 0
+    kv_layout: str = ""
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,8 @@ async def test_live_sessions_slots_and_asks_while_a_request_runs(
             busy = await _poll(cloud_addr, "cloud", lambda m: m.live_sessions == 1)
             assert busy.kv_slots_used == 1  # type: ignore[attr-defined]
             assert busy.kv_slots_total >= 1  # type: ignore[attr-defined]
+            assert 0 < busy.kv_positions_used <= busy.kv_positions_total  # type: ignore[attr-defined]
+            assert busy.kv_layout == "slots"  # the HF engine on CPU  # type: ignore[attr-defined]
             assert busy.state == "serving"  # type: ignore[attr-defined]
             edge = await _poll(stack.edge_address, "edge", lambda m: m.asks_in_flight == 1)
             assert edge.serving and edge.cloud_slots >= 1  # type: ignore[attr-defined]
@@ -68,6 +70,7 @@ async def test_live_sessions_slots_and_asks_while_a_request_runs(
     assert rc_cloud == 0 and rc_edge == 0
     assert text_cloud.startswith(f"cloud verifier {cloud_addr}: serving")
     assert "KV slots" in text_cloud
+    assert re.search(r"^  KV positions +0 of [\d,]+ in use \(slots\)$", text_cloud, flags=re.M)
     assert re.search(r"^  prefill +whole$", text_cloud, flags=re.M)
     assert re.search(r"^  prefix cache +off$", text_cloud, flags=re.M)
     assert re.search(r"^  batch-invariant +no$", text_cloud, flags=re.M)
