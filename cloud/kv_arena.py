@@ -18,7 +18,10 @@ grows in place. The price is fragmentation: a free run may be too short although
 arena holds enough positions in total; then the request waits in the KV queue like one
 that finds memory full (``eventspec.cloud.kv_queue``), and the message says which.
 First fit over an address-ordered free list, merged on release (Knuth, TAOCP vol. 1,
-2.5), keeps runs of similar requests packed.
+2.5), keeps runs of similar requests packed; with widely mixed answer caps it holds
+fewer requests than fixed slots (``benchmarks/bench_kv_arena.py``: 37.9 against 40.6
+sessions for caps of 32 and 512 tokens, 50.5 against 40.8 for one cap), which paged KV
+or compaction would fix (docs/scheduler.md, "KV by length").
 """
 
 from __future__ import annotations
