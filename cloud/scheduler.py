@@ -67,6 +67,7 @@ from eventspec.cloud.device_timer import DeviceTimer
 from eventspec.cloud.engine.base import (
     BatchedEngine,
     ChunkedPrefillEngine,
+    KvByLengthEngine,
     MixedStepEngine,
     PrefillChunk,
     PrefillRequest,
@@ -123,7 +124,7 @@ class Scheduler:
         self.sampler = BatchedSampler(text_vocab_size)
         #: KV by length (``eventspec.cloud.kv_arena``) where the engine keeps an arena of
         #: positions; else fixed slots of ``max_seq_len``.
-        arena = getattr(engine, "kv_positions", None)
+        arena = engine.kv_positions if isinstance(engine, KvByLengthEngine) else None
         self.kv_by_length = bool(arena)
         self.pool: SlotPool | ArenaPool = (
             ArenaPool(arena, engine.max_seq_len, engine.num_slots) if arena
@@ -181,7 +182,8 @@ class Scheduler:
         slot = self.pool.acquire(need)
         try:
             if self.kv_by_length:
-                self.engine.reserve(slot, need)  # type: ignore[attr-defined]
+                assert isinstance(self.engine, KvByLengthEngine)
+                self.engine.reserve(slot, need)
             session = make_session(slot)
             if self.kv_by_length and session.max_seq_len > need:
                 raise InvalidInput(f"a session of {session.max_seq_len} positions in KV "

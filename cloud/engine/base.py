@@ -114,6 +114,18 @@ class ChunkedPrefillEngine(Protocol):
 
 
 @runtime_checkable
+class KvByLengthEngine(Protocol):
+    """An engine whose KV is one arena of positions (``eventspec.cloud.kv_arena``): a
+    slot id is a run's first position, and a session's run is reserved before use."""
+
+    kv_positions: int | None  # the arena's positions; None: fixed slots after all
+
+    def reserve(self, slot: int, positions: int) -> None:
+        """The session starting at ``slot`` owns ``positions`` from there."""
+        ...
+
+
+@runtime_checkable
 class MixedStepEngine(Protocol):
     """An engine that can run prompt chunks inside a step's forward (chunked prefill
     without a call of its own per chunk: Sarathi-Serve's stall-free batches)."""

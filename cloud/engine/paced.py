@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import torch
 
-from eventspec.cloud.engine.base import BatchedEngine, PrefillRequest
+from eventspec.cloud.engine.base import BatchedEngine, KvByLengthEngine, PrefillRequest
 from eventspec.shared.contract.timing import CloudCost
 from eventspec.shared.node.static.batch import StepBatch
 
@@ -96,4 +96,5 @@ class PacedEngine:
 
     def reserve(self, slot: int, positions: int) -> None:
         """KV by length: the inner engine's reservation (only called when it has one)."""
-        self.inner.reserve(slot, positions)  # type: ignore[attr-defined]
+        assert isinstance(self.inner, KvByLengthEngine)
+        self.inner.reserve(slot, positions)
