@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
+from eventspec.shared.node.static.invariant import invariant_attention
+
 
 @dataclass(frozen=True)
 class PromptPieces:
@@ -76,4 +78,21 @@ def sdpa_piece_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
             attn_mask=mask, is_causal=mask is None, enable_gqa=hq != hkv,
         )  # [1, Hq, L, D]
         outs.append(o[0].transpose(0, 1).reshape(n, hq * d))  # [L, Hq D]
+    return torch.cat(outs)  # [M, Hq D]
+
+
+def invariant_piece_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                              pieces: PromptPieces, num_heads: int) -> torch.Tensor:
+    """Each piece's queries through :func:`.invariant.invariant_attention` (the plain,
+    batch-invariant path), so a prompt row gives the bits a decode step at its position
+    would. q: [M, Hq D]; k_cache, v_cache: one layer's [S, Hkv, T, D]. Returns [M, Hq D]."""
+    hq, d = num_heads, k_cache.shape[3]
+    outs = []
+    for s, n, off, st in zip(pieces.slots, pieces.lengths, pieces.offsets, pieces.starts,
+                             strict=False):
+        q4 = q[off : off + n].view(1, n, hq, d)  # [1, L, Hq, D]
+        slot = torch.tensor([s], device=q.device)  # [1]
+        pos = torch.arange(st, st + n, device=q.device)[None]  # [1, L]
+        o = invariant_attention(q4, k_cache, v_cache, slot, pos)
+        outs.append(o.reshape(n, hq * d))  # [L, Hq D]
     return torch.cat(outs)  # [M, Hq D]

@@ -84,7 +84,12 @@ from eventspec.shared.node.static.invariant_kernels import (
 from eventspec.shared.node.static.invariant_tiles import PrefillTiles, prefill_tiles
 from eventspec.shared.node.static.kernels import rope_and_write_kv, silu_mul
 from eventspec.shared.node.static.kv_memory import kv_tensor, rows_of
-from eventspec.shared.node.static.pieces import PromptPieces, lay_out, sdpa_piece_attention
+from eventspec.shared.node.static.pieces import (
+    PromptPieces,
+    invariant_piece_attention,
+    lay_out,
+    sdpa_piece_attention,
+)
 from eventspec.shared.node.static.quant import Weight, linear, linear_add_
 from eventspec.shared.node.static.staging import StepStaging
 from eventspec.shared.node.static.weights import LanguageWeights
@@ -410,23 +415,6 @@ class StaticRuntime:
 
     # -- internals --------------------------------------------------------------------
 
-    def _invariant_prefill_attention(
-        self, i: int, q: torch.Tensor, slots: Sequence[int], lengths: Sequence[int],
-        offsets: Sequence[int], starts: Sequence[int],
-    ) -> torch.Tensor:
-        """Each prefill piece's queries through :func:`.invariant.invariant_attention`, so a
-        prompt row gives the bits a decode step at its position would. q: [M, Hq D]."""
-        w = self.weights
-        hq, d = w.num_heads, w.head_dim
-        outs = []
-        for s, n, off, st in zip(slots, lengths, offsets, starts, strict=False):
-            q4 = q[off : off + n].view(1, n, hq, d)  # [1, L, Hq, D]
-            slot = torch.tensor([s], device=q.device)  # [1]
-            pos = torch.arange(st, st + n, device=q.device)[None]  # [1, L]
-            o = invariant_attention(q4, self.k_cache[i], self.v_cache[i], slot, pos)
-            outs.append(o.reshape(n, hq * d))  # [L, Hq D]
-        return torch.cat(outs)  # [M, Hq D]
-
     def _check_step(self, batch: StepBatch) -> None:
         b = len(batch.slots)
         if b == 0 or not len(batch.start_positions) == len(batch.counts) == b:
@@ -480,11 +468,9 @@ class StaticRuntime:
         up to its end, reading its K/V back (the layer wrote them first)."""
         w = self.weights
         d, hq = w.head_dim, w.num_heads
-        slots, lengths, offsets = pieces.slots, pieces.lengths, pieces.offsets
-        starts = pieces.starts
         tiles: PrefillTiles | None = None
         if self.invariant_kernels:
-            tiles = prefill_tiles(slots, starts, lengths, self.device)
+            tiles = prefill_tiles(pieces.slots, pieces.starts, pieces.lengths, self.device)
 
         def attend(i: int, q: torch.Tensor) -> torch.Tensor:
             if tiles is not None:
@@ -492,7 +478,8 @@ class StaticRuntime:
                                                   self.v_cache[i], tiles)  # [M, Hq, D]
                 return o.view(-1, hq * d)  # [M, Hq D]
             if self.batch_invariant:
-                return self._invariant_prefill_attention(i, q, slots, lengths, offsets, starts)
+                return invariant_piece_attention(q, self.k_cache[i], self.v_cache[i], pieces,
+                                                 hq)
             return sdpa_piece_attention(q, self.k_cache[i], self.v_cache[i], pieces, hq)
 
         return attend
