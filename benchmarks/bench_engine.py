@@ -3,7 +3,9 @@
 One run measures, and writes to ``$OUT/engine_<device>.json`` and ``.png``:
 
 - copy bandwidth (device-to-device, read + write counted), the floor's denominator;
-- prefill ms: 8 frames + prompt (2,103 tokens), video tower included;
+- prefill ms: 8 frames + prompt (2,103 tokens), video tower included
+  (``--prefill-only``: its parts graphed against eager, and a new prompt length's
+  first call, in ``prefill-<card>.json``);
 - step ms for B sessions x k drafts (k + 1 tokens per session) at ~2.1k context, each
   next to its floor, (weights + live KV bytes) / copy bandwidth, and the ratio;
 - the HF eager reference step at B = 1 (DynamicCache, k = 0 and 8);
@@ -26,6 +28,7 @@ import argparse
 import json
 import logging
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -38,7 +41,7 @@ from transformers import (
     DynamicCache,
 )
 
-from benchmarks.device_timing import median_ms, sync
+from benchmarks.device_timing import median_ms, sync, times_ms
 from benchmarks.engine_agreement import QUESTION, agreement, batch_invariance, pixels
 from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.engine.static.build import (
@@ -76,6 +79,78 @@ def time_prefill(engine: StaticEngine, target: TargetModel, repeats: int) -> dic
     ms = median_ms(lambda: engine.prefill([req]), repeats)
     tower = median_ms(lambda: target.video_features_from_pixels(pix), repeats)
     return {"prompt_tokens": float(len(ids)), "prefill_ms": ms, "tower_ms": tower}
+
+
+def prefill_costs(engine: StaticEngine, target: TargetModel, repeats: int) -> dict[str, Any]:
+    """The prefill's parts, each as the engine runs it now ("graphed": the tower from its
+    CUDA graph, prompt attention at rounded lengths) and as before ("eager": the tower
+    eager, attention at the exact length), in one process:
+
+    - ``prefill_ms``: 8 frames + the 2,103-token prompt, tower included;
+    - ``tower_ms``: the tower and projector alone;
+    - ``new_length_first_ms`` / ``new_length_again_ms``: a prompt of a length the
+      server has not seen (3 lengths, each a few tokens longer), its first call and
+      a second one: what a new question's length costs its time to first token;
+    - ``question_after_prefix_ms``: 20 text tokens after a prompt's first rows (a new
+      question on a reused clip): the eager prefill against one graphed step.
+    """
+    ids = target.build_prompt_ids(QUESTION)
+    pix = pixels(target, 0)
+    req = PrefillRequest(slot=0, input_ids=ids, pixel_values_videos=pix)
+    tower, step = engine._tower, engine.prompt_length_step
+    hidden = engine.weights.hidden
+    video_rows = engine._check_prefill(req)
+    out: dict[str, Any] = {"prompt_tokens": len(ids)}
+
+    def use(mode: str) -> None:
+        engine._tower = tower if mode == "graphed" else None
+        engine.prompt_length_step = step if mode == "graphed" else 1
+
+    modes = ("eager", "graphed")
+    for name, fn in (("prefill_ms", lambda: engine.prefill([req])),
+                     ("tower_ms", partial(engine._embeds, req, video_rows))):
+        runs: dict[str, list[float]] = {m: [] for m in modes}
+        for _ in range(repeats):  # interleaved, so a slower moment of the host hits both
+            for mode in modes:
+                use(mode)
+                runs[mode].extend(times_ms(fn, 1, warmup=1))
+        for mode in modes:
+            out[f"{name}_{mode}"] = statistics.median(runs[mode])
+    # Grow the allocator to the longest prompt below first, so a first call pays only
+    # what its new length costs.
+    engine.prefill_embeds([0], [torch.randn(len(ids) + 40, hidden, device=engine.device,
+                                            dtype=engine.dtype)])
+    for mode, base in (("eager", len(ids) + 7), ("graphed", len(ids) + 17)):
+        use(mode)
+        first, again = [], []
+        for n in range(base, base + 3):
+            e = torch.randn(n, hidden, device=engine.device, dtype=engine.dtype)  # [n, H]
+            for times in (first, again):
+                sync()
+                t0 = time.perf_counter()
+                engine.prefill_embeds([0], [e])
+                sync()
+                times.append((time.perf_counter() - t0) * 1e3)
+        out[f"new_length_first_ms_{mode}"] = first
+        out[f"new_length_again_ms_{mode}"] = again
+    engine._tower, engine.prompt_length_step = tower, step
+    engine.prefill([req])
+    n_q, start = 20, len(ids)
+    q_ids = tuple(int(i) for i in ids[-n_q:])
+    q_embeds = engine.weights.embed.index_select(0, torch.tensor(q_ids, device=engine.device))
+
+    def eager() -> None:
+        engine._filled[0] = start
+        engine.prefill_embeds([0], [q_embeds], [start])
+
+    def graphed() -> None:
+        engine._filled[0] = start
+        engine.prompt_rows_as_step([0], [start], [q_ids])
+
+    out["question_tokens"] = n_q
+    out["question_after_prefix_ms_eager"] = median_ms(eager, repeats)
+    out["question_after_prefix_ms_graphed"] = median_ms(graphed, repeats)
+    return out
 
 
 def fill_slots(engine: StaticEngine, n: int) -> None:
@@ -358,6 +433,8 @@ def main() -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--host-phases", action="store_true", help="only time step parts")
     parser.add_argument("--invariance", action="store_true", help="only batch invariance")
+    parser.add_argument("--prefill-only", action="store_true",
+                        help="only the prefill's parts, graphed and eager (prefill-<card>.json)")
     parser.add_argument("--batch-invariant", action="store_true",
                         help="build the engine batch-invariant (the cloud's --batch-invariant)")
     parser.add_argument("--table", metavar="JSON", help="print a results file's table, exit")
@@ -393,6 +470,17 @@ def main() -> int:
         print(json.dumps(inv, indent=1))
         Path(args.out).mkdir(parents=True, exist_ok=True)
         Path(args.out, "batch_invariance.json").write_text(json.dumps(inv, indent=1))
+        return 0
+    if args.prefill_only:
+        engine = build_static_engine(target, kv, session_buckets=(1, 4), token_buckets=(1, 9, 33))
+        costs = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
+                 "torch": torch.__version__, "warm_up": engine.warmup_report,
+                 **prefill_costs(engine, target, args.repeats)}
+        print(json.dumps(costs, indent=1))
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        card = [w for w in str(costs["device"]).split() if w[:1] in "ABH" and w[1:].isdigit()]
+        tag = "tiny" if args.tiny else (card or ["cuda"])[0].lower()
+        Path(args.out, f"prefill-{tag}.json").write_text(json.dumps(costs, indent=1))
         return 0
     if args.host_phases:
         engine = build_static_engine(target, kv, session_buckets=(1, 64), token_buckets=(1, 9),

@@ -181,8 +181,9 @@ class PrefillPhase:
             if p.embeds is None:
                 p.first = piece.start
                 p.embeds = engine.prompt_embeds(p.request, p.first)  # [L - first, H]
-            chunks.append(PrefillChunk(p.request.slot, piece.start,
-                                       p.embeds[piece.start - p.first : piece.end - p.first]))
+            chunks.append(PrefillChunk(
+                p.request.slot, piece.start, p.embeds[piece.start - p.first : piece.end - p.first],
+                tuple(int(i) for i in p.request.input_ids[piece.start : piece.end])))
         return chunks
 
     def _after_pieces(self, pieces: list[Piece], logits: torch.Tensor, t0: float, *,

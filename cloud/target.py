@@ -167,13 +167,9 @@ class TargetModel:
         return pixels.unsqueeze(0)  # [1, F, 3, S, S]
 
     @torch.inference_mode()
-    def video_features_from_pixels(self, pixel_values_videos: torch.Tensor) -> torch.Tensor:
-        """Video-tower features of the selected layer, before the projector -> [F, T, D].
-
-        This is the space aligned features live in. Running the tower directly (rather
-        than ``get_video_features``, which returns the projector's output) keeps it
-        independent of how transformers versions package that method's outputs.
-        """
+    def video_pixels(self, pixel_values_videos: torch.Tensor) -> torch.Tensor:
+        """Checked pixels [1, F, 3, S, S] (or [F, 3, S, S]) -> [F, 3, S, S] on the model's
+        device and dtype; InvalidInput names the shape expected."""
         g = self.geometry
         pix = pixel_values_videos
         if pix.dim() == 5 and pix.shape[0] == 1:
@@ -184,7 +180,16 @@ class TargetModel:
                 f"pixel_values_videos must be [1, {', '.join(map(str, expected))}], "
                 f"got {list(pixel_values_videos.shape)}"
             )
-        pix = pix.to(self.device, self.dtype)
+        return pix.to(self.device, self.dtype)
+
+    def video_features_from_pixels(self, pixel_values_videos: torch.Tensor) -> torch.Tensor:
+        """Video-tower features of the selected layer, before the projector -> [F, T, D].
+
+        This is the space aligned features live in. Running the tower directly (rather
+        than ``get_video_features``, which returns the projector's output) keeps it
+        independent of how transformers versions package that method's outputs.
+        """
+        pix = self.video_pixels(pixel_values_videos)  # [F, 3, S, S]
         out = self.model.model.video_tower(pixel_values=pix, output_hidden_states=True)
         layer = self.model.config.vision_feature_layer
         if isinstance(layer, int):

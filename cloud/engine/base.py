@@ -80,11 +80,13 @@ class BatchedEngine(Protocol):
 class PrefillChunk:
     """Prompt positions ``start`` .. ``start + len(embeds) - 1`` of the request in
     ``slot``: ``embeds`` [n, H] are rows of its prompt embeddings
-    (:meth:`ChunkedPrefillEngine.prompt_embeds`)."""
+    (:meth:`ChunkedPrefillEngine.prompt_embeds`); ``token_ids``, when given, the
+    prompt's ids at those rows (an engine may run text rows from them)."""
 
     slot: int
     start: int
     embeds: torch.Tensor  # [n, H]
+    token_ids: tuple[int, ...] | None = None  # [n]
 
 
 @runtime_checkable

@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 ATOL = 1e-3
+ATOL_TF32 = 2e-2
 QUESTIONS = ("What is moving?", "How many objects cross from the left?")
 
 
@@ -137,3 +138,39 @@ def test_a_mixed_step_on_cuda_equals_the_step_and_the_chunk_apart(
     assert _greedy(engine, toy, 1, lb, first_b) == want_b
     engine.free(0)
     engine.free(1)
+
+
+def test_a_question_after_a_loaded_prefix_replays_a_step_graph(
+        engine: StaticEngine, toy: TargetModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prefix cache's hit: the question's text rows, named by their ids, run as
+    one graphed step (never the eager prefill), and give the cold prefill's answer."""
+    req = _request(toy, 0, QUESTIONS[0])
+    ids = [int(i) for i in req.input_ids]
+    video_end = max(i for i, t in enumerate(ids) if t == toy.video_token_id) + 1
+    cold = engine.prefill([req])[0]
+    k, v = engine.save_prefix(0, video_end)
+    engine.load_prefix(3, k, v)
+    rest = tuple(ids[video_end:])
+    chunk = PrefillChunk(3, video_end, engine.prompt_embeds(req, video_end), rest)
+    assert engine.fits_a_step([video_end], [len(rest)])
+    with monkeypatch.context() as m:
+        m.setattr(engine, "prefill_embeds", None)  # calling it would raise
+        warm = engine.prefill_chunks([chunk])[0]
+    # The step's Triton attention takes its float32 dot products in TF32, the prefill's
+    # SDPA in float32: the two agree to TF32's rounding, as every decode step does.
+    torch.testing.assert_close(warm, cold, rtol=0, atol=ATOL_TF32)
+    n = len(ids)
+    assert _greedy(engine, toy, 3, n, warm) == _greedy(engine, toy, 0, n, cold)
+    engine.free(0)
+    engine.free(3)
+
+
+def test_the_tower_graph_gives_the_eager_towers_bits(engine: StaticEngine,
+                                                     toy: TargetModel) -> None:
+    assert engine._tower is not None
+    for seed in (1, 2):
+        pix = _request(toy, 0, QUESTIONS[0]).pixel_values_videos
+        assert pix is not None
+        pix = pix * seed
+        eager = toy.project_video_features(toy.video_features_from_pixels(pix))
+        assert torch.equal(engine._tower(pix), eager.reshape(-1, eager.shape[-1]))

@@ -9,11 +9,13 @@ features into the ``<video>`` rows before the decoder runs.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
 
 from eventspec.cloud.engine.base import PrefillChunk, PrefillRequest
+from eventspec.cloud.engine.static.tower_graph import TowerGraph
 from eventspec.cloud.engine.static.weights import (
     fuse_language_weights,
     rope_tables,
@@ -54,6 +56,8 @@ class StaticEngine(StaticRuntime):
                 f"max_seq_len {max_seq_len} outside 1..{target.max_positions} positions"
             )
         self.target = target
+        #: The video tower and projector as one graph, captured at warm-up (CUDA graphs).
+        self._tower: TowerGraph | None = None
         cos, sin = rope_tables(target, max_seq_len)  # each [T, D]
         super().__init__(
             fuse_language_weights(target), cos, sin, num_slots=num_slots,
@@ -123,11 +127,35 @@ class StaticEngine(StaticRuntime):
 
     @torch.inference_mode()
     def prefill_chunks(self, chunks: Sequence[PrefillChunk]) -> torch.Tensor:
-        """Each chunk into its slot from its start, in one pass; [R, V] float32 logits."""
+        """Each chunk into its slot from its start, in one pass; [R, V] float32 logits.
+
+        Chunks that continue prompts with text rows only (their ``token_ids`` hold no
+        ``<video>`` placeholder: a new question after a reused clip, a prompt's last
+        words) and fit a captured step run as one graphed step
+        (:meth:`StaticRuntime.prompt_rows_as_step`); the rest as :meth:`prefill_embeds`."""
         if not chunks:
             raise InvalidInput("prefill needs at least one chunk")
-        return self.prefill_embeds([c.slot for c in chunks], [c.embeds for c in chunks],
-                                   [c.start for c in chunks])  # [R, V]
+        slots, starts = [c.slot for c in chunks], [c.start for c in chunks]
+        ids = [c.token_ids for c in chunks]
+        for c in chunks:
+            if c.token_ids is not None and len(c.token_ids) != c.embeds.shape[0]:
+                raise InvalidInput(f"slot {c.slot}: a chunk of {c.embeds.shape[0]} rows "
+                                   f"names {len(c.token_ids)} token ids")
+        text = [t for t in ids if t is not None and self.target.video_token_id not in t]
+        if len(text) == len(chunks) and self.fits_a_step(starts, [len(t) for t in text]):
+            return self.prompt_rows_as_step(slots, starts, text)  # [R, V]
+        return self.prefill_embeds(slots, [c.embeds for c in chunks], starts)  # [R, V]
+
+    def warm_up(self) -> dict[str, float]:
+        """The runtime's warm-up (step graphs, prompt attention plans), then the video
+        tower's graph (:class:`.tower_graph.TowerGraph`) when steps are graphed."""
+        report = super().warm_up()
+        if self.use_graphs and self._tower is None:
+            t0 = time.perf_counter()
+            self._tower = TowerGraph(self.target)
+            report["tower_graph_s"] = time.perf_counter() - t0
+            self.warmup_report = report
+        return report
 
     @property
     def mixed_steps(self) -> bool:
@@ -143,17 +171,24 @@ class StaticEngine(StaticRuntime):
         return self.step_with_pieces(batch, [c.slot for c in chunks], [c.embeds for c in chunks],
                                      [c.start for c in chunks])
 
+    def release(self) -> None:
+        """The runtime's :meth:`StaticRuntime.release`, and the tower's graph."""
+        self._tower = None
+        super().release()
+
     @torch.inference_mode()
     def _embeds(self, req: PrefillRequest, video_rows: list[int]) -> torch.Tensor:
         """Tower + projector, scattered into the prompt's <video> rows: [L, H]."""
         t, w = self.target, self.weights
-        if req.pixel_values_videos is not None:
+        if req.pixel_values_videos is not None and self._tower is not None:
+            video = self._tower(req.pixel_values_videos)  # [F*T, H]
+        elif req.pixel_values_videos is not None:
             feats = t.video_features_from_pixels(req.pixel_values_videos)  # [F, T, Dv]
+            video = t.project_video_features(feats).reshape(-1, w.hidden)  # [F*T, H]
         elif req.video_features is not None:
-            feats = req.video_features
+            video = t.project_video_features(req.video_features).reshape(-1, w.hidden)
         else:  # only rows after a reused prefix may go without a visual input
             raise InvalidInput("prefill needs exactly one of pixel_values_videos or video_features")
-        video = t.project_video_features(feats).reshape(-1, w.hidden)  # [F*T, H]
         ids = torch.tensor([int(i) for i in req.input_ids], device=self.device)  # [L]
         h = w.embed.index_select(0, ids)  # [L, H]
         rows = torch.tensor(video_rows, device=self.device)  # [F*T]

@@ -55,16 +55,20 @@ def greedy(engine: StaticEngine, target: TargetModel, slot: int, start: int,
     return out
 
 
-def chunked(engine: StaticEngine, req: PrefillRequest, sizes: list[int]) -> torch.Tensor:
+def chunked(engine: StaticEngine, req: PrefillRequest, sizes: list[int], *,
+            with_ids: bool = False) -> torch.Tensor:
     """Prefill ``req`` in pieces of ``sizes`` (the last takes the rest); the last
-    piece's [V] logits."""
+    piece's [V] logits. ``with_ids``: each chunk names its token ids, as the scheduler's
+    do, so the engine may run text chunks as a step."""
     embeds = engine.prompt_embeds(req)  # [L, H]
     start, logits = 0, None
     for size in [*sizes, embeds.shape[0]]:
         end = min(embeds.shape[0], start + size)
         if end == start:
             break
-        logits = engine.prefill_chunks([PrefillChunk(req.slot, start, embeds[start:end])])[0]
+        ids = tuple(int(i) for i in req.input_ids[start:end]) if with_ids else None
+        logits = engine.prefill_chunks([PrefillChunk(req.slot, start, embeds[start:end],
+                                                     ids)])[0]
         start = end
     assert logits is not None
     return logits
@@ -89,6 +93,81 @@ def test_a_prompt_in_chunks_equals_it_whole(engine: StaticEngine, tiny: TargetMo
     assert greedy(engine, tiny, 1, n, part, 8) == greedy(engine, tiny, 0, n, whole, 8)
     engine.free(0)
     engine.free(1)
+
+
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sizes=st.lists(st.integers(1, 40), min_size=1, max_size=6), q=st.sampled_from(QUESTIONS))
+def test_text_chunks_run_as_a_step_and_equal_the_prompt_whole(
+        engine: StaticEngine, tiny: TargetModel, sizes: list[int], q: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks that name their ids: those of text only that continue a prompt and fit
+    a step run as one (``prompt_rows_as_step``); the answer is still the whole
+    prompt's. The last chunk of a prompt ends in its question, text only."""
+    as_step = []
+    real = engine.prompt_rows_as_step
+
+    def spy(*args: object, **kwargs: object) -> torch.Tensor:
+        as_step.append(args)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine, "prompt_rows_as_step", spy)
+    whole_req = request(tiny, 0, q)
+    whole = engine.prefill([whole_req])[0]  # [V]
+    part = chunked(engine, request(tiny, 1, q), sizes, with_ids=True)  # [V]
+    torch.testing.assert_close(part, whole, rtol=0, atol=ATOL)
+    n = len(whole_req.input_ids)
+    torch.testing.assert_close(engine.k_cache[:, 1, :, :n], engine.k_cache[:, 0, :, :n],
+                               rtol=0, atol=ATOL)
+    assert greedy(engine, tiny, 1, n, part, 8) == greedy(engine, tiny, 0, n, whole, 8)
+    video_end = max(i for i, t in enumerate(whole_req.input_ids) if t == tiny.video_token_id)
+    starts = [0]
+    for size in sizes:
+        starts.append(min(n, starts[-1] + size))
+    text_steps = [a for a, b in zip(starts, [*starts[1:], n], strict=True)
+                  if video_end < a < b and b - a <= max(engine.token_buckets)]
+    assert len(as_step) == len(text_steps)
+    engine.free(0)
+    engine.free(1)
+
+
+def test_a_question_after_a_prefix_runs_as_a_step(engine: StaticEngine,
+                                                  tiny: TargetModel) -> None:
+    """The prefix cache's case: a clip's prefix loaded into a fresh slot and a new
+    question after it, as a step, equals the cold prefill of that prompt."""
+    cold_req = request(tiny, 0, QUESTIONS[0])
+    cold = engine.prefill([cold_req])[0]  # [V]
+    ids = cold_req.input_ids
+    video_end = max(i for i, t in enumerate(ids) if t == tiny.video_token_id)
+    k, v = engine.save_prefix(0, video_end + 1)
+    engine.load_prefix(2, k, v)
+    rest = tuple(int(i) for i in ids[video_end + 1 :])
+    assert engine.fits_a_step([video_end + 1], [len(rest)])
+    warm = engine.prompt_rows_as_step([2], [video_end + 1], [rest])[0]  # [V]
+    torch.testing.assert_close(warm, cold, rtol=0, atol=ATOL)
+    n = len(ids)
+    assert greedy(engine, tiny, 2, n, warm, 8) == greedy(engine, tiny, 0, n, cold, 8)
+    engine.free(0)
+    engine.free(2)
+
+
+def test_prompt_rows_as_a_step_are_checked_before_any_work(engine: StaticEngine,
+                                                           tiny: TargetModel) -> None:
+    req = request(tiny, 3, QUESTIONS[0])
+    embeds = engine.prompt_embeds(req)
+    before = engine.k_cache[:, 3].clone()
+    with pytest.raises(InvalidInput, match="slot 3 holds 0 prompt positions, not 5"):
+        engine.prompt_rows_as_step([3], [5], [(7, 8)])
+    with pytest.raises(InvalidInput, match="names 1 token ids"):
+        engine.prefill_chunks([PrefillChunk(3, 0, embeds[:2], (7,))])
+    with pytest.raises(InvalidInput, match="does not fit"):
+        engine.prompt_rows_as_step([3], [250], [(7,) * 10])
+    assert torch.equal(engine.k_cache[:, 3], before)
+    assert not engine.fits_a_step([0], [4])  # a prompt's first rows are a prefill
+    assert not engine.fits_a_step([5], [max(engine.token_buckets) + 1])
+    assert not engine.fits_a_step([5] * (engine.num_slots + 1), [1] * (engine.num_slots + 1))
+    with pytest.raises(InvalidInput, match="holds no prefilled session"):
+        engine.step(StepBatch((3,), (5,), (1,), torch.tensor([7])))
 
 
 def test_chunks_interleave_with_other_sessions_steps(engine: StaticEngine,
