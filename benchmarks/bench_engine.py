@@ -4,8 +4,9 @@ One run measures, and writes to ``$OUT/engine_<device>.json`` and ``.png``:
 
 - copy bandwidth (device-to-device, read + write counted), the floor's denominator;
 - prefill ms: 8 frames + prompt (2,103 tokens), video tower included
-  (``--prefill-only``: its parts graphed against eager, and a new prompt length's
-  first call, in ``prefill-<card>.json``);
+  (``--prefill-only``: its parts graphed against eager, a new prompt length's first
+  call, and a 512-row prompt piece inside a step, graphed, eager and apart, in
+  ``prefill-<card>.json``);
 - step ms for B sessions x k drafts (k + 1 tokens per session) at ~2.1k context, each
   next to its floor, (weights + live KV bytes) / copy bandwidth, and the ratio;
 - the HF eager reference step at B = 1 (DynamicCache, k = 0 and 8);
@@ -150,6 +151,39 @@ def prefill_costs(engine: StaticEngine, target: TargetModel, repeats: int) -> di
     out["question_tokens"] = n_q
     out["question_after_prefix_ms_eager"] = median_ms(eager, repeats)
     out["question_after_prefix_ms_graphed"] = median_ms(graphed, repeats)
+    return out
+
+
+def mixed_costs(engine: StaticEngine, ctx: int, repeats: int,
+                sessions: tuple[int, ...] = (1, 16), rows: int = 512) -> dict[str, Any]:
+    """A step of B sessions at ``ctx`` alone, with a prompt piece of ``rows`` rows inside
+    it (replayed from its mixed-step graph, and eager at exact shapes), and the piece
+    in a prefill call of its own followed by the step: ms each, per B."""
+    piece_slot, piece_start = max(sessions) + 1, min(1024, engine.max_seq_len - rows - 2)
+    fill_slots(engine, piece_slot)
+    piece = torch.randn(rows, engine.weights.hidden, device=engine.device,
+                        dtype=engine.dtype)  # [rows, H]
+    graphs = engine._mixed_graphs
+    out: dict[str, Any] = {"piece_rows": rows, "context": ctx}
+
+    def mixed(batch: StepBatch) -> None:
+        engine._filled[piece_slot] = piece_start
+        engine.step_with_pieces(batch, [piece_slot], [piece], [piece_start])
+
+    def apart(batch: StepBatch) -> None:
+        engine._filled[piece_slot] = piece_start
+        engine.prefill_embeds([piece_slot], [piece], [piece_start])
+        engine.step(batch)
+
+    for b in sessions:
+        batch = StepBatch(tuple(range(b)), (ctx,) * b, (1,) * b,
+                          torch.ones(b, dtype=torch.long, device=engine.device))
+        out[f"B{b}_step_ms"] = median_ms(partial(engine.step, batch), repeats)
+        out[f"B{b}_mixed_graphed_ms"] = median_ms(partial(mixed, batch), repeats)
+        engine._mixed_graphs = {}
+        out[f"B{b}_mixed_eager_ms"] = median_ms(partial(mixed, batch), repeats)
+        engine._mixed_graphs = graphs
+        out[f"B{b}_apart_ms"] = median_ms(partial(apart, batch), repeats)
     return out
 
 
@@ -472,10 +506,15 @@ def main() -> int:
         Path(args.out, "batch_invariance.json").write_text(json.dumps(inv, indent=1))
         return 0
     if args.prefill_only:
-        engine = build_static_engine(target, kv, session_buckets=(1, 4), token_buckets=(1, 9, 33))
+        mixed_sessions = (1, 2) if args.tiny else (1, 16)
+        rows = 64 if args.tiny else 512
+        engine = build_static_engine(target, kv, session_buckets=mixed_sessions,
+                                     token_buckets=(1, 9, 33), chunk_buckets=(64, rows))
         costs = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
                  "torch": torch.__version__, "warm_up": engine.warmup_report,
                  **prefill_costs(engine, target, args.repeats)}
+        ctx = int(costs["prompt_tokens"])
+        costs["mixed_step"] = mixed_costs(engine, ctx, args.repeats, mixed_sessions, rows)
         print(json.dumps(costs, indent=1))
         Path(args.out).mkdir(parents=True, exist_ok=True)
         card = [w for w in str(costs["device"]).split() if w[:1] in "ABH" and w[1:].isdigit()]

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eventspec.shared.contract.timing import CloudCost
+from eventspec.shared.node.static.chunk_staging import CHUNK_TILE
 
 #: Chunks are multiples of this many tokens (and never smaller): GEMM-friendly, and a
 #: lower bound on progress when the cost model says a step is very cheap.
@@ -76,6 +77,20 @@ class ChunkPolicy:
         if self.mode == "fixed":
             return self.tokens
         return auto_chunk_tokens(cost, sessions, step_tokens, whole_budget)
+
+
+def graphed_piece_rows(policy: ChunkPolicy, max_seq_len: int) -> tuple[int, ...]:
+    """The prompt-piece row buckets the static engine captures mixed-step graphs for
+    (``StaticRuntime(chunk_buckets=...)``): with ``--prefill-chunk N``, N rounded up to
+    whole 64-row tiles, one tile more (a step whose budget ends one prompt and starts
+    the next carries two pieces, each padded to whole tiles), and one tile alone (a
+    new question after a reused clip, a prompt's last words). None for ``off``, and
+    none for ``auto``, whose budgets vary step by step: its pieces run eagerly."""
+    if policy.mode != "fixed":
+        return ()
+    tile = CHUNK_TILE
+    rows = -(-policy.tokens // tile) * tile
+    return tuple(sorted(r for r in {tile, rows, rows + tile} if r <= max_seq_len))
 
 
 def auto_chunk_tokens(cost: CloudCost | None, sessions: int, step_tokens: int,

@@ -23,7 +23,7 @@ from eventspec.cloud.engine.static.build import SCRATCH_SLOTS, build_static_engi
 from eventspec.cloud.engine.static.weights import static_unsupported_reason
 from eventspec.cloud.kv_queue import KvWaitQueue
 from eventspec.cloud.model_dirs import model_dir
-from eventspec.cloud.prefill_chunking import ChunkPolicy
+from eventspec.cloud.prefill_chunking import ChunkPolicy, graphed_piece_rows
 from eventspec.cloud.prefix_cache import PrefixCache
 from eventspec.cloud.runtime import VerifierRuntime, server_info_for
 from eventspec.cloud.scheduler import Scheduler
@@ -120,7 +120,10 @@ def build_engine(settings: CloudSettings, target: TargetModel) -> BatchedEngine:
     log.info("KV capacity: %s", kv.describe())  # the engine is built with exactly these
     engine: BatchedEngine
     if kind == "static":
-        engine = build_static_engine(target, kv, batch_invariant=settings.batch_invariant)
+        pieces = ChunkPolicy.parse(settings.prefill_chunk) if settings.mixed_steps else None
+        engine = build_static_engine(
+            target, kv, batch_invariant=settings.batch_invariant,
+            chunk_buckets=graphed_piece_rows(pieces, kv.max_seq_len) if pieces else ())
     else:
         engine = HFEngine(target, num_slots=kv.num_slots, max_seq_len=kv.max_seq_len)
     if settings.emulate_prefill_ms or settings.emulate_step_ms:

@@ -112,13 +112,28 @@ def test_a_continuation_chunk_never_runs_cudnn_attention(engine: StaticEngine,
     assert not [n for n in names if "cudnn" in n], names
 
 
+@pytest.fixture(scope="module")
+def graphed_mixed(toy: TargetModel) -> StaticEngine:
+    """Mixed steps replayed from graphs: pieces padded to 64-row tiles, 64 or 256 rows."""
+    kv = static_kv_plan(toy, kv_cache_bytes=None, max_seq_len=512, max_slots=4)
+    return build_static_engine(toy, kv, chunk_buckets=(64, 256))
+
+
 @pytest.mark.parametrize("size,drafts", [(16, 0), (64, 3), (200, 8)])
+@pytest.mark.parametrize("graphed", [False, True])
 def test_a_mixed_step_on_cuda_equals_the_step_and_the_chunk_apart(
-    engine: StaticEngine, toy: TargetModel, size: int, drafts: int
+    engine: StaticEngine, graphed_mixed: StaticEngine, toy: TargetModel, size: int,
+    drafts: int, graphed: bool, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Session A verifies ``drafts`` drafts a step while B's prompt rides the same eager
-    forward (split-KV rows and SDPA rows in one layer loop): A's rows are within 1e-3 of
-    the graphed step alone and B's answer is its whole-prefill answer."""
+    """Session A verifies ``drafts`` drafts a step while B's prompt rides the same
+    forward: eager (split-KV rows and SDPA rows in one layer loop) or replayed from a
+    mixed-step graph (the pieces in 64-query pseudo-sessions of the Triton split
+    attention). A's rows are within 1e-3 of the graphed step alone (TF32's rounding
+    where the pieces' attention differs) and B's answer is its whole-prefill answer."""
+    if graphed:
+        engine = graphed_mixed
+        assert engine._mixed_graphs
+        monkeypatch.setattr(engine, "_forward_mixed", None)  # replays only
     a, b = _request(toy, 0, QUESTIONS[0]), _request(toy, 1, QUESTIONS[1])
     la, lb, vocab = len(a.input_ids), len(b.input_ids), toy.text_vocab_size
     want_b = _greedy(engine, toy, 1, lb, engine.prefill([b])[0])

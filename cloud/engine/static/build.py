@@ -73,6 +73,7 @@ def build_static_engine(
     token_buckets: Sequence[int] = TOKEN_BUCKETS,
     warm_up: bool = True,
     batch_invariant: bool = False,
+    chunk_buckets: Sequence[int] = (),
 ) -> StaticEngine:
     """Build the engine with ``kv.num_slots`` slots of ``kv.max_seq_len``, capture its graphs.
 
@@ -99,6 +100,7 @@ def build_static_engine(
         token_buckets=token_buckets,
         batch_invariant=batch_invariant,
         kv_positions=kv.arena_positions or None,
+        chunk_buckets=chunk_buckets,
     )
     if kv.arena_positions:
         logger.info("static engine: KV by length, %d positions for up to %d sessions "

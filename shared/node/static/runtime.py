@@ -68,6 +68,14 @@ from eventspec.shared.node.static.buckets import (
     StepInputs,
     bucket,
 )
+from eventspec.shared.node.static.chunk_staging import (
+    CHUNK_SPLIT,
+    CHUNK_TILE,
+    MAX_PIECES,
+    ChunkInputs,
+    ChunkStaging,
+    chunk_rows_for,
+)
 from eventspec.shared.node.static.invariant import (
     invariant_attention,
     invariant_linear,
@@ -98,7 +106,11 @@ from eventspec.shared.node.static.weights import LanguageWeights
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["StaticRuntime"]
+__all__ = ["MIXED_MAX_TOKENS", "StaticRuntime"]
+
+#: Mixed steps run at fixed shapes only with at most this many tokens per session (8
+#: drafts): each further token bucket would capture another graph per piece bucket.
+MIXED_MAX_TOKENS = 9
 
 
 class StaticRuntime:
@@ -118,8 +130,14 @@ class StaticRuntime:
         token_buckets: Sequence[int] = TOKEN_BUCKETS,
         batch_invariant: bool = False,
         kv_positions: int | None = None,
+        chunk_buckets: Sequence[int] = (),
     ) -> None:
         """``weights`` and ``cos``/``sin`` [T >= max_seq_len, D] from :mod:`.weights`.
+
+        ``chunk_buckets``: prompt-piece rows (multiples of
+        :data:`.chunk_staging.CHUNK_TILE`) a mixed step may carry at fixed shapes,
+        graphed with every step bucket of up to :data:`MIXED_MAX_TOKENS` tokens
+        (:meth:`step_with_pieces`); empty: mixed steps run eagerly at exact shapes.
 
         ``kv_positions``: KV by length, an arena of that many positions (see the module
         docstring); ``num_slots`` is then the most sessions a step holds, a slot id is
@@ -167,6 +185,12 @@ class StaticRuntime:
         if num_slots not in self.session_buckets and num_slots < max(session_buckets):
             self.session_buckets = (*self.session_buckets, num_slots)
         self.token_buckets = tuple(token_buckets)
+        if batch_invariant:
+            chunk_buckets = ()  # mixed steps are not batch-invariant (step_with_pieces)
+        if any(c < CHUNK_TILE or c % CHUNK_TILE or c > max_seq_len for c in chunk_buckets):
+            raise InvalidInput(f"prompt-piece buckets must be multiples of {CHUNK_TILE} up to "
+                               f"{max_seq_len}, got {list(chunk_buckets)}")
+        self.chunk_buckets = tuple(sorted(set(chunk_buckets)))
         self._sm_count = (
             torch.cuda.get_device_properties(self.device).multi_processor_count
             if self.device.type == "cuda"
@@ -198,8 +222,16 @@ class StaticRuntime:
         # offsets, so each bucket's views keep their addresses across replays.
         self._staging = StepStaging(self.device, max_seq_len=max_seq_len,
                                     scratch_slot=self._scratch_slot, cap_m=max_m, cap_b=max_b)
-        self._logits = torch.zeros(max_m, w.vocab, device=self.device, dtype=self.dtype)
+        # MAX_PIECES rows more than the largest step: a mixed step's logits are its
+        # step rows and its pieces' last rows.
+        self._logits = torch.zeros(max_m + MAX_PIECES, w.vocab, device=self.device,
+                                   dtype=self.dtype)
+        self._chunk_staging = ChunkStaging(
+            self.device, self.dtype, w.hidden, max_seq_len=max_seq_len,
+            scratch_slot=self._scratch_slot, cap_rows=max(self.chunk_buckets, default=CHUNK_TILE))
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        #: Mixed-step graphs by (sessions, tokens, piece rows).
+        self._mixed_graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self.warmup_report: dict[str, float] = {}
         #: Whole prompts' attention runs at lengths rounded up to this (1: exact);
         #: :func:`.pieces.sdpa_piece_attention` says why.
@@ -252,17 +284,27 @@ class StaticRuntime:
         Sarathi-Serve's stall-free batching (Agrawal et al., OSDI 2024): the pieces'
         rows ride the step's GEMMs, so the weights are read once for both and a chunk
         adds its arithmetic to the step instead of a call of its own (a separate eager
-        chunk call cost about 9 ms of launches on an H200 whatever its size). Eager,
-        not graphed (the pieces' lengths vary); decode rows attend as in :meth:`step`,
-        piece rows as in :meth:`prefill_embeds`. Not with ``batch_invariant``: the
-        rows' GEMM shapes would follow the chunk. Checked before any model work.
+        chunk call cost about 9 ms of launches on an H200 whatever its size). When the
+        pieces fit a ``chunk_buckets`` bucket (in whole 64-row tiles, at most
+        :data:`.chunk_staging.MAX_PIECES`) and the step a bucket of at most
+        :data:`MIXED_MAX_TOKENS` tokens, the step and the padded pieces run at fixed
+        shapes (:mod:`.chunk_staging`), replayed from a graph captured at warm-up
+        (eager on CPU); otherwise eagerly at exact shapes, decode rows attending as in
+        :meth:`step` and piece rows as in :meth:`prefill_embeds`. Not with
+        ``batch_invariant``: the rows' GEMM shapes would follow the chunk. Checked
+        before any model work.
         """
         if self.batch_invariant:
             raise InvalidInput("mixed steps are not batch-invariant; step and prefill apart")
         self._check_step(batch)
-        pieces = self._pieces(slots, embeds, starts)
+        starts = [int(st) for st in starts]
+        self._check_pieces(slots, embeds, starts)
         if set(slots) & set(batch.slots):
             raise InvalidInput("a slot both steps and prefills in one mixed step")
+        shape = self._mixed_shape(batch, [int(e.shape[0]) for e in embeds])
+        if shape is not None:
+            return self._fixed_mixed_step(batch, slots, embeds, starts, shape)
+        pieces = lay_out(slots, embeds, starts, self.dtype, self.device)
         w = self.weights
         b, q_max = len(batch.slots), max(batch.counts)
         inp, dest = self._staging.load(batch, b, q_max)  # exact shape: eager
@@ -403,6 +445,7 @@ class StaticRuntime:
         """
         self._released = True
         self._graphs.clear()
+        self._mixed_graphs.clear()
         empty = torch.empty(0, device=self.device, dtype=self.dtype)
         self.k_cache = self.v_cache = self._logits = empty
         self._live.clear()
@@ -466,9 +509,11 @@ class StaticRuntime:
                 "captured step graph %d/%d: %d sessions x %d tokens (%.1f s)",
                 i + 1, len(shapes), bp, qp, time.perf_counter() - t0,
             )  # fmt: skip
+        mixed = self._capture_mixed(pool)
         torch.cuda.synchronize(self.device)
         self.warmup_report = {
             "graphs": float(len(shapes)),
+            "mixed_graphs": float(mixed),
             "prompt_attention_lengths": float(plans),
             "seconds": time.perf_counter() - t0,
             "graph_bytes_allocated": float(torch.cuda.memory_allocated(self.device) - base),
@@ -480,6 +525,30 @@ class StaticRuntime:
             self.warmup_report["reserved_bytes_after"] / 2**30, self.num_slots, self.max_seq_len,
         )  # fmt: skip
         return self.warmup_report
+
+    def _capture_mixed(self, pool: Any) -> int:
+        """One mixed-step graph per (sessions, tokens <= MIXED_MAX_TOKENS, piece rows)
+        bucket, into the step graphs' pool; returns how many."""
+        shapes = sorted(((bp, qp, c) for bp in self.session_buckets for qp in self.token_buckets
+                         for c in self.chunk_buckets if qp <= MIXED_MAX_TOKENS),
+                        key=lambda s: -(s[0] * s[1] + s[2]))
+        t0 = time.perf_counter()
+        for bp, qp, c in shapes:
+            inp, chunk = self._staging.dummy(bp, qp), self._chunk_staging.dummy(c)
+            out = self._logits[: bp * qp + MAX_PIECES]
+            stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                self._forward_mixed(inp, chunk, out)  # JITs outside the capture
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._forward_mixed(inp, chunk, out)
+            self._mixed_graphs[(bp, qp, c)] = graph
+        if shapes:
+            logger.info("captured %d mixed-step graphs (pieces of %s rows) in %.1f s",
+                        len(shapes), list(self.chunk_buckets), time.perf_counter() - t0)
+        return len(shapes)
 
     # -- internals --------------------------------------------------------------------
 
@@ -505,6 +574,12 @@ class StaticRuntime:
                 starts: Sequence[int] | None) -> PromptPieces:
         """Checked prompt pieces as one activation (see :meth:`prefill_embeds`)."""
         starts = [0] * len(slots) if starts is None else [int(s) for s in starts]
+        self._check_pieces(slots, embeds, starts)
+        return lay_out(slots, embeds, starts, self.dtype, self.device)
+
+    def _check_pieces(self, slots: Sequence[int], embeds: Sequence[torch.Tensor],
+                      starts: Sequence[int]) -> None:
+        """InvalidInput unless every piece fits its slot and continues what it holds."""
         if not slots or not len(slots) == len(embeds) == len(starts):
             raise InvalidInput("prefill needs one embedding and one start per slot, at least one")
         if len(set(slots)) != len(slots):
@@ -523,12 +598,81 @@ class StaticRuntime:
             if start and self._filled.get(s) != start:
                 raise InvalidInput(f"slot {s} holds {self._filled.get(s, 0)} prompt positions, "
                                    f"not {start}: a chunk must continue where the last ended")
-        return lay_out(slots, embeds, starts, self.dtype, self.device)
 
     def _mark_filled(self, pieces: PromptPieces) -> None:
-        self._live.update(pieces.slots)
-        for s, st, n in zip(pieces.slots, pieces.starts, pieces.lengths, strict=True):
+        self._fill(pieces.slots, pieces.starts, pieces.lengths)
+
+    def _fill(self, slots: Sequence[int], starts: Sequence[int], lengths: Sequence[int]) -> None:
+        self._live.update(slots)
+        for s, st, n in zip(slots, starts, lengths, strict=True):
             self._filled[s] = st + n
+
+    # -- mixed steps at fixed shapes ---------------------------------------------------
+
+    def _mixed_shape(self, batch: StepBatch, lengths: Sequence[int]
+                     ) -> tuple[int, int, int] | None:
+        """(Bp, Qp, piece rows) of a fixed-shape mixed step, or None: run it eagerly."""
+        rows = chunk_rows_for(lengths, self.chunk_buckets)
+        bp = bucket(len(batch.slots), self.session_buckets)
+        qp = bucket(max(batch.counts), self.token_buckets)
+        if rows is None or bp is None or qp is None or qp > MIXED_MAX_TOKENS:
+            return None
+        if self.use_graphs and (bp, qp, rows) not in self._mixed_graphs:
+            return None
+        return bp, qp, rows
+
+    def _fixed_mixed_step(self, batch: StepBatch, slots: Sequence[int],
+                          embeds: Sequence[torch.Tensor], starts: Sequence[int],
+                          shape: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`step_with_pieces` at a fixed (Bp, Qp, rows) shape: staged, then the
+        graph replayed (or the same forward, eager, without graphs)."""
+        bp, qp, rows = shape
+        inp, dest = self._staging.load(batch, bp, qp)  # dest: [N] rows of the padded step
+        chunk = self._chunk_staging.load(slots, starts, embeds, rows)
+        m = bp * qp
+        out = self._logits[: m + MAX_PIECES]
+        graph = self._mixed_graphs.get(shape)
+        if graph is not None:
+            graph.replay()
+        else:
+            self._forward_mixed(inp, chunk, out)
+        self._fill(slots, starts, [int(e.shape[0]) for e in embeds])
+        step_logits = out.index_select(0, dest).float()  # [N, V]
+        return step_logits, out[m : m + len(slots)].float()  # [R, V]
+
+    def _forward_mixed(self, inp: StepInputs, chunk: ChunkInputs, out: torch.Tensor
+                       ) -> torch.Tensor:
+        """The padded step's rows and the padded pieces' rows in one forward: [M + C]
+        rows -> ``out`` [M + MAX_PIECES, V] logits (the step's rows, then each piece's
+        last row). Device work on static addresses only: what the mixed graphs capture.
+        """
+        w = self.weights
+        m, hq, d = inp.sessions * inp.tokens, w.num_heads, w.head_dim
+        h = torch.cat([w.embed.index_select(0, inp.ids), chunk.h])  # [M + C, H]
+        pos = torch.cat([inp.pos, chunk.pos])  # [M + C]
+        cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)  # [M + C, D]
+        write_slot = torch.cat([inp.write_slot, chunk.write_slot])  # [M + C]
+        write_pos = torch.cat([inp.write_pos, chunk.write_pos])  # [M + C]
+        decode = self._step_attention(inp)
+        tiles = chunk.rows // CHUNK_TILE
+
+        def attend(i: int, q: torch.Tensor) -> torch.Tensor:
+            q4 = q[m:].view(tiles, CHUNK_TILE, hq, d)  # [P, tile, Hq, D]
+            kc, vc = self.k_cache[i], self.v_cache[i]  # [S+1, Hkv, T, D]
+            if self._fused:
+                o = fixed_split_attention(q4, kc, vc, chunk.slots, chunk.starts,
+                                          chunk.seq_lens, split=CHUNK_SPLIT,
+                                          query_tile=CHUNK_TILE)  # [P, tile, Hq, D]
+            else:
+                o = reference_attention(q4, kc, vc, chunk.slots, chunk.starts, chunk.seq_lens)
+            return torch.cat([decode(i, q[:m]), o.reshape(chunk.rows, hq * d)])  # [M + C, .]
+
+        for i in range(len(w.layers)):
+            h = self._layer(i, h, cos, sin, write_slot, write_pos, attend)  # [M + C, H]
+        x = torch.cat([h[:m], h[m:].index_select(0, chunk.last_rows)])  # [M + MAX_PIECES, H]
+        x = self._norm(x, w.norm, w.eps)
+        torch.matmul(x, w.lm_head.t(), out=out)
+        return out
 
     def _prompt_attention(self, pieces: PromptPieces
                           ) -> Callable[[int, torch.Tensor], torch.Tensor]:

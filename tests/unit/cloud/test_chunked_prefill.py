@@ -9,6 +9,8 @@ and the prefix cache lossless.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -120,12 +122,13 @@ def test_text_chunks_run_as_a_step_and_equal_the_prompt_whole(
     torch.testing.assert_close(engine.k_cache[:, 1, :, :n], engine.k_cache[:, 0, :, :n],
                                rtol=0, atol=ATOL)
     assert greedy(engine, tiny, 1, n, part, 8) == greedy(engine, tiny, 0, n, whole, 8)
-    video_end = max(i for i, t in enumerate(whole_req.input_ids) if t == tiny.video_token_id)
+    ids = list(whole_req.input_ids)
     starts = [0]
     for size in sizes:
         starts.append(min(n, starts[-1] + size))
     text_steps = [a for a, b in zip(starts, [*starts[1:], n], strict=True)
-                  if video_end < a < b and b - a <= max(engine.token_buckets)]
+                  if 0 < a < b and tiny.video_token_id not in ids[a:b]
+                  and b - a <= max(engine.token_buckets)]
     assert len(as_step) == len(text_steps)
     engine.free(0)
     engine.free(1)
@@ -245,16 +248,28 @@ def dataclass_replace(req: PrefillRequest, slot: int) -> PrefillRequest:
     return PrefillRequest(slot, req.input_ids, req.pixel_values_videos, req.video_features)
 
 
+@pytest.fixture(scope="module")
+def fixed_engine(tiny: TargetModel) -> StaticEngine:
+    """Mixed steps at fixed shapes: pieces padded to 64-row tiles in buckets of 64,
+    128 or 192 rows (on CPU the same forward the GPU graphs capture, run eagerly)."""
+    kv = static_kv_plan(tiny, kv_cache_bytes=None, max_seq_len=256, max_slots=4)
+    return build_static_engine(tiny, kv, use_graphs=False, chunk_buckets=(64, 128, 192))
+
+
 @settings(max_examples=10, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(size=st.integers(12, 48), drafts=st.lists(st.integers(0, 4), min_size=1, max_size=6),
+@given(size=st.integers(12, 130), drafts=st.lists(st.integers(0, 4), min_size=1, max_size=6),
        seed=st.integers(0, 3))
+@pytest.mark.parametrize("shapes", ["exact", "fixed"])
 def test_a_mixed_step_equals_the_step_and_the_chunk_apart(
-    engine: StaticEngine, tiny: TargetModel, size: int, drafts: list[int], seed: int
+    tiny: TargetModel, size: int, drafts: list[int], seed: int, shapes: str,
+    engine: StaticEngine, fixed_engine: StaticEngine,
 ) -> None:
     """Session A steps (with 0..4 draft rows a step) while B's prompt goes in chunks of
     ``size`` inside the same forward: A's rows and B's first-token row equal what the
-    step and the chunks give apart, and both answers are what each gets alone."""
+    step and the chunks give apart, and both answers are what each gets alone. Both
+    ways a mixed step runs: at exact shapes, and padded to fixed ones."""
+    engine = engine if shapes == "exact" else fixed_engine
     a, b = request(tiny, 0, QUESTIONS[0], seed=seed), request(tiny, 1, QUESTIONS[1], seed=9)
     la, lb, vocab = len(a.input_ids), len(b.input_ids), tiny.text_vocab_size
     alone_b = greedy(engine, tiny, 1, lb, engine.prefill([b])[0], 6)
@@ -282,6 +297,46 @@ def test_a_mixed_step_equals_the_step_and_the_chunk_apart(
     alone_a = greedy(engine, tiny, 0, la, first_a, len(tokens_a))
     assert tokens_a == alone_a
     engine.free(0)
+
+
+def test_fixed_mixed_steps_carry_two_pieces_and_fall_back_beyond_the_buckets(
+        fixed_engine: StaticEngine, tiny: TargetModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """B's last rows and C's first rows in one fixed-shape step (each padded to whole
+    tiles), equal to each prompt whole; pieces past the largest bucket run at exact
+    shapes, and so do more pieces than a fixed step holds."""
+    engine, vocab = fixed_engine, tiny.text_vocab_size
+    fixed: list[int] = []
+    real = engine._forward_mixed
+
+    def spy(*args: Any) -> torch.Tensor:
+        fixed.append(args[1].rows)
+        return real(*args)
+
+    monkeypatch.setattr(engine, "_forward_mixed", spy)
+    a, b, c = (request(tiny, s, QUESTIONS[s % 2], seed=s) for s in (0, 1, 2))
+    whole_b, whole_c = engine.prefill([b])[0], engine.prefill([c])[0]
+    engine.free(1)
+    engine.free(2)
+    first_a = engine.prefill([a])[0]
+    la, lb = len(a.input_ids), len(b.input_ids)
+    eb, ec = engine.prompt_embeds(b), engine.prompt_embeds(c)
+    engine.prefill_chunks([PrefillChunk(1, 0, eb[: lb - 70])])
+    token = int(first_a[:vocab].argmax())
+    batch = StepBatch((0,), (la,), (1,), torch.tensor([token]))
+    step, firsts = engine.step_with_chunks(batch, [PrefillChunk(1, lb - 70, eb[lb - 70 :]),
+                                                   PrefillChunk(2, 0, ec[:50])])
+    assert fixed == [192]  # 70 rows -> 2 tiles, 50 rows -> 1 tile
+    torch.testing.assert_close(step, engine.step(batch), rtol=0, atol=ATOL)
+    torch.testing.assert_close(firsts[0], whole_b, rtol=0, atol=ATOL)
+    assert firsts.shape == (2, tiny.vocab_size)
+    fed = [token] + [5] * 11  # 12 tokens: a step bucket past MIXED_MAX_TOKENS
+    batch = StepBatch((0,), (la + 1,), (len(fed),), torch.tensor(fed))
+    step, last_c = engine.step_with_chunks(batch, [PrefillChunk(2, 50, ec[50:])])
+    assert fixed == [192]  # exact shapes
+    torch.testing.assert_close(step, engine.step(batch), rtol=0, atol=ATOL)
+    torch.testing.assert_close(last_c[0], whole_c, rtol=0, atol=ATOL)
+    for slot in (0, 1, 2):
+        engine.free(slot)
 
 
 def test_a_mixed_step_checks_before_any_work(engine: StaticEngine, tiny: TargetModel) -> None:
