@@ -87,7 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     arg("--prefill-chunk", default=env.prefill_chunk,
         help="chunked prefill, decode first (static engine): off (whole prompts), auto "
              "(each iteration prefills about one step's worth of prompt tokens, from the "
-             "cost model, at least 1,024) or a number of tokens per iteration")
+             "cost model, at least 1,024) or a number of tokens per iteration; on a GPU a "
+             "number gets CUDA graphs of the step with its chunks (auto runs them eagerly); "
+             "with --batch-invariant the chunks run in calls of their own, and off is faster")
     arg("--prefix-cache-gb", type=float, default=env.prefix_cache_gb,
         help="GiB of device memory for saved prompt prefixes, taken out of the KV budget: "
              "a question about a clip already asked about skips the video prefill "

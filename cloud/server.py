@@ -120,10 +120,16 @@ def build_engine(settings: CloudSettings, target: TargetModel) -> BatchedEngine:
     log.info("KV capacity: %s", kv.describe())  # the engine is built with exactly these
     engine: BatchedEngine
     if kind == "static":
-        pieces = ChunkPolicy.parse(settings.prefill_chunk) if settings.mixed_steps else None
+        graphed = settings.mixed_steps and target.device.type == "cuda"
+        policy = ChunkPolicy.parse(settings.prefill_chunk)
         engine = build_static_engine(
             target, kv, batch_invariant=settings.batch_invariant,
-            chunk_buckets=graphed_piece_rows(pieces, kv.max_seq_len) if pieces else ())
+            chunk_buckets=graphed_piece_rows(policy, kv.max_seq_len) if graphed else ())
+        if settings.batch_invariant and policy.enabled:
+            log.warning("--prefill-chunk %s with --batch-invariant: the chunks run in calls "
+                        "of their own (a batch-invariant step cannot carry them), slower than "
+                        "whole prompts; --prefill-chunk off prefills whole prompts",
+                        settings.prefill_chunk)
     else:
         engine = HFEngine(target, num_slots=kv.num_slots, max_seq_len=kv.max_seq_len)
     if settings.emulate_prefill_ms or settings.emulate_step_ms:
