@@ -77,24 +77,29 @@ SEED0 = EVAL_SEED_MIN + 11000
 
 @dataclass(frozen=True)
 class Config:
-    """One server configuration: ``NAME:PREFILL_CHUNK:PREFIX_CACHE_GB[:apart]``; with
-    ``apart`` chunks run in calls of their own (``--mixed-steps off``)."""
+    """One server configuration: ``NAME:PREFILL_CHUNK:PREFIX_CACHE_GB[:apart|:eager]``;
+    with ``apart`` chunks run in calls of their own (``--mixed-steps off``), with
+    ``eager`` inside the step but without its CUDA graphs (the engine's mixed-step
+    graphs dropped after warm-up: mixed steps at exact shapes, as before they were
+    graphed)."""
 
     name: str
     prefill_chunk: str
     prefix_cache_gb: float
     mixed_steps: bool = True
+    graphed: bool = True
 
     @classmethod
     def parse(cls, text: str) -> Config:
         try:
             name, chunk, gb, *rest = text.split(":")
-            if rest not in ([], ["apart"]):
+            if rest not in ([], ["apart"], ["eager"]):
                 raise ValueError(text)
-            return cls(name, chunk, float(gb), mixed_steps=not rest)
+            return cls(name, chunk, float(gb), mixed_steps=rest != ["apart"],
+                       graphed=rest != ["eager"])
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"--configs: {text!r} is not NAME:PREFILL_CHUNK:PREFIX_CACHE_GB[:apart]"
+                f"--configs: {text!r} is not NAME:PREFILL_CHUNK:PREFIX_CACHE_GB[:apart|:eager]"
             ) from None
 
 
@@ -221,6 +226,8 @@ async def run_config(args: argparse.Namespace, target: TargetModel, config: Conf
         recalibrate=args.calibrate, profile_path=RESULTS / ".load-profile.msgpack")
     server = VerifierServer(settings, target=target, cost=None if args.calibrate else TEST_COST)
     await server.start()
+    if not config.graphed and server.runtime is not None:
+        getattr(server.runtime.scheduler.engine, "_mixed_graphs", {}).clear()
     try:
         await run_rate(server, workload(2, 1, 1, 4), 100.0, args.seed, (1e9, 1e9))  # warm-up
         levels = []

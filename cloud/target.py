@@ -166,7 +166,6 @@ class TargetModel:
         pixels = frames_to_pixels(frames, g.image_size)  # [F, 3, S, S]
         return pixels.unsqueeze(0)  # [1, F, 3, S, S]
 
-    @torch.inference_mode()
     def video_pixels(self, pixel_values_videos: torch.Tensor) -> torch.Tensor:
         """Checked pixels [1, F, 3, S, S] (or [F, 3, S, S]) -> [F, 3, S, S] on the model's
         device and dtype; InvalidInput names the shape expected."""
@@ -182,6 +181,7 @@ class TargetModel:
             )
         return pix.to(self.device, self.dtype)
 
+    @torch.inference_mode()
     def video_features_from_pixels(self, pixel_values_videos: torch.Tensor) -> torch.Tensor:
         """Video-tower features of the selected layer, before the projector -> [F, T, D].
 

@@ -3,8 +3,12 @@ server, whole vs chunked prefill vs prefix reuse. Checks what it writes, never s
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 from pathlib import Path
+
+import pytest
 
 from benchmarks import bench_load
 
@@ -20,7 +24,7 @@ def test_the_load_benchmark_reports_every_config_and_identical_answers(tmp_path:
     assert result["answers_identical_across_configs"] is True
     whole, reuse = result["configs"]
     assert whole["config"] == {"name": "whole", "prefill_chunk": "off", "prefix_cache_gb": 0.0,
-                               "mixed_steps": True}
+                               "mixed_steps": True, "graphed": True}
     assert reuse["config"]["mixed_steps"] is False
     for run in (whole, reuse):
         (level,) = run["levels"]
@@ -38,3 +42,12 @@ def test_the_load_benchmark_reports_every_config_and_identical_answers(tmp_path:
     # prompt takes several (unless it arrived with nothing decoding: then whole).
     assert whole["levels"][0]["chunks_per_prefill"] == 0
     assert reuse["levels"][0]["chunks_per_prefill"] >= 1
+
+
+def test_a_config_names_how_its_chunks_run() -> None:
+    parse = bench_load.Config.parse
+    assert parse("m:512:0") == bench_load.Config("m", "512", 0.0, True, True)
+    assert parse("m:512:0:apart") == bench_load.Config("m", "512", 0.0, False, True)
+    assert parse("m:512:0:eager") == bench_load.Config("m", "512", 0.0, True, False)
+    with pytest.raises(argparse.ArgumentTypeError, match=re.escape("[:apart|:eager]")):
+        parse("m:512:0:fast")

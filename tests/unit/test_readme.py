@@ -296,3 +296,22 @@ def test_the_gpu_e2e_tables_are_the_json() -> None:
     assert capacity_table(result["capacity"]) in README
     for line in table(result).split("\n")[2:2 + len(result["points"])]:
         assert line in README
+
+
+def test_the_graphed_prefill_and_mixed_step_tables_are_the_json() -> None:
+    from benchmarks.bench_engine import mixed_rows, prefill_rows
+    from benchmarks.bench_load import readme_rows
+
+    parts = json.loads((ROOT / "benchmarks/results/prefill-h100.json").read_text())
+    assert "\n".join(prefill_rows(parts)) in README
+    assert "\n".join(mixed_rows(parts)) in README
+    for name in ("load-h100-graphed-capacity.json", "load-h100-mixed-graphed-vs-eager.json",
+                 "load-h100-reuse-graphed.json"):
+        load = json.loads((ROOT / "benchmarks/results" / name).read_text())
+        assert "\n".join(readme_rows(load)) in README, name
+    capacity = json.loads((ROOT / "benchmarks/results/load-h100-graphed-capacity.json")
+                          .read_text())
+    by_name = {c["config"]["name"]: c["capacity_at_slo_per_s"]["128"]
+               for c in capacity["configs"]}
+    assert by_name["whole"] == 0.0 and by_name["mixed512"] == 8.0
+    assert "**Goal ≥ 1.5×: met**" in README

@@ -2,10 +2,11 @@
 
 A clip's input has one shape ([F, 3, S, S] pixels), so the tower (CLIP ViT-L/14, 24
 layers of HF eager modules) and the projector can be captured once and replayed. Why:
-eager, the tower is launch-bound: on an H100 it took 8.2 ms of wall time for 8 frames,
-and 4.4 ms replayed from a graph with the same bits (``benchmarks/bench_engine.py
---prefill-only``, ``prefill-h100.json``). vLLM and SGLang capture decode steps this way;
-the tower's fixed shape lets the same trick serve the prefill.
+eager, the tower is launch-bound: on an H100 the tower, projector and splice of 8 frames
+took 11.1 ms, and 4.9 ms with the graph, which gives the same bits
+(``benchmarks/bench_engine.py --prefill-only``, ``prefill-h100.json``). vLLM and SGLang
+capture decode steps this way; the tower's fixed shape lets the same trick serve the
+prefill.
 """
 
 from __future__ import annotations

@@ -75,11 +75,12 @@ def sdpa_piece_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     rows: zero query rows after it, and the slot's next key rows, whatever they hold.
     Causality keeps every real row from seeing them, so its output is the unpadded
     one. Why: on Hopper, SDPA picks cuDNN's attention for a causal prompt, and cuDNN
-    builds an execution plan for every new (queries, keys) shape: about 40 ms the first
-    time each prompt length is seen (H100, 2.1k tokens; ``benchmarks/bench_engine.py``
-    ``--prefill-only``), which every new question length paid in its time to first
-    token. Rounded, a server meets at most T / ``length_step`` shapes, and
-    :meth:`.runtime.StaticRuntime.warm_up` plans them all before serving.
+    builds an execution plan for every new (queries, keys) shape: about 50 ms the first
+    time each prompt length is seen (H100, 2.1k tokens: 95-105 ms first calls against
+    46-48 ms again; ``benchmarks/bench_engine.py --prefill-only``), which every new
+    question length paid in its time to first token. Rounded, a server meets at most
+    T / ``length_step`` shapes, and :meth:`.runtime.StaticRuntime.warm_up` plans them
+    all before serving.
     """
     hq, hkv, d = num_heads, k_cache.shape[1], k_cache.shape[3]
     outs = []
