@@ -94,6 +94,7 @@ def test_features_are_pre_projector(target: TargetModel) -> None:
     pix = target.preprocess_frames(jpeg_frames(8, seed=3))
     feats = target.video_features_from_pixels(pix)
     assert feats.shape == (8, 17, 32)
+    assert not feats.requires_grad  # the tower runs without autograd, whoever calls it
     projected = target.project_video_features(feats)
     assert projected.shape == (8, 17, 64)
     with torch.inference_mode():
