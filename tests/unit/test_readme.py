@@ -315,3 +315,20 @@ def test_the_graphed_prefill_and_mixed_step_tables_are_the_json() -> None:
                for c in capacity["configs"]}
     assert by_name["whole"] == 0.0 and by_name["mixed512"] == 8.0
     assert "**Goal ≥ 1.5×: met**" in README
+
+
+def test_the_h200_graphed_tables_are_the_json() -> None:
+    from benchmarks.bench_engine import mixed_rows, prefill_rows
+    from benchmarks.bench_load import readme_rows
+
+    parts = json.loads((ROOT / "benchmarks/results/prefill-h200.json").read_text())
+    assert parts["device"] == "NVIDIA H200"
+    assert "\n".join(prefill_rows(parts)) in README
+    assert "\n".join(mixed_rows(parts)) in README
+    for name in ("load-h200-graphed-capacity.json", "load-h200-reuse-graphed.json"):
+        load = json.loads((ROOT / "benchmarks/results" / name).read_text())
+        assert "\n".join(readme_rows(load)) in README, name
+    reuse = json.loads((ROOT / "benchmarks/results/load-h200-reuse-graphed.json").read_text())
+    hit = next(lv for c in reuse["configs"] if c["config"]["name"] == "reuse"
+               for lv in c["levels"] if lv["rate_per_s"] == 1.0)["ttft_ms_p50_hit"]
+    assert f"{hit:.1f} ms at 1 request/s" in README
