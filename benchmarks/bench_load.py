@@ -77,30 +77,31 @@ SEED0 = EVAL_SEED_MIN + 11000
 
 @dataclass(frozen=True)
 class Config:
-    """One server configuration: ``NAME:PREFILL_CHUNK:PREFIX_CACHE_GB[:apart|:eager]``;
-    with ``apart`` chunks run in calls of their own (``--mixed-steps off``), with
-    ``eager`` inside the step but without its CUDA graphs (the engine's mixed-step
+    """One server configuration: ``NAME:PREFILL_CHUNK:PREFIX_CACHE_GB[:OPTION...]``;
+    options: ``apart``, chunks run in calls of their own (``--mixed-steps off``);
+    ``eager``, inside the step but without its CUDA graphs (the engine's mixed-step
     graphs dropped after warm-up: mixed steps at exact shapes, as before they were
-    graphed)."""
+    graphed); ``thaw``, ``--gc-freeze off``."""
 
     name: str
     prefill_chunk: str
     prefix_cache_gb: float
     mixed_steps: bool = True
     graphed: bool = True
+    gc_freeze: bool = True
 
     @classmethod
     def parse(cls, text: str) -> Config:
         try:
             name, chunk, gb, *rest = text.split(":")
-            if rest not in ([], ["apart"], ["eager"]):
+            if not set(rest) <= {"apart", "eager", "thaw"} or len(set(rest)) != len(rest):
                 raise ValueError(text)
-            return cls(name, chunk, float(gb), mixed_steps=rest != ["apart"],
-                       graphed=rest != ["eager"])
+            return cls(name, chunk, float(gb), mixed_steps="apart" not in rest,
+                       graphed="eager" not in rest, gc_freeze="thaw" not in rest)
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"--configs: {text!r} is not NAME:PREFILL_CHUNK:PREFIX_CACHE_GB[:apart|:eager]"
-            ) from None
+                f"--configs: {text!r} is not NAME:PREFILL_CHUNK:PREFIX_CACHE_GB[:OPTION...] "
+                "(options: apart, eager, thaw)") from None
 
 
 def workload(n: int, clips: int, per_clip: int, max_new: int) -> list[OpenRequest]:
@@ -150,6 +151,36 @@ async def one_request(port: int, req: OpenRequest) -> dict[str, Any]:
             "done_at": time.perf_counter(), "prefix_cache": event.stats.prefix_cache}
 
 
+class GcPauses:
+    """The cyclic collector's passes while a level runs, timed from its callbacks: how
+    many of each generation, and their pauses (they stop every thread, the engine
+    loop's included)."""
+
+    def __init__(self) -> None:
+        self.passes = [0, 0, 0]
+        self.pauses_ms: list[float] = []
+        self._t0 = 0.0
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+            return
+        self.passes[info["generation"]] += 1
+        self.pauses_ms.append((time.perf_counter() - self._t0) * 1e3)
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def report(self) -> dict[str, Any]:
+        return {"gc_passes_by_generation": self.passes,
+                "gc_pause_ms_max": max(self.pauses_ms, default=0.0),
+                "gc_pause_ms_total": sum(self.pauses_ms)}
+
+
 async def run_rate(server: VerifierServer, reqs: list[OpenRequest], rate: float,
                    seed: int, slo: tuple[float, float]) -> dict[str, Any]:
     """Every request at its Poisson arrival time; the level's measurements."""
@@ -166,7 +197,9 @@ async def run_rate(server: VerifierServer, reqs: list[OpenRequest], rate: float,
         await asyncio.sleep(max(0.0, t0 + delay - time.perf_counter()))
         return await one_request(server.port, req)
 
-    rows = await asyncio.gather(*(at(float(d), r) for d, r in zip(arrivals, reqs, strict=True)))
+    with GcPauses() as gc_pauses:
+        rows = await asyncio.gather(*(at(float(d), r)
+                                      for d, r in zip(arrivals, reqs, strict=True)))
     wall = max(r["done_at"] for r in rows) - t0
     steps = max(1, stats.steps - before[0])
     # In-server: the loop's host time per step (engine call, sampler, its own work). The
@@ -191,6 +224,7 @@ async def run_rate(server: VerifierServer, reqs: list[OpenRequest], rate: float,
         "chunks_per_prefill": (stats.prefill_chunks - before[6])
         / max(1, stats.prefills - before[5]),
         "answers": [r["ids"] for r in rows],
+        **gc_pauses.report(),
     }
     level["itl_p99_over_p50"] = (level["itl_ms_p99"] / level["itl_ms_p50"]
                                  if level["itl_ms_p50"] else None)
@@ -220,7 +254,7 @@ async def run_config(args: argparse.Namespace, target: TargetModel, config: Conf
         CloudSettings(), model=args.model, device=args.device, dtype=args.dtype, port=0,
         engine=args.engine, kv_cache_gb=args.kv_cache_gb, max_seq_len=args.max_seq_len,
         prefill_chunk=config.prefill_chunk, prefix_cache_gb=config.prefix_cache_gb,
-        mixed_steps=config.mixed_steps,
+        mixed_steps=config.mixed_steps, gc_freeze=config.gc_freeze,
         limits=replace(ServerLimits(), max_sessions=args.max_sessions,
                        max_new_tokens=max(512, *args.answer_tokens)),
         recalibrate=args.calibrate, profile_path=RESULTS / ".load-profile.msgpack")
@@ -230,6 +264,10 @@ async def run_config(args: argparse.Namespace, target: TargetModel, config: Conf
         getattr(server.runtime.scheduler.engine, "_mixed_graphs", {}).clear()
     try:
         await run_rate(server, workload(2, 1, 1, 4), 100.0, args.seed, (1e9, 1e9))  # warm-up
+        gc_tracked = len(gc.get_objects())
+        t_gc = time.perf_counter()
+        gc.collect()  # what one full pass of the collector costs this warm process
+        full_gc_ms = (time.perf_counter() - t_gc) * 1e3
         levels = []
         for tokens in args.answer_tokens:
             reqs = workload(args.requests, args.clips, args.questions_per_clip, tokens)
@@ -254,6 +292,7 @@ async def run_config(args: argparse.Namespace, target: TargetModel, config: Conf
                              if lv["answer_tokens"] == t and lv["meets_slo"]], default=0.0)
                 for t in args.answer_tokens}
     return {"config": config.__dict__, "kv_slots": info.limits.kv_slots,
+            "full_gc_pass_ms": full_gc_ms, "gc_tracked_objects": gc_tracked,
             "kv_tokens_per_slot": info.limits.kv_tokens_per_slot,
             "capacity_at_slo_per_s": capacity, "levels": levels}
 

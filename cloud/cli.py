@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="the interpreter's thread switch interval while serving (0: Python's 5 ms); "
              "the engine thread waits up to this long for the GIL after each torch call "
              "while gRPC work holds it")
+    arg("--gc-freeze", choices=["on", "off"], default="on" if env.gc_freeze else "off",
+        help="once warm, freeze the garbage collector's view of the heap (gc.freeze), so "
+             "its full passes skip the model and the engine instead of pausing the loop")
     arg("--kv-queue", type=int, default=env.kv_queue,
         help="requests that may wait, first come first served, for a KV slot when all "
              "are taken (0: refuse at once with RESOURCE_EXHAUSTED)")
@@ -175,6 +178,7 @@ def settings_from_args(args: argparse.Namespace) -> CloudSettings:
         prefix_cache_gb=args.prefix_cache_gb,
         batch_invariant=args.batch_invariant,
         mixed_steps=args.mixed_steps == "on",
+        gc_freeze=args.gc_freeze == "on",
         gil_switch_interval_ms=args.gil_switch_interval_ms,
         kv_queue=args.kv_queue,
         kv_wait_s=args.kv_wait_s,

@@ -97,6 +97,9 @@ class CloudSettings:
     #: Python's 5 ms). The engine thread gives up the GIL at every torch call and waits up
     #: to this long to get it back from the gRPC event loop (``eventspec.cloud.scheduler``).
     gil_switch_interval_ms: float = 0.1
+    #: Freeze the garbage collector's view of the heap once warm (``eventspec.cloud.gc_freeze``):
+    #: its full passes then skip the model and the engine, and stop pausing the loop.
+    gc_freeze: bool = True
     #: Requests that may wait for a KV slot when all are taken (FIFO); 0 refuses at once.
     kv_queue: int = 64
     #: The longest a request waits in that queue (its own deadline may be sooner).
@@ -163,6 +166,7 @@ class CloudSettings:
             prefix_cache_gb=e.number("PREFIX_CACHE_GB", d.prefix_cache_gb),
             batch_invariant=e.switch("BATCH_INVARIANT", d.batch_invariant),
             gil_switch_interval_ms=e.number("GIL_SWITCH_INTERVAL_MS", d.gil_switch_interval_ms),
+            gc_freeze=e.switch("GC_FREEZE", d.gc_freeze),
             kv_queue=e.integer("KV_QUEUE", d.kv_queue),
             kv_wait_s=e.number("KV_WAIT_S", d.kv_wait_s),
             session_ttl_s=e.number("SESSION_TTL_S", d.session_ttl_s),

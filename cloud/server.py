@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from eventspec.cloud import gc_freeze
 from eventspec.cloud.calibrate import Progress, load_or_calibrate, no_progress
 from eventspec.cloud.config import CloudSettings
 from eventspec.cloud.engine.base import BatchedEngine, ChunkedPrefillEngine
@@ -208,6 +209,8 @@ class VerifierServer:
     _sweeper: asyncio.Task[None] | None = None
     _engine_down: asyncio.Task[None] | None = None
     _stopping: bool = False
+    #: Whether this server holds the garbage collector's freeze (``gc_freeze``).
+    _gc_frozen: bool = False
     #: Prometheus metrics, when ``settings.metrics_port`` is set (else None: no hooks run).
     metrics: CloudMetrics | None = None
     metrics_port: int = 0
@@ -252,6 +255,9 @@ class VerifierServer:
         self.runtime.tracer = (self.tracer if self.tracer is not None
                                else tracer_from_env("eventspec-cloud"))
         self.runtime.scheduler.start(on_death=self._engine_died)
+        if self.settings.gc_freeze and not self._gc_frozen:
+            await asyncio.to_thread(gc_freeze.hold)
+            self._gc_frozen = True
         self._servicer.attach(self.runtime)
         self._sweeper = asyncio.create_task(
             self.runtime.registry.run_sweeper(min(60.0, self.settings.session_ttl_s / 4))
@@ -329,6 +335,9 @@ class VerifierServer:
             release = getattr(self.runtime.scheduler.engine, "release", None)
             if self.engine is None and release is not None:  # one it built itself
                 release()
+        if self._gc_frozen:
+            gc_freeze.let_go()
+            self._gc_frozen = False
         self._host = None
 
     async def wait(self) -> None:

@@ -24,7 +24,7 @@ def test_the_load_benchmark_reports_every_config_and_identical_answers(tmp_path:
     assert result["answers_identical_across_configs"] is True
     whole, reuse = result["configs"]
     assert whole["config"] == {"name": "whole", "prefill_chunk": "off", "prefix_cache_gb": 0.0,
-                               "mixed_steps": True, "graphed": True}
+                               "mixed_steps": True, "graphed": True, "gc_freeze": True}
     assert reuse["config"]["mixed_steps"] is False
     for run in (whole, reuse):
         (level,) = run["levels"]
@@ -32,6 +32,8 @@ def test_the_load_benchmark_reports_every_config_and_identical_answers(tmp_path:
         assert level["ttft_ms_p50"] <= level["ttft_ms_p99"]
         assert level["itl_ms_p50"] <= level["itl_ms_p99"]
         assert level["engine_step_ms"] <= level["in_server_step_ms"]
+        assert len(level["gc_passes_by_generation"]) == 3
+        assert level["gc_pause_ms_max"] <= level["gc_pause_ms_total"]
         assert "answers" not in level
         assert set(run["capacity_at_slo_per_s"]) == {"6"}
     assert whole["levels"][0]["prefix_hits"] == 0  # the cache is off
@@ -46,8 +48,10 @@ def test_the_load_benchmark_reports_every_config_and_identical_answers(tmp_path:
 
 def test_a_config_names_how_its_chunks_run() -> None:
     parse = bench_load.Config.parse
-    assert parse("m:512:0") == bench_load.Config("m", "512", 0.0, True, True)
-    assert parse("m:512:0:apart") == bench_load.Config("m", "512", 0.0, False, True)
-    assert parse("m:512:0:eager") == bench_load.Config("m", "512", 0.0, True, False)
-    with pytest.raises(argparse.ArgumentTypeError, match=re.escape("[:apart|:eager]")):
-        parse("m:512:0:fast")
+    assert parse("m:512:0") == bench_load.Config("m", "512", 0.0, True, True, True)
+    assert parse("m:512:0:apart") == bench_load.Config("m", "512", 0.0, False, True, True)
+    assert parse("m:512:0:eager") == bench_load.Config("m", "512", 0.0, True, False, True)
+    assert parse("m:512:0:eager:thaw") == bench_load.Config("m", "512", 0.0, True, False, False)
+    for bad in ("m:512:0:fast", "m:512:0:thaw:thaw"):
+        with pytest.raises(argparse.ArgumentTypeError, match=re.escape("apart, eager, thaw")):
+            parse(bad)

@@ -371,3 +371,36 @@ async def test_the_switch_interval_is_short_while_serving_and_restored_after() -
         await first.stop(0)
         await second.stop(0)
     assert sys.getswitchinterval() == before
+
+
+async def test_a_warm_server_freezes_the_collectors_heap_and_the_last_to_stop_thaws_it() -> None:
+    """--gc-freeze (on by default): once warm, the model and the engine sit in the
+    collector's permanent generation (full passes skip them); when the last of two
+    servers stops, whichever stops first, the process's objects are collectable again.
+    A server with --gc-freeze off leaves the collector alone."""
+    import gc
+
+    from eventspec.cloud import gc_freeze
+
+    assert gc_freeze.holders() == 0 and gc.get_freeze_count() == 0
+    first = await h.start_verifier()
+    second = await h.start_verifier()
+    try:
+        assert gc_freeze.holders() == 2 and gc.get_freeze_count() > 0
+        await first.stop(0)
+        assert gc_freeze.holders() == 1 and gc.get_freeze_count() > 0
+    finally:
+        await first.stop(0)  # a second stop lets go of nothing
+        await second.stop(0)
+    assert gc_freeze.holders() == 0 and gc.get_freeze_count() == 0
+    from dataclasses import replace
+
+    off = VerifierServer(replace(h.settings(), gc_freeze=False),
+                         target=build_tiny_random_target(seed=0), cost=h.TEST_COST)
+    await off.start()
+    try:
+        assert gc.get_freeze_count() == 0
+    finally:
+        await off.stop(0)
+    with pytest.raises(RuntimeError, match="more often than held"):
+        gc_freeze.let_go()

@@ -64,6 +64,7 @@ CLOUD: dict[str, Case] = {
     "prefix_cache_gb": ("--prefix-cache-gb", "4", 4.0),
     "batch_invariant": ("--batch-invariant", "1", True),
     "gil_switch_interval_ms": ("--gil-switch-interval-ms", "0.5", 0.5),
+    "gc_freeze": ("--gc-freeze", "off", False),
     "kv_queue": ("--kv-queue", "0", 0),
     "kv_wait_s": ("--kv-wait-s", "2.5", 2.5),
     "session_ttl_s": ("--session-ttl-s", "120", 120.0),

@@ -332,3 +332,11 @@ def test_the_h200_graphed_tables_are_the_json() -> None:
     hit = next(lv for c in reuse["configs"] if c["config"]["name"] == "reuse"
                for lv in c["levels"] if lv["rate_per_s"] == 1.0)["ttft_ms_p50_hit"]
     assert f"{hit:.1f} ms at 1 request/s" in README
+
+
+def test_the_gc_freeze_numbers_are_the_json() -> None:
+    cpu = json.loads((ROOT / "benchmarks/results/gc-freeze-cpu.json").read_text())
+    by = {c["config"]["name"]: c for c in cpu["configs"]}
+    assert by["frozen"]["config"]["gc_freeze"] and not by["thawed"]["config"]["gc_freeze"]
+    assert f"took {by['thawed']['full_gc_pass_ms']:.0f} ms over" in README
+    assert f"it took {by['frozen']['full_gc_pass_ms']:.1f} ms over" in README
