@@ -19,32 +19,27 @@ objects it held become collectable again.
 from __future__ import annotations
 
 import gc
-import threading
 
-_lock = threading.Lock()
-_holders = 0
+from eventspec.cloud.process_wide import HeldSetting
+
+_setting = HeldSetting("the garbage collector's freeze")
+
+
+def _freeze(first: bool) -> None:
+    gc.collect()
+    gc.freeze()
 
 
 def hold() -> None:
     """A server is warm: collect once, then freeze everything alive now."""
-    global _holders
-    with _lock:
-        _holders += 1
-        gc.collect()
-        gc.freeze()
+    _setting.hold(_freeze)
 
 
 def let_go() -> None:
     """A server that held the freeze stopped; the last one unfreezes."""
-    global _holders
-    with _lock:
-        if _holders == 0:
-            raise RuntimeError("the garbage collector's freeze was let go more often than held")
-        _holders -= 1
-        if _holders == 0:
-            gc.unfreeze()
+    _setting.let_go(gc.unfreeze)
 
 
 def holders() -> int:
     """Servers holding the freeze now."""
-    return _holders
+    return _setting.holders

@@ -10,29 +10,25 @@ interpreter's own and the last to stop puts it back, in whatever order they stop
 from __future__ import annotations
 
 import sys
-import threading
 
-_lock = threading.Lock()
-_holders = 0
+from eventspec.cloud.process_wide import HeldSetting
+
+_setting = HeldSetting("the switch interval")
 _saved = 0.0
 
 
 def hold(interval_s: float) -> None:
     """An engine loop starts: the interval is at most ``interval_s`` until it lets go."""
-    global _holders, _saved
-    with _lock:
-        if _holders == 0:
+
+    def apply(first: bool) -> None:
+        global _saved
+        if first:
             _saved = sys.getswitchinterval()
-        _holders += 1
         sys.setswitchinterval(min(interval_s, sys.getswitchinterval()))
+
+    _setting.hold(apply)
 
 
 def let_go() -> None:
     """An engine loop that held the interval stopped; the last one restores it."""
-    global _holders
-    with _lock:
-        if _holders == 0:
-            raise RuntimeError("the switch interval was let go more often than held")
-        _holders -= 1
-        if _holders == 0:
-            sys.setswitchinterval(_saved)
+    _setting.let_go(lambda: sys.setswitchinterval(_saved))

@@ -382,25 +382,28 @@ async def test_a_warm_server_freezes_the_collectors_heap_and_the_last_to_stop_th
 
     from eventspec.cloud import gc_freeze
 
-    assert gc_freeze.holders() == 0 and gc.get_freeze_count() == 0
+    base = gc_freeze.holders()  # servers of other tests may still be up (module fixtures)
     first = await h.start_verifier()
     second = await h.start_verifier()
     try:
-        assert gc_freeze.holders() == 2 and gc.get_freeze_count() > 0
+        assert gc_freeze.holders() == base + 2 and gc.get_freeze_count() > 0
         await first.stop(0)
-        assert gc_freeze.holders() == 1 and gc.get_freeze_count() > 0
+        assert gc_freeze.holders() == base + 1 and gc.get_freeze_count() > 0
     finally:
         await first.stop(0)  # a second stop lets go of nothing
         await second.stop(0)
-    assert gc_freeze.holders() == 0 and gc.get_freeze_count() == 0
+    assert gc_freeze.holders() == base
+    if base == 0:
+        assert gc.get_freeze_count() == 0
     from dataclasses import replace
 
     off = VerifierServer(replace(h.settings(), gc_freeze=False),
                          target=build_tiny_random_target(seed=0), cost=h.TEST_COST)
     await off.start()
     try:
-        assert gc.get_freeze_count() == 0
+        assert gc_freeze.holders() == base
     finally:
         await off.stop(0)
-    with pytest.raises(RuntimeError, match="more often than held"):
-        gc_freeze.let_go()
+    if base == 0:
+        with pytest.raises(RuntimeError, match="more often than held"):
+            gc_freeze.let_go()

@@ -67,8 +67,8 @@ class PromptRowsInSteps:
 
     if TYPE_CHECKING:
         def step(self, batch: StepBatch) -> torch.Tensor: ...
-        def _check_slot(self, slot: int) -> None: ...
-        def _room(self, slot: int) -> int: ...
+        def _check_runs(self, slots: Sequence[int], starts: Sequence[int],
+                        lengths: Sequence[int]) -> None: ...
         def _fill(self, slots: Sequence[int], starts: Sequence[int],
                   lengths: Sequence[int]) -> None: ...
         def _step_attention(self, inp: StepInputs
@@ -106,16 +106,9 @@ class PromptRowsInSteps:
         lengths = [len(t) for t in token_ids]
         if not slots or not len(slots) == len(starts) == len(token_ids):
             raise InvalidInput("a step of prompt rows needs one start and ids per slot")
-        if len(set(slots)) != len(slots):
-            raise InvalidInput("a prefill names a slot twice")
-        for s, st, n in zip(slots, starts, lengths, strict=True):
-            self._check_slot(s)
-            if n < 1 or st < 1 or st + n > self._room(s) - 1:
-                raise InvalidInput(f"prompt of {st + n} tokens does not fit a slot of "
-                                   f"{self._room(s)}")
-            if self._filled.get(s) != st:
-                raise InvalidInput(f"slot {s} holds {self._filled.get(s, 0)} prompt positions, "
-                                   f"not {st}: a chunk must continue where the last ended")
+        if min(starts) < 1:
+            raise InvalidInput("a step of prompt rows continues a prompt: every start >= 1")
+        self._check_runs(slots, starts, lengths)
         flat = [int(t) for ids in token_ids for t in ids]
         batch = StepBatch(slots=tuple(slots), start_positions=tuple(starts),
                           counts=tuple(lengths),

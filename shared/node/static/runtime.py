@@ -503,19 +503,24 @@ class StaticRuntime(PromptRowsInSteps):
         """InvalidInput unless every piece fits its slot and continues what it holds."""
         if not slots or not len(slots) == len(embeds) == len(starts):
             raise InvalidInput("prefill needs one embedding and one start per slot, at least one")
-        if len(set(slots)) != len(slots):
-            raise InvalidInput("a prefill names a slot twice")
-        for s, e, start in zip(slots, embeds, starts, strict=True):
-            self._check_slot(s)
+        for s, e in zip(slots, embeds, strict=True):
             if e.dim() != 2 or e.shape[1] != self.weights.hidden:
                 raise InvalidInput(
                     f"slot {s}: embeddings must be [L, {self.weights.hidden}], got {list(e.shape)}"
                 )
-            if not 0 < start + e.shape[0] <= self._room(s) - 1 or e.shape[0] < 1:
+        self._check_runs(slots, starts, [int(e.shape[0]) for e in embeds])
+
+    def _check_runs(self, slots: Sequence[int], starts: Sequence[int],
+                    lengths: Sequence[int]) -> None:
+        """InvalidInput unless each slot is named once, and each piece of ``lengths[r]``
+        rows from ``starts[r]`` fits its slot and continues what the slot holds."""
+        if len(set(slots)) != len(slots):
+            raise InvalidInput("a prefill names a slot twice")
+        for s, start, n in zip(slots, starts, lengths, strict=True):
+            self._check_slot(s)
+            if not 0 < start + n <= self._room(s) - 1 or n < 1:
                 raise InvalidInput(
-                    f"prompt of {start + e.shape[0]} tokens does not fit a slot of "
-                    f"{self._room(s)}"
-                )
+                    f"prompt of {start + n} tokens does not fit a slot of {self._room(s)}")
             if start and self._filled.get(s) != start:
                 raise InvalidInput(f"slot {s} holds {self._filled.get(s, 0)} prompt positions, "
                                    f"not {start}: a chunk must continue where the last ended")
