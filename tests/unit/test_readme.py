@@ -340,3 +340,9 @@ def test_the_gc_freeze_numbers_are_the_json() -> None:
     assert by["frozen"]["config"]["gc_freeze"] and not by["thawed"]["config"]["gc_freeze"]
     assert f"took {by['thawed']['full_gc_pass_ms']:.0f} ms over" in README
     assert f"it took {by['frozen']['full_gc_pass_ms']:.1f} ms over" in README
+
+
+def test_the_default_reuse_numbers_are_the_json() -> None:
+    run = json.loads((ROOT / "benchmarks/results/load-h100-reuse-default.json").read_text())
+    hits = {lv["rate_per_s"]: lv["ttft_ms_p50_hit"] for lv in run["configs"][0]["levels"]}
+    assert f"{hits[1.0]:.1f} ms at 1/s and {hits[4.0]:.1f} ms at 4/s" in README

@@ -22,12 +22,12 @@ from eventspec.shared.node.static.attention import reference_attention
 from eventspec.shared.node.static.batch import StepBatch
 from eventspec.shared.node.static.buckets import StepInputs, bucket
 from eventspec.shared.node.static.chunk_staging import (
-    CHUNK_SPLIT,
     CHUNK_TILE,
     MAX_PIECES,
     ChunkInputs,
     ChunkStaging,
     chunk_rows_for,
+    chunk_split,
 )
 from eventspec.shared.node.static.invariant_kernels import fixed_split_attention
 from eventspec.shared.node.static.staging import StepStaging
@@ -177,7 +177,7 @@ class PromptRowsInSteps:
             kc, vc = self.k_cache[i], self.v_cache[i]  # [S+1, Hkv, T, D]
             if self._fused:
                 o = fixed_split_attention(q4, kc, vc, chunk.slots, chunk.starts,
-                                          chunk.seq_lens, split=CHUNK_SPLIT,
+                                          chunk.seq_lens, split=chunk_split(chunk.rows),
                                           query_tile=CHUNK_TILE)  # [P, tile, Hq, D]
             else:
                 o = reference_attention(q4, kc, vc, chunk.slots, chunk.starts, chunk.seq_lens)

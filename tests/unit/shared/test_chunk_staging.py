@@ -12,12 +12,16 @@ from hypothesis import strategies as st
 
 from eventspec.cloud.prefill_chunking import ChunkPolicy, graphed_piece_rows
 from eventspec.shared.node.static.chunk_staging import (
+    CHUNK_SPLIT,
     CHUNK_TILE,
     MAX_PIECES,
+    SMALL_PIECE_SPLIT,
     ChunkStaging,
     cdiv,
     chunk_rows_for,
+    chunk_split,
 )
+from eventspec.shared.node.static.invariant_tiles import ATTN_BLOCK_N
 
 SCRATCH, T = 99, 512
 
@@ -86,3 +90,11 @@ def test_graphed_piece_rows_follow_the_fixed_chunk() -> None:
 def test_piece_rows_must_be_whole_tiles() -> None:
     with pytest.raises(ValueError, match="multiple of 64"):
         staging(cap_rows=100)
+
+
+def test_small_pieces_split_their_keys_finer() -> None:
+    """A piece of one or two tiles gets more, shorter key splits (more programs for the
+    GPU); every split is whole key blocks, as the attention kernel requires."""
+    assert chunk_split(64) == chunk_split(128) == SMALL_PIECE_SPLIT < CHUNK_SPLIT
+    assert chunk_split(192) == chunk_split(576) == CHUNK_SPLIT
+    assert SMALL_PIECE_SPLIT % ATTN_BLOCK_N == CHUNK_SPLIT % ATTN_BLOCK_N == 0
