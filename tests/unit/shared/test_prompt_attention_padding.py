@@ -52,7 +52,9 @@ def test_padded_prompt_attention_equals_the_unpadded(lengths: list[int], starts:
     padded = sdpa_piece_attention(q, k_cache, v_cache, pieces, HQ, length_step=step)
     exact = sdpa_piece_attention(q, k_cache, v_cache, pieces, HQ, length_step=1)
     assert padded.shape == (sum(lengths), HQ * D)
-    torch.testing.assert_close(padded, exact, rtol=1e-5, atol=1e-5)
+    # fp32; V is 50 x randn, so outputs reach ~50: rounding differs by block order, while
+    # a leaked padding key moved a row by about 250 in a check by hand.
+    torch.testing.assert_close(padded, exact, rtol=1e-4, atol=1e-2)
 
 
 def test_planning_runs_every_rounded_length_once() -> None:
