@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from eventspec.shared.node.static.buckets import bucket
+from eventspec.shared.node.static.invariant_tiles import cdiv, prefill_pseudo_sessions
 
 #: Queries per pseudo-session of a piece in a graphed mixed step.
 CHUNK_TILE = 64
@@ -48,10 +49,6 @@ def chunk_split(rows: int) -> int:
     return SMALL_PIECE_SPLIT if rows <= 2 * CHUNK_TILE else CHUNK_SPLIT
 #: Pieces one graphed mixed step carries at most.
 MAX_PIECES = 4
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def chunk_rows_for(lengths: Sequence[int], buckets: Sequence[int]) -> int | None:
@@ -116,10 +113,9 @@ class ChunkStaging:
             span = np.arange(tiles * CHUNK_TILE, dtype=np.int64)  # the piece's rows
             pos[base : base + span.size] = np.minimum(st + span, t_last)
             wslot[base : base + n], wpos[base : base + n] = s, st + span[:n]
-            first_q = st + CHUNK_TILE * np.arange(tiles, dtype=np.int64)
             tslot[tile : tile + tiles] = s
-            tstart[tile : tile + tiles] = first_q
-            tlen[tile : tile + tiles] = np.minimum(first_q + CHUNK_TILE, st + n)
+            tstart[tile : tile + tiles], tlen[tile : tile + tiles] = zip(
+                *prefill_pseudo_sessions(st, n, CHUNK_TILE), strict=True)
             last[r] = base + n - 1
             tile += tiles
         block = np.zeros(self._size, dtype=np.int64)

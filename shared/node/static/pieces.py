@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from eventspec.shared.node.static.invariant import invariant_attention
+from eventspec.shared.node.static.invariant_tiles import cdiv
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ PROMPT_LENGTH_STEP = 128
 
 def padded_length(n: int, limit: int, step: int = PROMPT_LENGTH_STEP) -> int:
     """``n`` rounded up to a multiple of ``step``, at most ``limit`` (and never below n)."""
-    return max(n, min(-(-n // step) * step, limit))
+    return max(n, min(cdiv(n, step) * step, limit))
 
 
 def sdpa_piece_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -17,11 +17,10 @@ from eventspec.shared.node.static.chunk_staging import (
     MAX_PIECES,
     SMALL_PIECE_SPLIT,
     ChunkStaging,
-    cdiv,
     chunk_rows_for,
     chunk_split,
 )
-from eventspec.shared.node.static.invariant_tiles import ATTN_BLOCK_N
+from eventspec.shared.node.static.invariant_tiles import ATTN_BLOCK_N, cdiv
 
 SCRATCH, T = 99, 512
 
