@@ -29,7 +29,6 @@ import argparse
 import json
 import logging
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -42,8 +41,9 @@ from transformers import (
     DynamicCache,
 )
 
-from benchmarks.device_timing import median_ms, sync, times_ms
+from benchmarks.device_timing import median_ms, sync
 from benchmarks.engine_agreement import QUESTION, agreement, batch_invariance, pixels
+from benchmarks.engine_prefill import fill_slots, mixed_costs, prefill_costs
 from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.engine.static.build import (
     build_static_engine,
@@ -80,119 +80,6 @@ def time_prefill(engine: StaticEngine, target: TargetModel, repeats: int) -> dic
     ms = median_ms(lambda: engine.prefill([req]), repeats)
     tower = median_ms(lambda: target.video_features_from_pixels(pix), repeats)
     return {"prompt_tokens": float(len(ids)), "prefill_ms": ms, "tower_ms": tower}
-
-
-def prefill_costs(engine: StaticEngine, target: TargetModel, repeats: int) -> dict[str, Any]:
-    """The prefill's parts, each as the engine runs it now ("graphed": the tower from its
-    CUDA graph, prompt attention at rounded lengths) and as before ("eager": the tower
-    eager, attention at the exact length), in one process:
-
-    - ``prefill_ms``: 8 frames + the 2,103-token prompt, tower included;
-    - ``tower_ms``: the tower and projector alone;
-    - ``new_length_first_ms`` / ``new_length_again_ms``: a prompt of a length the
-      server has not seen (3 lengths, each a few tokens longer), its first call and
-      a second one: what a new question's length costs its time to first token;
-    - ``question_after_prefix_ms``: 20 text tokens after a prompt's first rows (a new
-      question on a reused clip): the eager prefill against one graphed step.
-    """
-    ids = target.build_prompt_ids(QUESTION)
-    pix = pixels(target, 0)
-    req = PrefillRequest(slot=0, input_ids=ids, pixel_values_videos=pix)
-    tower, step = engine._tower, engine.prompt_length_step
-    hidden = engine.weights.hidden
-    video_rows = engine._check_prefill(req)
-    out: dict[str, Any] = {"prompt_tokens": len(ids)}
-
-    def use(mode: str) -> None:
-        engine._tower = tower if mode == "graphed" else None
-        engine.prompt_length_step = step if mode == "graphed" else 1
-
-    modes = ("eager", "graphed")
-    for name, fn in (("prefill_ms", lambda: engine.prefill([req])),
-                     ("tower_ms", partial(engine._embeds, req, video_rows))):
-        runs: dict[str, list[float]] = {m: [] for m in modes}
-        for _ in range(repeats):  # interleaved, so a slower moment of the host hits both
-            for mode in modes:
-                use(mode)
-                runs[mode].extend(times_ms(fn, 1, warmup=1))
-        for mode in modes:
-            out[f"{name}_{mode}"] = statistics.median(runs[mode])
-    # Grow the allocator to the longest prompt below first, so a first call pays only
-    # what its new length costs.
-    engine.prefill_embeds([0], [torch.randn(len(ids) + 40, hidden, device=engine.device,
-                                            dtype=engine.dtype)])
-    for mode, base in (("eager", len(ids) + 7), ("graphed", len(ids) + 17)):
-        use(mode)
-        first, again = [], []
-        for n in range(base, base + 3):
-            e = torch.randn(n, hidden, device=engine.device, dtype=engine.dtype)  # [n, H]
-            for times in (first, again):
-                sync()
-                t0 = time.perf_counter()
-                engine.prefill_embeds([0], [e])
-                sync()
-                times.append((time.perf_counter() - t0) * 1e3)
-        out[f"new_length_first_ms_{mode}"] = first
-        out[f"new_length_again_ms_{mode}"] = again
-    engine._tower, engine.prompt_length_step = tower, step
-    engine.prefill([req])
-    n_q, start = 20, len(ids)
-    q_ids = tuple(int(i) for i in ids[-n_q:])
-    q_embeds = engine.weights.embed.index_select(0, torch.tensor(q_ids, device=engine.device))
-
-    def eager() -> None:
-        engine._filled[0] = start
-        engine.prefill_embeds([0], [q_embeds], [start])
-
-    def graphed() -> None:
-        engine._filled[0] = start
-        engine.prompt_rows_as_step([0], [start], [q_ids])
-
-    out["question_tokens"] = n_q
-    out["question_after_prefix_ms_eager"] = median_ms(eager, repeats)
-    out["question_after_prefix_ms_graphed"] = median_ms(graphed, repeats)
-    return out
-
-
-def mixed_costs(engine: StaticEngine, ctx: int, repeats: int,
-                sessions: tuple[int, ...] = (1, 16), rows: int = 512) -> dict[str, Any]:
-    """A step of B sessions at ``ctx`` alone, with a prompt piece of ``rows`` rows inside
-    it (replayed from its mixed-step graph, and eager at exact shapes), and the piece
-    in a prefill call of its own followed by the step: ms each, per B."""
-    piece_slot, piece_start = max(sessions) + 1, min(1024, engine.max_seq_len - rows - 2)
-    fill_slots(engine, piece_slot)
-    piece = torch.randn(rows, engine.weights.hidden, device=engine.device,
-                        dtype=engine.dtype)  # [rows, H]
-    graphs = engine._mixed_graphs
-    out: dict[str, Any] = {"piece_rows": rows, "context": ctx}
-
-    def mixed(batch: StepBatch) -> None:
-        engine._filled[piece_slot] = piece_start
-        engine.step_with_pieces(batch, [piece_slot], [piece], [piece_start])
-
-    def apart(batch: StepBatch) -> None:
-        engine._filled[piece_slot] = piece_start
-        engine.prefill_embeds([piece_slot], [piece], [piece_start])
-        engine.step(batch)
-
-    for b in sessions:
-        batch = StepBatch(tuple(range(b)), (ctx,) * b, (1,) * b,
-                          torch.ones(b, dtype=torch.long, device=engine.device))
-        out[f"B{b}_step_ms"] = median_ms(partial(engine.step, batch), repeats)
-        out[f"B{b}_mixed_graphed_ms"] = median_ms(partial(mixed, batch), repeats)
-        engine._mixed_graphs = {}
-        out[f"B{b}_mixed_eager_ms"] = median_ms(partial(mixed, batch), repeats)
-        engine._mixed_graphs = graphs
-        out[f"B{b}_apart_ms"] = median_ms(partial(apart, batch), repeats)
-    return out
-
-
-def fill_slots(engine: StaticEngine, n: int) -> None:
-    """Give slots 1..n-1 slot 0's KV (timing does not depend on values)."""
-    for s in range(1, n):
-        engine.k_cache[:, s].copy_(engine.k_cache[:, 0])
-        engine.v_cache[:, s].copy_(engine.v_cache[:, 0])
-        engine._live.add(s)
 
 
 def time_steps(
@@ -421,37 +308,6 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-
-
-def prefill_rows(result: dict[str, Any]) -> list[str]:
-    """The README's rows of a ``--prefill-only`` JSON: each part eager, then graphed."""
-
-    def span(values: list[float]) -> str:
-        return f"{min(values):.0f}–{max(values):.0f}"
-
-    r = result
-    rows = [
-        ("prefill: 8 frames + the 2,103-token prompt, tower included",
-         f"{r['prefill_ms_eager']:.1f}", f"{r['prefill_ms_graphed']:.1f}"),
-        ("video tower + projector + splice", f"{r['tower_ms_eager']:.1f}",
-         f"{r['tower_ms_graphed']:.1f}"),
-        ("a prompt length not seen before: first call (3 lengths)",
-         span(r["new_length_first_ms_eager"]), span(r["new_length_first_ms_graphed"])),
-        ("the same 3 lengths again", span(r["new_length_again_ms_eager"]),
-         span(r["new_length_again_ms_graphed"])),
-        (f"a {r['question_tokens']}-token question after a reused prefix",
-         f"{r['question_after_prefix_ms_eager']:.1f}",
-         f"{r['question_after_prefix_ms_graphed']:.1f}"),
-    ]
-    return [f"| {a} | {b} | {c} |" for a, b, c in rows]
-
-
-def mixed_rows(result: dict[str, Any]) -> list[str]:
-    """The README's rows of a ``--prefill-only`` JSON's mixed steps, one per B."""
-    m = result["mixed_step"]
-    sessions = sorted(int(k[1:].split("_")[0]) for k in m if k.endswith("_step_ms"))
-    return [f"| {b} | {m[f'B{b}_step_ms']:.1f} | {m[f'B{b}_mixed_graphed_ms']:.1f} | "
-            f"{m[f'B{b}_mixed_eager_ms']:.1f} | {m[f'B{b}_apart_ms']:.1f} |" for b in sessions]
 
 
 def markdown(result: dict[str, Any]) -> str:

@@ -29,8 +29,9 @@ from typing import Any
 
 import torch
 
-from benchmarks.bench_engine import fill_slots, fit_sessions, time_prefill, time_steps
+from benchmarks.bench_engine import fit_sessions, time_prefill, time_steps
 from benchmarks.engine_agreement import batch_invariance
+from benchmarks.engine_prefill import fill_slots
 from eventspec.cloud.engine.static.build import (
     build_static_engine,
     kv_bytes_per_slot,

@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.bench_engine import QUESTION, fill_slots, pixels
+from benchmarks.engine_agreement import QUESTION, pixels
+from benchmarks.engine_prefill import fill_slots
 from eventspec.cloud.engine.base import PrefillChunk, PrefillRequest
 from eventspec.cloud.engine.static.build import (
     build_static_engine,

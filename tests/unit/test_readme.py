@@ -299,8 +299,8 @@ def test_the_gpu_e2e_tables_are_the_json() -> None:
 
 
 def test_the_graphed_prefill_and_mixed_step_tables_are_the_json() -> None:
-    from benchmarks.bench_engine import mixed_rows, prefill_rows
     from benchmarks.bench_load import readme_rows
+    from benchmarks.engine_prefill import mixed_rows, prefill_rows
 
     parts = json.loads((ROOT / "benchmarks/results/prefill-h100.json").read_text())
     assert "\n".join(prefill_rows(parts)) in README
@@ -318,8 +318,8 @@ def test_the_graphed_prefill_and_mixed_step_tables_are_the_json() -> None:
 
 
 def test_the_h200_graphed_tables_are_the_json() -> None:
-    from benchmarks.bench_engine import mixed_rows, prefill_rows
     from benchmarks.bench_load import readme_rows
+    from benchmarks.engine_prefill import mixed_rows, prefill_rows
 
     parts = json.loads((ROOT / "benchmarks/results/prefill-h200.json").read_text())
     assert parts["device"] == "NVIDIA H200"
