@@ -19,7 +19,11 @@ TCP, TLS or not), per direction:
   :meth:`DelayProxy.cut_after` arms a cut after so many more bytes.
 
 Bytes are read as fast as they come and held until due (no backpressure between the two
-sides), which is what a long, fat link does; the read size bounds one chunk.
+sides), which is what a long, fat link does. On a rate-limited direction a read is cut
+into segments (:func:`segment_bytes`) that cross the link one after another, as packets
+do: a burst the proxy happened to read at once still arrives spread over its
+serialisation time, so the far side sees the first bytes (a message's header) well
+before the last.
 
     python -m benchmarks.delay_proxy --listen 127.0.0.1:0 --target 127.0.0.1:50051 \\
         --delay-ms 10 --jitter-ms 1 --rate-mbit 100 [--seed 0] [--cut-after-bytes N]
@@ -48,6 +52,18 @@ log = logging.getLogger(__name__)
 
 Direction = Literal["up", "down"]
 READ_BYTES = 64 * 1024
+#: The smallest segment a rate-limited direction delivers: one Ethernet MTU.
+SEGMENT_MIN_BYTES = 1500
+#: A segment takes at most this long to cross the link (above the MTU floor): fine
+#: enough that arrival is progressive, coarse enough to keep sleeps few at 100 Mbit/s.
+SEGMENT_S = 0.002
+
+
+def segment_bytes(rate_bytes_per_s: float) -> int:
+    """How many bytes one delivery carries at this rate; 0 (unlimited) means whole reads."""
+    if rate_bytes_per_s <= 0:
+        return READ_BYTES
+    return max(SEGMENT_MIN_BYTES, int(rate_bytes_per_s * SEGMENT_S))
 
 
 @dataclass(frozen=True)
@@ -299,10 +315,14 @@ class DelayProxy:
                     conn.abort()
                     return
                 sched.shape = self.shapes[direction]
-                due = sched.deliver_at(loop.time(), len(data))
-                queue.put_nowait((due, data))
+                now = loop.time()
                 if not data:
+                    queue.put_nowait((sched.deliver_at(now, 0), data))
                     break
+                step = segment_bytes(sched.shape.rate_bytes_per_s)
+                for at in range(0, len(data), step):
+                    piece = data[at:at + step]
+                    queue.put_nowait((sched.deliver_at(now, len(piece)), piece))
                 self._forwarded += len(data)
                 if self._cut_budget is not None and self._forwarded >= self._cut_budget:
                     self._cut_budget = None

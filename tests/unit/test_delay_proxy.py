@@ -21,7 +21,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.delay_proxy import DelayProxy, LinkShape, Pacer, Schedule
+from benchmarks.delay_proxy import (
+    READ_BYTES,
+    DelayProxy,
+    LinkShape,
+    Pacer,
+    Schedule,
+    segment_bytes,
+)
 
 DEADLINE_S = 10.0
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,6 +145,46 @@ async def test_bandwidth_limit_bounds_transfer_time(echo: tuple[str, int]) -> No
         assert await read_exactly(reader, len(payload)) == payload
         assert time.monotonic() - start >= len(payload) / (rate_mbit * 1e6 / 8) - 0.002
         writer.close()
+
+
+async def test_a_burst_read_at_once_still_arrives_spread_over_the_link() -> None:
+    """One 40 kB write crosses a 100 kB/s link as segments, not as one late lump: the far
+    side's first read holds part of it (gRPC's header, in the product), ~0.4 s before the
+    last. A lump would let the cloud time a 350 ms upload as 1 ms (a CI flake)."""
+    arrivals: list[int] = []
+    done = asyncio.Event()
+    payload = random.Random(5).randbytes(40_000)
+
+    async def sink(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            arrivals.append(len(data))
+            if sum(arrivals) >= len(payload):
+                done.set()
+        writer.close()
+
+    server = await asyncio.start_server(sink, "127.0.0.1", 0)
+    target = ("127.0.0.1", server.sockets[0].getsockname()[1])
+    try:
+        async with DelayProxy(target, up=LinkShape(rate_bytes_per_s=100e3)) as proxy:
+            _, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+            writer.write(payload)
+            await writer.drain()
+            await asyncio.wait_for(done.wait(), DEADLINE_S)
+            writer.close()
+    finally:
+        server.close()
+    assert sum(arrivals) == len(payload)
+    assert len(arrivals) > 1 and arrivals[0] <= segment_bytes(100e3) < len(payload)
+
+
+@given(rate=st.floats(0, 1e9))
+def test_segments_are_at_least_an_mtu_and_unlimited_links_keep_whole_reads(rate: float) -> None:
+    size = segment_bytes(rate)
+    assert size >= 1500
+    if rate == 0:
+        assert size == READ_BYTES
+    else:
+        assert size >= rate * 0.002 - 1
 
 
 async def test_cut_after_bytes_resets_the_connection(echo: tuple[str, int]) -> None:
