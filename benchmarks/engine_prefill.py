@@ -25,7 +25,7 @@ def fill_slots(engine: StaticEngine, n: int) -> None:
     for s in range(1, n):
         engine.k_cache[:, s].copy_(engine.k_cache[:, 0])
         engine.v_cache[:, s].copy_(engine.v_cache[:, 0])
-        engine._live.add(s)
+        engine.occupancy.hold(s, engine.occupancy.filled(0))
 
 
 def prefill_costs(engine: StaticEngine, target: TargetModel, repeats: int) -> dict[str, Any]:
@@ -87,11 +87,11 @@ def prefill_costs(engine: StaticEngine, target: TargetModel, repeats: int) -> di
     q_embeds = engine.weights.embed.index_select(0, torch.tensor(q_ids, device=engine.device))
 
     def eager() -> None:
-        engine._filled[0] = start
+        engine.occupancy.hold(0, start)
         engine.prefill_embeds([0], [q_embeds], [start])
 
     def graphed() -> None:
-        engine._filled[0] = start
+        engine.occupancy.hold(0, start)
         engine.prompt_rows_as_step([0], [start], [q_ids])
 
     out["question_tokens"] = n_q
@@ -113,11 +113,11 @@ def mixed_costs(engine: StaticEngine, ctx: int, repeats: int,
     out: dict[str, Any] = {"piece_rows": rows, "context": ctx}
 
     def mixed(batch: StepBatch) -> None:
-        engine._filled[piece_slot] = piece_start
+        engine.occupancy.hold(piece_slot, piece_start)
         engine.step_with_pieces(batch, [piece_slot], [piece], [piece_start])
 
     def apart(batch: StepBatch) -> None:
-        engine._filled[piece_slot] = piece_start
+        engine.occupancy.hold(piece_slot, piece_start)
         engine.prefill_embeds([piece_slot], [piece], [piece_start])
         engine.step(batch)
 

@@ -56,7 +56,8 @@ def full() -> Iterator[StaticEngine]:
     gen = torch.Generator(device="cuda").manual_seed(0)
     engine.k_cache.normal_(generator=gen)  # [L, S+1, Hkv, T, D]
     engine.v_cache.normal_(generator=gen)
-    engine._live.update(range(SLOTS))  # random KV stands in for prefilled sessions
+    for s in range(SLOTS):  # random KV stands in for prefilled sessions
+        engine.occupancy.hold(s, SEQ - 1)
     yield engine
     del engine, target
     gc.collect()

@@ -95,13 +95,13 @@ class StaticEngine(StaticRuntime):
 
     def _check_prefill(self, req: PrefillRequest) -> list[int]:
         """Validate one prefill request; returns the rows of its <video> placeholders."""
-        self._check_slot(req.slot)
+        self.occupancy.check_slot(req.slot)
         t = self.target
         ids_list = [int(i) for i in req.input_ids]
         n = len(ids_list)
-        if not 0 < n <= self._room(req.slot) - 1:
-            raise InvalidInput(f"prompt of {n} tokens does not fit a slot of "
-                               f"{self._room(req.slot)}")
+        room = self.occupancy.room(req.slot)
+        if not 0 < n <= room - 1:
+            raise InvalidInput(f"prompt of {n} tokens does not fit a slot of {room}")
         video_rows = [i for i, tok in enumerate(ids_list) if tok == t.video_token_id]
         if len(video_rows) != t.geometry.visual_tokens:
             raise InvalidInput(

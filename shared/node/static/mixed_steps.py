@@ -30,6 +30,7 @@ from eventspec.shared.node.static.chunk_staging import (
     chunk_split,
 )
 from eventspec.shared.node.static.invariant_kernels import fixed_split_attention
+from eventspec.shared.node.static.slot_occupancy import SlotOccupancy
 from eventspec.shared.node.static.staging import StepStaging
 from eventspec.shared.node.static.weights import LanguageWeights
 
@@ -62,15 +63,10 @@ class PromptRowsInSteps:
     _logits: torch.Tensor
     _graphs: dict[tuple[int, int], torch.cuda.CUDAGraph]
     _mixed_graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph]
-    _live: set[int]
-    _filled: dict[int, int]
+    occupancy: SlotOccupancy
 
     if TYPE_CHECKING:
         def step(self, batch: StepBatch) -> torch.Tensor: ...
-        def _check_runs(self, slots: Sequence[int], starts: Sequence[int],
-                        lengths: Sequence[int]) -> None: ...
-        def _fill(self, slots: Sequence[int], starts: Sequence[int],
-                  lengths: Sequence[int]) -> None: ...
         def _step_attention(self, inp: StepInputs
                             ) -> Callable[[int, torch.Tensor], torch.Tensor]: ...
         def _layer(self, i: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -108,20 +104,18 @@ class PromptRowsInSteps:
             raise InvalidInput("a step of prompt rows needs one start and ids per slot")
         if min(starts) < 1:
             raise InvalidInput("a step of prompt rows continues a prompt: every start >= 1")
-        self._check_runs(slots, starts, lengths)
+        self.occupancy.check_runs(slots, starts, lengths)
         flat = [int(t) for ids in token_ids for t in ids]
         batch = StepBatch(slots=tuple(slots), start_positions=tuple(starts),
                           counts=tuple(lengths),
                           token_ids=torch.tensor(flat, device=self.device))  # [N]
-        added = [s for s in slots if s not in self._live]
-        self._live.update(added)
+        added = self.occupancy.open_for_prompt_rows(slots)
         try:
             logits = self.step(batch)  # [N, V]
         except Exception:
-            self._live.difference_update(added)
+            self.occupancy.close(added)
             raise
-        for s, st, n in zip(slots, starts, lengths, strict=True):
-            self._filled[s] = st + n
+        self.occupancy.fill(slots, starts, lengths)
         ends = torch.tensor(lengths, device=logits.device).cumsum(0) - 1  # [R]
         return logits.index_select(0, ends)  # [R, V]
 
@@ -152,7 +146,7 @@ class PromptRowsInSteps:
             graph.replay()
         else:
             self._forward_mixed(inp, chunk, out)
-        self._fill(slots, starts, [int(e.shape[0]) for e in embeds])
+        self.occupancy.fill(slots, starts, [int(e.shape[0]) for e in embeds])
         step_logits = out.index_select(0, dest).float()  # [N, V]
         return step_logits, out[m : m + len(slots)].float()  # [R, V]
 

@@ -16,6 +16,8 @@ tokens into the prompt's embeddings and hands them to :meth:`StaticRuntime.prefi
   the run ``[s, s + n)`` it :meth:`~StaticRuntime.reserve`-d and every kernel, which
   addresses ``slot * stride + pos * stride``, runs unchanged
   (``eventspec.cloud.kv_arena`` hands out the runs). The scratch window starts at A.
+  What each slot holds (live, prompt positions written, the run reserved) and the
+  checks every call makes before model work are :mod:`.slot_occupancy`'s.
 - **Attention** reads only each session's real length: a Triton split-KV kernel on
   CUDA (:mod:`.attention`), dense masked SDPA on CPU.
 - **Weights** are the HF model's own tensors with fused QKV and gate-up
@@ -104,6 +106,7 @@ from eventspec.shared.node.static.pieces import (
     sdpa_piece_attention,
 )
 from eventspec.shared.node.static.quant import Weight, linear, linear_add_
+from eventspec.shared.node.static.slot_occupancy import SlotOccupancy
 from eventspec.shared.node.static.staging import StepStaging
 from eventspec.shared.node.static.weights import LanguageWeights
 
@@ -164,16 +167,13 @@ class StaticRuntime(PromptRowsInSteps):
         w = self.weights
         #: Positions of the KV arena (KV by length), or None: fixed slots.
         self.kv_positions = kv_positions
+        #: What each slot holds; every call checks against it before model work.
+        self.occupancy = SlotOccupancy(num_slots=num_slots, max_seq_len=max_seq_len,
+                                       kv_positions=kv_positions)
         # One slot more than served (or a window after the arena): the scratch that
         # padding rows write into.
         self.k_cache = self._kv_tensor()  # [L, S+1, Hkv, T, D] (a strided view by length)
         self.v_cache = self._kv_tensor()  # [L, S+1, Hkv, T, D]
-        #: KV by length: each session's run, first position -> positions reserved.
-        self._reserved: dict[int, int] = {}
-        self._released = False
-        self._live: set[int] = set()
-        #: Prompt positions each slot holds from prefills (chunks continue from here).
-        self._filled: dict[int, int] = {}
         self.batch_invariant = batch_invariant
         triton_gpu = self.device.type == "cuda" and HAVE_TRITON
         #: Batch-invariant through the Triton kernels (else the plain path, if invariant).
@@ -219,15 +219,16 @@ class StaticRuntime(PromptRowsInSteps):
         max_m = max_b * max(self.token_buckets)
         # Static step buffers: one int64 block holding every index array at fixed
         # offsets, so each bucket's views keep their addresses across replays.
+        scratch = self.occupancy.scratch_slot
         self._staging = StepStaging(self.device, max_seq_len=max_seq_len,
-                                    scratch_slot=self._scratch_slot, cap_m=max_m, cap_b=max_b)
+                                    scratch_slot=scratch, cap_m=max_m, cap_b=max_b)
         # MAX_PIECES rows more than the largest step: a mixed step's logits are its
         # step rows and its pieces' last rows.
         self._logits = torch.zeros(max_m + MAX_PIECES, w.vocab, device=self.device,
                                    dtype=self.dtype)
         self._chunk_staging = ChunkStaging(
             self.device, self.dtype, w.hidden, max_seq_len=max_seq_len,
-            scratch_slot=self._scratch_slot, cap_rows=max(self.chunk_buckets, default=CHUNK_TILE))
+            scratch_slot=scratch, cap_rows=max(self.chunk_buckets, default=CHUNK_TILE))
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         #: Mixed-step graphs by (sessions, tokens, piece rows).
         self._mixed_graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
@@ -295,7 +296,7 @@ class StaticRuntime(PromptRowsInSteps):
         """
         if self.batch_invariant:
             raise InvalidInput("mixed steps are not batch-invariant; step and prefill apart")
-        self._check_step(batch)
+        self.occupancy.check_step(batch)
         starts = [int(st) for st in starts]
         self._check_pieces(slots, embeds, starts)
         if set(slots) & set(batch.slots):
@@ -330,9 +331,9 @@ class StaticRuntime(PromptRowsInSteps):
     def save_prefix(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A copy of the first ``length`` positions of ``slot``'s K and V, each
         [layers, Hkv, length, D], for :meth:`load_prefix` into another slot later."""
-        self._check_slot(slot)
-        if not 0 < length <= self._filled.get(slot, 0):
-            raise InvalidInput(f"slot {slot} holds {self._filled.get(slot, 0)} prompt "
+        self.occupancy.check_slot(slot)
+        if not 0 < length <= self.occupancy.filled(slot):
+            raise InvalidInput(f"slot {slot} holds {self.occupancy.filled(slot)} prompt "
                                f"positions; cannot save {length}")
         return (self.k_cache[:, slot, :, :length].clone(),
                 self.v_cache[:, slot, :, :length].clone())
@@ -340,21 +341,22 @@ class StaticRuntime(PromptRowsInSteps):
     def load_prefix(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Copy a saved prefix (:meth:`save_prefix`) into positions 0.. of ``slot``; a
         prefill of the rest continues from its length (``starts``)."""
-        self._check_slot(slot)
+        self.occupancy.check_slot(slot)
         w = self.weights
         n = int(k.shape[2]) if k.dim() == 4 else 0
         want = (len(w.layers), w.num_kv_heads, n, w.head_dim)
-        if tuple(k.shape) != want or tuple(v.shape) != want or not 0 < n < self._room(slot):
+        room = self.occupancy.room(slot)
+        if tuple(k.shape) != want or tuple(v.shape) != want or not 0 < n < room:
             raise InvalidInput(f"a prefix must be K and V of {list(want)} with 0 < length < "
-                               f"{self._room(slot)}, got {list(k.shape)} and {list(v.shape)}")
+                               f"{room}, got {list(k.shape)} and {list(v.shape)}")
         self.k_cache[:, slot, :, :n].copy_(k)
         self.v_cache[:, slot, :, :n].copy_(v)
-        self._filled[slot] = n
+        self.occupancy.prompt_written_to(slot, n)
 
     @torch.inference_mode()
     def step(self, batch: StepBatch) -> torch.Tensor:
         """Write the batch's tokens into their slots; return [N, V] float32 logits."""
-        self._check_step(batch)
+        self.occupancy.check_step(batch)
         b = len(batch.slots)
         q_max = max(batch.counts)
         bp = bucket(b, self.session_buckets) if self.use_graphs else b
@@ -376,10 +378,7 @@ class StaticRuntime(PromptRowsInSteps):
     def free(self, slot: int) -> None:
         """Forget the slot's content (idempotent); nothing to clear, it is overwritten.
         By length, the run's reservation ends too."""
-        self._check_slot(slot)
-        self._live.discard(slot)
-        self._filled.pop(slot, None)
-        self._reserved.pop(slot, None)
+        self.occupancy.free(slot)
 
     def release(self) -> None:
         """Give the device memory back: KV, the CUDA graphs and their pool, the static
@@ -388,28 +387,17 @@ class StaticRuntime(PromptRowsInSteps):
         benchmark of several server configurations) otherwise holds every old engine's
         KV as long as anything references it; on an 80 GB card the second one did not fit.
         """
-        self._released = True
+        self.occupancy.release()
         self._graphs.clear()
         self._mixed_graphs.clear()
         empty = torch.empty(0, device=self.device, dtype=self.dtype)
         self.k_cache = self.v_cache = self._logits = empty
-        self._live.clear()
-        self._filled.clear()
-        self._reserved.clear()
 
     def reserve(self, slot: int, positions: int) -> None:
         """KV by length: the session starting at position ``slot`` of the arena owns
         ``positions`` from there (the caller's allocator keeps runs apart); its prefill
         and steps are checked against them. Fixed slots: only checks the length."""
-        self._check_slot(slot)
-        if not 0 < positions <= self.max_seq_len:
-            raise InvalidInput(f"a session of {positions} positions; this engine holds "
-                               f"1..{self.max_seq_len} per session")
-        if self.kv_positions is not None:
-            if slot + positions > self.kv_positions:
-                raise InvalidInput(f"a run of {positions} positions from {slot} passes the "
-                                   f"arena's end ({self.kv_positions})")
-            self._reserved[slot] = positions
+        self.occupancy.reserve(slot, positions)
 
     # -- warm-up --------------------------------------------------------------------
 
@@ -423,8 +411,8 @@ class StaticRuntime(PromptRowsInSteps):
         plans = 0
         if self.device.type == "cuda" and not self.batch_invariant:
             t_plan = time.perf_counter()
-            plans = plan_prompt_attention(self.k_cache[0, self._scratch_slot],
-                                          self.v_cache[0, self._scratch_slot],
+            plans = plan_prompt_attention(self.k_cache[0, self.occupancy.scratch_slot],
+                                          self.v_cache[0, self.occupancy.scratch_slot],
                                           self.weights.num_heads, self.prompt_length_step)
             logger.info("planned the prompt attention at %d lengths (%.1f s)", plans,
                         time.perf_counter() - t_plan)
@@ -473,24 +461,6 @@ class StaticRuntime(PromptRowsInSteps):
 
     # -- internals --------------------------------------------------------------------
 
-    def _check_step(self, batch: StepBatch) -> None:
-        b = len(batch.slots)
-        if b == 0 or not len(batch.start_positions) == len(batch.counts) == b:
-            raise InvalidInput("a step needs matching, non-empty slots/starts/counts")
-        if len(set(batch.slots)) != b:
-            raise InvalidInput("a step names a slot twice")
-        triples = zip(batch.slots, batch.start_positions, batch.counts, strict=True)
-        for slot, start, count in triples:
-            if slot not in self._live:
-                raise InvalidInput(f"slot {slot} holds no prefilled session")
-            if count < 1 or start < 1 or start + count > self._room(slot):
-                raise InvalidInput(
-                    f"slot {slot}: tokens [{start}, {start + count}) outside 1..{self._room(slot)}"
-                )
-        n = batch.num_tokens
-        if tuple(batch.token_ids.shape) != (n,):
-            raise InvalidInput(f"token_ids must be [{n}], got {list(batch.token_ids.shape)}")
-
     def _pieces(self, slots: Sequence[int], embeds: Sequence[torch.Tensor],
                 starts: Sequence[int] | None) -> PromptPieces:
         """Checked prompt pieces as one activation (see :meth:`prefill_embeds`)."""
@@ -508,30 +478,10 @@ class StaticRuntime(PromptRowsInSteps):
                 raise InvalidInput(
                     f"slot {s}: embeddings must be [L, {self.weights.hidden}], got {list(e.shape)}"
                 )
-        self._check_runs(slots, starts, [int(e.shape[0]) for e in embeds])
-
-    def _check_runs(self, slots: Sequence[int], starts: Sequence[int],
-                    lengths: Sequence[int]) -> None:
-        """InvalidInput unless each slot is named once, and each piece of ``lengths[r]``
-        rows from ``starts[r]`` fits its slot and continues what the slot holds."""
-        if len(set(slots)) != len(slots):
-            raise InvalidInput("a prefill names a slot twice")
-        for s, start, n in zip(slots, starts, lengths, strict=True):
-            self._check_slot(s)
-            if not 0 < start + n <= self._room(s) - 1 or n < 1:
-                raise InvalidInput(
-                    f"prompt of {start + n} tokens does not fit a slot of {self._room(s)}")
-            if start and self._filled.get(s) != start:
-                raise InvalidInput(f"slot {s} holds {self._filled.get(s, 0)} prompt positions, "
-                                   f"not {start}: a chunk must continue where the last ended")
+        self.occupancy.check_runs(slots, starts, [int(e.shape[0]) for e in embeds])
 
     def _mark_filled(self, pieces: PromptPieces) -> None:
-        self._fill(pieces.slots, pieces.starts, pieces.lengths)
-
-    def _fill(self, slots: Sequence[int], starts: Sequence[int], lengths: Sequence[int]) -> None:
-        self._live.update(slots)
-        for s, st, n in zip(slots, starts, lengths, strict=True):
-            self._filled[s] = st + n
+        self.occupancy.fill(pieces.slots, pieces.starts, pieces.lengths)
 
     def _prompt_attention(self, pieces: PromptPieces
                           ) -> Callable[[int, torch.Tensor], torch.Tensor]:
@@ -555,25 +505,6 @@ class StaticRuntime(PromptRowsInSteps):
                                         self.prompt_length_step)
 
         return attend
-
-    def _check_slot(self, slot: int) -> None:
-        if self._released:
-            raise InvalidInput("this engine was released (its server stopped)")
-        top = self.num_slots if self.kv_positions is None else self.kv_positions
-        if not 0 <= slot < top:
-            raise InvalidInput(f"slot {slot} outside 0..{top - 1}")
-
-    def _room(self, slot: int) -> int:
-        """Positions the session in ``slot`` may use: the slot, or the run it reserved
-        (none reserved: 0, so nothing fits)."""
-        if self.kv_positions is None:
-            return self.max_seq_len
-        return self._reserved.get(slot, 0)
-
-    @property
-    def _scratch_slot(self) -> int:
-        """Where padding rows write: the extra slot, or the window after the arena."""
-        return self.num_slots if self.kv_positions is None else self.kv_positions
 
     def _kv_tensor(self) -> torch.Tensor:
         """Zeroed K or V memory, [L, S + 1, Hkv, T, D] (:func:`.kv_memory.kv_tensor`)."""

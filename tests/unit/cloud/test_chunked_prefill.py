@@ -350,5 +350,5 @@ def test_a_mixed_step_checks_before_any_work(engine: StaticEngine, tiny: TargetM
         engine.step_with_chunks(batch, [PrefillChunk(0, 0, embeds[:4])])
     with pytest.raises(InvalidInput, match="must continue where the last ended"):
         engine.step_with_chunks(batch, [PrefillChunk(1, 3, embeds[3:8])])
-    assert 1 not in engine._live  # nothing written, nothing marked
+    assert not engine.occupancy.is_live(1)  # nothing written, nothing marked
     engine.free(0)
