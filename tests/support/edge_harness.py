@@ -27,6 +27,7 @@ from eventspec.shared.contract.types import (
     GenerationSettings,
     Mode,
 )
+from eventspec.shared.wire.security import ServerSecurity
 from tests.support import cloud_harness as ch
 
 
@@ -73,6 +74,15 @@ def shared_models() -> tuple[TargetModel, DraftModel]:
 
 
 _TOY_TARGET: TargetModel | None = None
+
+
+async def start_secure_cloud(security: ServerSecurity) -> VerifierServer:
+    """A started verifier of :func:`shared_models`' target behind ``security``."""
+    target, _ = shared_models()
+    server = VerifierServer(replace(ch.settings(max_sessions=4), security=security),
+                            target=target, cost=ch.TEST_COST)
+    await server.start()
+    return server
 
 
 def toy_target() -> TargetModel:
