@@ -6,10 +6,11 @@ project runs (REFERENCE.md). So the benchmark and the fault tests put this proxy
 the edge and the cloud. It forwards TCP bytes without parsing them (gRPC is HTTP/2 over
 TCP, TLS or not), per direction:
 
-- every chunk read at time t is written at ``max(previous delivery, s + delay + jitter)``,
-  where s is when the chunk has finished crossing the bandwidth limit: so order is never
-  changed, jitter only ever adds queueing behind an earlier chunk, and one direction's
-  delay does not hold the other up;
+- every chunk read at time t (on a rate-limited direction, every segment of it, each
+  with its own jitter draw, as a link's packets) is written at
+  ``max(previous delivery, s + delay + jitter)``, where s is when it has finished
+  crossing the bandwidth limit: so order is never changed, jitter only ever adds
+  queueing behind an earlier chunk, and one direction's delay does not hold the other up;
 - jitter is uniform in ``[-jitter_ms, +jitter_ms]`` (the total delay never below 0), from a
   seeded RNG per connection and direction;
 - the bandwidth limit is a serialisation queue per direction shared by every connection

@@ -149,8 +149,9 @@ async def test_bandwidth_limit_bounds_transfer_time(echo: tuple[str, int]) -> No
 
 async def test_a_burst_read_at_once_still_arrives_spread_over_the_link() -> None:
     """One 40 kB write crosses a 100 kB/s link as segments, not as one late lump: the far
-    side's first read holds part of it (gRPC's header, in the product), ~0.4 s before the
-    last. A lump would let the cloud time a 350 ms upload as 1 ms (a CI flake)."""
+    side's first read holds one segment of it (gRPC's header, in the product), and the
+    rest follows over about 0.4 s of link time. A lump would let the cloud time a 350 ms
+    upload as 1 ms (a CI flake)."""
     arrivals: list[int] = []
     done = asyncio.Event()
     payload = random.Random(5).randbytes(40_000)

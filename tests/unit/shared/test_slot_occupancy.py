@@ -32,7 +32,7 @@ def test_a_step_needs_live_sessions_that_fit_their_room() -> None:
         occ.check_step(StepBatch((2,), (5,), (2,), torch.zeros(3, dtype=torch.long)))
 
 
-def test_slots_out_of_range_and_a_released_runtime_fail_every_check() -> None:
+def test_slots_out_of_range_and_a_released_runtime_fail_their_checks() -> None:
     occ = SlotOccupancy(num_slots=2, max_seq_len=16)
     assert occ.scratch_slot == 2
     with pytest.raises(InvalidInput, match=r"slot 2 outside 0..1"):
@@ -40,8 +40,10 @@ def test_slots_out_of_range_and_a_released_runtime_fail_every_check() -> None:
     occ.fill([0], [0], [3])
     occ.release()
     assert not occ.is_live(0) and occ.filled(0) == 0
-    with pytest.raises(InvalidInput, match="released"):
-        occ.check_slot(0)
+    for check in (lambda: occ.check_slot(0), lambda: occ.check_runs([0], [0], [3]),
+                  lambda: occ.reserve(0, 4), lambda: occ.free(0)):
+        with pytest.raises(InvalidInput, match="released"):
+            check()
 
 
 def test_by_length_a_slot_has_only_the_run_it_reserved() -> None:
@@ -80,7 +82,7 @@ def test_a_failed_step_of_prompt_rows_leaves_no_slot_live() -> None:
 def test_a_chunk_continues_exactly_where_its_slot_ended(pieces: list[tuple[int, int]],
                                                         probe: int) -> None:
     """Fill slots chunk by chunk; a piece is accepted only at its slot's end."""
-    occ = SlotOccupancy(num_slots=6, max_seq_len=64)
+    occ = SlotOccupancy(num_slots=6, max_seq_len=128)  # 12 pieces of 6 rows fit a slot
     ends: dict[int, int] = {}
     for slot, n in pieces:
         start = ends.get(slot, 0)
