@@ -4,8 +4,11 @@ TTL sweep, input timeouts, and the aligned-features path."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import sys
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -13,6 +16,7 @@ import pytest_asyncio
 import torch
 from grpc import aio
 
+from eventspec.cloud import gc_freeze
 from eventspec.cloud.server import VerifierServer
 from eventspec.cloud.sessions import SessionRegistry
 from eventspec.cloud.target import TargetModel
@@ -357,8 +361,6 @@ async def test_the_switch_interval_is_short_while_serving_and_restored_after() -
     """--gil-switch-interval-ms holds while an engine loop runs (the engine thread gets
     the GIL back from the event loop within it), and the interpreter's own comes back
     when the last of two servers stops, whichever stops first."""
-    import sys
-
     before = sys.getswitchinterval()
     first = await h.start_verifier()
     second = await h.start_verifier()
@@ -378,10 +380,6 @@ async def test_a_warm_server_freezes_the_collectors_heap_and_the_last_to_stop_th
     collector's permanent generation (full passes skip them); when the last of two
     servers stops, whichever stops first, the process's objects are collectable again.
     A server with --gc-freeze off leaves the collector alone."""
-    import gc
-
-    from eventspec.cloud import gc_freeze
-
     base = gc_freeze.holders()  # servers of other tests may still be up (module fixtures)
     first = await h.start_verifier()
     second = await h.start_verifier()
@@ -395,8 +393,6 @@ async def test_a_warm_server_freezes_the_collectors_heap_and_the_last_to_stop_th
     assert gc_freeze.holders() == base
     if base == 0:
         assert gc.get_freeze_count() == 0
-    from dataclasses import replace
-
     off = VerifierServer(replace(h.settings(), gc_freeze=False),
                          target=build_tiny_random_target(seed=0), cost=h.TEST_COST)
     await off.start()
