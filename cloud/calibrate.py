@@ -24,14 +24,15 @@ import logging
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 import torch
 
-from eventspec.cloud.engine.base import BatchedEngine, PrefillRequest
+from eventspec.cloud.engine.base import BatchedEngine, KvByLengthEngine, PrefillRequest
 from eventspec.cloud.target import TargetModel
 from eventspec.shared.contract.errors import EventSpecError
 from eventspec.shared.contract.profile import CalibrationProfile, load_profile, save_profile
@@ -53,6 +54,10 @@ MAX_OUTLIER_FRACTION = 0.25
 MAX_ATTEMPTS = 3
 #: A reused profile whose one-token step is off by more than this factor is re-measured.
 SPOT_CHECK_FACTOR = 2.0
+
+#: The questions of the short and the long calibration prompt.
+SHORT_QUESTION = "What is moving?"
+LONG_QUESTION = "What is moving? " * 16
 
 #: Receives one line per calibration stage ("round 2 of 3: steps, B = 4").
 Progress = Callable[[str], None]
@@ -157,6 +162,56 @@ def measure_cloud_cost(
     return replace(cost, calibration=label, unreliable=True), samples
 
 
+def calibration_run_positions(target: TargetModel) -> int:
+    """KV positions one calibration session uses: the long prompt with room for its first
+    token, or the short prompt and the widest step after it, whichever is more."""
+    short = len(target.build_prompt_ids(SHORT_QUESTION))
+    long = len(target.build_prompt_ids(LONG_QUESTION))
+    return max(long + 1, short + max(STEP_WIDTHS))
+
+
+def calibration_sessions(engine: BatchedEngine, positions: int) -> int:
+    """How many calibration sessions of ``positions`` the engine's KV holds at once:
+    its slots, or with KV by length the runs that fit its arena (at most its sessions)."""
+    arena = _arena_positions(engine)
+    if arena is None:
+        return engine.num_slots
+    return min(engine.num_slots, arena // positions)
+
+
+@contextmanager
+def calibration_slots(engine: BatchedEngine, count: int, positions: int) -> Iterator[list[int]]:
+    """``count`` sessions' slots for calibration's own prefills and steps, freed after.
+
+    Why a context: with KV by length (the static engine's default layout) a slot id is a
+    run's first position and a prefill fits only the run reserved there, so the sessions
+    take back-to-back runs of ``positions``, reserved first, exactly as the scheduler's
+    pool hands them out (``eventspec.cloud.kv_arena``). With fixed slots they are slots
+    ``0 .. count - 1``. Either way nothing is held once calibration ends, so the server
+    starts with all its KV free."""
+    arena = _arena_positions(engine)
+    slots = list(range(count)) if arena is None else [i * positions for i in range(count)]
+    try:
+        if arena is not None:
+            if count * positions > arena:
+                raise EventSpecError(f"calibration needs {count} runs of {positions} KV "
+                                     f"positions; the arena holds {arena}")
+            assert isinstance(engine, KvByLengthEngine)
+            for slot in slots:
+                engine.reserve(slot, positions)
+        yield slots
+    finally:
+        for slot in slots:
+            engine.free(slot)
+
+
+def _arena_positions(engine: BatchedEngine) -> int | None:
+    """The engine's KV-by-length arena size, or None for fixed slots."""
+    if isinstance(engine, KvByLengthEngine):
+        return engine.kv_positions
+    return None
+
+
 def _measure_once(
     target: TargetModel, engine: BatchedEngine, *, repeats: int, progress: Progress = no_progress,
 ) -> tuple[CloudCost, dict[str, list[float]], list[str]]:
@@ -164,32 +219,37 @@ def _measure_once(
     g = target.geometry
     s = g.image_size
     pixels = torch.zeros(1, g.num_frames, 3, s, s, dtype=target.dtype, device=target.device)
-    short_q = target.build_prompt_ids("What is moving?")
-    long_q = target.build_prompt_ids("What is moving? " * 16)
+    short_q = target.build_prompt_ids(SHORT_QUESTION)
+    long_q = target.build_prompt_ids(LONG_QUESTION)
+    run = calibration_run_positions(target)
+    batches = [b for b in BATCH_SIZES if b <= calibration_sessions(engine, run)]
+    if not batches:
+        raise EventSpecError(f"the KV holds no calibration session of {run} positions; "
+                             "raise --kv-cache-gb or --max-seq-len")
     samples: dict[str, list[float]] = {"prefill_short_ms": [], "prefill_long_ms": []}
-    progress("prefill")
-    for _ in range(repeats + 1):  # the first round warms kernels and is discarded
-        for key, ids in (("prefill_short_ms", short_q), ("prefill_long_ms", long_q)):
-            request = PrefillRequest(0, ids, pixel_values_videos=pixels)
-            samples[key].append(_timed(target, partial(engine.prefill, [request])))
-    for key in samples:
-        samples[key] = samples[key][1:]
-    batches = [b for b in BATCH_SIZES if b <= engine.num_slots]
-    for slot in range(max(batches)):
-        engine.prefill([PrefillRequest(slot, short_q, pixel_values_videos=pixels)])
     points: list[tuple[int, int, float]] = []  # (sessions, tokens, median ms)
-    for i, b in enumerate(batches, 1):
-        progress(f"steps of {b} session(s) ({i} of {len(batches)} batch sizes)")
-        for k in STEP_WIDTHS:
-            batch = StepBatch(
-                slots=tuple(range(b)), start_positions=(len(short_q),) * b, counts=(k,) * b,
-                token_ids=torch.ones(b * k, dtype=torch.long, device=engine.device),  # [N]
-            )
-            times = [_timed(target, partial(engine.step, batch)) for _ in range(repeats + 1)][1:]
-            samples[f"step_b{b}_k{k}_ms"] = times
-            points.append((b, b * k, statistics.median(times)))
-    for slot in range(max(batches)):
-        engine.free(slot)
+    with calibration_slots(engine, max(batches), run) as slots:
+        progress("prefill")
+        for _ in range(repeats + 1):  # the first round warms kernels and is discarded
+            for key, ids in (("prefill_short_ms", short_q), ("prefill_long_ms", long_q)):
+                request = PrefillRequest(slots[0], ids, pixel_values_videos=pixels)
+                samples[key].append(_timed(target, partial(engine.prefill, [request])))
+        for key in samples:
+            samples[key] = samples[key][1:]
+        for slot in slots:
+            engine.prefill([PrefillRequest(slot, short_q, pixel_values_videos=pixels)])
+        for i, b in enumerate(batches, 1):
+            progress(f"steps of {b} session(s) ({i} of {len(batches)} batch sizes)")
+            for k in STEP_WIDTHS:
+                batch = StepBatch(
+                    slots=tuple(slots[:b]), start_positions=(len(short_q),) * b,
+                    counts=(k,) * b,
+                    token_ids=torch.ones(b * k, dtype=torch.long, device=engine.device),  # [N]
+                )
+                times = [_timed(target, partial(engine.step, batch))
+                         for _ in range(repeats + 1)][1:]
+                samples[f"step_b{b}_k{k}_ms"] = times
+                points.append((b, b * k, statistics.median(times)))
 
     visual = g.num_frames * g.tokens_per_frame
     short_text, long_text = len(short_q) - visual, len(long_q) - visual
@@ -218,14 +278,12 @@ def spot_check(target: TargetModel, engine: BatchedEngine, cost: CloudCost) -> f
     g = target.geometry
     s = g.image_size
     pixels = torch.zeros(1, g.num_frames, 3, s, s, dtype=target.dtype, device=target.device)
-    ids = target.build_prompt_ids("What is moving?")
-    engine.prefill([PrefillRequest(0, ids, pixel_values_videos=pixels)])
-    batch = StepBatch(slots=(0,), start_positions=(len(ids),), counts=(1,),
-                      token_ids=torch.ones(1, dtype=torch.long, device=engine.device))  # [1]
-    try:
+    ids = target.build_prompt_ids(SHORT_QUESTION)
+    with calibration_slots(engine, 1, calibration_run_positions(target)) as (slot,):
+        engine.prefill([PrefillRequest(slot, ids, pixel_values_videos=pixels)])
+        batch = StepBatch(slots=(slot,), start_positions=(len(ids),), counts=(1,),
+                          token_ids=torch.ones(1, dtype=torch.long, device=engine.device))  # [1]
         times = [_timed(target, partial(engine.step, batch)) for _ in range(4)][1:]
-    finally:
-        engine.free(0)
     predicted = cost.step_base_ms + cost.step_ms_per_token
     return statistics.median(times) / max(predicted, 1e-6)
 
