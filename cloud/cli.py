@@ -11,6 +11,7 @@ from pathlib import Path
 
 from eventspec.cloud.config import ENGINES, ENV_PREFIX, KV_LAYOUTS, VERIFY_WIDTHS, CloudSettings
 from eventspec.cloud.model_dirs import TINY_RANDOM
+from eventspec.cloud.session_capacity import parse_max_sessions
 from eventspec.shared.helpfmt import DefaultsHelpFormatter
 from eventspec.shared.node.node_cli import (
     add_metrics_args,
@@ -47,8 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     arg("--port", type=int, default=env.port, help="port, 1..65535; 0 picks a free one")
     arg("--device", default=env.device, help="cpu, cuda or cuda:N")
     arg("--dtype", default=env.dtype, choices=list(MODEL_DTYPES), help="the model's weights")
-    arg("--max-sessions", type=int, default=env.limits.max_sessions,
-        help="concurrent Generate streams; more get RESOURCE_EXHAUSTED")
+    arg("--max-sessions", type=_sessions, default=env.limits.max_sessions,
+        help="concurrent Generate streams; more get RESOURCE_EXHAUSTED. auto (0): on a "
+             "GPU as many as the KV holds at the default answer cap (at most 64 at once) "
+             "plus --kv-queue waiting for KV; on a CPU 8")
     arg("--max-sessions-per-principal", type=int, default=env.max_sessions_per_principal,
         help="concurrent Generate streams one authenticated caller (token name or "
              "certificate) may hold; more get RESOURCE_EXHAUSTED. 0: all but one of "
@@ -151,6 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_metrics_args(serve_cmd, ENV_PREFIX, port=env.metrics_port, host=env.metrics_host)
     add_server_security_args(serve_cmd, ENV_PREFIX)
     return parser
+
+
+def _sessions(text: str) -> int:
+    """``--max-sessions``: auto or an integer (argparse reports a ValueError's type)."""
+    try:
+        return parse_max_sessions(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def settings_from_args(args: argparse.Namespace) -> CloudSettings:

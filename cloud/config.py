@@ -8,6 +8,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from eventspec.cloud.prefill_chunking import ChunkPolicy
+from eventspec.cloud.session_capacity import (
+    AUTO_SESSIONS,
+    CPU_AUTO_SESSIONS,
+    GPU_SESSION_CEILING,
+    parse_max_sessions,
+)
 from eventspec.cloud.timeouts import (
     FEATURES_BASE_TIMEOUT_S,
     FEATURES_MAX_TIMEOUT_S,
@@ -44,6 +50,17 @@ VERIFY_WIDTHS = ("auto", "all")
 KV_LAYOUTS = ("by-length", "slots")
 
 
+def _env_sessions(env: Env, default: int) -> int:
+    """``EVENTSPEC_CLOUD_MAX_SESSIONS``: auto or an integer, SettingsError naming it."""
+    text = env.text("MAX_SESSIONS", "")
+    if not text:
+        return default
+    try:
+        return parse_max_sessions(text)
+    except ValueError as exc:
+        raise SettingsError(f"{ENV_PREFIX}MAX_SESSIONS: {exc}") from None
+
+
 @dataclass(frozen=True)
 class CloudSettings:
     """Everything the verifier needs to start; see ``eventspec-cloud serve --help``."""
@@ -55,7 +72,9 @@ class CloudSettings:
     health_port: int | None = None
     device: str = "cpu"
     dtype: str = "float32"
-    limits: ServerLimits = field(default_factory=ServerLimits)
+    #: ``limits.max_sessions`` 0 is ``--max-sessions auto`` (``eventspec.cloud.session_capacity``).
+    limits: ServerLimits = field(
+        default_factory=lambda: ServerLimits(max_sessions=AUTO_SESSIONS))
     #: KV memory budget in GiB (None: a fraction of free device memory, or a CPU default).
     kv_cache_gb: float | None = None
     #: Fraction of free device memory reserved for KV when ``kv_cache_gb`` is None (CUDA).
@@ -152,7 +171,7 @@ class CloudSettings:
             device=e.text("DEVICE", d.device),
             dtype=e.text("DTYPE", d.dtype),
             limits=replace(d.limits,
-                           max_sessions=e.integer("MAX_SESSIONS", d.limits.max_sessions),
+                           max_sessions=_env_sessions(e, d.limits.max_sessions),
                            max_new_tokens=e.integer("MAX_NEW_TOKENS", d.limits.max_new_tokens)),
             kv_cache_gb=e.optional_number("KV_CACHE_GB"),
             kv_memory_fraction=e.number("KV_MEMORY_FRACTION", d.kv_memory_fraction),
@@ -204,7 +223,7 @@ class CloudSettings:
         require_choice("--engine", self.engine, ENGINES)
         lim = self.limits
         require_int("--max-new-tokens", lim.max_new_tokens, 1, _INT32_MAX)
-        require_int("--max-sessions", lim.max_sessions, 1)
+        require_int("--max-sessions", lim.max_sessions, 0, note="0: auto")
         require_int("--max-sessions-per-principal", self.max_sessions_per_principal, 0,
                     note="0: all but one of --max-sessions")
         if self.kv_cache_gb is not None and not (math.isfinite(self.kv_cache_gb)
@@ -246,10 +265,20 @@ class CloudSettings:
 
     @property
     def per_principal_cap(self) -> int:
-        """Sessions one principal may hold: the flag, or all but one of --max-sessions."""
+        """Sessions one principal may hold: the flag, or all but one of --max-sessions
+        (auto: of the most it may come to, until the server resolves it at warm-up)."""
         if self.max_sessions_per_principal > 0:
             return self.max_sessions_per_principal
-        return max(1, self.limits.max_sessions - 1)
+        return max(1, self.admission_ceiling - 1)
+
+    @property
+    def admission_ceiling(self) -> int:
+        """The most Generate streams this server may admit, known before its KV is sized
+        (for the gRPC server's RPC limit): --max-sessions, or with auto the most it
+        can resolve to."""
+        if self.limits.max_sessions != AUTO_SESSIONS:
+            return self.limits.max_sessions
+        return max(CPU_AUTO_SESSIONS, GPU_SESSION_CEILING + self.kv_queue)
 
     def resolved_profile_path(self, model_id: str) -> Path:
         if self.profile_path is not None:

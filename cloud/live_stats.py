@@ -48,6 +48,7 @@ def live_stats(rt: VerifierRuntime | None, *, phase: str, uptime_s: float) -> Ve
         kv_positions_used=sched.pool.positions_used,
         kv_positions_total=sched.pool.positions_total,
         kv_layout="by-length" if sched.kv_by_length else "slots",
+        session_capacity=rt.capacity.describe() if rt.capacity is not None else "",
         **prefix_cache_view(sched.prefix_cache),
     )
 

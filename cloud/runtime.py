@@ -16,6 +16,7 @@ from eventspec.cloud.config import CloudSettings
 from eventspec.cloud.engine.base import BatchedEngine
 from eventspec.cloud.kv_queue import KvWaitQueue
 from eventspec.cloud.scheduler import Scheduler
+from eventspec.cloud.session_capacity import SessionCapacity
 from eventspec.cloud.sessions import SessionRegistry
 from eventspec.cloud.target import TargetModel
 from eventspec.shared.contract.estimators import AcceptanceEstimator
@@ -47,6 +48,8 @@ class VerifierRuntime:
     metrics: CloudMetrics | None = None
     #: An OpenTelemetry tracer (``eventspec.shared.node.tracing``); None: tracing is off.
     tracer: Any = None
+    #: What ``--max-sessions`` came to against the KV (``eventspec status`` shows it).
+    capacity: SessionCapacity | None = None
 
     def current_info(self, *, joining: int = 1) -> ServerInfo:
         """``info`` with the cost model's load term set to the sessions a request would

@@ -9,6 +9,7 @@ a grace period so in-flight requests can finish, then stops the engine loop.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from eventspec.cloud import gc_freeze
 from eventspec.cloud.calibrate import Progress, load_or_calibrate, no_progress
 from eventspec.cloud.config import CloudSettings
-from eventspec.cloud.engine.base import BatchedEngine, ChunkedPrefillEngine
+from eventspec.cloud.engine.base import BatchedEngine, ChunkedPrefillEngine, KvByLengthEngine
 from eventspec.cloud.engine.hf import HFEngine
 from eventspec.cloud.engine.kv import GIB, auto_max_seq_len, kv_bytes_per_token, plan_kv
 from eventspec.cloud.engine.paced import PacedEngine
@@ -29,6 +30,14 @@ from eventspec.cloud.prefix_cache import PrefixCache
 from eventspec.cloud.runtime import VerifierRuntime, server_info_for
 from eventspec.cloud.scheduler import Scheduler
 from eventspec.cloud.servicer import VerifierServicer
+from eventspec.cloud.session_capacity import (
+    AUTO_SESSIONS,
+    CPU_AUTO_SESSIONS,
+    GPU_SESSION_CEILING,
+    SessionCapacity,
+    auto_kv_sessions,
+    session_capacity,
+)
 from eventspec.cloud.sessions import SessionRegistry
 from eventspec.cloud.target import TargetModel, load_target
 from eventspec.shared.contract.errors import InvalidInput
@@ -103,21 +112,40 @@ def slot_positions(settings: CloudSettings, target: TargetModel) -> int:
                             target.max_positions)
 
 
+def default_request_positions(settings: CloudSettings, target: TargetModel,
+                              max_seq_len: int) -> int:
+    """KV positions a request at the default answer cap takes: the prompt with an empty
+    question plus ``--max-new-tokens``, at most a session's positions."""
+    return min(max_seq_len, len(target.build_prompt_ids("")) + settings.limits.max_new_tokens)
+
+
 def build_engine(settings: CloudSettings, target: TargetModel) -> BatchedEngine:
-    """The chosen engine with KV slots reserved from the memory budget (logged)."""
+    """The chosen engine with KV slots reserved from the memory budget (logged).
+
+    ``--max-sessions auto`` (:mod:`eventspec.cloud.session_capacity`): on a GPU, as many
+    sessions as the KV holds at the default answer cap (at most the widest captured step);
+    on a CPU, ``CPU_AUTO_SESSIONS``."""
     kind = choose_engine(settings.engine, target, settings.batch_invariant)
     text_config = target.model.config.get_text_config(decoder=True)
+    auto = settings.limits.max_sessions == AUTO_SESSIONS
+    on_gpu = target.device.type == "cuda"
+    max_seq_len = slot_positions(settings, target)
     kv = plan_kv(
         bytes_per_token=kv_bytes_per_token(text_config, target.dtype),
-        max_seq_len=slot_positions(settings, target),
+        max_seq_len=max_seq_len,
         device=target.device,
         kv_cache_gb=settings.kv_cache_gb,
         memory_fraction=settings.kv_memory_fraction,
-        max_slots=settings.limits.max_sessions,
+        max_slots=settings.limits.max_sessions if not auto
+        else GPU_SESSION_CEILING if on_gpu else CPU_AUTO_SESSIONS,
         scratch_slots=SCRATCH_SLOTS if kind == "static" else 0,
         reserved_bytes=int(settings.prefix_cache_gb * GIB) if kind == "static" else 0,
         by_length=kind == "static" and settings.kv_layout == "by-length",
     )
+    if auto and on_gpu and kv.arena_positions:  # by length: what the arena holds at the cap
+        kv = dataclasses.replace(kv, num_slots=auto_kv_sessions(
+            kv_positions=kv.arena_positions, ceiling=GPU_SESSION_CEILING,
+            request_positions=default_request_positions(settings, target, max_seq_len)))
     log.info("KV capacity: %s", kv.describe())  # the engine is built with exactly these
     engine: BatchedEngine
     if kind == "static":
@@ -167,6 +195,10 @@ def build_runtime(
     elif cost is None:
         cost = load_or_calibrate(target, engine, settings.resolved_profile_path(target.model_id),
                                  recalibrate=settings.recalibrate, progress=progress)
+    capacity = capacity_of(settings, target, engine)
+    log.info("sessions: %s", capacity.describe())
+    settings = dataclasses.replace(settings, limits=dataclasses.replace(
+        settings.limits, max_sessions=capacity.admitted))
     info = server_info_for(target, cost, settings, engine)
     runtime = VerifierRuntime(
         settings=settings,
@@ -178,6 +210,7 @@ def build_runtime(
         registry=SessionRegistry(settings.limits.max_sessions, settings.session_ttl_s,
                                  per_principal=settings.per_principal_cap),
         info=info,
+        capacity=capacity,
     )
     runtime.scheduler.chunk_cost = cost
     runtime.scheduler.mixed_steps = runtime.scheduler.mixed_steps and settings.mixed_steps
@@ -192,6 +225,18 @@ def build_runtime(
         runtime.kv_queue = KvWaitQueue(settings.kv_queue, pool.fits)
         pool.on_release = runtime.kv_queue.wake_from_thread
     return runtime
+
+
+def capacity_of(settings: CloudSettings, target: TargetModel,
+                engine: BatchedEngine) -> SessionCapacity:
+    """``--max-sessions`` resolved against the KV ``engine`` was built with."""
+    request = default_request_positions(settings, target, engine.max_seq_len)
+    arena = engine.kv_positions if isinstance(engine, KvByLengthEngine) else None
+    holds = engine.num_slots if arena is None else arena // request
+    return session_capacity(
+        requested=settings.limits.max_sessions, on_gpu=target.device.type == "cuda",
+        kv_sessions=engine.num_slots, kv_queue=settings.kv_queue, request_positions=request,
+        kv_holds=holds)
 
 
 @dataclass
@@ -223,7 +268,8 @@ class VerifierServer:
         """Bind, report NOT_SERVING, warm up, report SERVING. Returns the bound port."""
         limits = self.settings.limits
         host = GrpcHost(SERVICE_NAME, max_message_bytes=limits.max_message_bytes,
-                        max_rpcs=limits.max_sessions * 4 + 16, security=self.settings.security,
+                        max_rpcs=self.settings.admission_ceiling * 4 + 16,
+                        security=self.settings.security,
                         unlimited_methods=frozenset({f"/{SERVICE_NAME}/GetServerInfo",
                                                      f"/{SERVICE_NAME}/GetStats"}),
                         first_message_timeout_s=self.settings.first_message_timeout_s)

@@ -103,6 +103,7 @@ def _render_cloud(address: str, m: verifier_pb2.VerifierStats) -> str:
         return _lines(head, [("uptime", f"{s.uptime_s:.1f} s")])
     rows = [
         ("sessions", f"{s.live_sessions} of {s.max_sessions}"),
+        *([("capacity", s.session_capacity)] if s.session_capacity else []),
         ("KV slots", f"{s.kv_slots_used} of {s.kv_slots_total} in use"),
         ("KV positions", f"{s.kv_positions_used:,} of {s.kv_positions_total:,} in use "
                          f"({s.kv_layout})"),

@@ -203,6 +203,8 @@ class VerifierStats:
     kv_positions_used: int = 0
     kv_positions_total: int = 0
     kv_layout: str = ""
+    #: Sessions run at once and admitted, of what length, and why (``--max-sessions``).
+    session_capacity: str = ""
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,8 @@ async def test_live_sessions_slots_and_asks_while_a_request_runs(
     assert rc_cloud == 0 and rc_edge == 0
     assert text_cloud.startswith(f"cloud verifier {cloud_addr}: serving")
     assert "KV slots" in text_cloud
+    assert re.search(r"^  capacity +\d+ sessions run at once, \d+ admitted \(--max-sessions",
+                     text_cloud, flags=re.M), "the status says how many fit and why"
     assert re.search(r"^  KV positions +0 of [\d,]+ in use \(slots\)$", text_cloud, flags=re.M)
     assert re.search(r"^  prefill +whole$", text_cloud, flags=re.M)
     assert re.search(r"^  prefix cache +off$", text_cloud, flags=re.M)

@@ -6,10 +6,12 @@ slot of 0"). The same code path as on a GPU, on the tiny target on CPU."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from eventspec.cloud import calibrate
+from eventspec.cloud.config import CloudSettings
 from eventspec.cloud.engine.kv import plan_kv
 from eventspec.cloud.engine.static.build import SCRATCH_SLOTS, build_static_engine
 from eventspec.cloud.server import build_engine
@@ -56,3 +58,31 @@ def test_calibration_fits_its_batches_into_a_small_arena(target: TargetModel) ->
     _, samples = calibrate.measure_cloud_cost(target, engine, repeats=1)
     measured = {int(key.split("_")[1][1:]) for key in samples if key.startswith("step_b")}
     assert measured == {1, 2}
+
+
+async def test_a_server_at_its_defaults_says_how_many_sessions_fit(
+        target: TargetModel, tmp_path: Path) -> None:
+    """The static engine at the server's own defaults (``--max-sessions auto``, KV by
+    length) calibrates, serves, and GetStats says what the session limit came to."""
+    from grpc import aio
+
+    from eventspec.cloud.server import VerifierServer
+    from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
+
+    settings = replace(CloudSettings(), port=0, grace_s=0.5, engine="static",
+                       kv_cache_gb=h.tiny_kv_gb(8), profile_path=tmp_path / "cloud.msgpack")
+    assert settings.limits.max_sessions == 0
+    server = VerifierServer(settings, target=target)  # no cost given: it calibrates
+    await server.start()
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stats = await verifier_pb2_grpc.VerifierStub(ch).GetStats(
+                verifier_pb2.GetStatsRequest(), timeout=10)
+            info = await verifier_pb2_grpc.VerifierStub(ch).GetServerInfo(
+                verifier_pb2.GetServerInfoRequest(), timeout=10)
+    finally:
+        await server.stop()
+    assert stats.kv_layout == "by-length" and stats.state == "serving"
+    assert stats.max_sessions == info.limits.max_sessions == 8, "auto on a CPU"
+    assert stats.session_capacity.startswith("8 sessions run at once, 8 admitted")
+    assert "measured at warm-up" in info.profile.calibration

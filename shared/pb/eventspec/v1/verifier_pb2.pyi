@@ -101,6 +101,7 @@ class VerifierStats(_message.Message):
     KV_POSITIONS_USED_FIELD_NUMBER: _builtins.int
     KV_POSITIONS_TOTAL_FIELD_NUMBER: _builtins.int
     KV_LAYOUT_FIELD_NUMBER: _builtins.int
+    SESSION_CAPACITY_FIELD_NUMBER: _builtins.int
     state: _builtins.str
     """"serving", "warming up: <phase>", or "engine stopped: <why>"."""
     model_id: _builtins.str
@@ -146,6 +147,10 @@ class VerifierStats(_message.Message):
     """
     kv_positions_total: _builtins.int
     kv_layout: _builtins.str
+    session_capacity: _builtins.str
+    """How many sessions run at once and are admitted, of what length, and why
+    (--max-sessions resolved against the KV at warm-up).
+    """
     @_builtins.property
     def sessions_by_principal(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Live sessions per authenticated principal (at most 32 principals, the busiest)."""
@@ -179,10 +184,11 @@ class VerifierStats(_message.Message):
         kv_positions_used: _builtins.int = ...,
         kv_positions_total: _builtins.int = ...,
         kv_layout: _builtins.str = ...,
+        session_capacity: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_ewma", b"acceptance_ewma", "batch_invariant", b"batch_invariant", "engine_steps", b"engine_steps", "kv_layout", b"kv_layout", "kv_positions_total", b"kv_positions_total", "kv_positions_used", b"kv_positions_used", "kv_slots_total", b"kv_slots_total", "kv_slots_used", b"kv_slots_used", "live_sessions", b"live_sessions", "max_sessions", b"max_sessions", "mean_batch_size", b"mean_batch_size", "mean_tokens_per_step", b"mean_tokens_per_step", "model_id", b"model_id", "prefill", b"prefill", "prefill_chunks", b"prefill_chunks", "prefills_waiting", b"prefills_waiting", "prefix_cache_budget_bytes", b"prefix_cache_budget_bytes", "prefix_cache_bytes", b"prefix_cache_bytes", "prefix_cache_entries", b"prefix_cache_entries", "prefix_cache_hits", b"prefix_cache_hits", "prefix_cache_misses", b"prefix_cache_misses", "requests_served", b"requests_served", "sessions_by_principal", b"sessions_by_principal", "sessions_expired", b"sessions_expired", "state", b"state", "uptime_s", b"uptime_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_ewma", b"acceptance_ewma", "batch_invariant", b"batch_invariant", "engine_steps", b"engine_steps", "kv_layout", b"kv_layout", "kv_positions_total", b"kv_positions_total", "kv_positions_used", b"kv_positions_used", "kv_slots_total", b"kv_slots_total", "kv_slots_used", b"kv_slots_used", "live_sessions", b"live_sessions", "max_sessions", b"max_sessions", "mean_batch_size", b"mean_batch_size", "mean_tokens_per_step", b"mean_tokens_per_step", "model_id", b"model_id", "prefill", b"prefill", "prefill_chunks", b"prefill_chunks", "prefills_waiting", b"prefills_waiting", "prefix_cache_budget_bytes", b"prefix_cache_budget_bytes", "prefix_cache_bytes", b"prefix_cache_bytes", "prefix_cache_entries", b"prefix_cache_entries", "prefix_cache_hits", b"prefix_cache_hits", "prefix_cache_misses", b"prefix_cache_misses", "requests_served", b"requests_served", "session_capacity", b"session_capacity", "sessions_by_principal", b"sessions_by_principal", "sessions_expired", b"sessions_expired", "state", b"state", "uptime_s", b"uptime_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
