@@ -18,13 +18,14 @@ path.
 from __future__ import annotations
 
 import logging
-import threading
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from eventspec.edge.events.base import FixedSensor, SourceMeta, check_range
+from eventspec.edge.events.decode_process import DecodeFailed, DecoderProcess, DecodeTimeout
 from eventspec.edge.events.types import EVENT_DTYPE, empty_events
 from eventspec.shared.contract.errors import FailedPrecondition, InvalidInput, NotFound
 
@@ -46,10 +47,11 @@ def dv_module() -> Any:
 
 
 def events_from_dv(batch: Any) -> np.ndarray:
-    """dv.EventStore -> EVENT_DTYPE (fields timestamp, x, y, polarity)."""
+    """dv.EventStore, or its ``.numpy()`` array as the decoder process sends it ->
+    EVENT_DTYPE (fields timestamp, x, y, polarity)."""
     if batch is None:
         return empty_events()
-    a = batch.numpy()  # [N] (timestamp i8, x i2, y i2, polarity i1)
+    a = batch if isinstance(batch, np.ndarray) else batch.numpy()  # timestamp, x, y, polarity
     ev = np.empty(a.size, dtype=EVENT_DTYPE)
     ev["t"], ev["x"], ev["y"], ev["p"] = a["timestamp"], a["x"], a["y"], a["polarity"]
     return ev
@@ -93,10 +95,28 @@ def locate_damage(path: Path) -> str:
     return f"byte offset {offset}: packet framing ends here; expected a packet header"
 
 
-class Aedat4Source(FixedSensor):
-    """An EventSource over an AEDAT4 recording (see the module docstring)."""
+#: How long one window's events (or frames) may take to decode before the decoder is
+#: ended and the window refused. Healthy windows take milliseconds; this stays under
+#: the edge's default drain time (``--grace-s`` 5 s), so SIGTERM is never held longer.
+WINDOW_DEADLINE_S = 4.0
+#: How long starting the decoder and opening the file (header and packet table) may take.
+OPEN_DEADLINE_S = 8.0
+_WORKER = Path(__file__).with_name("aedat4_worker.py")
 
-    def __init__(self, path: str | Path) -> None:
+
+class Aedat4Source(FixedSensor):
+    """An EventSource over an AEDAT4 recording (see the module docstring).
+
+    dv-processing runs in a child process (``decode_process``): on some damaged packets
+    it spins forever holding the GIL, so in-process it took the whole edge down. Every
+    request to the child has a deadline; one that misses it ends the child, refuses that
+    window with INVALID_ARGUMENT naming the file and the time range, and remembers the
+    range so a later request covering it is refused at once instead of spinning again.
+    Other windows keep working on a fresh child.
+    """
+
+    def __init__(self, path: str | Path, *, window_deadline_s: float = WINDOW_DEADLINE_S,
+                 open_deadline_s: float = OPEN_DEADLINE_S) -> None:
         self._path = Path(path)
         if not self._path.is_file():
             raise NotFound(f"AEDAT4 file {self._path} does not exist")
@@ -107,48 +127,92 @@ class Aedat4Source(FixedSensor):
                 f"{self._path}: byte offset 0: expected the AEDAT4 magic {AEDAT4_MAGIC!r}, "
                 f"got {magic!r}"
             )
-        if self._path.suffix.lower() != ".aedat4":
-            raise InvalidInput(
-                f"{self._path}: an AEDAT4 file must end in .aedat4 for dv-processing to open it"
-            )
-        dv = dv_module()
+        dv_module()  # FailedPrecondition with the install hint, before starting a child
+        self._window_deadline_s = window_deadline_s
+        self._bad_spans: list[tuple[int, int]] = []
+        self._link_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._proc = DecoderProcess(
+            _WORKER, {"op": "open", "path": str(self._openable_path())}, open_deadline_s)
         try:
-            self._rec = dv.io.MonoCameraRecording(str(self._path))
-        except RuntimeError as exc:
-            lines = [ln for ln in str(exc).splitlines() if ln and not ln.startswith("/")]
-            why = (lines[0] if lines else str(exc)).split(" - Error info")[0]
+            self._open(open_deadline_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def _openable_path(self) -> Path:
+        """The path dv-processing is given: it opens only names ending in ``.aedat4``, and
+        detection goes by content, so a renamed file is opened through a link."""
+        if self._path.suffix.lower() == ".aedat4":
+            return self._path
+        self._link_dir = tempfile.TemporaryDirectory(prefix="eventspec-aedat4-")
+        link = Path(self._link_dir.name) / "recording.aedat4"
+        link.symlink_to(self._path.resolve())
+        return link
+
+    def _open(self, open_deadline_s: float) -> None:
+        try:
+            info = self._proc.start()
+        except DecodeFailed as exc:
             raise InvalidInput(
-                f"{self._path}: {locate_damage(self._path)}; dv-processing: {why}"
+                f"{self._path}: {locate_damage(self._path)}; dv-processing: {exc}"
             ) from exc
-        if not self._rec.isEventStreamAvailable():
+        except DecodeTimeout as exc:
+            raise InvalidInput(
+                f"{self._path}: dv-processing did not finish opening the file within "
+                f"{open_deadline_s:g} s and was ended; the header or packet table is "
+                "damaged (docs/input-formats.md, \"Damaged AEDAT4 files\")"
+            ) from exc
+        if not info.get("has_events"):
             raise InvalidInput(f"{self._path}: has no events stream")
-        res = self._rec.getEventResolution()
-        self._camera = str(self._rec.getCameraName())
-        self._lock = threading.Lock()
-        self._fix_sensor((int(res[0]), int(res[1])),
-                         has_rgb=bool(self._rec.isFrameStreamAvailable()))
-        tr = self._rec.getTimeRange()
+        w, h = info["size"]
+        self._camera = str(info["camera"])
+        self._fix_sensor((int(w), int(h)), has_rgb=bool(info["has_frames"]))
+        tr = info["time_range"]
         self._indexed = int(tr[1]) > int(tr[0])
         self._events: np.ndarray | None = None
         self._frames: list[tuple[int, np.ndarray]] = []
-        try:
-            if self._indexed:
-                self._t_first, self._t_last = self._probe_span(int(tr[0]), int(tr[1]))
-            else:
-                log.warning("%s has no packet index (data table); reading it whole", self._path)
-                self._load_all()
-        except RuntimeError as exc:
-            raise InvalidInput(
-                f"{self._path}: corrupt AEDAT4 data: {str(exc).splitlines()[0]}"
-            ) from exc
+        self._t_first, self._t_last = int(tr[0]), int(tr[1])
+        if self._indexed:
+            self._t_first, self._t_last = self._probe_span(int(tr[0]), int(tr[1]))
+        else:
+            log.warning("%s has no packet index (data table); reading it whole", self._path)
+            self._load_all()
+            self._proc.close()  # everything is in memory now
         self.meta = SourceMeta(
             "AEDAT4", "header geometry", "µs since the Unix epoch (camera clock)"
         )
 
+    def close(self) -> None:
+        """End the decoder process and remove the temporary link (idempotent)."""
+        self._proc.close()
+        if self._link_dir is not None:
+            self._link_dir.cleanup()
+            self._link_dir = None
+
+    def _call(self, req: dict[str, Any], what: str) -> tuple[dict[str, Any], list[np.ndarray]]:
+        """One request to the decoder, its failures as InvalidInput naming the file."""
+        try:
+            return self._proc.request(req, self._window_deadline_s)
+        except DecodeTimeout as exc:
+            if req["op"] == "events":  # refuse this range at once from now on
+                self._bad_spans.append((int(req["t0"]), int(req["t1"])))
+            raise InvalidInput(
+                f"{self._path}: {what} did not decode within {self._window_deadline_s:g} s: "
+                "a damaged packet makes dv-processing spin, so it was ended and this range "
+                "is refused; other windows still work (docs/input-formats.md, \"Damaged "
+                "AEDAT4 files\")"
+            ) from exc
+        except DecodeFailed as exc:
+            raise InvalidInput(f"{self._path}: {what}: corrupt AEDAT4 data: {exc}") from exc
+
+    def _next_events(self) -> np.ndarray:
+        _, arrays = self._call({"op": "next_events"}, "the next event packet")
+        return events_from_dv(arrays[0] if arrays else None)
+
     def _load_all(self) -> None:
         parts = []
-        while (batch := self._rec.getNextEventBatch()) is not None:
-            parts.append(events_from_dv(batch))
+        while (batch := self._next_events()).size:
+            parts.append(batch)
         ev = np.concatenate(parts) if parts else empty_events()
         if ev.size == 0:
             raise InvalidInput(f"{self._path}: holds no events")
@@ -156,23 +220,43 @@ class Aedat4Source(FixedSensor):
             ev = ev[np.argsort(ev["t"], kind="stable")]
         self._events = ev
         if self.has_rgb:
-            while (frame := self._rec.getNextFrame()) is not None:
-                self._frames.append((int(frame.timestamp), _to_rgb(frame.image)))
+            while True:
+                head, arrays = self._call({"op": "next_frame"}, "the next frame")
+                if not arrays:
+                    break
+                self._frames.append((int(head["timestamps"][0]), _to_rgb(arrays[0])))
         self._t_first, self._t_last = int(ev["t"][0]), int(ev["t"][-1])
 
     def _probe_span(self, t0: int, t1: int) -> tuple[int, int]:
         """First/last event times through the index: grow windows from each end."""
-        first = events_from_dv(self._rec.getNextEventBatch())
+        first = self._next_events()
         if first.size == 0:
             raise InvalidInput(f"{self._path}: holds no events")
         step = 1000
         while True:
-            tail = events_from_dv(self._rec.getEventsTimeRange(max(t0, t1 - step), t1 + 1))
+            tail = self._events_range(max(t0, t1 - step), t1 + 1)
             if tail.size or t1 - step <= t0:
                 break
             step *= 4
         last = int(tail["t"].max()) if tail.size else int(first["t"][-1])
         return int(first["t"][0]), last
+
+    def _span_text(self, t0_us: int, t1_us: int) -> str:
+        start = getattr(self, "_t_first", t0_us)
+        return (f"[{t0_us}, {t1_us}) µs ({(t0_us - start) / 1e3:.1f} to "
+                f"{(t1_us - start) / 1e3:.1f} ms into the recording)")
+
+    def _events_range(self, t0_us: int, t1_us: int) -> np.ndarray:
+        for a, b in self._bad_spans:
+            if t0_us <= a and b <= t1_us:
+                raise InvalidInput(
+                    f"{self._path}: the events in {self._span_text(t0_us, t1_us)} cover "
+                    f"{self._span_text(a, b)}, which did not decode earlier: a damaged "
+                    "packet; refused without decoding again"
+                )
+        _, arrays = self._call({"op": "events", "t0": t0_us, "t1": t1_us},
+                               f"the events in {self._span_text(t0_us, t1_us)}")
+        return events_from_dv(arrays[0] if arrays else None)
 
     def describe(self) -> str:
         t0, t1 = self.time_range_us()
@@ -191,8 +275,7 @@ class Aedat4Source(FixedSensor):
         if self._events is not None:
             ev = self._events
         else:
-            with self._lock:
-                ev = events_from_dv(self._rec.getEventsTimeRange(t0_us, t1_us))
+            ev = self._events_range(t0_us, t1_us)
             if bool(np.any(np.diff(ev["t"]) < 0)):
                 ev = ev[np.argsort(ev["t"], kind="stable")]
         lo, hi = np.searchsorted(ev["t"], [t0_us, t1_us], side="left")
@@ -204,7 +287,7 @@ class Aedat4Source(FixedSensor):
             return []
         if not self._indexed:
             return [(t, img) for t, img in self._frames if t0_us <= t < t1_us]
-        with self._lock:
-            frames = self._rec.getFramesTimeRange(t0_us, t1_us) or []
-        return [(int(f.timestamp), _to_rgb(f.image)) for f in frames
-                if t0_us <= int(f.timestamp) < t1_us]
+        head, arrays = self._call({"op": "frames", "t0": t0_us, "t1": t1_us},
+                                  f"the frames in {self._span_text(t0_us, t1_us)}")
+        return [(int(t), _to_rgb(img)) for t, img in zip(head["timestamps"], arrays, strict=True)
+                if t0_us <= int(t) < t1_us]
