@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.eventspec-installed
 
-.PHONY: demo test test-all test-stress test-gpu lint proto proto-check bench clean
+.PHONY: demo test test-all test-stress test-gpu lint proto proto-check bench docs results clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -61,6 +61,16 @@ proto: $(STAMP)
 proto-check: $(STAMP)
 	$(PY) tools/gen_protos.py --check
 
+# The docs site (config tools/mkdocs.yml, output .docs-site/), built strict: a broken link
+# or anchor, or a page left out of the navigation, fails. First, the results pages must be
+# what their JSON renders to (`make results` re-renders them after a new run).
+docs: $(STAMP)
+	$(PY) tools/render_results.py --check
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build -q -f tools/mkdocs.yml
+
+results: $(STAMP)
+	$(PY) tools/render_results.py
+
 # Speculative vs target-only in one process, then the end-to-end rehearsal (real
 # processes, delay proxies, the oracle drafter: a few minutes on 2 cores).
 bench: $(STAMP)
@@ -68,4 +78,4 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.bench_e2e
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .docs-site

@@ -1,6 +1,6 @@
 """Markdown tables of every flag of the user's commands, read from their argparse parsers.
 
-    python tools/flag_docs.py > /tmp/flags.md   # paste into docs/first-hour.md
+    python tools/flag_docs.py > /tmp/flags.md   # paste into docs/reference/flags.md
 
 ``tests/unit/test_flag_docs.py`` checks that the document lists exactly these flags, so
 the document cannot drift from the code. Run with no ``EVENTSPEC_*`` variables set, or

@@ -3,7 +3,7 @@
 Every argument is checked before any network call (one line, exit 2, no traceback);
 the servers refuse flags that would fail every request; a closed pipe ends quietly;
 a wrong address or vocabulary says what is wrong; ranges and short recordings follow
-the README's window rule.
+the window rule of docs/reference/limits.md.
 """
 
 from __future__ import annotations
@@ -385,7 +385,7 @@ def test_the_docs_python_client_runs_as_a_file(nodes: tuple[int, int, Path]) -> 
     import sys
 
     _, eport, tmp = nodes
-    doc = (ROOT / "docs" / "first-hour.md").read_text()
+    doc = (ROOT / "docs" / "reference" / "client.md").read_text()
     snippet = re.search(r"```python\n(.*?)```", doc, flags=re.S)
     assert snippet is not None
     script = tmp / "ask.py"

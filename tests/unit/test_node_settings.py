@@ -5,7 +5,7 @@ commented exclusions) has a case below naming its flag and a value other than th
 default; the value given as the flag, and as ``<PREFIX><FLAG>`` in the environment
 (``--session-ttl-s`` -> ``EVENTSPEC_CLOUD_SESSION_TTL_S``), must reach the field through
 the real parser and ``settings_from_args``, and the flag's help must name the variable
-(which is how ``tools/flag_docs.py`` puts it in docs/first-hour.md). A field added
+(which is how ``tools/flag_docs.py`` puts it in docs/reference/flags.md). A field added
 without a flag fails here. Bad values end the command with one line naming the flag or
 the variable.
 """
