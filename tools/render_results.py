@@ -1,9 +1,10 @@
 """Fill the results pages' tables from the committed JSON, so no figure is typed by hand.
 
-    python tools/render_results.py            # rewrite docs/results/*.md in place
+    python tools/render_results.py            # rewrite the docs' tables in place
     python tools/render_results.py --check    # exit 1, with a diff, if a page is stale
 
-A results page is hand-written prose with blocks the renderer owns::
+A results page (``docs/results/*.md``, or any docs page that quotes a run) is
+hand-written prose with blocks the renderer owns::
 
     <!-- results: KIND FILE[=LABEL] ... -->
     (generated: a table, then one line per file naming it, its device, commit, date
@@ -34,7 +35,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-PAGES = ROOT / "docs" / "results"
+DOCS = ROOT / "docs"
 BLOCK = re.compile(r"(<!-- results: (?P<spec>[^\n]*?) -->\n)(?P<body>.*?)(<!-- /results -->)",
                    flags=re.S)
 
@@ -96,7 +97,8 @@ def render_page(text: str) -> str:
 
 
 def pages() -> list[Path]:
-    return sorted(PAGES.glob("*.md"))
+    """Every docs page; those without a block are left as they are."""
+    return sorted(DOCS.rglob("*.md"))
 
 
 def stale() -> list[tuple[Path, str]]:

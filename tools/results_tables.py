@@ -365,6 +365,70 @@ def test_gpu(runs: Named) -> list[str]:
                    "wall s", "exit status"], rows)
 
 
+def _ratio(r: dict[str, Any], lv: dict[str, Any]) -> float:
+    ratios = r["throughput_vs_one_at_a_time"]
+    return float(next(v for k, v in ratios.items() if k.startswith(lv["mode"]) and
+                      k.endswith(f"@{lv['concurrency']}")))
+
+
+def _oracle(mode: str) -> str:
+    return "target-only" if mode == "target_only" else "oracle edge α 0.8"
+
+
+def capacity_batches(runs: Named) -> list[str]:
+    """Per mode and N: throughput, latency, tokens per step and the batch sizes run."""
+    (_, r), = runs
+    rows = []
+    for lv in r["levels"]:
+        hist = ", ".join(f"{k}: {v}" for k, v in lv["batch_size_histogram"].items())
+        rows.append((_oracle(lv["mode"]), lv["concurrency"], lv["tokens_per_s"],
+                     f"{_ratio(r, lv):.2f}", lv["latency_p50_s"], lv["latency_p99_s"],
+                     lv["tokens_per_target_step"], "{" + hist + "}"))
+    return _table(["mode", "N", "tokens/s", "× one at a time", "p50 s", "p99 s",
+                   "tokens / step", "batch sizes run"], rows)
+
+
+def capacity_server(runs: Named) -> list[str]:
+    """Per mode and N through the server, with where a request's time went: TTFT at the
+    client and in the server, the prefill and its queue wait, the prefill share."""
+    (_, r), = runs
+    rows = []
+    for lv in r["levels"]:
+        rows.append((_mode(lv["mode"]), lv["concurrency"], lv["tokens_per_s"],
+                     f"{_ratio(r, lv):.2f}", lv["latency_p50_s"], lv["latency_p99_s"],
+                     f"{lv['ttft_p50_ms']:.1f} ({lv['server_ttft_p50_ms']:.1f})",
+                     f"{lv['prefill_ms_mean']:.1f} + {lv['prefill_wait_ms_mean']:.1f}",
+                     lv["ms_per_token_p50"], f"{lv['in_server_step_ms']:.2f}",
+                     lv["tokens_per_target_step"], f"{lv['prefill_share_of_wall']:.2f}"))
+    return _table(["mode", "N", "tokens/s", "× N=1", "p50 s", "p99 s",
+                   "TTFT ms, client (server)", "prefill ms + queue wait", "ms/token p50",
+                   "in-server step ms", "tokens / step", "prefill share of wall"], rows)
+
+
+def engine_run(runs: Named) -> list[str]:
+    """The rest of an engine run: prefill, the HF reference, warm-up, memory, agreement."""
+    (_, r), = runs
+    a, w, hf = r["agreement"], r["warm_up"], r["hf_eager"]
+    rows = [
+        (f"prefill, 8 frames + prompt ({int(r['prompt_tokens']):,} tokens), tower included",
+         f"{r['prefill_ms']:.1f} ms (tower alone {r['tower_ms']:.1f} ms)"),
+        ("HF eager step at B = 1, DynamicCache, same GPU",
+         f"{hf['hf_step_k0_ms']:.1f} ms (k = 0), {hf['hf_step_k8_ms']:.1f} ms (k = 8)"),
+        (f"warm-up: {int(w['graphs'])} graphs captured",
+         f"{w['seconds']:.1f} s, {w['graph_bytes_allocated'] / 2**30:.1f} GiB of graph memory"),
+        ("peak GPU memory (weights, KV, graphs, HF reference runs)",
+         f"{r['peak_gpu_mem_GiB']:.1f} GiB"),
+        (f"greedy agreement with HF eager, same inputs, {int(a['tokens'])} teacher-forced "
+         "positions", f"{a['agree_hf_single']:.1%}"),
+        ("HF eager against itself (incremental DynamicCache vs one full forward)",
+         f"{a['agree_hf_incremental_vs_hf_full']:.1%}"),
+        ("the engine's 1-token steps against its 9-token steps, same positions",
+         f"{a['agree_single_vs_chunk9']:.0%}"),
+        ("logits ‖engine − HF‖ / ‖HF‖", f"{a['logits_rel_err_vs_hf']:.3f}"),
+    ]
+    return _table(["measured", "value"], rows)
+
+
 KINDS: dict[str, Callable[[Named], list[str]]] = {
     "engine-steps": engine_steps,
     "token-adapter": token_adapter,
@@ -386,4 +450,7 @@ KINDS: dict[str, Callable[[Named], list[str]]] = {
     "toy-eval": toy_eval,
     "batch-invariance-cpu": batch_invariance_cpu,
     "test-gpu": test_gpu,
+    "capacity-batches": capacity_batches,
+    "capacity-server": capacity_server,
+    "engine-run": engine_run,
 }

@@ -37,7 +37,7 @@ def test_the_pages_are_what_their_json_renders_to() -> None:
 
 
 def test_every_page_has_a_rendered_table_and_no_block_is_empty() -> None:
-    for page in render.pages():
+    for page in (ROOT / "docs" / "results").glob("*.md"):
         if page.name == "index.md":
             continue
         bodies = [m.group("body") for m in render.BLOCK.finditer(page.read_text())]
