@@ -429,6 +429,25 @@ def engine_run(runs: Named) -> list[str]:
     return _table(["measured", "value"], rows)
 
 
+def kv_arena(runs: Named) -> list[str]:
+    """Admission-only simulation: per cap mix and layout, sessions holding KV, rate, wait."""
+    (_, r), = runs
+    rows = [(", ".join(map(str, x["caps"])), x["layout"], f"{x['mean_sessions_holding_kv']:.1f}",
+             f"{x['requests_per_s']:.2f}", f"{x['mean_wait_s']:.0f}") for x in r["runs"]]
+    return _table(["answer caps", "layout", "mean sessions holding KV", "requests/s",
+                   "mean wait s"], rows)
+
+
+def engine_attention(runs: Named) -> list[str]:
+    """One layer's attention at the prompt's context, per B × q and implementation, ms."""
+    (_, r), = runs
+    rows = [(f"{a['B']} × {a['q']}", f"{a['splitkv_ms']:.3f}", f"{a['dense_sdpa_ms']:.3f}",
+             f"{a['flex_ms']:.3f}", f"{a['flex_block_mask_ms']:.1f}")
+            for a in r["attention_per_layer"]]
+    return _table(["B × q", "split-KV (Triton)", "dense masked SDPA over whole slots",
+                   "FlexAttention + BlockMask", "building the BlockMask"], rows)
+
+
 KINDS: dict[str, Callable[[Named], list[str]]] = {
     "engine-steps": engine_steps,
     "token-adapter": token_adapter,
@@ -453,4 +472,6 @@ KINDS: dict[str, Callable[[Named], list[str]]] = {
     "capacity-batches": capacity_batches,
     "capacity-server": capacity_server,
     "engine-run": engine_run,
+    "kv-arena": kv_arena,
+    "engine-attention": engine_attention,
 }
