@@ -54,7 +54,9 @@ TABLES = _tables()
 
 
 def _stamp(result: dict[str, Any], key: str) -> str | None:
-    for where in (result, result.get("stamp") or {}, result.get("provenance") or {}):
+    """``key`` from the run's stamp (``benchmarks/stamp.py``, under ``"stamp"``), else from
+    the top of an older JSON that recorded it there."""
+    for where in (result.get("stamp") or {}, result.get("provenance") or {}, result):
         if isinstance(where, dict) and where.get(key) not in (None, ""):
             return str(where[key])
     return None
@@ -64,7 +66,11 @@ def provenance(name: str, result: dict[str, Any]) -> str:
     """One line: the file, then what it records of where and how it was measured."""
     parts = [f"`benchmarks/results/{name}`"]
     for key in ("device", "commit", "date"):
-        parts.append(f"{key} {_stamp(result, key) or 'not recorded'}")
+        value = _stamp(result, key)
+        if key == "commit" and value:
+            value = value[:12] + (" (with uncommitted changes)"
+                                  if _stamp(result, "dirty") in ("True", "true") else "")
+        parts.append(f"{key} {value or 'not recorded'}")
     command = _stamp(result, "command")
     if command:
         parts.append(f"command `{command}`")

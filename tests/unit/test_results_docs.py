@@ -51,6 +51,9 @@ def test_a_recorded_stamp_is_shown_and_a_missing_one_says_so() -> None:
     assert line == ("Data: `benchmarks/results/x.json` · device NVIDIA H100 · commit 0123abc "
                     "· date 2026-11-28 · command `python -m benchmarks.x`")
     assert "commit not recorded" in render.provenance("y.json", {})
+    dirty = render.provenance("z.json", {"device": "cuda", "stamp": {
+        "commit": "0123456789abcdef0123", "dirty": True, "device": "NVIDIA H200"}})
+    assert "device NVIDIA H200 · commit 0123456789ab (with uncommitted changes)" in dirty
 
 
 def test_an_unknown_kind_or_a_missing_file_stops_the_renderer() -> None:
