@@ -182,7 +182,10 @@ class ArraySource(FixedSensor):
         if sorted_ev is not events:
             log.info("%s: events were not time-ordered; sorted %d events", name, events.size)
         size = sensor_size if sensor_size is not None else sensor_size_of(sorted_ev)
-        validate_events(sorted_ev, size)
+        try:
+            validate_events(sorted_ev, size)
+        except InvalidInput as exc:  # the array's checks cannot name the file; we can
+            raise InvalidInput(f"{name}: {exc}") from exc
         self._events = np.ascontiguousarray(sorted_ev)
         self._events.flags.writeable = False
         self._fix_sensor(size, has_rgb=has_rgb)

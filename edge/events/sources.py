@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import logging
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +34,7 @@ from eventspec.edge.events.prophesee_raw import PropheseeRawSource
 from eventspec.edge.events.synthetic import SceneSpec, ShapeSpec, SyntheticSource
 from eventspec.edge.events.toy import ToySource, parse_toy_spec
 from eventspec.edge.events.types import coerce_events
-from eventspec.shared.contract.errors import InvalidInput, NotFound
+from eventspec.shared.contract.errors import EventSpecError, InvalidInput, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ class NpzSource(ArraySource):
                 data: np.ndarray | dict[str, np.ndarray] = _columns_from_npz(loaded, path)
         else:
             data = loaded
-        events = coerce_events(data)
+        events = _named(path, coerce_events, data)
         _require_time_order(events, path)
         super().__init__(
             events, sensor_size, name=f"{path.suffix.lstrip('.')}:{path}",
@@ -91,6 +92,15 @@ class NpzSource(ArraySource):
                 "flag" if sensor_size else "inferred from events", "µs as stored in the file",
             ),
         )
+
+
+def _named(path: Path, convert: Callable[[Any], np.ndarray], data: Any) -> np.ndarray:
+    """``convert(data)``, its InvalidInput prefixed with the file (the conversion sees
+    only arrays, so its messages cannot name it)."""
+    try:
+        return convert(data)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{path}: {exc}") from exc
 
 
 def _require_time_order(events: np.ndarray, path: Path) -> None:
@@ -132,15 +142,20 @@ class EventGptNpySource(ArraySource):
             )
         try:
             loaded = np.load(path, allow_pickle=True)
-        except (OSError, ValueError, EOFError) as exc:
-            raise InvalidInput(f"could not read {path} as .npy: {exc}") from exc
+        except Exception as exc:
+            # Unpickling damaged bytes can raise any exception type (UnpicklingError,
+            # AttributeError for a bit-flipped global name, OverflowError for a length,
+            # even tokenize's TokenError); each is the file's fault, so each is named.
+            raise InvalidInput(
+                f"could not read {path} as a pickled .npy: {type(exc).__name__}: {exc}"
+            ) from exc
         if isinstance(loaded, np.ndarray) and loaded.dtype == object and loaded.ndim == 0:
             loaded = loaded.item()
         if not isinstance(loaded, Mapping | np.ndarray):
             raise InvalidInput(
                 f"{path} holds a {type(loaded).__name__}, expected a dict with x, y, t, p"
             )
-        events = coerce_events(loaded)
+        events = _named(path, coerce_events, loaded)
         super().__init__(
             events, sensor_size, name=f"npy:{path}",
             meta=SourceMeta(
@@ -160,8 +175,9 @@ def npy_needs_pickle(path: str | Path) -> bool:
                 _, _, dtype = np.lib.format.read_array_header_1_0(fh)
             else:
                 _, _, dtype = np.lib.format.read_array_header_2_0(fh)
-    except (OSError, ValueError) as exc:
-        raise InvalidInput(f"{path} is not a .npy file: {exc}") from exc
+    except Exception as exc:  # a damaged header dict also fails in tokenize/ast
+        raise InvalidInput(
+            f"{path} is not a .npy file: {type(exc).__name__}: {exc}") from exc
     return bool(dtype.hasobject)
 
 
@@ -204,11 +220,25 @@ def open_source(
     if scheme not in FILE_KINDS:
         if ":" in spec and not Path(spec).exists():
             raise InvalidInput(f"unknown event source {spec!r}: {_SPEC_HELP}")
-        scheme, arg = detect_kind(spec), spec
-        log.info("%s: detected format %s", spec, scheme)
+        scheme, arg = "", spec
     if not arg:
         raise InvalidInput(f"event source {spec!r} needs a path: {_SPEC_HELP}")
-    return _open_file(scheme, arg, allow_pickle=allow_pickle, sensor_size=sensor_size)
+    try:
+        if not scheme:
+            scheme = detect_kind(arg)
+            log.info("%s: detected format %s", arg, scheme)
+        return _open_file(scheme, arg, allow_pickle=allow_pickle, sensor_size=sensor_size)
+    except EventSpecError:
+        raise
+    except Exception as exc:
+        # The last net under every reader: a damaged file reaches zipfile, zlib, numpy's
+        # header parser or a pickle in ways no reader lists (BadZipFile, zlib.error,
+        # TokenError, NotImplementedError for a flipped compression id, ...). Each is the
+        # file's fault: INVALID_ARGUMENT naming the file, never an INTERNAL without it.
+        raise InvalidInput(
+            f"{arg}: could not read it as {scheme or 'an event file'}: "
+            f"{type(exc).__name__}: {str(exc)[:300]}"
+        ) from exc
 
 
 def _open_file(

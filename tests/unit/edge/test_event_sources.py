@@ -198,6 +198,33 @@ def test_eventgpt_pickled_npy_needs_opt_in(tmp_path: Path) -> None:
     assert np.array_equal(src.events_between(*src.time_range_us()), ev)
 
 
+def test_damaged_pickled_npy_names_the_file(tmp_path: Path) -> None:
+    """A cut or bit-flipped EventGPT .npy fails as InvalidInput naming the file (issue 38:
+    "pickle data was truncated" came with no file name, an unknown global as a bare
+    AttributeError); so do values out of range once unpickled."""
+    path = tmp_path / "sample.npy"
+    ev = _random_events(200, 40_000, seed=3, size=(64, 48))
+    np.save(path, np.array({k: ev[k] for k in ("x", "y", "t", "p")}, dtype=object))
+    whole = path.read_bytes()
+    cut = tmp_path / "cut.npy"
+    cut.write_bytes(whole[: len(whole) - 40])
+    with pytest.raises(InvalidInput, match=r"cut\.npy.*truncated"):
+        open_source(f"npy:{cut}", allow_pickle=True)
+    renamed = tmp_path / "global.npy"
+    renamed.write_bytes(whole.replace(b"_reconstruct", b"_reconstbuct"))
+    with pytest.raises(InvalidInput, match=r"global\.npy"):
+        open_source(f"npy:{renamed}", allow_pickle=True)
+    wide = tmp_path / "wide.npy"
+    big = {k: ev[k] for k in ("x", "y", "t", "p")}
+    big["p"] = big["p"] * 100
+    np.save(wide, np.array(big, dtype=object))
+    with pytest.raises(InvalidInput, match=r"wide\.npy.*polarity"):
+        open_source(f"npy:{wide}", allow_pickle=True)
+    np.savez(tmp_path / "far.npz", x=[1, 60000], y=[0, 0], t=[1, 2], p=[1, 0])
+    with pytest.raises(InvalidInput, match=r"far\.npz.*outside the 10x10 sensor"):
+        open_source(f"npz:{tmp_path / 'far.npz'}", sensor_size=(10, 10))
+
+
 def test_npy_loader_never_unpickles_without_opt_in(tmp_path: Path) -> None:
     class Boom:
         def __reduce__(self) -> tuple[object, tuple[str]]:
