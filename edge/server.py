@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -185,9 +186,15 @@ class EdgeServer:
         source = self.source
         if source is None:
             readiness.set_edge_phase("opening the event source")
-            source = await asyncio.to_thread(
-                open_source, s.source, allow_pickle=s.allow_pickle, sensor_size=s.sensor_size
-            )
+            cancel = threading.Event()  # a stop during opening ends a decoder child at once
+            try:
+                source = await asyncio.to_thread(
+                    open_source, s.source, allow_pickle=s.allow_pickle,
+                    sensor_size=s.sensor_size, cancel=cancel,
+                )
+            except asyncio.CancelledError:
+                cancel.set()
+                raise
             self._owned_source = source  # opened here, so closed here (live readers, files)
         draft = self.draft
         if draft is None:

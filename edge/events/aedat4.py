@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +117,8 @@ class Aedat4Source(FixedSensor):
     """
 
     def __init__(self, path: str | Path, *, window_deadline_s: float = WINDOW_DEADLINE_S,
-                 open_deadline_s: float = OPEN_DEADLINE_S) -> None:
+                 open_deadline_s: float = OPEN_DEADLINE_S,
+                 cancel: threading.Event | None = None) -> None:
         self._path = Path(path)
         if not self._path.is_file():
             raise NotFound(f"AEDAT4 file {self._path} does not exist")
@@ -132,7 +134,8 @@ class Aedat4Source(FixedSensor):
         self._bad_spans: list[tuple[int, int]] = []
         self._link_dir: tempfile.TemporaryDirectory[str] | None = None
         self._proc = DecoderProcess(
-            _WORKER, {"op": "open", "path": str(self._openable_path())}, open_deadline_s)
+            _WORKER, {"op": "open", "path": str(self._openable_path())}, open_deadline_s,
+            cancel=cancel)
         try:
             self._open(open_deadline_s)
         except BaseException:

@@ -44,12 +44,15 @@ class DecoderProcess:
 
     ``open_request`` is sent first to every child this object starts (a restart after a
     timeout included), with ``open_deadline_s``. :meth:`close` may be called from any
-    thread at any time: it kills the child, which wakes a request waiting on it.
+    thread at any time: it kills the child, which wakes a request waiting on it. Setting
+    ``cancel`` does the same for a caller that holds no reference yet (a node stopping
+    while the file is still being opened).
     """
 
-    def __init__(self, script: Path, open_request: dict[str, Any], open_deadline_s: float
-                 ) -> None:
+    def __init__(self, script: Path, open_request: dict[str, Any], open_deadline_s: float,
+                 *, cancel: threading.Event | None = None) -> None:
         self._script = script
+        self._cancel = cancel
         self._open_request = open_request
         self._open_deadline_s = open_deadline_s
         self._lock = threading.Lock()
@@ -130,11 +133,17 @@ class DecoderProcess:
         proc = self._proc
         assert proc is not None and proc.stdout is not None
         fd = proc.stdout.fileno()
-        left = deadline - time.monotonic()
-        ready = select.select([fd], [], [], max(0.0, left))[0] if left > 0 else []
-        if not ready:
-            self._kill()
-            raise DecodeTimeout("no answer within the deadline; the decoder was ended")
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._kill()
+                raise DecodeTimeout("no answer within the deadline; the decoder was ended")
+            if self._cancel is not None and self._cancel.is_set():
+                self._kill()
+                raise DecodeFailed("cancelled: the node is stopping")
+            # Short waits while a cancel event is watched: the node may be stopping.
+            if select.select([fd], [], [], left if self._cancel is None else min(left, 0.1))[0]:
+                break
         chunk = os.read(fd, 1 << 20)
         if not chunk:
             raise self._died()

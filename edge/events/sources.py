@@ -16,6 +16,7 @@ Unpickling runs code from the file, so those are only read behind an explicit
 from __future__ import annotations
 
 import logging
+import threading
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -191,8 +192,12 @@ def open_source(
     *,
     allow_pickle: bool = False,
     sensor_size: tuple[int, int] | None = None,
+    cancel: threading.Event | None = None,
 ) -> EventSource:
     """Build the EventSource named by a CLI spec (see the module docstring).
+
+    ``cancel``, once set, ends an opening that runs in a decoder process (AEDAT4), so a
+    node stopping during start-up does not wait for a damaged file's deadline.
 
     ``KIND:PATH`` forces a reader; a bare ``PATH`` is detected from the file's first
     bytes, then its extension. ``sensor_size`` (the ``--sensor-size`` flag) is used by
@@ -227,7 +232,8 @@ def open_source(
         if not scheme:
             scheme = detect_kind(arg)
             log.info("%s: detected format %s", arg, scheme)
-        return _open_file(scheme, arg, allow_pickle=allow_pickle, sensor_size=sensor_size)
+        return _open_file(scheme, arg, allow_pickle=allow_pickle, sensor_size=sensor_size,
+                          cancel=cancel)
     except EventSpecError:
         raise
     except Exception as exc:
@@ -242,12 +248,13 @@ def open_source(
 
 
 def _open_file(
-    kind: str, arg: str, *, allow_pickle: bool, sensor_size: tuple[int, int] | None
+    kind: str, arg: str, *, allow_pickle: bool, sensor_size: tuple[int, int] | None,
+    cancel: threading.Event | None = None,
 ) -> EventSource:
     if kind == "dsec":
         return DsecSource(arg)
     if kind == "aedat4":
-        return Aedat4Source(arg)
+        return Aedat4Source(arg, cancel=cancel)
     if kind in ("raw", "evt2", "evt3"):
         return PropheseeRawSource(
             arg, encoding=None if kind == "raw" else kind, sensor_size=sensor_size

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from eventspec.edge.events.aedat4 import Aedat4Source
 from eventspec.shared.client.launch import entry_point_command
 from eventspec.shared.contract.errors import InvalidInput
 from tests.support.cli_processes import ROOT, spawn, wait_port
+from tests.support.damaged_files import damage
 
 REAL = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "real"
 DVX = REAL / "aedat4_dvxplorer_tonic_test_sample.aedat4"
@@ -133,3 +135,48 @@ def test_the_edge_refuses_the_damaged_window_answers_meanwhile_and_stops(tmp_pat
         if edge.poll() is None:
             edge.kill()
             edge.wait()
+
+
+def bitflipped_copy(tmp_path: Path) -> Path:
+    """0.1% of the DVXplorer file's bits flipped (seed 112): dv-processing spins while
+    opening it (red-team finding 3: the edge sat in "opening the event source")."""
+    out = tmp_path / "flipped.aedat4"
+    out.write_bytes(damage(DVX.read_bytes(), "bitflip", 112))
+    return out
+
+
+def test_a_file_that_spins_while_opening_is_refused(tmp_path: Path) -> None:
+    path = bitflipped_copy(tmp_path)
+    with pytest.raises(InvalidInput, match=rf"{path}: dv-processing did not finish opening"):
+        Aedat4Source(path, open_deadline_s=1.0)
+
+
+def test_sigterm_while_opening_a_spinning_file_ends_the_decoder(tmp_path: Path) -> None:
+    """SIGTERM during "opening the event source" cancels the decoder child at once: the
+    node stops within its drain time (--grace-s, 5 s by default), not after the 8 s open
+    deadline that bounds the spin (before the fix: after the deadline, 8 s)."""
+    path = bitflipped_copy(tmp_path)
+    log, port_file = tmp_path / "e.log", tmp_path / "e.port"
+    edge = spawn("eventspec-edge", ["serve", "--source", f"aedat4:{path}", "--model", "toy",
+                                    "--port", "0", "--port-file", str(port_file)], log)
+    try:
+        wait_for_text(edge, log, "opening the event source")
+        edge.send_signal(signal.SIGTERM)
+        try:
+            edge.wait(5)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the edge did not stop within its 5 s drain time")
+        assert "stopped while warming up" in log.read_text(), log.read_text()[-2000:]
+    finally:
+        if edge.poll() is None:
+            edge.kill()
+            edge.wait()
+
+
+def wait_for_text(proc: subprocess.Popen[bytes], log: Path, text: str, bound_s: float = 60
+                  ) -> None:
+    deadline = time.monotonic() + bound_s
+    while text not in (log.read_text() if log.exists() else ""):
+        assert proc.poll() is None, log.read_text()[-2000:]
+        assert time.monotonic() < deadline, f"no {text!r} in {bound_s:g} s"
+        time.sleep(0.05)
