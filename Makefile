@@ -49,6 +49,15 @@ test-gpu: $(TREE)/eventspec
 	PYTHONPATH=$(CURDIR)/$(TREE)$${PYTHONPATH:+:$$PYTHONPATH} \
 		$(GPU_PY) tools/test_gpu.py $(if $(GPU_OUT),--out $(GPU_OUT)) $(GPU_ARGS)
 
+# On a CUDA machine: the real servers as processes at their defaults over the full-size
+# random models (benchmarks/gpu_gate.py); run before a change to the engine, warm-up,
+# calibration, scheduler or edge drafter lands. Writes benchmarks/results/gpu-gate-*.json.
+gpu-gate: $(TREE)/eventspec
+	PYTHONPATH=$(CURDIR)/$(TREE):$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} \
+		$(GPU_PY) -m benchmarks.gpu_gate --phase cloud --load
+	PYTHONPATH=$(CURDIR)/$(TREE):$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} \
+		$(GPU_PY) -m benchmarks.gpu_gate --phase edge
+
 lint: $(STAMP) $(TREE)/eventspec
 	$(PY) -m ruff check .
 	MYPYPATH=$(TREE) $(PY) -m mypy -p eventspec.shared -p eventspec.edge -p eventspec.cloud \

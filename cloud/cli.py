@@ -49,9 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     arg("--device", default=env.device, help="cpu, cuda or cuda:N")
     arg("--dtype", default=env.dtype, choices=list(MODEL_DTYPES), help="the model's weights")
     arg("--max-sessions", type=_sessions, default=env.limits.max_sessions,
-        help="concurrent Generate streams; more get RESOURCE_EXHAUSTED. auto (0): on a "
-             "GPU as many as the KV holds at the default answer cap (at most 64 at once) "
-             "plus --kv-queue waiting for KV; on a CPU 8")
+        help="concurrent Generate streams; more get RESOURCE_EXHAUSTED. auto (0): as many "
+             "as run at once (on a GPU what the KV holds at the default answer cap, at most "
+             "64; on a CPU 8) plus --kv-queue waiting for KV")
     arg("--max-sessions-per-principal", type=int, default=env.max_sessions_per_principal,
         help="concurrent Generate streams one authenticated caller (token name or "
              "certificate) may hold; more get RESOURCE_EXHAUSTED. 0: all but one of "

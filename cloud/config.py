@@ -278,7 +278,7 @@ class CloudSettings:
         can resolve to."""
         if self.limits.max_sessions != AUTO_SESSIONS:
             return self.limits.max_sessions
-        return max(CPU_AUTO_SESSIONS, GPU_SESSION_CEILING + self.kv_queue)
+        return max(CPU_AUTO_SESSIONS, GPU_SESSION_CEILING) + self.kv_queue
 
     def resolved_profile_path(self, model_id: str) -> Path:
         if self.profile_path is not None:

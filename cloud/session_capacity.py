@@ -12,8 +12,9 @@ auto`` (the default, 0 in the settings) means:
   ``GPU_SESSION_CEILING`` (the widest step the engine captures as a CUDA graph; wider
   steps would run eagerly, several times slower); up to ``--kv-queue`` more are admitted
   and wait in the KV queue (``eventspec.cloud.kv_queue``) until KV frees;
-- **on a CPU**, ``CPU_AUTO_SESSIONS``, admitted and run alike (a CPU steps slowly, and
-  its budget is a nominal ``CPU_DEFAULT_KV_GB`` that says little about what fits).
+- **on a CPU**, ``CPU_AUTO_SESSIONS`` run at once (a CPU steps slowly, and its budget is
+  a nominal ``CPU_DEFAULT_KV_GB`` that says little about what fits), and as on a GPU up
+  to ``--kv-queue`` more wait for KV.
 
 An explicit ``--max-sessions N`` keeps its meaning: N concurrent Generate streams, of
 which those that find no KV wait in the queue.
@@ -65,7 +66,7 @@ class SessionCapacity:
     def describe(self) -> str:
         """One line: how many sessions of what length fit, how many more wait, and why."""
         waiting = self.admitted - self.running
-        queue = f"; {waiting} more may wait for KV" if waiting > 0 else ""
+        queue = f"; {waiting} more may wait for KV (--kv-queue)" if waiting > 0 else ""
         return (f"{self.running} sessions run at once, {self.admitted} admitted{queue} "
                 f"({self.reason})")
 
@@ -92,8 +93,9 @@ def session_capacity(*, requested: int, on_gpu: bool, kv_sessions: int, kv_queue
                    f"{request_positions} positions")
     if not on_gpu:
         return SessionCapacity(
-            running=kv_sessions, admitted=kv_sessions, request_positions=request_positions,
-            kv_holds=kv_holds, reason=f"--max-sessions auto on a CPU: {CPU_AUTO_SESSIONS}")
+            running=kv_sessions, admitted=kv_sessions + kv_queue,
+            request_positions=request_positions, kv_holds=kv_holds,
+            reason=f"--max-sessions auto on a CPU: {CPU_AUTO_SESSIONS} at once")
     ceiling = (f", at most {GPU_SESSION_CEILING} (the widest captured step)"
                if kv_holds > GPU_SESSION_CEILING else "")
     return SessionCapacity(
@@ -101,4 +103,4 @@ def session_capacity(*, requested: int, on_gpu: bool, kv_sessions: int, kv_queue
         request_positions=request_positions, kv_holds=kv_holds,
         reason=f"--max-sessions auto: the KV holds {kv_holds} requests of "
                f"{request_positions} positions, a prompt and the default answer cap"
-               f"{ceiling}; --kv-queue {kv_queue} more wait for KV")
+               f"{ceiling}")

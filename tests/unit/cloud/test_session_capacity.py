@@ -37,7 +37,8 @@ def test_an_h100s_budget_holds_over_40_sessions_of_2_2k_tokens() -> None:
                            kv_queue=64, request_positions=2595, kv_holds=running)
     assert cap.admitted == running + 64
     assert f"{running} sessions run at once" in cap.describe()
-    assert "2595 positions" in cap.describe() and "--kv-queue 64" in cap.describe()
+    assert "2595 positions" in cap.describe()
+    assert "64 more may wait for KV" in cap.describe()
 
 
 @given(positions=st.integers(1, 10**7), request=st.integers(1, 10**5),
@@ -59,11 +60,11 @@ def test_an_explicit_cap_is_kept(requested: int, kv: int, queue: int, on_gpu: bo
     assert (cap.running, cap.admitted) == (kv, requested)
 
 
-def test_auto_on_a_cpu_admits_what_runs() -> None:
+def test_auto_on_a_cpu_runs_8_and_queues_the_rest() -> None:
     cap = session_capacity(requested=AUTO_SESSIONS, on_gpu=False, kv_sessions=CPU_AUTO_SESSIONS,
                            kv_queue=64, request_positions=100, kv_holds=500)
-    assert cap.running == cap.admitted == CPU_AUTO_SESSIONS
-    assert "waiting" not in cap.describe() and "auto on a CPU" in cap.describe()
+    assert (cap.running, cap.admitted) == (CPU_AUTO_SESSIONS, CPU_AUTO_SESSIONS + 64)
+    assert "64 more may wait for KV" in cap.describe() and "auto on a CPU" in cap.describe()
 
 
 def test_a_ceiling_says_so() -> None:
@@ -92,3 +93,4 @@ def test_max_sessions_auto_is_the_default_and_parses(monkeypatch: pytest.MonkeyP
 def test_the_rpc_limit_covers_what_auto_may_admit() -> None:
     settings = CloudSettings()
     assert settings.admission_ceiling == GPU_SESSION_CEILING + settings.kv_queue
+    assert CloudSettings(kv_queue=0).per_principal_cap == GPU_SESSION_CEILING - 1
