@@ -26,7 +26,7 @@ import numpy as np
 
 from eventspec.edge.events.aedat4 import Aedat4Source
 from eventspec.edge.events.base import ArraySource, EventSource, RgbIndex, SourceMeta, check_range
-from eventspec.edge.events.detect import detect_kind
+from eventspec.edge.events.detect import check_forced_kind, detect_kind
 from eventspec.edge.events.dsec import DsecSource
 from eventspec.edge.events.ecd_txt import EcdTextSource
 from eventspec.edge.events.nmnist_bin import NmnistBinSource
@@ -232,6 +232,8 @@ def open_source(
         if not scheme:
             scheme = detect_kind(arg)
             log.info("%s: detected format %s", arg, scheme)
+        else:
+            check_forced_kind(arg, scheme)
         return _open_file(scheme, arg, allow_pickle=allow_pickle, sensor_size=sensor_size,
                           cancel=cancel)
     except EventSpecError:

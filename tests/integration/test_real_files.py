@@ -283,3 +283,43 @@ def test_truncated_raw_names_the_byte_offset(tmp_path: Path) -> None:
     cut.write_bytes(data[:-1])
     with pytest.raises(InvalidInput, match=r"cut\.raw: byte offset \d+: truncated"):
         open_source(str(cut))
+
+
+#: What each real file's first bytes say it is ("it looks like ..."), for forced kinds.
+LOOKS = {"aedat4": "aedat4", "dat": "dat", "npy": "npy", "txt": "txt"}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_a_forced_kind_that_the_content_contradicts_is_refused(name: str) -> None:
+    """``bin:`` on a DAT file used to serve 3,232 made-up events, and ``dat:`` on an
+    AEDAT4 file said "truncated": every reader now checks the content first (issue 38)."""
+    exp = EXPECTED[name]
+    looks = "evt3" if name.startswith("evt3") else "evt2" if name.startswith("evt2") else \
+        LOOKS.get(exp.kind)
+    if looks is None:  # N-MNIST records carry no signature: nothing to contradict
+        return
+    for kind in ("aedat4", "raw", "evt2", "evt3", "dat", "bin", "txt", "npy", "npz", "dsec"):
+        if kind == exp.kind or (exp.kind == "raw" and kind in ("raw", looks)) or \
+                (exp.kind == "npy" and kind == "npz"):
+            continue
+        with pytest.raises(InvalidInput, match=rf"{name} does not look like {kind} \(it looks "
+                                               rf"like {looks}\b"):
+            open_source(f"{kind}:{REAL / name}", allow_pickle=True, sensor_size=(640, 480))
+
+
+def test_a_renamed_aedat4_file_is_read_as_aedat4(tmp_path: Path) -> None:
+    """The docs promise it: content wins over the name, and dv-processing (which opens
+    only ``.aedat4`` names) gets a temporary link."""
+    name = "aedat4_dvxplorer_tonic_test_sample.aedat4"
+    renamed = tmp_path / "camera.bin"
+    renamed.write_bytes((REAL / name).read_bytes())
+    ref = open_real(name)
+    for spec in (str(renamed), f"aedat4:{renamed}"):
+        src = open_source(spec)
+        try:
+            assert src.time_range_us() == ref.time_range_us()
+            assert np.array_equal(src.events_between(*src.time_range_us()),
+                                  ref.events_between(*ref.time_range_us()))
+        finally:
+            src.close()  # type: ignore[attr-defined]
+    assert not list(tmp_path.glob("*.aedat4"))

@@ -260,8 +260,11 @@ def test_open_source_errors(spec: str, error: type[Exception]) -> None:
 
 def test_open_source_garbage_file(tmp_path: Path) -> None:
     (tmp_path / "junk.npz").write_bytes(b"\x00garbage")
-    with pytest.raises(InvalidInput, match="could not read"):
+    with pytest.raises(InvalidInput, match=r"junk\.npz does not look like npz \(it looks like "
+                                           "a file with no format signature"):
         open_source(f"npz:{tmp_path / 'junk.npz'}")
+    with pytest.raises(InvalidInput, match="could not read"):
+        NpzSource(tmp_path / "junk.npz")
 
 
 def test_open_source_synthetic_seed() -> None:

@@ -183,8 +183,10 @@ def test_mislabelled_encoding_names_offset_and_word(tmp_path: Path) -> None:
 
 def test_forced_encoding_disagreeing_with_header(tmp_path: Path) -> None:
     path = _write_raw(tmp_path / "f.raw", "% evt 2.0\n", encode_evt2(_events(100)))
-    with pytest.raises(InvalidInput, match="header says evt2"):
+    with pytest.raises(InvalidInput, match=r"does not look like evt3 \(it looks like evt2"):
         open_source(f"evt3:{path}")
+    with pytest.raises(InvalidInput, match="header says evt2"):
+        PropheseeRawSource(path, encoding="evt3")
 
 
 def test_headerless_stream_needs_a_forced_kind(tmp_path: Path) -> None:

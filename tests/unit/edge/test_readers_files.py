@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from eventspec.edge.events.aedat4 import Aedat4Source
 from eventspec.edge.events.detect import detect_kind
 from eventspec.edge.events.ecd_txt import EcdTextSource
 from eventspec.edge.events.nmnist_bin import NmnistBinSource
@@ -146,8 +147,10 @@ def test_aedat4_errors(tmp_path: Path) -> None:
     pytest.importorskip("dv_processing")
     wrong = tmp_path / "a.aedat4"
     wrong.write_bytes(b"% evt 2.0\n")
-    with pytest.raises(InvalidInput, match=r"byte offset 0: expected the AEDAT4 magic"):
+    with pytest.raises(InvalidInput, match=r"does not look like aedat4 \(it looks like evt2"):
         open_source(f"aedat4:{wrong}")
+    with pytest.raises(InvalidInput, match=r"byte offset 0: expected the AEDAT4 magic"):
+        Aedat4Source(wrong)
     cut = tmp_path / "cut.aedat4"
     cut.write_bytes(b"#!AER-DAT4.0\r\n" + bytes(10))
     with pytest.raises(InvalidInput, match=r"cut\.aedat4"):
