@@ -36,6 +36,7 @@ import asyncio
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -220,13 +221,24 @@ async def hold_many(gate: Gate, node: Node, opts: Options) -> None:
     running = info.limits.kv_slots
     n = running + opts.extra
     peak = {"running": 0, "waiting": 0}
+    stats_ms: list[float] = []  # how long each GetStats took under this load
+    stats_timeouts = 0
     done = asyncio.Event()
 
     async def watch() -> None:
+        nonlocal stats_timeouts
         async with aio.insecure_channel(node.address) as ch:
             stub = verifier_pb2_grpc.VerifierStub(ch)
             while not done.is_set():
-                s = await stub.GetStats(verifier_pb2.GetStatsRequest(), timeout=10)
+                t = time.monotonic()
+                try:
+                    s = await stub.GetStats(verifier_pb2.GetStatsRequest(), timeout=10)
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                        raise
+                    stats_timeouts += 1
+                    continue
+                stats_ms.append((time.monotonic() - t) * 1e3)
                 peak["running"] = max(peak["running"], s.kv_slots_used)
                 peak["waiting"] = max(peak["waiting"], s.live_sessions - s.kv_slots_used)
                 await asyncio.sleep(0.01)
@@ -241,7 +253,11 @@ async def hold_many(gate: Gate, node: Node, opts: Options) -> None:
     counts = {o: outcomes.count(o) for o in sorted(set(outcomes))}
     gate.records["load"] = {"requests": n, "answer_tokens": opts.load_tokens, "outcomes": counts,
                             "peak_running": peak["running"], "peak_waiting": peak["waiting"],
-                            "wall_s": round(wall, 2)}
+                            "wall_s": round(wall, 2), "get_stats_calls": len(stats_ms),
+                            "get_stats_timeouts_10s": stats_timeouts,
+                            "get_stats_ms_median": round(statistics.median(stats_ms), 1)
+                            if stats_ms else None,
+                            "get_stats_ms_max": round(max(stats_ms), 1) if stats_ms else None}
     gate.check(f"load: {opts.min_running}+ concurrent sessions of {opts.load_tokens}-token "
                "answers", peak["running"] >= opts.min_running,
                f"{peak['running']} ran at once (the cloud runs up to {running})")
