@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -97,10 +98,27 @@ def time_steps(
                 token_ids=torch.randint(5, 500, (b * q,), device=engine.device),
             )
             ms = median_ms(lambda batch=batch: engine.step(batch), repeats)  # type: ignore[misc]
-            floor = (weight_bytes + b * (ctx + q) * kv_per_token) / bandwidth * 1e3
-            rows.append({"B": b, "k": k, "ms": ms, "floor_ms": floor, "ratio": ms / floor})
-            logging.info("step B=%d k=%d: %.2f ms (floor %.2f)", b, k, ms, floor)
+            floor = bandwidth_floor_ms(weight_bytes + b * (ctx + q) * kv_per_token, bandwidth)
+            rows.append({"B": b, "k": k, "ms": ms, "floor_ms": floor,
+                         "ratio": ms / floor if floor else None})
+            logging.info("step B=%d k=%d: %.2f ms (floor %s)", b, k, ms,
+                         f"{floor:.2f}" if floor else "unknown: no measured bandwidth")
     return rows
+
+
+def _ms(value: float | None) -> str:
+    """A floor in a table: two decimals, or "-" where none was measured."""
+    return "-" if value is None else f"{value:.2f}"
+
+
+def bandwidth_floor_ms(bytes_moved: int, bandwidth: float) -> float | None:
+    """The least time ``bytes_moved`` take at ``bandwidth`` bytes/s (the card's measured
+    copy rate, :func:`copy_bandwidth`), in ms; None where no bandwidth was measured (NaN
+    on a CPU, or not positive): a floor from a nominal rate once printed 14.32 ms over
+    a 6.67 ms step (issue 35)."""
+    if not bandwidth > 0 or math.isnan(bandwidth):
+        return None
+    return bytes_moved / bandwidth * 1e3
 
 
 def hf_step_ms(target: TargetModel, repeats: int) -> dict[str, float]:
@@ -322,7 +340,7 @@ def markdown(result: dict[str, Any]) -> str:
         rep = replay.get(key)
         rep_txt = f"{rep:.2f}" if rep is not None else "-"
         lines.append(
-            f"| {s['B']} | {s['k']} | {s['ms']:.2f} | {rep_txt} | {s['floor_ms']:.2f} "
+            f"| {s['B']} | {s['k']} | {s['ms']:.2f} | {rep_txt} | {_ms(s['floor_ms'])} "
             f"| {s['ratio']:.2f} |"
         )
     return "\n".join(lines)
@@ -488,7 +506,8 @@ def main() -> int:
         logging.warning("no plot: %s", exc)
     print(f"{'B':>3} {'k':>3} {'ms':>8} {'floor':>8} {'ratio':>6}")
     for r in result["steps"]:
-        print(f"{r['B']:>3} {r['k']:>3} {r['ms']:>8.2f} {r['floor_ms']:>8.2f} {r['ratio']:>6.2f}")
+        ratio = f"{r['ratio']:>6.2f}" if r["ratio"] else f"{'-':>6}"
+        print(f"{r['B']:>3} {r['k']:>3} {r['ms']:>8.2f} {_ms(r['floor_ms']):>8} {ratio}")
     summary = {k: v for k, v in result.items() if k not in ("steps",)}
     print(json.dumps(summary, indent=1, default=str))
     return 0

@@ -22,6 +22,7 @@ import argparse
 import gc
 import json
 import logging
+import math
 import sys
 import time
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.bench_engine import fit_sessions, time_prefill, time_steps
+from benchmarks.bench_engine import copy_bandwidth, fit_sessions, time_prefill, time_steps
 from benchmarks.engine_agreement import batch_invariance
 from benchmarks.engine_prefill import fill_slots
 from eventspec.cloud.engine.static.build import (
@@ -67,9 +68,11 @@ def measure(target: TargetModel, *, invariant: bool, sessions: tuple[int, ...],
     ctx = int(out["prompt_tokens"])
     fill_slots(engine, n_slots)
     weights = engine.weights.weight_bytes
-    # No bandwidth floor here (bench_engine.py has it): a nominal bandwidth, dropped.
-    out["steps"] = [{"B": r["B"], "k": r["k"], "ms": r["ms"]} for r in time_steps(
-        engine, ctx, 1e12, weights, kv.bytes_per_token, repeats, sessions, DRAFTS)]
+    bandwidth = copy_bandwidth(target.device)  # the card's own copy rate: NaN on a CPU
+    out["copy_bandwidth_gb_s"] = None if math.isnan(bandwidth) else bandwidth / 1e9
+    out["steps"] = [{"B": r["B"], "k": r["k"], "ms": r["ms"], "floor_ms": r["floor_ms"]}
+                    for r in time_steps(engine, ctx, bandwidth, weights, kv.bytes_per_token,
+                                        repeats, sessions, DRAFTS)]
     if invariant:
         companions = tuple(c for c in (3, 15, 63) if c < n_slots) or (1,)
         out["invariance"] = batch_invariance(engine, target, invariance_tokens, companions)
