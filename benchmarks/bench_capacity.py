@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 from grpc import aio
 
+from benchmarks.stamp import write_result
 from eventspec.cloud.config import CloudSettings
 from eventspec.cloud.server import VerifierServer, load_target_for
 from eventspec.cloud.target import TargetModel
@@ -298,7 +299,7 @@ async def main_async(args: argparse.Namespace) -> int:
     tag = (f"-{args.model}" if args.model != "toy" else "") + (
         f"-{args.engine}" if args.engine != "auto" else "")
     out = args.out or RESULTS / f"capacity-{args.device.replace(':', '')}{tag}{paced}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(out, result, indent=2)
     print(json.dumps(result["throughput_vs_one_at_a_time"], indent=2))
     print(f"answers identical across N and modes: {identical} (agreeing with target-only "
           f"N=1: {agreement:.1%}); wrote {out}")

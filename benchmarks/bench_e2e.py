@@ -76,6 +76,7 @@ from benchmarks.e2e_pool import (
 )
 from benchmarks.e2e_report import plot, table
 from benchmarks.spec_model import SpecInputs, cloud_step_cost, simulate
+from benchmarks.stamp import write_result
 from eventspec.shared.client.edge_client import EdgeClient
 from eventspec.shared.contract.types import ServerInfo
 
@@ -250,7 +251,7 @@ def save(args: argparse.Namespace, result: dict[str, Any]) -> None:
     """Write the result so far: a run cut short (a time limit) keeps what it measured."""
     result["identical"] = all(p["identical"] for p in result["points"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(args.out, result)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from benchmarks.device_timing import median_p10_ms
+from benchmarks.stamp import write_result
 from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.engine.static.build import (
     build_static_engine,
@@ -247,7 +248,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     tag = "cpu" if dev.type != "cuda" else torch.cuda.get_device_name().split()[1].lower()
     path = out / f"edge_{tag}.json"
-    path.write_text(json.dumps(result, indent=1))
+    write_result(path, result)
     print(json.dumps(result, indent=1))
     print(f"wrote {path}")
     return 0

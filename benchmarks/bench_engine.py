@@ -45,6 +45,7 @@ from transformers import (
 from benchmarks.device_timing import median_ms, sync
 from benchmarks.engine_agreement import QUESTION, agreement, batch_invariance, pixels
 from benchmarks.engine_prefill import fill_slots, mixed_costs, prefill_costs
+from benchmarks.stamp import write_result
 from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.engine.static.build import (
     build_static_engine,
@@ -408,7 +409,7 @@ def main() -> int:
         inv = batch_invariance(engine, target, 200 if not args.tiny else 18, companions)
         print(json.dumps(inv, indent=1))
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        Path(args.out, "batch_invariance.json").write_text(json.dumps(inv, indent=1))
+        write_result(Path(args.out, "batch_invariance.json"), inv)
         return 0
     if args.prefill_only:
         mixed_sessions = (1, 2) if args.tiny else (1, 16)
@@ -424,7 +425,7 @@ def main() -> int:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         card = [w for w in str(costs["device"]).split() if w[:1] in "ABH" and w[1:].isdigit()]
         tag = "tiny" if args.tiny else (card or ["cuda"])[0].lower()
-        Path(args.out, f"prefill-{tag}.json").write_text(json.dumps(costs, indent=1))
+        write_result(Path(args.out, f"prefill-{tag}.json"), costs)
         return 0
     if args.host_phases:
         engine = build_static_engine(target, kv, session_buckets=(1, 64), token_buckets=(1, 9),
@@ -436,7 +437,7 @@ def main() -> int:
         phases = {f"B{b}_k{k}": host_phases(engine, ctx, b, k, 50) for b, k in pairs}
         print(json.dumps(phases, indent=1))
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        Path(args.out, "host_phases.json").write_text(json.dumps(phases, indent=1))
+        write_result(Path(args.out, "host_phases.json"), phases)
         return 0
     engine = build_static_engine(target, kv, compile_layers=args.compile,
                                  batch_invariant=args.batch_invariant)
@@ -461,7 +462,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:  # after every stage, so a late failure keeps what was measured
-        (out / f"engine_{tag}.json").write_text(json.dumps(result, indent=2))
+        write_result(out / f"engine_{tag}.json", result, indent=2)
 
     def stage(name: str, fn: Callable[[], Any]) -> None:
         try:

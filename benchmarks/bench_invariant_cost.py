@@ -33,6 +33,7 @@ import torch
 from benchmarks.bench_engine import copy_bandwidth, fit_sessions, time_prefill, time_steps
 from benchmarks.engine_agreement import batch_invariance
 from benchmarks.engine_prefill import fill_slots
+from benchmarks.stamp import write_result
 from eventspec.cloud.engine.static.build import (
     build_static_engine,
     kv_bytes_per_slot,
@@ -143,10 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         result[name] = measure(target, invariant=flag, sessions=sessions, buckets=buckets,
                                max_seq=max_seq, repeats=args.repeats,
                                invariance_tokens=tokens)
-        path.write_text(json.dumps(result, indent=1))
+        write_result(path, result)
     result["comparison"] = compare(result["default"], result["invariant"])
     result["partial"] = False
-    path.write_text(json.dumps(result, indent=1))
+    write_result(path, result)
     print(table(result))
     print(json.dumps(result["invariant"].get("invariance"), indent=1))
     print(f"wrote {path}")

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from benchmarks.stamp import write_result
 from eventspec.shared.node.static.invariant_tiles import MmConfig, mm_config
 
 #: name -> (N, K) of the 7B decoder's weights; per layer: qkv, wo, gate_up, down.
@@ -394,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         path = _out_path(args.out, device).with_name(
             f"invariant_cross_tiles_{device.replace(' ', '_')}.json")
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=1))
+        write_result(path, result)
         print(json.dumps({"best_equal_per_m": result["cross_gemm"]["best_equal_per_m"],
                           "decoder_ms": result["cross_gemm"]["decoder_ms"]}, indent=1))
         for s, v in result["cross_gemm"]["shapes"].items():
@@ -406,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     result["seconds"] = time.perf_counter() - t0
     path = _out_path(args.out, device)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1))
+    write_result(path, result)
     print(format_tables(result))
     print(f"{result['seconds']:.0f} s; wrote {path}")
     return 0

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import json
 import random
 import statistics
 from collections import deque
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.stamp import write_result
 from eventspec.cloud.kv_arena import PositionArena
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
               "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
               "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result, indent=2)
     print("\n".join(readme_rows(result)))
     return 0
 

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import logging
 import random
 import sys
@@ -54,6 +53,7 @@ import torch
 from grpc import aio
 
 from benchmarks.load_report import plot
+from benchmarks.stamp import write_result
 from eventspec.cloud.config import CloudSettings
 from eventspec.cloud.server import VerifierServer, load_target_for
 from eventspec.cloud.target import TargetModel
@@ -414,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def save(result: dict[str, Any]) -> None:
-        out.write_text(json.dumps(result, indent=1) + "\n")
+        write_result(out, result)
 
     result = asyncio.run(main_async(args, save))
     save(result)

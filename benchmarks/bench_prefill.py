@@ -12,7 +12,6 @@ torch.profiler to give the share of the GEMMs (``aten::mm`` + ``aten::addmm``). 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -23,6 +22,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.bench_capacity import requests
+from benchmarks.stamp import write_result
 from eventspec.cloud.config import CloudSettings
 from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.engine.static.build import build_static_engine, static_kv_plan
@@ -73,7 +73,7 @@ def main() -> int:
               "gemm_share_of_one_prefill": round(share, 3)}
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"prefill-{args.device.replace(':', '')}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(out, result, indent=2)
     print(f"wrote {out}")
     return 0
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import platform
 import sys
 import time
@@ -28,6 +27,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.stamp import write_result
 from eventspec.cloud.decoding import DecodingSession
 from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.scheduler import Scheduler
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
               "machine": platform.processor() or platform.machine(),
               "torch": torch.__version__, "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(args.out, result)
     print(f"{'B':>4} {'iteration':>10} {'loop':>8} {'sampler':>8} {'engine':>8}  (ms per step)")
     for r in rows:
         print(f"{r['sessions']:>4} {r['iteration_ms']:>10.3f} {r['overhead_ms']:>8.3f} "

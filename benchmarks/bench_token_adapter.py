@@ -32,6 +32,7 @@ import torch
 
 from benchmarks.device_timing import times_ms
 from benchmarks.spec_model import LinearStepCost, SpecInputs, simulate
+from benchmarks.stamp import write_result
 from eventspec.cloud.model_dirs import TOY_TARGET_DIR
 from eventspec.cloud.target import load_target
 from eventspec.demoworld.train.commits import speculate, toy_examples, write_toy_log
@@ -179,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         "misaligned_card": json.loads((TOY_MISALIGNED_DIR / "training.json").read_text()),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result, indent=2)
     print(f"wrote {args.out}")
     return 0
 

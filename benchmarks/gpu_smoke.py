@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.stamp import write_result
 from eventspec.cloud.config import CloudSettings
 from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.engine.hf import HFEngine
@@ -130,10 +131,9 @@ def main() -> int:
     result["request"] = asyncio.run(one_request(target))
     if torch.cuda.is_available():
         result["peak_gpu_mem_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-    text = json.dumps(result, indent=2)
-    print(text)
+    print(json.dumps(result, indent=2))
     if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "gpu_smoke.json").write_text(text)
+        write_result(Path(os.environ["OUT"], "gpu_smoke.json"), result, indent=2)
     return 0
 
 

@@ -26,6 +26,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.engine_agreement import QUESTION, pixels
 from benchmarks.engine_prefill import fill_slots
+from benchmarks.stamp import write_result
 from eventspec.cloud.engine.base import PrefillChunk, PrefillRequest
 from eventspec.cloud.engine.static.build import (
     build_static_engine,
@@ -124,8 +125,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     name = result["device"]
     assert isinstance(name, str)
-    (args.out / f"chunked_prefill_{name.split()[1].lower()}.json").write_text(
-        json.dumps(result, indent=1))
+    write_result(args.out / f"chunked_prefill_{name.split()[1].lower()}.json", result)
     return 0
 
 

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.stamp import write_result
+
 #: [N, K] of one decoder layer's projections (QKV, O, gate-up, down), 32 layers, LM head.
 SHAPES = [(12288, 4096), (4096, 4096), (22016, 4096), (4096, 11008)] * 32 + [(32000, 4096)]
 
@@ -95,7 +97,7 @@ def main() -> int:
     result = {"command": "python -m benchmarks.probe_quant_kernels", "device": name,
               "torch": torch.__version__, "ms": {f"M{m}": probe(m) for m in (1, 8)}}
     out = Path(os.environ.get("OUT", ".")) / f"quant_kernels_{name.split()[1].lower()}.json"
-    out.write_text(json.dumps(result, indent=1))
+    write_result(out, result)
     print(json.dumps(result, indent=1))
     return 0
 

@@ -13,6 +13,7 @@ on the command line it sends there.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
@@ -82,3 +83,11 @@ def stamp(argv: Sequence[str] | None = None) -> dict[str, Any]:
         args[0] = Path(args[0]).name
     return {"commit": commit, "dirty": dirty, "device": device_name(), "versions": versions(),
             "command": scrub_paths(shlex.join(args))}
+
+
+def write_result(path: Path, result: dict[str, Any], indent: int = 1) -> Path:
+    """Write a benchmark's ``result`` as JSON with its :func:`stamp` (machine paths
+    scrubbed), the one way results are written, so none goes out unstamped."""
+    body = {**result, "stamp": stamp()}
+    Path(path).write_text(scrub_paths(json.dumps(body, indent=indent)) + "\n")
+    return Path(path)

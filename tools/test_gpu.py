@@ -84,8 +84,11 @@ def main() -> int:
     out: Path = args.out or ROOT / "benchmarks" / "results" / (
         f"test-gpu-{device_slug(versions['device'])}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(ROOT))  # run as a script from tools/: the stamp's module
+    from benchmarks.stamp import stamp
+
     out.write_text(json.dumps({
-        "command": "make test-gpu", **versions, "exit_status": int(status),
+        "stamp": stamp(), "command": "make test-gpu", **versions, "exit_status": int(status),
         "wall_s": round(time.time() - started, 1), "counts": counts, "tests": summary.tests,
     }, indent=2) + "\n")
     print(f"wrote {out}: {counts}")
