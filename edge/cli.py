@@ -300,8 +300,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "train-adapter":
         return train_adapter_command(args)
     settings = settings_from_args(args)
+    _check_source(settings)
     return serve(PROG, args, log, settings, _server,
                  scratch_model=_tiny_random_draft if settings.model == TINY_RANDOM else None)
+
+
+def _check_source(settings: EdgeSettings) -> None:
+    """Refuse a ``--source`` that cannot open (missing file, unknown kind, a content that
+    contradicts its kind, a pickle without --allow-pickle): exit 2 in a fraction of a
+    second, before torch is imported and the port bound (edge/events/source_check.py)."""
+    from eventspec.edge.events.source_check import check_source_spec
+    from eventspec.shared.contract.errors import EventSpecError
+
+    try:
+        check_source_spec(settings.source, allow_pickle=settings.allow_pickle)
+    except EventSpecError as exc:
+        refuse(PROG, f"--source: {exc}")
 
 
 def export_onnx_command(args: argparse.Namespace) -> int:

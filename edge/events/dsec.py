@@ -25,7 +25,6 @@ import numpy as np
 from eventspec.edge.events.base import FixedSensor, SourceMeta, check_range
 from eventspec.edge.events.types import EVENT_DTYPE, empty_events, validate_events
 from eventspec.shared.contract.errors import InvalidInput, NotFound
-from eventspec.shared.node.imageproc import decode_image
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +132,7 @@ class DsecSource(FixedSensor):
         check_range(t0_us, t1_us)
         lo, hi = np.searchsorted(self._frame_ts, [t0_us, t1_us], side="left")
         return [
-            (int(self._frame_ts[i]), decode_image(self._frames[i].read_bytes()))
+            (int(self._frame_ts[i]), _decode_image(self._frames[i].read_bytes()))
             for i in range(int(lo), int(hi))
         ]
 
@@ -202,3 +201,11 @@ def _find_frames(seq_root: Path | None) -> tuple[list[Path], np.ndarray]:
     if len(stamps) > 1 and bool(np.any(np.diff(stamps) < 0)):
         raise InvalidInput(f"{ts_path} timestamps are not ascending")
     return frames, stamps
+
+
+def _decode_image(data: bytes) -> np.ndarray:
+    """PNG bytes -> RGB, imported here: the image module brings torch (1.1 s), which
+    ``eventspec-edge serve``'s source check before start-up must not wait for."""
+    from eventspec.shared.node.imageproc import decode_image
+
+    return decode_image(data)

@@ -16,15 +16,16 @@ trained that way, so it asks for it.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
 
 from eventspec.edge.events.types import validate_events
 from eventspec.edge.events.windows import EVENTGPT_N_FRAMES
 from eventspec.shared.contract.errors import InvalidInput
-from eventspec.shared.node.imageproc import clip_preprocess
+
+if TYPE_CHECKING:  # torch comes with the preprocessing, when a window is rendered
+    import torch
 
 #: "eventgpt": each frame's canvas is its own events' (y.max+1) x (x.max+1);
 #: "sensor": the sensor size for every frame.
@@ -93,7 +94,12 @@ def event_pixel_values(
     *,
     canvas: Canvas = "eventgpt",
 ) -> torch.Tensor:
-    """EventGPT's vision input: CLIP-preprocessed event frames -> float32 [5, 3, S, S]."""
+    """EventGPT's vision input: CLIP-preprocessed event frames -> float32 [5, 3, S, S].
+
+    The preprocessing (and torch, 1.1 s) is imported here, not with the events package,
+    so the edge's start-up checks of ``--source`` answer before any model work."""
+    from eventspec.shared.node.imageproc import clip_preprocess
+
     frames = events_to_frames(events, sensor_size, n_frames, canvas=canvas)
     return clip_preprocess(frames, image_size)
 

@@ -62,7 +62,7 @@ __all__ = [
     "parse_sensor_size",
 ]
 
-_SPEC_HELP = (
+SPEC_HELP = (
     "expected synthetic[:SEED], toy[:SEED|:A-B], KIND:PATH with KIND one of aedat4, raw, "
     "evt2, evt3, dat, bin, txt, dsec, npy, npz, a bare PATH (format detected), "
     "dv-net:HOST:PORT, dv-camera[:SERIAL] or prophesee-camera[:SERIAL]"
@@ -224,10 +224,10 @@ def open_source(
         return open_live_source(scheme, arg, sensor_size=sensor_size)
     if scheme not in FILE_KINDS:
         if ":" in spec and not Path(spec).exists():
-            raise InvalidInput(f"unknown event source {spec!r}: {_SPEC_HELP}")
+            raise InvalidInput(f"unknown event source {spec!r}: {SPEC_HELP}")
         scheme, arg = "", spec
     if not arg:
-        raise InvalidInput(f"event source {spec!r} needs a path: {_SPEC_HELP}")
+        raise InvalidInput(f"event source {spec!r} needs a path: {SPEC_HELP}")
     try:
         if not scheme:
             scheme = detect_kind(arg)

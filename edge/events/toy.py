@@ -167,9 +167,15 @@ class ToySource(FixedSensor):
 
 def parse_toy_spec(arg: str) -> ToySource:
     """``""`` (the demo scene), ``"S"`` (one scene) or ``"A-B"`` (seeds A..B-1)."""
+    return ToySource(toy_seeds(arg))
+
+
+def toy_seeds(arg: str) -> range:
+    """The seeds a ``toy:ARG`` spec names; InvalidInput for a malformed one. Apart from
+    drawing the scenes, so a CLI can check the spec before any work."""
     arg = arg.strip()
     if not arg:
-        return ToySource([DEMO_SEED])
+        return range(DEMO_SEED, DEMO_SEED + 1)
     first, dash, last = arg.partition("-")
     try:
         a = int(first)
@@ -180,4 +186,4 @@ def parse_toy_spec(arg: str) -> ToySource:
         ) from None
     if a < 0 or b <= a:
         raise InvalidInput(f"toy seed range {a}-{b} is empty or negative (B is exclusive)")
-    return ToySource(range(a, b))
+    return range(a, b)

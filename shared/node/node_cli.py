@@ -18,9 +18,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import errno
 import logging
 import math
 import os
+import socket
 import sys
 import tempfile
 from collections.abc import Callable, Collection
@@ -32,6 +34,11 @@ from eventspec.shared.node.serving import (
     NodeServer,
     quiet_progress_bars,
     run_node,
+)
+from eventspec.shared.wire.security import (
+    SecurityConfigError,
+    ServerSecurity,
+    check_server_start,
 )
 
 #: Exit status of a refused flag or environment value, as argparse's own.
@@ -148,6 +155,24 @@ class CheckedSettings(Protocol):
     @property
     def grace_s(self) -> float: ...
 
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def security(self) -> ServerSecurity: ...
+
+    @property
+    def health_port(self) -> int | None: ...
+
+    @property
+    def metrics_port(self) -> int | None: ...
+
+    @property
+    def metrics_host(self) -> str: ...
+
     def check(self) -> None: ...
 
 
@@ -250,6 +275,16 @@ def serve(prog: str, args: argparse.Namespace, log: logging.Logger, settings: S,
     directory (removed on exit) for the seed and returns its path, which then stands in
     ``settings.model``: the server loads it like any other model directory.
     """
+    try:  # the server's own refusal of an exposed address, before torch is imported
+        check_server_start(settings.host, settings.port, settings.security)
+    except SecurityConfigError as exc:
+        refuse(prog, str(exc))
+    for flag, host, port in (("--port", settings.host, settings.port),
+                             ("--health-port", settings.host, settings.health_port),
+                             ("--metrics-port", settings.metrics_host, settings.metrics_port)):
+        busy = port_refusal(host, port, flag) if port is not None else None
+        if busy is not None:
+            refuse(prog, busy)
     logging.basicConfig(level=args.log_level, format=LOG_FORMAT)
     quiet_progress_bars()
     with contextlib.ExitStack() as scratch:
@@ -257,3 +292,28 @@ def serve(prog: str, args: argparse.Namespace, log: logging.Logger, settings: S,
             tmp = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix=f"{prog}-")))
             settings = dataclasses.replace(settings, model=str(scratch_model(tmp, settings.seed)))
         return run_node(server(settings), args.port_file, log, settings.grace_s, prog)
+
+
+def port_refusal(host: str, port: int, flag: str = "--port") -> str | None:
+    """Why ``host:port`` cannot be listened on (in use, or not an address of this
+    machine), or None. Tried with a plain socket before the node imports torch (5 s)
+    and binds, so the refusal is immediate: exit 2, one line. Port 0 always binds."""
+    if port == 0:
+        return None
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return f"--host {host}: cannot resolve it ({exc.strerror})"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        # As a listener binds: a port held only by closed connections (TIME_WAIT) is free.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return (f"{flag} {port}: {host}:{port} is in use by another process; pick "
+                        "another port (0 picks a free one) or stop that process")
+            return f"--host {host} {flag} {port}: cannot listen there ({exc.strerror})"
+    return None

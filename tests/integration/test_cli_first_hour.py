@@ -201,12 +201,14 @@ def test_an_edge_started_on_the_clouds_port_names_the_busy_port(
     nodes: tuple[int, int, Path],
 ) -> None:
     """Binds are exclusive (no SO_REUSEPORT): a second server on a taken port must fail
-    at start-up, saying which port, instead of sharing it and splitting the traffic."""
+    at start-up, saying which port, instead of sharing it and splitting the traffic. The
+    port is tried before any model work: a usage error, one line, exit 2 (issue 38)."""
     cport, _, _ = nodes
     out = _run("eventspec-edge", ["serve", "--cloud", f"127.0.0.1:{cport}", "--source", "toy",
                                   "--model", "toy", "--port", str(cport)], timeout=120)
-    assert out.returncode == 1, (out.stdout, out.stderr)
-    assert f"cannot listen on 127.0.0.1:{cport}: the port is in use" in out.stderr, out.stderr
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert f"--port {cport}: 127.0.0.1:{cport} is in use" in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "Traceback" not in out.stderr
 
 

@@ -1,0 +1,57 @@
+"""Check a ``--source`` spec the way ``open_source`` would refuse it, without opening it.
+
+Why apart from opening: the edge opens its source during warm-up, after importing
+torch and binding its port, 5 to 14 s after the command was typed; a misspelt path or
+kind then came back as a late "failed" and exit 1. This check reads at most a file's
+first bytes (a zip's directory, a ``.npy`` header), so ``eventspec-edge serve`` can
+refuse in a fraction of a second with exit 2, before any model or network work. What
+only decoding can find (a damaged packet, events out of order) is still the reader's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from eventspec.edge.events.detect import check_forced_kind, detect_kind
+from eventspec.edge.events.sources import FILE_KINDS, LIVE_KINDS, SPEC_HELP, npy_needs_pickle
+from eventspec.edge.events.toy import toy_seeds
+from eventspec.shared.contract.errors import InvalidInput, NotFound
+
+
+def check_source_spec(spec: str, *, allow_pickle: bool) -> None:
+    """InvalidInput/NotFound for a spec ``open_source`` is bound to refuse: an unknown
+    kind, a malformed seed or address, a missing file, a file whose content contradicts
+    its forced kind or whose format cannot be told, a pickled ``.npy`` without
+    ``allow_pickle``. Returns None when the spec may open."""
+    spec = spec.strip()
+    scheme, _, arg = spec.partition(":")
+    scheme = scheme.lower()
+    if scheme == "synthetic":
+        if arg and not arg.strip().lstrip("-").isdigit():
+            raise InvalidInput(f"synthetic seed must be an integer, got {arg!r}")
+        return
+    if scheme == "toy":
+        toy_seeds(arg)
+        return
+    if scheme in LIVE_KINDS:
+        if scheme == "dv-net":
+            host, sep, port = arg.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise InvalidInput(f"dv-net needs HOST:PORT, got {arg!r}")
+        return
+    if scheme not in FILE_KINDS:
+        if ":" in spec and not Path(spec).exists():
+            raise InvalidInput(f"unknown event source {spec!r}: {SPEC_HELP}")
+        scheme, arg = "", spec
+    if not arg:
+        raise InvalidInput(f"event source {spec!r} needs a path: {SPEC_HELP}")
+    path = Path(arg)
+    if not path.exists():
+        raise NotFound(f"event file {path} does not exist")
+    kind = scheme or detect_kind(path)
+    check_forced_kind(path, kind)
+    if kind == "npy" and path.is_file() and not allow_pickle and npy_needs_pickle(path):
+        raise InvalidInput(
+            f"{path} is an EventGPT .npy holding a pickled object; loading it runs code "
+            "from the file. Pass --allow-pickle only for files you trust."
+        )
