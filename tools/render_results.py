@@ -55,9 +55,9 @@ TABLES = _tables()
 
 def _stamp(result: dict[str, Any], key: str) -> str | None:
     """``key`` from the run's stamp (``benchmarks/stamp.py``, under ``"stamp"``), else from
-    the top of an older JSON that recorded it there."""
+    the top of an older JSON that recorded it there; a stamp's "unknown" is no record."""
     for where in (result.get("stamp") or {}, result.get("provenance") or {}, result):
-        if isinstance(where, dict) and where.get(key) not in (None, ""):
+        if isinstance(where, dict) and where.get(key) not in (None, "", "unknown"):
             return str(where[key])
     return None
 
@@ -70,6 +70,8 @@ def provenance(name: str, result: dict[str, Any]) -> str:
         if key == "commit" and value:
             value = value[:12] + (" (with uncommitted changes)"
                                   if _stamp(result, "dirty") in ("True", "true") else "")
+            if _stamp(result, "backfilled"):  # benchmarks/stamp.py's marker for older runs
+                value += " (backfilled: the commit that added the file; the run may be older)"
         parts.append(f"{key} {value or 'not recorded'}")
     command = _stamp(result, "command")
     if command:

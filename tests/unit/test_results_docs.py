@@ -54,6 +54,10 @@ def test_a_recorded_stamp_is_shown_and_a_missing_one_says_so() -> None:
     dirty = render.provenance("z.json", {"device": "cuda", "stamp": {
         "commit": "0123456789abcdef0123", "dirty": True, "device": "NVIDIA H200"}})
     assert "device NVIDIA H200 · commit 0123456789ab (with uncommitted changes)" in dirty
+    old = render.provenance("w.json", {"command": "python -m benchmarks.w", "stamp": {
+        "commit": "abcdef0123456789", "command": "unknown", "backfilled": "from git history"}})
+    assert "commit abcdef012345 (backfilled: the commit that added the file" in old
+    assert "command `python -m benchmarks.w`" in old  # the stamp's "unknown" is no record
 
 
 def test_an_unknown_kind_or_a_missing_file_stops_the_renderer() -> None:
