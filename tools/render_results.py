@@ -11,13 +11,13 @@ hand-written prose with blocks the renderer owns::
     and command)
     <!-- /results -->
 
-KIND is a function of ``tools/results_tables.py``; FILE is a JSON under
-``benchmarks/results/``. Everything between the markers is replaced on every run, and
-``tests/unit/test_results_docs.py`` runs ``--check``, as ``make proto-check`` does for
-the stubs: a JSON re-measured, renamed or removed without re-rendering fails the suite.
-The run's commit, device and date are printed where the JSON records them (``commit``,
-``device``, ``date``, at its top or under ``stamp``); where it does not, the line says
-"not recorded" rather than guessing from git.
+KIND is a function of ``tools/results_tables.py`` or ``results_tables_system.py``;
+FILE is a JSON under ``benchmarks/results/``. Everything between the markers is
+replaced on every run, and ``tests/unit/test_results_docs.py`` runs ``--check``, as
+``make proto-check`` does for the stubs: a JSON re-measured, renamed or removed without
+re-rendering fails the suite. The run's commit, device and date are printed where the
+JSON records them (under ``stamp``, from ``benchmarks/stamp.py``, else at its top);
+where it does not, the line says "not recorded" rather than guessing from git.
 """
 
 from __future__ import annotations
@@ -40,17 +40,19 @@ BLOCK = re.compile(r"(<!-- results: (?P<spec>[^\n]*?) -->\n)(?P<body>.*?)(<!-- /
                    flags=re.S)
 
 
-def _tables() -> ModuleType:
-    """``results_tables.py`` beside this file, loaded by path (tools/ is no package)."""
-    spec = importlib.util.spec_from_file_location("results_tables",
-                                                  Path(__file__).with_name("results_tables.py"))
+def _load(name: str) -> ModuleType:
+    """``tools/<name>.py``, loaded by path (tools/ is no package) and registered, so the
+    second table module can import the first's helpers by name."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
 
-TABLES = _tables()
+#: Every kind of table, by the name a block gives it.
+KINDS = {**_load("results_tables").KINDS, **_load("results_tables_system").KINDS}
 
 
 def _stamp(result: dict[str, Any], key: str) -> str | None:
@@ -82,8 +84,8 @@ def provenance(name: str, result: dict[str, Any]) -> str:
 def render_block(spec: str) -> str:
     """The generated body of one block (without its markers)."""
     kind, *files = shlex.split(spec)
-    if kind not in TABLES.KINDS:
-        raise SystemExit(f"unknown results kind {kind!r} (known: {sorted(TABLES.KINDS)})")
+    if kind not in KINDS:
+        raise SystemExit(f"unknown results kind {kind!r} (known: {sorted(KINDS)})")
     runs = []
     lines: list[str] = []
     for arg in files:
@@ -95,7 +97,7 @@ def render_block(spec: str) -> str:
         result = json.loads(path.read_text())
         runs.append((label or Path(name).stem, result))
         lines.append(provenance(name, result))
-    table = TABLES.KINDS[kind](runs)
+    table = KINDS[kind](runs)
     return "\n".join(table) + "\n\n" + "\n\n".join(lines) + "\n\n"
 
 

@@ -1,0 +1,212 @@
+"""Markdown tables of whole-system runs: end to end, the edge's drafter, the token
+adapter, the toy world, replicas and faults, and ``make test-gpu``.
+
+The kinds of ``tools/render_results.py`` beside those of ``results_tables.py`` (the
+cloud's engine, capacity and load runs), whose table helpers these use; split so that
+neither module grows past a few hundred lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from results_tables import Named, dash, table
+
+
+def _alpha(point: dict[str, Any], result: dict[str, Any]) -> str:
+    """α, with ``@ms`` where the point's drafter is paced otherwise than the run's."""
+    base = result["oracle"]["ms_per_token"]
+    ms = point.get("draft_ms", base)
+    return f"{point['alpha']:g}" + ("" if ms == base else f"@{ms:g}")
+
+
+def e2e_points(runs: Named) -> list[str]:
+    """Per (α, RTT, N): paired speedup, tokens per step, acceptance, the model's view."""
+    (_, r), = runs
+    rows = []
+    for p in r["points"]:
+        ratio = p["achieved_over_predicted"]
+        rows.append((_alpha(p, r), f"{p['rtt_ms']:g}", p["clients"], f"{p['spec_ms_p50']:.1f}",
+                     f"{p['target_ms_p50']:.1f}", f"{p['speedup_p50']:.3f}",
+                     f"{p['speedup_p10']:.3f}", f"{p['share_slower_3pct']:.2f}",
+                     dash(p["tokens_per_step"], ".2f"), dash(p["acceptance"], ".3f"),
+                     f"{p['predicted']['speedup_p50']:.3f}", dash(ratio, ".3f"),
+                     "yes" if p["identical"] else "no",
+                     f"{p['hidden_drafted']} / {p['hidden_accepted']} / {p['hidden_budget']}"))
+    return table(["α", "RTT ms", "N", "spec ms", "base ms", "speedup p50", "p10",
+                   "> 3% slower", "tokens / step", "acceptance", "model", "achieved ÷ model",
+                   "all identical", "hidden drafts (drafted / accepted / budget)"], rows)
+
+
+def e2e_capacity(runs: Named) -> list[str]:
+    """The capacity phase: every client in one mode at a time, all at once."""
+    (_, r), = runs
+    rows = []
+    for p in r["capacity"]:
+        s, b = p["speculative"], p["target_only"]
+        rows.append((p["max_new_tokens"], p["clients"], f"{s['goodput_tok_s']:.1f}",
+                     f"{b['goodput_tok_s']:.1f}", f"{p['goodput_ratio']:.3f}",
+                     f"{s['latency_ms_p50']:.0f} / {s['latency_ms_p99']:.0f}",
+                     f"{b['latency_ms_p50']:.0f} / {b['latency_ms_p99']:.0f}",
+                     f"{b['latency_ms_p50'] / s['latency_ms_p50']:.3f}",
+                     dash(s["tokens_per_step"], ".2f"), f"{p['identical_share']:.2f}"))
+    return table(["answer tokens", "N", "spec tokens/s", "target-only tokens/s", "ratio",
+                   "spec p50 / p99 ms", "target-only p50 / p99 ms", "p50 ×",
+                   "tokens / step", "identical share"], rows)
+
+
+def e2e_uplink(runs: Named) -> list[str]:
+    """One Ask per feature mode through a shaped uplink: what was sent and what it cost."""
+    (_, r), = runs
+    rows = []
+    for u in r["uplink"]:
+        if "error" in u:
+            rows.append((f"{u['rate_mbit']:g} Mbit/s", u["requested"], "refused: " + u["error"],
+                         "", "", "", ""))
+            continue
+        rows.append((f"{u['rate_mbit']:g} Mbit/s", u["requested"], u["feature_mode"],
+                     f"{u['uplink_bytes']:,}", f"{u['ttft_ms']:,.0f}",
+                     f"{u['wire_ms_at_rate']:,.0f}",
+                     dash(u.get("estimate_sample_mbit"), ".1f")))
+    return table(["uplink", "asked", "sent", "bytes", "TTFT ms", "wire ms at the rate",
+                   "cloud-timed rate, Mbit/s"], rows)
+
+
+def e2e_drafter(runs: Named) -> list[str]:
+    """Runs of different real drafters (``--drafter real``), one row per run and N."""
+    rows = []
+    for name, r in runs:
+        for p in r["points"]:
+            rows.append((name, p["clients"], f"{p['spec_ms_p50']:.0f} / {p['target_ms_p50']:.0f}",
+                         f"{p['speedup_p50']:.2f}× (p10 {p['speedup_p10']:.2f})",
+                         f"{p['share_slower_3pct']:.2f}", dash(p["acceptance"], ".2f"),
+                         dash(p["tokens_per_step"], ".2f"),
+                         f"{p['predicted']['speedup_p50']:.2f}×"))
+    return table(["drafting", "N", "spec / target-only ms (median)", "speedup median (p10)",
+                   "share > 3% slower", "acceptance", "tokens per step", "reference model"],
+                  rows)
+
+
+def token_adapter(runs: Named) -> list[str]:
+    """Top-1 and 8-draft acceptance, τ and cost per drafting backend (toy pair, CPU)."""
+    (_, r), = runs
+    rows = []
+    for name, b in r["backends"].items():
+        by_pos = " / ".join(dash(a, ".2f") for a in b["acceptance_by_position"][:4])
+        cost = (f"{b['macs_per_token'] / 1e3:.0f}k MACs ({b['cost_vs_drafter_macs']:.1%}), "
+                f"{b['head_ms']:.3f} ms" if b["macs_per_token"] else "–")
+        rows.append((name, f"{b['top1_acceptance']:.3f}", f"{b['acceptance_rate']:.3f}", by_pos,
+                     f"{b['tau']:.2f}", f"{b['reference_model']['speedup']:.2f}×", cost))
+    return table(["drafting", "top-1 acceptance", "acceptance rate (8 drafts)",
+                   "by draft position 1 / 2 / 3 / 4", "τ", "reference model speedup",
+                   "cost per draft token"], rows)
+
+
+_DRAFTERS = {"hf": "HF eager", "static": "static, bf16", "static_int8": "static, int8",
+             "static_int4": "static, int4"}
+
+
+def edge_drafter(runs: Named) -> list[str]:
+    """The edge's drafters at full size: ms per draft token, prefill, c = t_draft/t_step."""
+    rows = []
+    for _, r in runs:
+        gpu = str(r["device"]).removeprefix("NVIDIA ").split()[0]
+        for key, name in _DRAFTERS.items():
+            e = r["engines"].get(key)
+            if e is None:
+                continue
+            rows.append((gpu, name, f"{e['draft_ms_per_token']:.2f}",
+                         f"{e['step_9_tokens_ms']:.2f} ms",
+                         f"{e['prefill_ms']:.1f} ms", f"{e['c_B1']:.2f}", f"{e['c_B16']:.2f}"))
+    return table(["GPU", "drafter", "ms per draft token (median)", "9-token step",
+                   "prefill, 737 tokens", "c at B = 1", "c at B = 16"], rows)
+
+
+def edge_vision(runs: Named) -> list[str]:
+    """Five frames through CLIP, projector, adaptor and the adapter, per runtime."""
+    (_, r), = runs
+    v = r["vision"]
+    rows = []
+    for key in ("torch", "onnx"):
+        t = v[key]
+        name = (f"torch eager, {str(t.get('dtype', '')).removeprefix('torch.')}" if key == "torch"
+                else f"ONNX Runtime {t['onnxruntime']}, "
+                     f"{str(t['provider']).removesuffix('ExecutionProvider')} EP, "
+                     f"{t['precision']}, fused")
+        rows.append((name, f"{t['clip_ms']:.2f} ms", f"{t['events_ms']:.2f} ms",
+                     f"{t['adapter_ms']:.2f} ms", f"{t['total_ms']:.2f} ms"))
+    return table(["runtime", "CLIP", "projector + adaptor + pooling", "adapter", "all"], rows)
+
+
+def _outcomes(text: object) -> str:
+    """``"['INVALID_ARGUMENT']"`` (the JSON keeps a list's repr) as ``INVALID_ARGUMENT``."""
+    words = (w.strip(" '\"") for w in str(text).strip("[]").split(","))
+    return ", ".join(f"`{w}`" for w in words)
+
+
+def hardening(runs: Named) -> list[str]:
+    """Replicas, faults and load with real processes on loopback."""
+    (_, r), = runs
+    sp, st, rc, ld, ab = r["spread"], r["sigstop"], r["recovery"], r["load"], r["stops"]
+    served = " / ".join(str(n) for n in sp["served_per_replica"])
+    shares = " / ".join(f"{s:.0%}" for s in sp["shares"])
+    rows = [
+        (f"{sp['asks']} Asks in turn, {len(sp['served_per_replica'])} replicas",
+         f"{served} Generate streams ({shares})"),
+        (f"{st['clients']} clients for {st['stop_s']:g} s while 1 of 2 replicas is SIGSTOPped",
+         f"{st['asks']} Asks, {st['failed']} failed, {st['failed_over']} "
+         f"({st['hurt_share']:.1%}) waited {st['first_reply_s']:g} s for a Plan and moved, "
+         f"slowest {st['slowest_s']:.1f} s of a {st['deadline_s']:g} s deadline"),
+        (f"edge serving after its cloud returns from a {rc['outage_s']:g} s outage",
+         f"{rc['edge_serving_after_s']:.2f} s (first answer {rc['first_answer_after_s']:.2f} s)"),
+        (f"{ld['clients']} clients for {ld['seconds']:g} s, {ld['deadline_s']:g} s deadline",
+         f"{ld['asks']} Asks, {ld['answered_in_deadline']} answered within the deadline "
+         f"(median {ld['latency_p50_s']:.1f} s)"),
+        (f"{ab['clients']} clients while another process keeps sending Asks with 10^6 stop "
+         "strings",
+         f"{ab['attacks']} such Asks, outcome {_outcomes(ab['attack_outcomes'])} (median "
+         f"{ab['attack_refused_median_ms']:.0f} ms); the others' median "
+         f"{ab['median_beside_attacker_ms']:.0f} ms against {ab['median_alone_ms']:.0f} ms "
+         f"alone ({ab['ratio']:.2f}×)"),
+    ]
+    return table(["scenario", "measured"], rows)
+
+
+def toy_eval(runs: Named) -> list[str]:
+    """Accuracy per question type of the target, the draft and the target on adapted
+    event features (``eventspec toy eval --json``)."""
+    (_, r), = runs
+    kinds = list(r["target_accuracy_by_type"])
+    rows = [(k, f"{r['target_accuracy_by_type'][k]:.3f}", f"{r['draft_accuracy_by_type'][k]:.3f}",
+             f"{r['event_only_accuracy_by_type'][k]:.3f}") for k in kinds]
+    rows.append(("all", f"{r['target_accuracy']:.3f}", f"{r['draft_accuracy']:.3f}",
+                 f"{r['event_only_accuracy']:.3f}"))
+    return table(["accuracy", "target (frames)", "draft (events only)",
+                   "target on adapted event features"], rows)
+
+
+def test_gpu(runs: Named) -> list[str]:
+    """``make test-gpu`` summaries: the device, the versions, the counts and the wall."""
+    rows = []
+    for label, r in runs:
+        c = r["counts"]
+        rows.append((label, r["device"], r["torch"], r["triton"], c.get("passed", 0),
+                     c.get("failed", 0), c.get("skipped", 0), f"{r['wall_s']:.0f}",
+                     r["exit_status"]))
+    return table(["run", "device", "torch", "Triton", "passed", "failed", "skipped",
+                   "wall s", "exit status"], rows)
+
+
+KINDS: dict[str, Callable[[Named], list[str]]] = {
+    "e2e-points": e2e_points,
+    "e2e-capacity": e2e_capacity,
+    "e2e-uplink": e2e_uplink,
+    "e2e-drafter": e2e_drafter,
+    "token-adapter": token_adapter,
+    "edge-drafter": edge_drafter,
+    "edge-vision": edge_vision,
+    "hardening": hardening,
+    "toy-eval": toy_eval,
+    "test-gpu": test_gpu,
+}
