@@ -9,8 +9,10 @@ the rules that make speculation lossless testable on their own (DESIGN.md,
 - The cloud owns C. Each step verifies whatever valid drafts extend C (zero drafts is a
   plain decode step), so speculation can add tokens per step but never waits.
 - Drafts are self-validating: a ``DraftTail`` carries the committed length the edge has
-  seen (``base``) and its whole tail from there; a tail whose overlap with C disagrees
-  is dropped as stale.
+  seen (``base``) and its whole tail from there (a chain), or new nodes of a tree; a
+  chain whose overlap with C disagrees is dropped as stale. What survives is kept across
+  steps in the request's tree (:mod:`eventspec.cloud.draft_forest`), and each step
+  verifies its likeliest path that extends C.
 - A bulk commit goes through the stop rules one token at a time, so it ends at exactly
   the token where target-only decoding ends (EOS, stop string, token cap, context).
 """
@@ -21,6 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from eventspec.cloud.draft_forest import DraftForest
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.contract.stops import StopMatcher
 from eventspec.shared.contract.types import (
@@ -128,7 +131,8 @@ class DecodingSession:
         self._clock = clock
         self.started = clock()
         self.committed: list[int] = []
-        self.tail: DraftTail | None = None
+        #: The drafts kept across steps (chains and trees alike).
+        self.drafts = DraftForest()
         self.finish_reason: FinishReason | None = None
         self.first_token_at: float | None = None
         self.prefilled = False
@@ -145,42 +149,40 @@ class DecodingSession:
     # -- drafts --------------------------------------------------------------------------
 
     def offer_drafts(self, tail: DraftTail) -> bool:
-        """Keep a (well-formed, see :func:`check_tail`) tail if its overlap with C agrees."""
+        """Keep a (well-formed, see :func:`check_tail` and
+        :class:`~eventspec.cloud.tree_checks.TreeChecks`) chain if its overlap with C
+        agrees, or a tree's new nodes; True when drafts ahead of C were added."""
         if not self.speculative or self.finish_reason is not None:
             return False
         if tail.base > len(self.committed):
             return False
+        if tail.nodes:
+            ahead, late = self.drafts.add_nodes(tail.base, tail.nodes, self.committed)
+            self.counters.stale += late
+            return ahead > 0
         overlap = self.committed[tail.base :]
         if list(tail.token_ids[: len(overlap)]) != overlap[: len(tail.token_ids)]:
             self.counters.stale += 1
             return False
         if len(tail.token_ids) <= len(overlap):
             return False
-        self.tail = tail
-        return True
+        return self.drafts.add_chain(tail.base, tail.token_ids, self.committed) > 0
 
     def drafts_now(self) -> list[int]:
-        """The valid drafts extending C now (possibly none), within the verify width and
-        the slot's remaining positions."""
-        if self.tail is None:
-            return []
-        overlap = len(self.committed) - self.tail.base
-        if list(self.tail.token_ids[:overlap]) != self.committed[self.tail.base :]:
-            self.tail = None
-            return []
-        drafts = list(self.tail.token_ids[overlap:])
+        """The valid drafts extending C now (possibly none): the likeliest path of the
+        kept drafts, within the verify width and the slot's remaining positions."""
+        self.drafts.sync(self.committed)
         if not self.committed:
-            return drafts[:1]  # the prefill's one row checks one hidden draft
+            return self.drafts.path(1)  # the prefill's one row checks one hidden draft
         room = self.max_seq_len - self.prompt_len - len(self.committed)  # positions after C[-1]
-        return drafts[: max(0, min(self.max_verify_tokens - 1, room))]
+        return self.drafts.path(max(0, min(self.max_verify_tokens - 1, room)))
 
     # -- the scheduler's side ------------------------------------------------------------
 
     def mark_prefilled(self, ms: float) -> None:
         """The prompt is in the slot; the tail held now was drafted while it ran (hidden)."""
         self.prefilled = True
-        tail = self.tail
-        self._hidden = list(tail.token_ids) if tail is not None and tail.base == 0 else []
+        self._hidden = self.drafts.path(self.max_seq_len) if not self.committed else []
         self.counters.hidden_drafted = len(self._hidden)
         self.counters.add_stage("prefill", ms)
 

@@ -22,6 +22,7 @@ from eventspec.cloud.request_timeline import CloudTimeline
 from eventspec.cloud.runtime import VerifierRuntime
 from eventspec.cloud.tickets import Failure, Ticket
 from eventspec.cloud.timeouts import features_timeout_s
+from eventspec.cloud.tree_checks import TreeChecks
 from eventspec.shared.contract.codec import TensorHeaderInfo, WireDtype
 from eventspec.shared.contract.convert_verifier import EdgeInbound
 from eventspec.shared.contract.errors import (
@@ -66,6 +67,11 @@ class Inbox:
         self.error: EventSpecError | None = None
         #: How much of C the stream has received from the scheduler (>= what the edge saw).
         self.received = 0
+        limits = rt.info.limits
+        #: The request's tree bookkeeping (ids, parents, depths, live nodes).
+        self.trees = TreeChecks(max_nodes=limits.max_tree_nodes, max_depth=limits.max_tree_depth,
+                                max_per_message=limits.max_draft_tokens,
+                                text_vocab_size=rt.info.text_vocab_size)
 
     async def consume(self, messages: AsyncIterator[EdgeInbound]) -> None:
         """Handle every message until the edge half-closes; an invalid one fails the stream."""
@@ -95,6 +101,8 @@ class Inbox:
             limits = self.rt.info.limits
             check_tail(msg, committed_len=self.received, max_draft_tokens=limits.max_draft_tokens,
                        text_vocab_size=self.rt.info.text_vocab_size)
+            if msg.nodes:
+                msg = self.trees.check(msg, self.received)
             self.rt.scheduler.offer(self.ticket, msg)
             if self.probe is not None:
                 self.probe.on_drafts(msg)

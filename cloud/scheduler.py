@@ -223,8 +223,8 @@ class Scheduler(PrefillPhase):
         return keyed is not None and self.prefix_cache.may_hold(keyed[0])
 
     def offer(self, ticket: Ticket, tail: DraftTail) -> None:
-        """Hand the engine thread the edge's latest tail (a newer tail replaces an older)."""
-        ticket.mailbox = tail
+        """Hand the engine thread the edge's drafts (read in order at its next step)."""
+        ticket.mailbox.append(tail)
 
     def cancel(self, ticket: Ticket) -> None:
         """Finish the request as CANCELLED at the next iteration."""
@@ -412,10 +412,9 @@ class Scheduler(PrefillPhase):
         return True
 
     def _read_mailbox(self, ticket: Ticket) -> None:
-        tail = ticket.mailbox
-        if tail is not None:
-            ticket.mailbox = None
-            ticket.session.offer_drafts(tail)
+        box = ticket.mailbox
+        while box:
+            ticket.session.offer_drafts(box.popleft())
 
     def _spec(self, ticket: Ticket, rows: int, drafts: Sequence[int]) -> SampleSpec:
         s = ticket.session.settings

@@ -15,7 +15,7 @@ import collections
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,16 +39,19 @@ SchedulerEvent = Committed | Failure
 class Ticket:
     """One admitted request, shared by its stream (event loop) and the engine thread.
 
-    The stream writes only ``mailbox`` and ``cancel_requested`` (single attribute stores,
-    atomic under the GIL); the engine thread owns ``session`` until it posts a result with
-    a finish reason, after which the stream may read it.
+    The stream writes only ``mailbox`` (appends to a deque, which the engine thread pops:
+    both atomic) and ``cancel_requested`` (a single attribute store, atomic under the
+    GIL); the engine thread owns ``session`` until it posts a result with a finish
+    reason, after which the stream may read it.
     """
 
     request_id: str
     session: DecodingSession
     events: asyncio.Queue[SchedulerEvent]
     generator: torch.Generator | None
-    mailbox: DraftTail | None = None
+    #: Drafts received and not yet read by the engine thread, oldest first (a tree's
+    #: messages each carry new nodes only, so none may be skipped).
+    mailbox: collections.deque[DraftTail] = field(default_factory=collections.deque)
     cancel_requested: bool = False
     slot_held: bool = True
     submitted_at: float = 0.0  # the scheduler's clock when the prefill was queued

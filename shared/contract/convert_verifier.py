@@ -36,6 +36,7 @@ from eventspec.shared.contract.types import (
     CancelRequest,
     CommitEvent,
     DoneEvent,
+    DraftNode,
     DraftTail,
     FeatureMode,
     FinishReason,
@@ -150,11 +151,16 @@ def open_from_pb(m: verifier_pb2.Open) -> OpenRequest:
 
 
 def drafts_to_pb(d: DraftTail) -> verifier_pb2.Drafts:
-    return verifier_pb2.Drafts(base=d.base, token_ids=list(d.token_ids), sent_at_ms=d.sent_at_ms)
+    return verifier_pb2.Drafts(
+        base=d.base, token_ids=list(d.token_ids), sent_at_ms=d.sent_at_ms,
+        nodes=[verifier_pb2.DraftNode(id=n.id, parent=n.parent, token_id=n.token_id,
+                                      logprob=n.logprob) for n in d.nodes])
 
 
 def drafts_from_pb(m: verifier_pb2.Drafts) -> DraftTail:
-    return DraftTail(base=m.base, token_ids=tuple(m.token_ids), sent_at_ms=m.sent_at_ms)
+    return DraftTail(base=m.base, token_ids=tuple(m.token_ids), sent_at_ms=m.sent_at_ms,
+                     nodes=tuple(DraftNode(n.id, n.parent, n.token_id, n.logprob)
+                                 for n in m.nodes))
 
 
 def commit_to_pb(c: CommitEvent) -> verifier_pb2.Commit:

@@ -168,6 +168,9 @@ class ServerLimits:
     #: cloud; the edge then applies the defaults).
     max_stop_strings: int = MAX_STOP_STRINGS
     max_stop_chars: int = MAX_STOP_CHARS
+    #: Draft trees: live nodes per request, and depth below a root (0: chains only).
+    max_tree_nodes: int = 512
+    max_tree_depth: int = 64
 
 
 @dataclass(frozen=True)
@@ -249,12 +252,30 @@ class OpenRequest:
 
 
 @dataclass(frozen=True)
+class DraftNode:
+    """One drafted token of a tree: ``parent`` is an earlier node's id, or ``ROOT`` (-1):
+    the token right after the first ``base`` committed tokens of its message."""
+
+    id: int
+    parent: int
+    token_id: int
+    logprob: float = 0.0
+
+
+#: ``DraftNode.parent`` of a root.
+ROOT = -1
+
+
+@dataclass(frozen=True)
 class DraftTail:
-    """The edge's speculative tail: ``token_ids`` continue the committed answer at ``base``."""
+    """The edge's drafts from the committed length ``base``: a chain (``token_ids``, the
+    whole tail from ``base``, re-sent as it changes) or new tree nodes (``nodes``, only
+    those not sent before; docs/trees.md). A chain is a tree with one child per node."""
 
     base: int
     token_ids: tuple[int, ...]
     sent_at_ms: float = 0.0
+    nodes: tuple[DraftNode, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -249,6 +249,8 @@ class Limits(_message.Message):
     MAX_SESSIONS_PER_PRINCIPAL_FIELD_NUMBER: _builtins.int
     MAX_STOP_STRINGS_FIELD_NUMBER: _builtins.int
     MAX_STOP_CHARS_FIELD_NUMBER: _builtins.int
+    MAX_TREE_NODES_FIELD_NUMBER: _builtins.int
+    MAX_TREE_DEPTH_FIELD_NUMBER: _builtins.int
     max_sessions: _builtins.int
     """Concurrent Generate streams."""
     max_message_bytes: _builtins.int
@@ -279,6 +281,12 @@ class Limits(_message.Message):
     """Most stop strings one request may carry (GenerationConfig.stop); 0: not reported."""
     max_stop_chars: _builtins.int
     """Most characters all of one request's stop strings may total; 0: not reported."""
+    max_tree_nodes: _builtins.int
+    """Draft trees (Drafts.nodes): the most nodes one request may have live at the cloud
+    (nodes past the committed answer), and the deepest a node may sit below its
+    root; 0: not reported (an older cloud, which takes chains only).
+    """
+    max_tree_depth: _builtins.int
     def __init__(
         self,
         *,
@@ -295,10 +303,12 @@ class Limits(_message.Message):
         max_sessions_per_principal: _builtins.int = ...,
         max_stop_strings: _builtins.int = ...,
         max_stop_chars: _builtins.int = ...,
+        max_tree_nodes: _builtins.int = ...,
+        max_tree_depth: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kv_slots", b"kv_slots", "kv_tokens_per_slot", b"kv_tokens_per_slot", "max_draft_tokens", b"max_draft_tokens", "max_frame_bytes", b"max_frame_bytes", "max_message_bytes", b"max_message_bytes", "max_new_tokens", b"max_new_tokens", "max_question_chars", b"max_question_chars", "max_sessions", b"max_sessions", "max_sessions_per_principal", b"max_sessions_per_principal", "max_stop_chars", b"max_stop_chars", "max_stop_strings", b"max_stop_strings", "max_tensor_bytes", b"max_tensor_bytes", "max_verify_tokens", b"max_verify_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kv_slots", b"kv_slots", "kv_tokens_per_slot", b"kv_tokens_per_slot", "max_draft_tokens", b"max_draft_tokens", "max_frame_bytes", b"max_frame_bytes", "max_message_bytes", b"max_message_bytes", "max_new_tokens", b"max_new_tokens", "max_question_chars", b"max_question_chars", "max_sessions", b"max_sessions", "max_sessions_per_principal", b"max_sessions_per_principal", "max_stop_chars", b"max_stop_chars", "max_stop_strings", b"max_stop_strings", "max_tensor_bytes", b"max_tensor_bytes", "max_tree_depth", b"max_tree_depth", "max_tree_nodes", b"max_tree_nodes", "max_verify_tokens", b"max_verify_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -497,13 +507,23 @@ class Drafts(_message.Message):
     BASE_FIELD_NUMBER: _builtins.int
     TOKEN_IDS_FIELD_NUMBER: _builtins.int
     SENT_AT_MS_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
     base: _builtins.int
     """Length of the committed answer the edge has seen."""
     sent_at_ms: _builtins.float
     """Edge time since Open was sent, ms (diagnostics)."""
     @_builtins.property
     def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """The edge's whole tail from `base`: token ids, each < text_vocab_size."""
+        """A chain: the edge's whole tail from `base`, token ids each < text_vocab_size.
+        Leave empty when sending `nodes`.
+        """
+
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___DraftNode]:
+        """A tree, sent incrementally: only nodes not sent before, each after its parent
+        (at most max_draft_tokens per message). The cloud keeps the tree across steps and
+        verifies its likeliest path that extends the committed answer. docs/trees.md.
+        """
 
     def __init__(
         self,
@@ -511,14 +531,53 @@ class Drafts(_message.Message):
         base: _builtins.int = ...,
         token_ids: _abc.Iterable[_builtins.int] | None = ...,
         sent_at_ms: _builtins.float = ...,
+        nodes: _abc.Iterable[Global___DraftNode] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base", b"base", "sent_at_ms", b"sent_at_ms", "token_ids", b"token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base", b"base", "nodes", b"nodes", "sent_at_ms", b"sent_at_ms", "token_ids", b"token_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Drafts: _TypeAlias = Drafts  # noqa: Y015
+
+@_typing.final
+class DraftNode(_message.Message):
+    """One drafted token in a tree of drafts."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    PARENT_FIELD_NUMBER: _builtins.int
+    TOKEN_ID_FIELD_NUMBER: _builtins.int
+    LOGPROB_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """Unique within the request and larger than every id sent before it."""
+    parent: _builtins.int
+    """An earlier node's id, or -1: a root, the token right after the first `base`
+    committed tokens of the Drafts message that carries it.
+    """
+    token_id: _builtins.int
+    """The drafted token, < text_vocab_size."""
+    logprob: _builtins.float
+    """The drafter's log-probability of token_id after its path (<= 0; 0 if unknown):
+    the cloud follows the likeliest children.
+    """
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        parent: _builtins.int = ...,
+        token_id: _builtins.int = ...,
+        logprob: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "logprob", b"logprob", "parent", b"parent", "token_id", b"token_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DraftNode: _TypeAlias = DraftNode  # noqa: Y015
 
 @_typing.final
 class Cancel(_message.Message):

@@ -1,0 +1,124 @@
+"""The structural checks of draft trees, run on the stream before anything reaches the
+engine thread: what makes a tree message malformed (the edge is broken) rather than late.
+
+Why here and stateful: a tree arrives in pieces (each ``Drafts`` message carries only
+nodes not sent before, docs/trees.md), so whether a parent exists, whether an id was
+used before and how deep a node sits depend on what the request sent earlier. The
+stream keeps that bookkeeping per request; the cloud's tree itself
+(:mod:`eventspec.cloud.draft_forest`) lives on the engine thread and never sees a
+malformed node.
+
+Rules (each violation is INVALID_ARGUMENT naming the field, and the session goes on
+without that message):
+
+- ids increase within a request, so an id is never reused and a parent always comes
+  before its child: no duplicate, no cycle;
+- a parent is ``ROOT`` (-1) or an id sent before;
+- a node sits at most ``max_tree_depth`` below its root;
+- a request holds at most ``max_tree_nodes`` live nodes (those the committed answer has
+  not passed yet), at most ``max_draft_tokens`` per message.
+
+A node whose parent the committed answer has already passed is late, not wrong: it is
+dropped quietly (counted as stale), with its descendants in the same message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.contract.types import ROOT, DraftNode, DraftTail
+
+__all__ = ["TreeChecks"]
+
+
+@dataclass
+class TreeChecks:
+    """One request's tree bookkeeping on the stream."""
+
+    max_nodes: int
+    max_depth: int
+    max_per_message: int
+    text_vocab_size: int
+    #: Live node id -> (position in the answer, depth below its root).
+    _live: dict[int, tuple[int, int]] = field(default_factory=dict)
+    _last_id: int = -1
+    #: Nodes dropped as late (their parent was passed by the committed answer).
+    stale: int = 0
+
+    def check(self, tail: DraftTail, committed_len: int) -> DraftTail:
+        """``tail`` with its late nodes dropped, or InvalidInput naming the field.
+
+        ``committed_len``: the committed tokens the stream has received (the edge has
+        seen at most these). Nothing is recorded unless the whole message passes."""
+        if tail.nodes and tail.token_ids:
+            raise InvalidInput("Drafts carries both token_ids (a chain) and nodes (a tree); "
+                               "send one")
+        if len(tail.nodes) > self.max_per_message:
+            raise InvalidInput(f"Drafts.nodes: {len(tail.nodes)} nodes exceed the cap of "
+                               f"{self.max_per_message} per message "
+                               "(GetServerInfo.limits.max_draft_tokens)")
+        self._forget_passed(committed_len)
+        added: dict[int, tuple[int, int]] = {}
+        late: set[int] = set()
+        kept: list[DraftNode] = []
+        last = self._last_id
+        for i, node in enumerate(tail.nodes):
+            where = f"Drafts.nodes[{i}]"
+            if node.id <= last:
+                raise InvalidInput(f"{where}.id {node.id} repeats or goes back: ids increase "
+                                   f"within a request (the last was {last})")
+            last = node.id
+            if not 0 <= node.token_id < self.text_vocab_size:
+                raise InvalidInput(f"{where}.token_id {node.token_id} is outside the shared "
+                                   f"text vocabulary [0, {self.text_vocab_size})")
+            if node.logprob != node.logprob or node.logprob > 0:  # NaN, or a probability > 1
+                raise InvalidInput(f"{where}.logprob {node.logprob} is not a log-probability "
+                                   "(<= 0)")
+            if node.parent in late:  # its parent was late: so is it
+                late.add(node.id)
+                continue
+            place = self._place(node, tail.base, added, where)
+            if place is None:
+                late.add(node.id)
+                continue
+            if place[1] > self.max_depth:
+                raise InvalidInput(f"{where} sits {place[1]} below its root, deeper than "
+                                   f"{self.max_depth} (GetServerInfo.limits.max_tree_depth)")
+            added[node.id] = place
+            kept.append(node)
+        live = len(self._live) + len(added)
+        if live > self.max_nodes:
+            raise InvalidInput(f"Drafts.nodes: {live} live nodes exceed the cap of "
+                               f"{self.max_nodes} per request "
+                               "(GetServerInfo.limits.max_tree_nodes)")
+        self._last_id = last
+        self._live.update(added)
+        self.stale += len(late)
+        return replace(tail, nodes=tuple(kept)) if late else tail
+
+    def _place(self, node: DraftNode, base: int, added: dict[int, tuple[int, int]],
+               where: str) -> tuple[int, int] | None:
+        """(position, depth) of ``node``; None when its parent is late (passed)."""
+        if node.parent == ROOT:
+            return base, 1
+        if node.parent >= node.id:
+            raise InvalidInput(f"{where}.parent {node.parent} is not an earlier node: a "
+                               f"parent is sent before its children (node {node.id})")
+        parent = added.get(node.parent) or self._live.get(node.parent)
+        if parent is not None:
+            return parent[0] + 1, parent[1] + 1
+        if node.parent > self._last_id and node.parent not in added:
+            raise InvalidInput(f"{where}.parent {node.parent} is no node of this request")
+        return None  # sent earlier and passed by the committed answer: late
+
+    def _forget_passed(self, committed_len: int) -> None:
+        """Drop nodes whose children could only fall inside the committed answer."""
+        passed = [i for i, (pos, _) in self._live.items() if pos < committed_len - 1]
+        for i in passed:
+            del self._live[i]
+
+    @property
+    def live(self) -> int:
+        """Live nodes now."""
+        return len(self._live)
