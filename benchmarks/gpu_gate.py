@@ -80,6 +80,7 @@ class Gate:
     records: dict[str, Any] = field(default_factory=dict)
 
     def check(self, name: str, ok: bool, detail: str) -> bool:
+        detail = " ".join(detail.split())  # one line: a status line's padding, a traceback
         self.checks.append({"check": name, "ok": bool(ok), "detail": detail})
         print(f"[{'PASS' if ok else 'FAIL'}] {name}: {detail}", flush=True)
         return ok

@@ -5,10 +5,10 @@ named a commit, 20 held machine paths such as ``/root/out/...``). Every benchmar
 writes a JSON puts :func:`stamp` under the key ``"stamp"``, and
 ``tests/unit/test_result_stamps.py`` checks the stamp of every committed result.
 
-The GPU machine gets a copy of the working tree without ``.git``, so the commit comes
-from git where it can be asked, else from ``EVENTSPEC_GIT_COMMIT`` (and
-``EVENTSPEC_GIT_DIRTY=1`` when the tree had uncommitted changes), which the caller sets
-on the command line it sends there.
+The GPU machine gets a copy of the working tree whose ``.git`` (if any) is not the
+session's, so the caller names the commit there: ``EVENTSPEC_GIT_COMMIT`` (and
+``EVENTSPEC_GIT_DIRTY=1`` when the tree had uncommitted changes) on the command line
+it sends; elsewhere git is asked.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +33,13 @@ MACHINE_PATH = re.compile(r"(?<![\w.])/(?:root|home|tmp|work|Users|var/folders)/
 
 
 def git_state() -> tuple[str, bool]:
-    """(commit, dirty) of the working tree: from git, else from the environment;
+    """(commit, dirty) of the code that runs: ``EVENTSPEC_GIT_COMMIT`` (and
+    ``EVENTSPEC_GIT_DIRTY``) when set, since a copied tree may carry a stale ``.git``
+    (the GPU machine's did: it named the session's starting commit); else git's answer;
     ("unknown", True) when neither can tell."""
+    commit = os.environ.get("EVENTSPEC_GIT_COMMIT")
+    if commit:
+        return commit, os.environ.get("EVENTSPEC_GIT_DIRTY") == "1"
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                                 text=True, check=True, timeout=10).stdout.strip()
@@ -42,8 +48,7 @@ def git_state() -> tuple[str, bool]:
                                 timeout=10).stdout
         return commit, bool(status.strip())
     except (OSError, subprocess.SubprocessError):
-        commit = os.environ.get("EVENTSPEC_GIT_COMMIT", "unknown")
-        return commit, commit == "unknown" or os.environ.get("EVENTSPEC_GIT_DIRTY") == "1"
+        return "unknown", True
 
 
 def device_name() -> str:
@@ -75,14 +80,15 @@ def scrub_paths(text: str) -> str:
 
 
 def stamp(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Commit, dirtiness, device, library versions and the command (machine paths
-    scrubbed) of this run."""
+    """Commit, dirtiness, device, library versions, the command (machine paths scrubbed)
+    and the date of this run."""
     commit, dirty = git_state()
     args = list(sys.argv if argv is None else argv)
     if args and args[0].endswith(".py"):
         args[0] = Path(args[0]).name
     return {"commit": commit, "dirty": dirty, "device": device_name(), "versions": versions(),
-            "command": scrub_paths(shlex.join(args))}
+            "command": scrub_paths(shlex.join(args)),
+            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}
 
 
 def write_result(path: Path, result: dict[str, Any], indent: int = 1) -> Path:

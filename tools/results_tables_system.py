@@ -198,7 +198,30 @@ def test_gpu(runs: Named) -> list[str]:
                    "wall s", "exit status"], rows)
 
 
+def gpu_gate(runs: Named) -> list[str]:
+    """``make gpu-gate``: each check of each phase, passed or not, and what it saw."""
+    rows = [(label, c["check"], "pass" if c["ok"] else "FAIL", c["detail"].replace("|", "/"))
+            for label, r in runs for c in r["checks"]]
+    return table(["run", "check", "result", "what it saw"], rows)
+
+
+def gpu_gate_load(runs: Named) -> list[str]:
+    """The gate's concurrent-sessions check: requests, outcomes, peaks, GetStats latency."""
+    rows = []
+    for label, r in runs:
+        lv = r["load"]
+        outcomes = ", ".join(f"{k} {v}" for k, v in lv["outcomes"].items())
+        rows.append((label, lv["requests"], lv["answer_tokens"], outcomes, lv["peak_running"],
+                     lv["peak_waiting"], f"{lv['wall_s']:.1f}",
+                     dash(lv.get("get_stats_ms_median"), ".1f"),
+                     dash(lv.get("get_stats_ms_max"), ".1f")))
+    return table(["run", "requests", "answer tokens", "outcomes", "most at once",
+                  "most waiting", "wall s", "GetStats ms p50", "max"], rows)
+
+
 KINDS: dict[str, Callable[[Named], list[str]]] = {
+    "gpu-gate": gpu_gate,
+    "gpu-gate-load": gpu_gate_load,
     "e2e-points": e2e_points,
     "e2e-capacity": e2e_capacity,
     "e2e-uplink": e2e_uplink,

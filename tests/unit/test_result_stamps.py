@@ -41,3 +41,12 @@ def test_a_command_keeps_repository_paths_relative() -> None:
                   str(root / "benchmarks/results/x.json")])["command"] == \
         "bench_load.py --out benchmarks/results/x.json"
     assert scrub_paths("see /tmp/abc/def and /home/u/x") == "see <path> and <path>"
+
+
+def test_a_named_commit_wins_over_a_stale_git(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU machine's copied tree carried a stale ``.git``; the commit the caller names
+    is the one stamped."""
+    monkeypatch.setenv("EVENTSPEC_GIT_COMMIT", "ab" * 20)
+    monkeypatch.setenv("EVENTSPEC_GIT_DIRTY", "1")
+    st = stamp([])
+    assert st["commit"] == "ab" * 20 and st["dirty"] is True and st["date"].endswith("UTC")
