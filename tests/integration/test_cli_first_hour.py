@@ -73,7 +73,7 @@ def test_ask_refuses_bad_arguments_before_the_network(args: list[str], needle: s
         ("eventspec-edge", ["--port", "65536"], {}, "--port must be in 0..65535"),
         ("eventspec-cloud", ["--max-new-tokens", "-1"], {}, "--max-new-tokens must be in 1.."),
         ("eventspec-cloud", ["--max-new-tokens", "0"], {}, "--max-new-tokens must be in 1.."),
-        ("eventspec-cloud", ["--max-sessions", "0"], {}, "--max-sessions"),
+        ("eventspec-cloud", ["--max-sessions", "-1"], {}, "--max-sessions must be >= 0 (0: auto)"),
         ("eventspec-cloud", ["--emulate-step-ms", "-1"], {}, "--emulate-step-ms"),
         ("eventspec-cloud", [], {"EVENTSPEC_CLOUD_PORT": "fifty"}, "$EVENTSPEC_CLOUD_PORT"),
         ("eventspec-edge", ["--request-timeout", "-1"], {}, "--request-timeout must be > 0"),
