@@ -120,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
              "prefill on an H200)")
     arg("--oracle-seed", type=int, default=env.oracle_seed,
         help="seed of the oracle's right/wrong draws (per question and position)")
+    arg("--oracle-coverage", type=float, default=env.oracle_coverage,
+        help="benchmarks only: the oracle drafts trees, the true token beside a wrong "
+             "draft with this probability q (0: chains)")
     arg("--draft-head", type=Path, default=env.draft_head,
         help="a token adapter or draft head directory (eventspec-edge train-adapter): "
              "drafts its argmax, the target's predicted next token, from the HF "
@@ -262,6 +265,7 @@ def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
         oracle_ms_per_token=args.oracle_ms_per_token,
         oracle_prefill_ms=args.oracle_prefill_ms,
         oracle_seed=args.oracle_seed,
+        oracle_coverage=args.oracle_coverage,
         draft_head=args.draft_head,
         commit_log=args.commit_log,
         commit_log_max_mb=args.commit_log_max_mb,

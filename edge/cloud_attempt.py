@@ -91,6 +91,10 @@ class CloudAttempt:
             speculative=self.open_req.speculative,
             force_speculation=agent.force_speculation,
             preview_every=agent.preview_every,
+            # Trees where the drafter offers branches and the cloud keeps trees.
+            tree=(bool(getattr(agent.draft_backend, "drafts_trees", False))
+                  and info.limits.max_tree_nodes > 0),
+            max_nodes_per_message=max(1, info.limits.max_draft_tokens),
         )
         self.drafter = Drafter(agent.draft_backend)
         stream = self.link.open_stream(agent.request_timeout_s)
@@ -203,15 +207,16 @@ class CloudAttempt:
         if "draft" not in self.tasks and self.session.wants_draft():
             self.draft_context = self.session.draft_context()
             self.tasks["draft"] = asyncio.ensure_future(worker.run(
-                lambda ctx=self.draft_context: drafter.draft_next(ctx)  # type: ignore[misc]
+                lambda ctx=self.draft_context: (  # type: ignore[misc]
+                    drafter.draft_next(ctx), drafter.branches_at(ctx))
             ))
 
     def _drafted(self) -> list[Action]:
         """The session's actions for a draft token that is ready (none while drafting)."""
         if "draft" not in self.tasks or not self.tasks["draft"].done():
             return []
-        token = self.tasks.pop("draft").result()
-        return self.session.on_draft(self.draft_context, token)
+        token, branches = self.tasks.pop("draft").result()
+        return self.session.on_draft(self.draft_context, token, branches)
 
     def _reply(self, task: asyncio.Future[Any]) -> TimingPlan | CommitEvent | DoneEvent:
         """The cloud's next message, or the error that ended the stream."""

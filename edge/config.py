@@ -100,6 +100,9 @@ class EdgeSettings:
     oracle_ms_per_token: float = 4.68
     oracle_prefill_ms: float = 36.1
     oracle_seed: int = 0
+    #: The oracle's tree coverage q (issue 36): where a draft is wrong, the true token is
+    #: drafted beside it with this probability, with a few more drafts under it. 0: chains.
+    oracle_coverage: float = 0.0
     #: A token adapter or distilled draft head (``eventspec-edge train-adapter``): the
     #: edge drafts its argmax (the target's predicted next token) from the HF drafter's
     #: hidden states instead of the drafter's own (``eventspec.edge.headed_draft``).
@@ -171,6 +174,7 @@ class EdgeSettings:
             oracle_ms_per_token=e.number("ORACLE_MS_PER_TOKEN", d.oracle_ms_per_token),
             oracle_prefill_ms=e.number("ORACLE_PREFILL_MS", d.oracle_prefill_ms),
             oracle_seed=e.integer("ORACLE_SEED", d.oracle_seed),
+            oracle_coverage=e.number("ORACLE_COVERAGE", d.oracle_coverage),
             draft_head=e.path("DRAFT_HEAD"),
             commit_log=e.path("COMMIT_LOG"),
             commit_log_max_mb=e.integer("COMMIT_LOG_MAX_MB", d.commit_log_max_mb),
@@ -259,6 +263,7 @@ class EdgeSettings:
             if not (math.isfinite(ms) and ms >= 0):
                 raise SettingsError(f"{flag} must be >= 0 ms, got {ms:g}")
         require_int("--oracle-seed", self.oracle_seed, 0, SEED_MAX)
+        require_fraction("--oracle-coverage", self.oracle_coverage, zero_ok=True)
 
 
 def _env_sensor_size(e: Env) -> tuple[int, int] | None:

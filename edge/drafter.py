@@ -118,6 +118,14 @@ class Drafter:
         self._fed = ctx
         return rows[-1]
 
+    def branches_at(self, context: Sequence[int]) -> list[tuple[int, ...]]:
+        """Branches beside the draft after ``context``, where the backend drafts trees
+        (``draft_branches``: the oracle's, for now); none otherwise."""
+        fn = getattr(self.backend, "draft_branches", None)
+        if fn is None or self._state is None:
+            return []
+        return list(fn(self._state, len(context)))
+
     @property
     def ms_per_token(self) -> float:
         return self.draft_ms_total / self.drafted_total if self.drafted_total else 0.0

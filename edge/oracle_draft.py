@@ -65,10 +65,19 @@ class OracleSettings:
     ms_per_token: float
     prefill_ms: float
     seed: int = 0
+    #: Draft trees (issue 36): where a draft is wrong, the true token is drafted as its
+    #: runner-up sibling with probability ``coverage`` (q), with ``branch_depth`` more
+    #: of the oracle's own drafts under it. 0: chains only.
+    coverage: float = 0.0
+    branch_depth: int = 4
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.alpha) and 0.0 <= self.alpha <= 1.0):
             raise InvalidInput(f"--oracle-alpha must be in [0, 1], got {self.alpha!r}")
+        if not (math.isfinite(self.coverage) and 0.0 <= self.coverage <= 1.0):
+            raise InvalidInput(f"--oracle-coverage must be in [0, 1], got {self.coverage!r}")
+        if self.branch_depth < 0:
+            raise InvalidInput(f"the oracle's branch depth must be >= 0, got {self.branch_depth}")
         for flag, value in (("--oracle-ms-per-token", self.ms_per_token),
                             ("--oracle-prefill-ms", self.prefill_ms)):
             if not (math.isfinite(value) and value >= 0):
@@ -76,7 +85,8 @@ class OracleSettings:
 
     def label(self) -> str:
         """E.g. "oracle α=0.8, 4.68 ms/token, prefill 36.1 ms — benchmarks only"."""
-        return (f"oracle α={self.alpha:g}, {self.ms_per_token:g} ms/token, prefill "
+        trees = f", trees q={self.coverage:g}" if self.coverage > 0 else ""
+        return (f"oracle α={self.alpha:g}{trees}, {self.ms_per_token:g} ms/token, prefill "
                 f"{self.prefill_ms:g} ms — {BENCHMARKS_ONLY}")
 
 
@@ -198,9 +208,28 @@ class OracleDraftBackend:
                 token += 1
         return token
 
-    def _draw(self, question: str, position: int) -> tuple[float, int]:
-        """(u in [0, 1), an integer) from (seed, question, position) alone."""
-        digest = hashlib.blake2b(f"{self.settings.seed}\0{question}\0{position}".encode(),
+    @property
+    def drafts_trees(self) -> bool:
+        """Whether it offers branches (``--oracle-coverage`` > 0): the edge then sends trees."""
+        return self.settings.coverage > 0
+
+    def draft_branches(self, state: OracleState, position: int) -> list[tuple[int, ...]]:
+        """Branches beside the draft for ``position`` (a tree's runner-up): where that
+        draft is wrong, with probability ``coverage``, the true token followed by the
+        oracle's own drafts for the next ``branch_depth`` positions. No model work."""
+        answer = state.answer
+        if (self.settings.coverage <= 0 or answer is None or position >= len(answer)
+                or self.draft_token(state, position) == answer[position]):
+            return []
+        if self._draw(state.question, position, "cover")[0] >= self.settings.coverage:
+            return []
+        below = range(position + 1, min(len(answer), position + 1 + self.settings.branch_depth))
+        return [(answer[position], *(self.draft_token(state, p) for p in below))]
+
+    def _draw(self, question: str, position: int, purpose: str = "") -> tuple[float, int]:
+        """(u in [0, 1), an integer) from (seed, question, position[, purpose]) alone."""
+        salt = f"\0{purpose}" if purpose else ""
+        digest = hashlib.blake2b(f"{self.settings.seed}\0{question}\0{position}{salt}".encode(),
                                  digest_size=16).digest()
         u = int.from_bytes(digest[:8], "little") / 2.0**64
         return u, int.from_bytes(digest[8:], "little")

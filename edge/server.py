@@ -75,7 +75,7 @@ def oracle_for(settings: EdgeSettings, draft: DraftModel) -> OracleDraftBackend:
     oracle = OracleSettings(
         answers=load_answers(settings.oracle_answers), alpha=settings.oracle_alpha,
         ms_per_token=settings.oracle_ms_per_token, prefill_ms=settings.oracle_prefill_ms,
-        seed=settings.oracle_seed)
+        seed=settings.oracle_seed, coverage=settings.oracle_coverage)
     return oracle_backend(oracle, text_vocab_size=draft.text_vocab_size,
                           eos_token_id=draft.eos_token_id)
 

@@ -6,7 +6,10 @@ of greedy drafts beyond it (DESIGN, "Speculation invariants"). This module decid
 - when to draft: after the draft prefill, up to the plan's hidden-draft budget before
   the first commit and its lookahead after, never past EOS or the token cap;
 - what ``Drafts`` to send: the whole tail with the committed length it extends
-  (``base``), at the plan's cadence; a self-validating tail needs no epochs;
+  (``base``), at the plan's cadence; a self-validating tail needs no epochs. With
+  ``tree`` (a drafter that offers branches, and a cloud that keeps trees), only the new
+  nodes go out, branches beside the tail included, and a Commit that goes down a
+  drafted branch makes that branch the tail (:mod:`eventspec.edge.draft_tree`);
 - how to fold a ``Commit``: a tail that agrees is kept (its confirmed head moves into
   C), one that diverges is dropped; the drafter re-syncs its KV cache from
   :meth:`EdgeSession.draft_context` on its next call, so a draft computed for a context
@@ -22,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from eventspec.edge.draft_tree import EdgeTree
 from eventspec.shared.contract.errors import FailedPrecondition
 from eventspec.shared.contract.timing import TimingPlan
 from eventspec.shared.contract.types import CommitEvent, DoneEvent, DraftTail
@@ -97,6 +101,8 @@ class EdgeSession:
         speculative: bool,
         force_speculation: bool = False,
         preview_every: int = 4,
+        tree: bool = False,
+        max_nodes_per_message: int = 128,
     ) -> None:
         self.max_new_tokens = max_new_tokens
         self.eos_token_id = eos_token_id
@@ -112,6 +118,8 @@ class EdgeSession:
         self.counters = EdgeCounters()
         self._sent_len = 0  # len(C) + len(tail) when the last tail was sent
         self._preview_len = 0
+        #: Draft trees: ids, what was sent, where C stands (None: chains).
+        self.tree = EdgeTree(max_nodes_per_message) if tree else None
 
     # -- queries -----------------------------------------------------------------------
 
@@ -149,18 +157,22 @@ class EdgeSession:
     def on_prefill_done(self) -> None:
         self.prefilled = True
 
-    def on_draft(self, context: Sequence[int], token: int) -> list[Action]:
-        """A draft token computed after ``context``; stale if a commit changed it."""
+    def on_draft(self, context: Sequence[int], token: int,
+                 branches: Sequence[Sequence[int]] = ()) -> list[Action]:
+        """A draft token computed after ``context``, with the branches the drafter
+        offers beside it (trees only); stale if a commit changed the context."""
         if self.done is not None or tuple(context) != self.draft_context():
             self.counters.discarded += 1
             return []
         self.tail.append(int(token))
         self.counters.drafted += 1
+        if self.tree is not None:
+            self.tree.add_draft(int(token), branches)
         actions: list[Action] = []
         seq_len = len(self.committed) + len(self.tail)
         cadence = max(1, self.plan.chunk_cadence_tokens)
         if seq_len - self._sent_len >= cadence or not self.wants_draft():
-            actions.append(self._send_tail())
+            actions.extend(self._send_tail())
         if seq_len - self._preview_len >= self.preview_every:
             self._preview_len = seq_len
             actions.append(ShowPreview(len(self.committed), tuple(self.tail)))
@@ -177,6 +189,7 @@ class EdgeSession:
         agree = 0
         while agree < min(len(tokens), len(self.tail)) and tokens[agree] == self.tail[agree]:
             agree += 1
+        before, old_tail = len(self.committed), self.tail
         self.committed.extend(tokens)
         if agree == len(tokens):
             self.tail = self.tail[agree:]
@@ -184,6 +197,8 @@ class EdgeSession:
             if self.tail:
                 self.counters.rollbacks += 1
             self.tail = []
+        if self.tree is not None:  # C may have gone down a branch the edge drafted
+            self.tail = self.tree.on_commit(before, tokens, old_tail)
         # Anything sent beyond a diverged point is moot; the next tail is re-based on C.
         self._sent_len = min(self._sent_len, len(self.committed) + len(self.tail))
         self._preview_len = min(self._preview_len, len(self.committed) + len(self.tail))
@@ -201,7 +216,11 @@ class EdgeSession:
             return forced_plan(plan)
         return plan
 
-    def _send_tail(self) -> SendDrafts:
+    def _send_tail(self) -> list[Action]:
         self._sent_len = len(self.committed) + len(self.tail)
+        if self.tree is not None:
+            messages = self.tree.flush(len(self.committed))
+            self.counters.tails_sent += len(messages)
+            return [SendDrafts(m) for m in messages]
         self.counters.tails_sent += 1
-        return SendDrafts(DraftTail(len(self.committed), tuple(self.tail), 0.0))
+        return [SendDrafts(DraftTail(len(self.committed), tuple(self.tail), 0.0))]

@@ -112,6 +112,7 @@ EDGE: dict[str, Case] = {
     "oracle_ms_per_token": ("--oracle-ms-per-token", "3.39", 3.39),
     "oracle_prefill_ms": ("--oracle-prefill-ms", "45.4", 45.4),
     "oracle_seed": ("--oracle-seed", "9", 9),
+    "oracle_coverage": ("--oracle-coverage", "0.5", 0.5),
     "draft_head": ("--draft-head", "/tmp/head", Path("/tmp/head")),
     "commit_log": ("--commit-log", "/tmp/commits", Path("/tmp/commits")),
     "commit_log_max_mb": ("--commit-log-max-mb", "64", 64),
