@@ -54,7 +54,7 @@ from eventspec.shared.contract.types import (
 )
 from eventspec.shared.helpfmt import DefaultsHelpFormatter
 from eventspec.shared.wire.flags import add_client_security_args, client_security_from_args
-from eventspec.shared.wire.health import wait_for_serving
+from eventspec.shared.wire.health import NeverServing, wait_for_serving
 
 _MODES = {"speculative": Mode.SPECULATIVE, "target_only": Mode.TARGET_ONLY,
           "draft_only": Mode.DRAFT_ONLY}
@@ -177,27 +177,62 @@ def write_timeline(final: FinalEvent, path: Path, *, title: str) -> int:
     return 0
 
 
+#: ``eventspec wait``: how long nothing may answer (connection refused or closed) before
+#: it gives up, unless ``--retry-refused``. A node binds its port within seconds of its
+#: start (before loading models), so half a minute of silence is a wrong address or a
+#: node that is not running, not one warming up.
+WAIT_CONNECT_BUDGET_S = 30.0
+#: ``eventspec wait``'s exit status for a fault that waiting cannot cure.
+EXIT_NEVER_SERVING = 3
+
+
 def _wait(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """``eventspec wait HOST:PORT``: 0 once SERVING, 1 on timeout; reasons on stderr."""
+    """``eventspec wait HOST:PORT``: 0 once SERVING, 1 on timeout, 3 at once for a fault
+    that waiting cannot cure (NeverServing); reasons on stderr, and in a terminal a live
+    line counting the seconds."""
     try:
         check_address("address", args.address)
         check_float_range("--timeout", args.timeout, 0.0, 86400.0, lo_open=True)
     except ArgumentProblem as exc:
         parser.exit(2, f"eventspec wait: error: {exc}\n")
     security = client_security_from_args(args, prefix="", env_prefix="EVENTSPEC_")
+    live = sys.stderr.isatty()
+    shown = [False]
 
     def say(reason: str) -> None:
+        if live and shown[0]:
+            sys.stderr.write("\n")  # keep the counter's last line, start the next
         print(f"{args.address}: {reason}", file=sys.stderr, flush=True)
+        shown[0] = False
+
+    def tick(waited_s: float, reason: str) -> None:
+        if live:
+            sys.stderr.write(f"\r  waiting {waited_s:.0f} s: {reason or 'connecting'}\x1b[K")
+            sys.stderr.flush()
+            shown[0] = True
+
+    def end_line() -> None:
+        if live and shown[0]:
+            sys.stderr.write("\n")
 
     try:
-        asyncio.run(wait_for_serving(args.address, args.timeout, security=security,
-                                     on_reason=say))
+        asyncio.run(wait_for_serving(
+            args.address, args.timeout, security=security, on_reason=say,
+            on_tick=tick, check_identity=True,
+            connect_budget_s=None if args.retry_refused else WAIT_CONNECT_BUDGET_S))
     except TimeoutError as exc:
+        end_line()
         print(f"eventspec wait: {exc}", file=sys.stderr)
         return 1
+    except NeverServing as exc:
+        end_line()
+        print(f"eventspec wait: giving up: {exc}", file=sys.stderr)
+        return EXIT_NEVER_SERVING
     except KeyboardInterrupt:
+        end_line()
         print("eventspec wait: interrupted", file=sys.stderr)
         return 130
+    end_line()
     print(f"{args.address}: SERVING", file=sys.stderr)
     return 0
 
@@ -289,10 +324,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_client_security_args(ask, prefix="", env_prefix="EVENTSPEC_", peer="edge agent")
     wait = sub.add_parser("wait", help="wait until a node reports SERVING (prints what it "
                                        "is doing meanwhile)",
+                          description="Wait until a node reports SERVING. Exit status: 0 "
+                                      "SERVING; 1 --timeout ran out; 2 a usage error; 3 at "
+                                      "once for what waiting cannot cure (nothing listening "
+                                      "for 30 s without --retry-refused, a TLS or protocol "
+                                      "mismatch, not an eventspec node, a refused token, an "
+                                      "edge whose --cloud is wrong); 130 interrupted.",
                           formatter_class=DefaultsHelpFormatter)
     wait.add_argument("address", help="HOST:PORT of an edge agent or a cloud verifier")
     wait.add_argument("--timeout", type=float, default=600.0,
                       help="give up after this many seconds (exit 1)")
+    wait.add_argument("--retry-refused", action="store_true",
+                      help="keep trying while nothing listens at the address (a node not "
+                           f"started yet); without it, wait gives up (exit "
+                           f"{EXIT_NEVER_SERVING}) after {WAIT_CONNECT_BUDGET_S:.0f} s of "
+                           "refused connections")
     add_client_security_args(wait, prefix="", env_prefix="EVENTSPEC_", peer="node")
     status = sub.add_parser("status", help="print a node's live state: an edge agent's "
                                            "GetStatus or a cloud verifier's GetStats",
