@@ -26,22 +26,26 @@ from eventspec.shared.wire.status import from_grpc
 log = logging.getLogger(__name__)
 
 
-def rpc_error(exc: grpc.RpcError, address: str, what: str) -> EventSpecError:
+def rpc_error(exc: grpc.RpcError, address: str, what: str, *,
+              log_failure: bool = True) -> EventSpecError:
     """Map a gRPC failure talking to the cloud onto a domain error.
 
     The message goes to the edge's clients, so it names no address: the operator finds
-    the cloud's address with the same message in the edge's log.
+    the cloud's address with the same message in the edge's log. ``log_failure`` False:
+    a poll whose caller diagnoses and logs the cause itself (rate-limited), instead of
+    one raw line per poll ("backend unhealthy" for a cloud that is warming up).
     """
     code = exc.code() if isinstance(exc, aio.AioRpcError) else None
     details = (exc.details() if isinstance(exc, aio.AioRpcError) else str(exc)) or ""
-    return status_error(code, details, address, what)
+    return status_error(code, details, address, what, log_failure=log_failure)
 
 
 def status_error(code: grpc.StatusCode | None, details: str, address: str,
-                 what: str) -> EventSpecError:
+                 what: str, *, log_failure: bool = True) -> EventSpecError:
     """``rpc_error`` from a status code and its details (a call's final status)."""
-    log.warning("cloud verifier at %s: %s failed: %s %s", address, what,
-                code.name if code else "", details)
+    if log_failure:
+        log.warning("cloud verifier at %s: %s failed: %s %s", address, what,
+                    code.name if code else "", details)
     message = f"cloud verifier: {what} failed: {_for_clients(code, details)}"
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return DeadlineExceeded(message)
@@ -54,8 +58,10 @@ def status_error(code: grpc.StatusCode | None, details: str, address: str,
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
         # The edge's own credentials were refused: to the edge's client this is the cloud
         # being unavailable, not the client's credentials being wrong.
-        log.error("the cloud verifier at %s refused this edge (%s): check --cloud-tls-cert "
-                  "and --cloud-token-file against its --allow-principal", address, code.name)
+        if log_failure:
+            log.error("the cloud verifier at %s refused this edge (%s): check "
+                      "--cloud-tls-cert and --cloud-token-file against its --allow-principal",
+                      address, code.name)
         return Unavailable(f"cloud verifier: {what} failed: it refused this edge ({code.name})")
     return EventSpecError(message, from_grpc(code))
 

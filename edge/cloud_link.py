@@ -43,6 +43,7 @@ from eventspec.shared.wire.channel import call_metadata, open_channel
 from eventspec.shared.wire.interceptors import WARMING_UP_KEY
 from eventspec.shared.wire.options import channel_options
 from eventspec.shared.wire.security import ClientSecurity, SecurityConfigError
+from eventspec.shared.wire.transport_hint import transport_fault
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,9 @@ class CloudLink:
                     verifier_pb2.GetServerInfoRequest(), timeout=timeout_s,
                     metadata=self._metadata)
             except grpc.RpcError as exc:
-                err = rpc_error(exc, replica.target, "GetServerInfo")
+                # Every caller polls and diagnoses a failure (CloudLink.diagnose); the
+                # edge's watcher logs the cause, once per change (edge/server.py).
+                err = rpc_error(exc, replica.target, "GetServerInfo", log_failure=False)
                 if isinstance(err, DeadlineExceeded):
                     replica.rest(REST_S)
                 if not isinstance(err, DeadlineExceeded | Unavailable):
@@ -181,9 +184,6 @@ class CloudLink:
             view = _view_of(exc)
         else:  # it answers, yet its health says NOT_SERVING (or it just turned SERVING)
             view = CloudView(CloudState.UNREACHABLE, "it answers but reports NOT_SERVING")
-        if view.state == CloudState.NOT_A_VERIFIER:
-            log.error("the server at %s is not an eventspec Verifier (GetServerInfo: "
-                      "UNIMPLEMENTED); check --cloud", replica.target)
         self.reachable, self.last_error = False, view.describe()
         return view
 
@@ -222,4 +222,7 @@ def _view_of(exc: aio.AioRpcError) -> CloudView:
         return CloudView(CloudState.NOT_A_VERIFIER)
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
         return CloudView(CloudState.REFUSED, code.name)
-    return CloudView(CloudState.UNREACHABLE, f"{code.name}" if code else "")
+    fault = transport_fault(exc.details() or "", tls=False)
+    detail = f"{code.name}" if code else ""
+    return CloudView(CloudState.UNREACHABLE,
+                     f"{detail}: {fault.cause}" if fault is not None else detail)

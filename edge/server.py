@@ -44,6 +44,7 @@ from eventspec.shared.contract.errors import (
     FailedPrecondition,
     InvalidInput,
 )
+from eventspec.shared.node.repeat_log import RepeatLog
 from eventspec.shared.node.serving import MODEL_DTYPES
 from eventspec.shared.node.static.quant import QuantMode
 from eventspec.shared.node.tracing import tracer_from_env
@@ -145,6 +146,8 @@ class EdgeServer:
     #: An OpenTelemetry tracer (tests inject one); None: from the ``OTEL_*`` environment,
     #: which leaves tracing off unless it asks for an exporter (``eventspec.shared.node.tracing``).
     tracer: Any = None
+    #: The cloud's state in the log: one line per change, then one a minute with a count.
+    _cloud_log: RepeatLog = field(default_factory=lambda: RepeatLog(log))
 
     async def start(self, *, warm: bool = True) -> int:
         """Bind and report NOT_SERVING; then (``warm``) warm up. Returns the bound port."""
@@ -331,11 +334,33 @@ class EdgeServer:
                     else CloudView(CloudState.UNREACHABLE, exc.message))
         else:
             view = CloudView(CloudState.READY)
+            self._cloud_log.flush()
             if first or not was_ready:
                 log.info("cloud %s ready: %s", link.address, info.model_id)
                 warn_on_vocab_mismatch(link.address, info.vocab_fingerprint,
                                        draft.vocab_fingerprint)
+        if view.state != CloudState.READY:
+            self._log_cloud_view(link.address, view)
         self.readiness.set_cloud(view)
+
+    def _log_cloud_view(self, address: str, view: CloudView) -> None:
+        """The cloud's state, by its real cause, once when it starts and then once a
+        minute with a count (the watcher polls every 0.5 s; each poll logged a raw
+        "GetServerInfo failed: UNAVAILABLE ... backend unhealthy" before)."""
+        if view.state == CloudState.WARMING_UP:
+            self._cloud_log.report(logging.INFO, view, "cloud verifier at %s is warming up: %s",
+                                   address, view.detail or "starting")
+        elif view.state == CloudState.NOT_A_VERIFIER:
+            self._cloud_log.report(logging.ERROR, view, "the server at %s is not an eventspec "
+                                   "Verifier (GetServerInfo: UNIMPLEMENTED; another edge's "
+                                   "port?); check --cloud", address)
+        elif view.state == CloudState.REFUSED:
+            self._cloud_log.report(logging.ERROR, view, "the cloud verifier at %s refused this "
+                                   "edge (%s): check --cloud-tls-cert and --cloud-token-file "
+                                   "against its --allow-principal", address, view.detail)
+        else:
+            self._cloud_log.report(logging.WARNING, view, "cloud verifier at %s is "
+                                   "unreachable: %s", address, view.detail or "no answer")
 
     async def _watch_cloud(self, link: CloudLink, draft: DraftModel) -> None:
         """Keep the view of the cloud fresh: often while it is not ready, seldom after."""
@@ -369,6 +394,7 @@ class EdgeServer:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
+        self._cloud_log.flush()  # how long the last cloud condition held
         await self._host.stop(self.settings.grace_s if grace_s is None else grace_s)
         if self._link is not None:
             await self._link.close()

@@ -23,6 +23,19 @@ class TransportFault:
     hint: str
     permanent: bool
 
+    @property
+    def cause(self) -> str:
+        """A few words for a log line: ``connection refused``, ``not a gRPC server``..."""
+        return _CAUSES[self.kind]
+
+
+_CAUSES = {
+    "refused": "connection refused", "closed": "connection closed by the server",
+    "plaintext_server": "it speaks plaintext, not TLS", "not_grpc": "not a gRPC server",
+    "untrusted_certificate": "its TLS certificate is not trusted",
+    "tls_handshake": "TLS handshake failed",
+}
+
 
 def transport_fault(details: str, *, tls: bool) -> TransportFault | None:
     """The fault behind an UNAVAILABLE's ``details``, or None when it is none of these
