@@ -40,20 +40,25 @@ def e2e_points(runs: Named) -> list[str]:
 
 
 def e2e_capacity(runs: Named) -> list[str]:
-    """The capacity phase: every client in one mode at a time, all at once."""
-    (_, r), = runs
+    """The capacity phase: every client in one mode at a time, all at once (one run, or
+    several side by side with a column naming each)."""
+    many = len(runs) > 1
     rows = []
-    for p in r["capacity"]:
-        s, b = p["speculative"], p["target_only"]
-        rows.append((p["max_new_tokens"], p["clients"], f"{s['goodput_tok_s']:.1f}",
-                     f"{b['goodput_tok_s']:.1f}", f"{p['goodput_ratio']:.3f}",
-                     f"{s['latency_ms_p50']:.0f} / {s['latency_ms_p99']:.0f}",
-                     f"{b['latency_ms_p50']:.0f} / {b['latency_ms_p99']:.0f}",
-                     f"{b['latency_ms_p50'] / s['latency_ms_p50']:.3f}",
-                     dash(s["tokens_per_step"], ".2f"), f"{p['identical_share']:.2f}"))
-    return table(["answer tokens", "N", "spec tokens/s", "target-only tokens/s", "ratio",
-                   "spec p50 / p99 ms", "target-only p50 / p99 ms", "p50 ×",
-                   "tokens / step", "identical share"], rows)
+    for label, r in runs:
+        for p in r["capacity"]:
+            s, b = p["speculative"], p["target_only"]
+            rows.append(((label,) if many else ()) + (
+                p["max_new_tokens"], p["clients"], f"{s['goodput_tok_s']:.1f}",
+                f"{b['goodput_tok_s']:.1f}", f"{p['goodput_ratio']:.3f}",
+                f"{s['latency_ms_p50']:.0f} / {s['latency_ms_p99']:.0f}",
+                f"{b['latency_ms_p50']:.0f} / {b['latency_ms_p99']:.0f}",
+                f"{b['latency_ms_p50'] / s['latency_ms_p50']:.3f}",
+                dash(s["tokens_per_step"], ".2f"), dash(s.get("acceptance"), ".3f"),
+                f"{p['identical_share']:.2f}"))
+    return table((["run"] if many else []) + [
+        "answer tokens", "N", "spec tokens/s", "target-only tokens/s", "ratio",
+        "spec p50 / p99 ms", "target-only p50 / p99 ms", "p50 ×", "tokens / step",
+        "accepted ÷ verified", "identical share"], rows)
 
 
 def e2e_uplink(runs: Named) -> list[str]:
