@@ -348,8 +348,10 @@ class EdgeServer:
         minute with a count (the watcher polls every 0.5 s; each poll logged a raw
         "GetServerInfo failed: UNAVAILABLE ... backend unhealthy" before)."""
         if view.state == CloudState.WARMING_UP:
-            self._cloud_log.report(logging.INFO, view, "cloud verifier at %s is warming up: %s",
-                                   address, view.detail or "starting")
+            # Keyed on the state, not the phase: each new phase is already one line of
+            # its own ("edge agent NOT_SERVING: waiting for the cloud verifier: ...").
+            self._cloud_log.report(logging.INFO, view.state, "cloud verifier at %s is warming "
+                                   "up: %s", address, view.detail or "starting")
         elif view.state == CloudState.NOT_A_VERIFIER:
             self._cloud_log.report(logging.ERROR, view, "the server at %s is not an eventspec "
                                    "Verifier (GetServerInfo: UNIMPLEMENTED; another edge's "
@@ -358,9 +360,10 @@ class EdgeServer:
             self._cloud_log.report(logging.ERROR, view, "the cloud verifier at %s refused this "
                                    "edge (%s): check --cloud-tls-cert and --cloud-token-file "
                                    "against its --allow-principal", address, view.detail)
-        else:
-            self._cloud_log.report(logging.WARNING, view, "cloud verifier at %s is "
-                                   "unreachable: %s", address, view.detail or "no answer")
+        else:  # answering while NOT_SERVING: the moment between calibrated and serving
+            level = logging.INFO if view.detail.startswith("it answers") else logging.WARNING
+            self._cloud_log.report(level, view, "cloud verifier at %s is unreachable: %s",
+                                   address, view.detail or "no answer")
 
     async def _watch_cloud(self, link: CloudLink, draft: DraftModel) -> None:
         """Keep the view of the cloud fresh: often while it is not ready, seldom after."""

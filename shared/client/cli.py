@@ -365,6 +365,23 @@ def _installed_command(name: str) -> Callable[[list[str]], int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Every command, with a closed stdout (``| head``) ending quietly: exit 141, as a
+    shell reports SIGPIPE, no traceback (``status`` and ``demo`` printed one)."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return EXIT_PIPE_CLOSED
+
+
+def _stdout_to_devnull() -> None:
+    """The reader went away: point stdout at /dev/null, so the interpreter's flush at
+    exit does not raise a second BrokenPipeError."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "demo":
         from eventspec.shared.client.demo import main as demo_main
@@ -392,12 +409,6 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.flush()
         print("eventspec ask: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        # The reader went away (``| head -1``): no traceback, and no second error when
-        # the interpreter flushes stdout at exit.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return EXIT_PIPE_CLOSED
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from eventspec.shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
 from eventspec.shared.wire.channel import call_metadata, open_channel
 from eventspec.shared.wire.options import channel_options
 from eventspec.shared.wire.security import ClientSecurity
+from eventspec.shared.wire.transport_hint import with_hint
 
 
 class AskError(Exception):
@@ -34,7 +35,7 @@ class AskError(Exception):
         self.details = details
 
 
-def _translated(address: str, exc: aio.AioRpcError) -> AskError:
+def _translated(address: str, exc: aio.AioRpcError, *, tls: bool = False) -> AskError:
     """The call's status as an AskError whose text says what to do about it.
 
     gRPC's own text for two common mistakes names no cause: "Method not found!" when the
@@ -52,7 +53,9 @@ def _translated(address: str, exc: aio.AioRpcError) -> AskError:
     elif code == grpc.StatusCode.UNAVAILABLE and details.startswith("edge agent:"):
         details = f"the edge agent at {address} is up but not ready: {details}"
     elif code == grpc.StatusCode.UNAVAILABLE:
-        details = f"cannot reach the edge agent at {address}: {details}"
+        # "Socket closed" for a plaintext client at a TLS port says nothing of --tls.
+        details = with_hint(f"cannot reach the edge agent at {address}: {details}", details,
+                            tls=tls)
     return AskError(code, details)
 
 
@@ -64,6 +67,7 @@ class EdgeClient:
         self.address = address
         self.timeout_s = timeout_s
         self._metadata = call_metadata(security)
+        self._tls = security is not None and security.tls
         self._channel = open_channel(address, security, channel_options())
         self._stub = edge_pb2_grpc.EdgeAgentStub(self._channel)
 
@@ -86,7 +90,7 @@ class EdgeClient:
             async for msg in call:
                 yield convert_ask.ask_event_from_pb(msg)
         except aio.AioRpcError as exc:
-            raise _translated(self.address, exc) from None
+            raise _translated(self.address, exc, tls=self._tls) from None
 
     async def ask_final(self, spec: AskSpec) -> FinalEvent:
         """Just the final answer and statistics."""
@@ -105,7 +109,7 @@ class EdgeClient:
             )
             return status
         except aio.AioRpcError as exc:
-            raise _translated(self.address, exc) from None
+            raise _translated(self.address, exc, tls=self._tls) from None
 
     async def close(self) -> None:
         await self._channel.close()

@@ -28,6 +28,7 @@ from eventspec.shared.pb.eventspec.v1 import (
 from eventspec.shared.wire.channel import call_metadata, open_channel
 from eventspec.shared.wire.options import channel_options
 from eventspec.shared.wire.security import ClientSecurity
+from eventspec.shared.wire.transport_hint import with_hint
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ async def fetch_status(address: str, *, security: ClientSecurity | None = None,
                        timeout_s: float = 10.0) -> NodeStatus:
     """The node's live state (edge GetStatus, else cloud GetStats)."""
     metadata = call_metadata(security)
+    tls = security is not None and security.tls
     channel = open_channel(address, security, channel_options())
     try:
         try:
@@ -54,7 +56,7 @@ async def fetch_status(address: str, *, security: ClientSecurity | None = None,
             return NodeStatus("edge", edge)
         except aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
-                raise StatusError(_why(address, exc)) from None
+                raise StatusError(_why(address, exc, tls=tls)) from None
         try:
             cloud = await verifier_pb2_grpc.VerifierStub(channel).GetStats(
                 verifier_pb2.GetStatsRequest(), timeout=timeout_s, metadata=metadata)
@@ -62,16 +64,17 @@ async def fetch_status(address: str, *, security: ClientSecurity | None = None,
             if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                 raise StatusError(f"{address} serves neither an eventspec edge agent nor a "
                                   "cloud verifier with GetStats") from None
-            raise StatusError(_why(address, exc)) from None
+            raise StatusError(_why(address, exc, tls=tls)) from None
         return NodeStatus("cloud", cloud)
     finally:
         await channel.close()
 
 
-def _why(address: str, exc: aio.AioRpcError) -> str:
+def _why(address: str, exc: aio.AioRpcError, *, tls: bool) -> str:
     code = exc.code()
     if code == grpc.StatusCode.UNAVAILABLE:
-        return f"cannot reach {address}: {exc.details()}"
+        return with_hint(f"cannot reach {address}: {exc.details()}", exc.details() or "",
+                         tls=tls)
     return f"{address}: {code.name}: {exc.details()}"
 
 

@@ -10,6 +10,7 @@ the modules it imported before refusing.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -23,6 +24,8 @@ from tests.support.cli_processes import ROOT
 REAL = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "real"
 DAT = REAL / "dat_ncars_tonic_test_sample.dat"
 PICKLED = REAL / "npy_eventgpt_samples_sample1.npy"
+#: A user's environment: this test process set GRPC_VERBOSITY when it imported eventspec.
+USER_ENV = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
 
 
 @pytest.fixture
@@ -39,7 +42,7 @@ def run_traced(script: str, args: list[str]) -> tuple[subprocess.CompletedProces
     import trace, and the modules it imported."""
     cmd = entry_point_command(script, args)
     out = subprocess.run([cmd[0], "-X", "importtime", *cmd[1:]], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, env=USER_ENV)
     lines = out.stderr.strip().splitlines()
     modules = {ln.rsplit("|", 1)[1].strip() for ln in lines if ln.startswith("import time:")}
     said = [ln for ln in lines if not ln.startswith("import time:")]
@@ -108,6 +111,6 @@ def test_a_bind_failure_after_the_checks_prints_no_raw_grpc_line(busy_port: int,
         "except Exception as exc:\n"
         "    print('refused:', exc)\n")
     out = subprocess.run([entry_point_command("eventspec-edge", [])[0], str(script)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60, env=USER_ENV)
     assert "refused:" in out.stdout, (out.stdout, out.stderr)
     assert "add_port" not in out.stderr, out.stderr
