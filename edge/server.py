@@ -334,6 +334,7 @@ class EdgeServer:
                     else CloudView(CloudState.UNREACHABLE, exc.message))
         else:
             view = CloudView(CloudState.READY)
+            await link.sample_rtt(self.settings.rpc_timeout_s)  # the plan's rtt, every 5 s
             self._cloud_log.flush()
             if first or not was_ready:
                 log.info("cloud %s ready: %s", link.address, info.model_id)
