@@ -12,8 +12,10 @@ carries the edge's send time and the cloud logs when it arrived; each ``Commit``
 the cloud's send time and the edge logs when it arrived. With ``edge = cloud + offset``,
 every commit bounds ``offset`` from above (it cannot arrive before it was sent) and every
 Drafts message bounds it from below; the midpoint of the tightest bounds is the offset
-(NTP's assumption: the two directions take equally long). With no Drafts (target-only),
-the commits' bound minus half the smoothed RTT is used.
+(NTP's assumption: the two directions take equally long). The Open bounds it from below
+too: the cloud cannot log a request before the edge sent it. With no Drafts
+(target-only), the commits' bound minus half the smoothed RTT is used, moved up to the
+Open's bound when an overstated RTT would put the cloud's queue before the Open.
 
 Recording is off unless asked for, and bounded (``MAX_EVENTS`` per side), so it costs
 nothing by default and a few kilobytes when on. Pure: no clocks of its own, no I/O.
@@ -91,16 +93,29 @@ def align_clocks(edge: Iterable[TimelineEvent], cloud: Iterable[TimelineEvent],
     """``offset`` with edge time = cloud time + offset, and how it was found.
 
     ``edge.commit`` events (edge arrival, cloud ``peer_ms`` send) bound the offset from
-    above; ``cloud.drafts`` events (cloud arrival, edge ``peer_ms`` send) from below.
+    above; ``cloud.drafts`` events (cloud arrival, edge ``peer_ms`` send) from below, and
+    so does the Open: the cloud's first event of the request cannot precede the edge's
+    ``edge.uplink`` start (its Open). An estimate from one side and the RTT is clamped
+    into the bounds, so no cloud event is drawn before its cause even when the RTT is
+    overstated (a loopback link once read 142 ms).
     """
+    edge, cloud = list(edge), list(cloud)
     upper = min((e.start_ms - e.peer_ms for e in edge if e.lane == "edge.commit"),
                 default=None)
     lower = max((e.peer_ms - e.start_ms for e in cloud if e.lane == "cloud.drafts"),
                 default=None)
-    if upper is not None and lower is not None and lower <= upper:
-        return (upper + lower) / 2, "Drafts and Commits in both directions (NTP-style midpoint)"
+    opened = min((e.start_ms for e in edge if e.lane == "edge.uplink"), default=None)
+    first_seen = min((e.start_ms for e in cloud), default=None)
+    by_open = None if opened is None or first_seen is None else opened - first_seen
+    if lower is not None and upper is not None and lower <= upper:
+        bound = lower if by_open is None else max(lower, min(by_open, upper))
+        return (upper + bound) / 2, "Drafts and Commits in both directions (NTP-style midpoint)"
     if upper is not None:
-        return upper - max(rtt_ms, 0.0) / 2, "Commit arrivals less half the smoothed RTT"
+        offset = upper - max(rtt_ms, 0.0) / 2
+        if by_open is not None and offset < by_open <= upper:
+            return by_open, ("Commit arrivals less half the smoothed RTT, moved to the Open "
+                             "(the cloud cannot see the request before it was sent)")
+        return offset, "Commit arrivals less half the smoothed RTT"
     if lower is not None:
         return lower + max(rtt_ms, 0.0) / 2, "Drafts arrivals plus half the smoothed RTT"
     return 0.0, "no exchanged timestamps: clocks not aligned"
