@@ -214,8 +214,30 @@ def final_to_json(final: FinalEvent) -> dict[str, Any]:
             "stage_ms": {k: round(v, 2) for k, v in sorted(s.stage_ms.items())},
         },
         "plan": dataclasses.asdict(final.plan) if final.plan is not None else None,
+        "speculation_note": speculation_note(final),
         "window": dataclasses.asdict(final.window) if final.window is not None else None,
     }
+
+
+def speculation_note(final: FinalEvent) -> str | None:
+    """Why a request whose plan said "speculate" had no draft verified, or None.
+
+    Six file runs printed "speculate: predicted 1.103x, lookahead 8" above "drafted /
+    accepted 0 / 0" with nothing to reconcile the two. The cloud's counts say what
+    happened: Drafts messages that arrived after it had committed past them (stale: the
+    drafter ran slower than the plan assumed, or the link lagged), or none at all.
+    """
+    plan, s = final.plan, final.stats
+    if plan is None or not plan.speculate or final.mode != Mode.SPECULATIVE:
+        return None
+    if s.drafted or s.hidden_drafted:
+        return None
+    if s.stale_drafts:
+        return (f"no draft was verified: all {s.stale_drafts} Drafts messages arrived after "
+                "the cloud had committed past them (the drafter ran slower than the plan's "
+                "cost, or the link lagged)")
+    return ("no draft was verified: none reached the cloud before the answer was done (a "
+            "short answer, or the drafter's prefill outlasted the cloud's)")
 
 
 def acceptance_rate(final: FinalEvent) -> float | None:
@@ -267,6 +289,9 @@ def stats_table(final: FinalEvent) -> str:
                                      f"{w.num_events} events"))
     if final.plan is not None:
         rows.append(("plan", final.plan.reason))
+    note = speculation_note(final)
+    if note is not None:
+        rows.append(("speculation", note))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
 

@@ -191,3 +191,23 @@ def test_finish_note_names_every_end_but_eos(reason: FinishReason, mode: Mode, a
         assert note is None
     else:
         assert note is not None and expected in note, note
+
+
+def test_a_plan_that_speculated_but_verified_no_draft_says_why() -> None:
+    """"speculate: predicted 1.103x, lookahead 8" above "drafted / accepted 0 / 0" is
+    reconciled by a line that says what happened (issue 38, item 7)."""
+    said_yes = TimingPlan(True, 7, 8, 2, False, 0.5, 50.0, 10.0, 1.103,
+                          "speculate: predicted 1.103x")
+    stale = dataclasses.replace(_final("x", RequestStats(target_steps=12, stale_drafts=5)),
+                                plan=said_yes)
+    assert "all 5 Drafts messages arrived after the cloud had committed past them" in \
+        stats_table(stale)
+    assert "arrived after" in final_to_json(stale)["speculation_note"]
+    none = dataclasses.replace(_final("x", RequestStats(target_steps=2)), plan=said_yes)
+    assert "none reached the cloud" in stats_table(none)
+    drafted = dataclasses.replace(
+        _final("x", RequestStats(drafted=3, accepted=1, target_steps=4)), plan=said_yes)
+    assert "speculation" not in stats_table(drafted)
+    assert final_to_json(drafted)["speculation_note"] is None
+    said_no = _final("x", RequestStats(target_steps=3), plan=True)
+    assert final_to_json(said_no)["speculation_note"] is None
