@@ -321,10 +321,12 @@ async def test_port_out_of_range_is_refused(port: int) -> None:
 
 
 def test_cli_refuses_non_loopback_plaintext(tmp_path: Path) -> None:
-    """The real command line: exit 1 with the reason, before loading any model."""
+    """The real command line: a usage error, exit 2 with the reason, before loading any
+    model (issue 38: it was exit 1, after the server module had loaded)."""
     from eventspec.cloud.cli import main
 
     with pytest.raises(SystemExit, match="--tls-cert and --tls-key go together"):
         main(["serve", "--host", "0.0.0.0", "--tls-cert", str(tmp_path / "x.pem")])
-    assert main(["serve", "--model", "tiny-random", "--host", "0.0.0.0", "--port",
-                 "0"]) == 1
+    with pytest.raises(SystemExit) as refused:
+        main(["serve", "--model", "tiny-random", "--host", "0.0.0.0", "--port", "0"])
+    assert refused.value.code == 2
