@@ -31,6 +31,7 @@ from eventspec.edge.events.aedat4 import dv_module, events_from_dv
 from eventspec.edge.events.live import LiveSource
 from eventspec.edge.events.types import EVENT_DTYPE
 from eventspec.shared.contract.errors import FailedPrecondition, InvalidInput
+from eventspec.shared.node.repeat_log import RepeatLog
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,9 @@ class DvNetReader:
         self.last_error = ""
         self._last_data = -1.0
         self.resolution: tuple[int, int] | None = None
+        #: A stream that stays down is one line when it fails, then one a minute with a
+        #: count, not one per retry (12 a minute at the 5 s backoff).
+        self._down_log = RepeatLog(log)
 
     def _connect(self) -> bool:
         if time.monotonic() < self._next_try:
@@ -90,6 +94,7 @@ class DvNetReader:
         self.resolution = (int(res[0]), int(res[1]))
         self.reconnects += 1
         self._backoff = self._backoff0
+        self._down_log.flush()
         log.info("dv-net %s:%d connected (%dx%d)", self.host, self.port, *self.resolution)
         return True
 
@@ -97,8 +102,8 @@ class DvNetReader:
         self._reader = None
         self.last_error = why
         self._next_try = time.monotonic() + self._backoff
-        log.warning("dv-net %s:%d: %s; retrying in %.2f s", self.host, self.port, why,
-                    self._backoff)
+        self._down_log.report(logging.WARNING, why, "dv-net %s:%d: %s; retrying (backoff "
+                              "up to %.0f s)", self.host, self.port, why, self._max_backoff)
         self._backoff = min(self._backoff * 2, self._max_backoff)
 
     def read(self) -> np.ndarray | None:
