@@ -19,10 +19,17 @@ the newest event received.
 
 from __future__ import annotations
 
+import io
+import json
 import logging
+import os
+import select
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,25 +61,44 @@ def _first_line(exc: BaseException) -> str:
     return str(exc).splitlines()[0].split(" [", 1)[0]
 
 
+#: ``dv-net``: how long the decoder child may go without a heartbeat (it sends one every
+#: 0.5 s) before it is taken as spinning on a damaged packet and ended.
+STALL_S = 5.0
+#: How long connecting (the child's start and the stream's header) may take.
+CONNECT_S = 5.0
+_NET_WORKER = Path(__file__).with_name("dv_net_worker.py")
+
+
 class DvNetReader:
     """An EventReader over a DV network stream, reconnecting with backoff.
 
     ``read`` never raises for a dropped or absent server: it returns an empty batch
     while it waits to reconnect, so the LiveSource thread keeps running.
+
+    The stream is decoded by dv-processing in a child process (``dv_net_worker``): a
+    damaged packet that makes the library spin stops the child's heartbeats, and after
+    ``stall_s`` without one the child is ended and the stream reconnected, instead of
+    the library holding this process's GIL for good.
     """
 
     def __init__(
-        self, host: str, port: int, *, backoff_s: float = 0.1, max_backoff_s: float = 5.0
+        self, host: str, port: int, *, backoff_s: float = 0.1, max_backoff_s: float = 5.0,
+        stall_s: float = STALL_S, worker: Path = _NET_WORKER,
     ) -> None:
         self.host, self.port = host, port
         self._backoff0, self._max_backoff = backoff_s, max_backoff_s
         self._backoff = backoff_s
-        self._reader: Any = None
+        self._stall_s = stall_s
+        self._worker = worker
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._buf = b""
+        self._last_beat = 0.0
         self._closed = threading.Event()
         self._next_try = 0.0
         self.reconnects = -1  # the first connection is not a reconnect
         self.last_error = ""
         self._last_data = -1.0
+        self._connected = False
         self.resolution: tuple[int, int] | None = None
         #: A stream that stays down is one line when it fails, then one a minute with a
         #: count, not one per retry (12 a minute at the 5 s backoff).
@@ -81,57 +107,106 @@ class DvNetReader:
     def _connect(self) -> bool:
         if time.monotonic() < self._next_try:
             return False
-        dv = dv_module()
-        try:
-            reader = dv.io.NetworkReader(self.host, self.port)
-            if not reader.isEventStreamAvailable():
-                raise InvalidInput(f"dv-net {self.host}:{self.port} carries no events stream")
-            res = reader.getEventResolution()
-        except RuntimeError as exc:
-            self._fail(_first_line(exc))
+        dv_module()  # FailedPrecondition with the install hint, before starting a child
+        self._proc = subprocess.Popen(
+            [sys.executable, "-P", str(self._worker), self.host, str(self.port),
+             str(os.getpid())],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+        self._buf = b""
+        head = self._next_message(time.monotonic() + CONNECT_S)
+        if head is None or "connected" not in head:
+            why = (head or {}).get("error") or "no answer from the stream within " \
+                f"{CONNECT_S:g} s"
+            self._fail(str(why))
             return False
-        self._reader = reader
-        self.resolution = (int(res[0]), int(res[1]))
+        w, h = head["connected"]
+        self.resolution = (int(w), int(h))
+        self._last_beat = time.monotonic()
+        self._connected = True
         self.reconnects += 1
         self._backoff = self._backoff0
         self._down_log.flush()
         log.info("dv-net %s:%d connected (%dx%d)", self.host, self.port, *self.resolution)
         return True
 
+    def _next_message(self, deadline: float) -> dict[str, Any] | None:
+        """The child's next message (events decoded into ``"batch"``), or None when it
+        has none by ``deadline`` or has gone."""
+        proc = self._proc
+        if proc is None or proc.stdout is None:
+            return None
+        fd = proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return {"error": "the stream's decoder exited"}
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        head: dict[str, Any] = json.loads(line)
+        if "events" in head:
+            size = int(head["events"])
+            while len(self._buf) < size:
+                if not select.select([fd], [], [], CONNECT_S)[0]:
+                    return {"error": "the stream's decoder stopped mid-batch"}
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    return {"error": "the stream's decoder exited"}
+                self._buf += chunk
+            blob, self._buf = self._buf[:size], self._buf[size:]
+            head["batch"] = np.load(io.BytesIO(blob), allow_pickle=False)
+        return head
+
     def _fail(self, why: str) -> None:
-        self._reader = None
-        self.last_error = why
+        self.last_error = why  # before "not connected": a reader of health sees both
+        self._connected = False
+        self._end_child()
         self._next_try = time.monotonic() + self._backoff
         self._down_log.report(logging.WARNING, why, "dv-net %s:%d: %s; retrying (backoff "
                               "up to %.0f s)", self.host, self.port, why, self._max_backoff)
         self._backoff = min(self._backoff * 2, self._max_backoff)
 
+    def _end_child(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+
     def read(self) -> np.ndarray | None:
         if self._closed.is_set():
             return None
-        if self._reader is None and not self._connect():
+        if self._proc is None and not self._connect():
             return np.zeros(0, dtype=EVENT_DTYPE)
-        try:
-            batch = self._reader.getNextEventBatch()
-            running = bool(self._reader.isRunning())
-        except RuntimeError as exc:
-            self._fail(_first_line(exc))
-            return np.zeros(0, dtype=EVENT_DTYPE)
-        if batch is None:
-            if not running:
-                self._fail("stream ended")
+        parts = []
+        deadline = time.monotonic() + 0.05
+        while (head := self._next_message(deadline)) is not None:
+            if "error" in head:
+                self._fail(str(head["error"]))
+                break
+            self._last_beat = time.monotonic()
+            if "batch" in head:
+                parts.append(events_from_dv(head["batch"]))
+        if self._proc is not None and time.monotonic() - self._last_beat > self._stall_s:
+            self._fail(f"the stream's decoder stalled for {self._stall_s:g} s (a damaged "
+                       "packet?); reconnecting")
+        if not parts:
             return np.zeros(0, dtype=EVENT_DTYPE)
         self._last_data = time.monotonic()
-        return events_from_dv(batch)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def health(self) -> StreamHealth:
         age = time.monotonic() - self._last_data if self._last_data >= 0 else -1.0
-        return StreamHealth(self._reader is not None, max(self.reconnects, 0),
-                            self.last_error, age)
+        return StreamHealth(self._connected, max(self.reconnects, 0), self.last_error, age)
 
     def close(self) -> None:
         self._closed.set()
-        self._reader = None
+        self._end_child()
 
 
 class DvCameraReader:
