@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import sys
 import time
@@ -42,7 +41,13 @@ from transformers import (
     DynamicCache,
 )
 
-from benchmarks.device_timing import median_ms, sync
+from benchmarks.device_timing import (
+    bandwidth_floor_ms,
+    copy_bandwidth,
+    floor_text,
+    median_ms,
+    sync,
+)
 from benchmarks.engine_agreement import QUESTION, agreement, batch_invariance, pixels
 from benchmarks.engine_prefill import fill_slots, mixed_costs, prefill_costs
 from benchmarks.stamp import write_result
@@ -62,17 +67,6 @@ from tests.support.fullsize import build_full_target
 
 SESSIONS = (1, 4, 16, 32, 64)
 DRAFTS = (0, 4, 8, 16)
-
-
-def copy_bandwidth(device: torch.device) -> float:
-    """Bytes/s of a large device-to-device copy, counting bytes read plus written."""
-    if device.type != "cuda":
-        return float("nan")
-    n = 2**30  # 1 GiB bf16 elements x 2 bytes = 2 GiB each way
-    src = torch.randn(n // 2, device=device, dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    ms = median_ms(lambda: dst.copy_(src), repeats=10)
-    return 2 * (n / 2) * 2 / (ms / 1e3)
 
 
 def time_prefill(engine: StaticEngine, target: TargetModel, repeats: int) -> dict[str, float]:
@@ -105,21 +99,6 @@ def time_steps(
             logging.info("step B=%d k=%d: %.2f ms (floor %s)", b, k, ms,
                          f"{floor:.2f}" if floor else "unknown: no measured bandwidth")
     return rows
-
-
-def _ms(value: float | None) -> str:
-    """A floor in a table: two decimals, or "-" where none was measured."""
-    return "-" if value is None else f"{value:.2f}"
-
-
-def bandwidth_floor_ms(bytes_moved: int, bandwidth: float) -> float | None:
-    """The least time ``bytes_moved`` take at ``bandwidth`` bytes/s (the card's measured
-    copy rate, :func:`copy_bandwidth`), in ms; None where no bandwidth was measured (NaN
-    on a CPU, or not positive): a floor from a nominal rate once printed 14.32 ms over
-    a 6.67 ms step (issue 35)."""
-    if not bandwidth > 0 or math.isnan(bandwidth):
-        return None
-    return bytes_moved / bandwidth * 1e3
 
 
 def hf_step_ms(target: TargetModel, repeats: int) -> dict[str, float]:
@@ -341,7 +320,7 @@ def markdown(result: dict[str, Any]) -> str:
         rep = replay.get(key)
         rep_txt = f"{rep:.2f}" if rep is not None else "-"
         lines.append(
-            f"| {s['B']} | {s['k']} | {s['ms']:.2f} | {rep_txt} | {_ms(s['floor_ms'])} "
+            f"| {s['B']} | {s['k']} | {s['ms']:.2f} | {rep_txt} | {floor_text(s['floor_ms'])} "
             f"| {s['ratio']:.2f} |"
         )
     return "\n".join(lines)
@@ -508,7 +487,7 @@ def main() -> int:
     print(f"{'B':>3} {'k':>3} {'ms':>8} {'floor':>8} {'ratio':>6}")
     for r in result["steps"]:
         ratio = f"{r['ratio']:>6.2f}" if r["ratio"] else f"{'-':>6}"
-        print(f"{r['B']:>3} {r['k']:>3} {r['ms']:>8.2f} {_ms(r['floor_ms']):>8} {ratio}")
+        print(f"{r['B']:>3} {r['k']:>3} {r['ms']:>8.2f} {floor_text(r['floor_ms']):>8} {ratio}")
     summary = {k: v for k, v in result.items() if k not in ("steps",)}
     print(json.dumps(summary, indent=1, default=str))
     return 0

@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.bench_engine import copy_bandwidth, fit_sessions, time_prefill, time_steps
+from benchmarks.bench_engine import fit_sessions, time_prefill, time_steps
+from benchmarks.device_timing import copy_bandwidth
 from benchmarks.engine_agreement import batch_invariance
 from benchmarks.engine_prefill import fill_slots
 from benchmarks.stamp import write_result

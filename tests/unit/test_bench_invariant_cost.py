@@ -30,7 +30,7 @@ def test_a_floor_comes_from_the_measured_bandwidth_or_is_absent() -> None:
     """Issue 35: the invariant-cost run printed "6.67 ms (floor 14.32)" from a nominal
     1 TB/s. A floor is bytes over the card's measured copy rate, never above what a
     real step of those bytes took; without a measurement there is none."""
-    from benchmarks.bench_engine import bandwidth_floor_ms
+    from benchmarks.device_timing import bandwidth_floor_ms
 
     weights_7b, kv_2k = 13_476_839_424, 2110 * 524_288  # bf16 weights, one 2.1k session
     h100_copy = 3.0e12  # bytes/s, about what a device-to-device copy reaches on an H100
