@@ -341,7 +341,7 @@ def table(result: dict[str, Any]) -> str:
              f"{'ITL p50':>7} {'p99':>6} {'tok/s':>7} {'srv/eng':>7} {'hits':>4} SLO"]
     for run in result["configs"]:
         for lv in run["levels"]:
-            ratio = lv["in_server_over_engine"]
+            ratio = lv.get("in_server_over_engine")  # absent: a superseded launch-timed run
             lines.append(
                 f"{run['config']['name']:>10} {lv['answer_tokens']:>6} {lv['rate_per_s']:>5g} "
                 f"{lv['ttft_ms_p50']:>8.0f} {lv['ttft_ms_p99']:>7.0f} {lv['itl_ms_p50']:>7.1f} "
