@@ -35,6 +35,22 @@ log = logging.getLogger(__name__)
 WARMING_UP_KEY = "eventspec-warming-up"
 
 
+#: The longest status message sent: an error that echoes a caller's field (a tensor's
+#: name, a stop string) could otherwise exceed gRPC's metadata limit and come back as
+#: RESOURCE_EXHAUSTED instead of its own code (issue 38, red-team finding 8).
+MAX_DETAILS_CHARS = 1024
+
+
+def bounded_details(message: str, limit: int = MAX_DETAILS_CHARS) -> str:
+    """``message`` cut in its middle to ``limit`` characters or about that: the start
+    names the field, the end often the limit it broke."""
+    if len(message) <= limit:
+        return message
+    keep = limit // 2 - 20
+    cut = len(message) - 2 * keep
+    return f"{message[:keep]} … ({cut} characters cut) … {message[-keep:]}"
+
+
 def _malformed(method: str, exc: DecodeError) -> str:
     return f"{method.rsplit('/', 1)[-1]}: malformed request message: {exc}"
 
@@ -42,14 +58,16 @@ def _malformed(method: str, exc: DecodeError) -> str:
 async def _abort_for(exc: BaseException, context: aio.ServicerContext[Any, Any],
                      method: str) -> None:
     if isinstance(exc, WarmingUp):
-        await context.abort(to_grpc(exc.code), exc.message,
-                            trailing_metadata=((WARMING_UP_KEY, exc.phase),))
+        await context.abort(to_grpc(exc.code), bounded_details(exc.message),
+                            trailing_metadata=((WARMING_UP_KEY, bounded_details(exc.phase)),))
     if isinstance(exc, EventSpecError):
-        await context.abort(to_grpc(exc.code), exc.message)
+        await context.abort(to_grpc(exc.code), bounded_details(exc.message))
     if isinstance(exc, DecodeError):  # the peer sent bytes that are not the request type
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _malformed(method, exc))
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                            bounded_details(_malformed(method, exc)))
     log.exception("unhandled error in RPC", exc_info=exc)
-    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+    await context.abort(grpc.StatusCode.INTERNAL,
+                        bounded_details(f"internal error: {type(exc).__name__}: {exc}"))
 
 
 class Undecodable:

@@ -403,3 +403,18 @@ async def test_unknown_method_is_unimplemented(server: VerifierServer) -> None:
             await ch.unary_unary("/eventspec.v1.Verifier/Nope")(b"", timeout=10)
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
+
+
+async def test_a_huge_echoed_field_is_cut_not_a_metadata_error(
+        server: VerifierServer, reference: list[int], features: torch.Tensor) -> None:
+    """Red-team (issue 38, finding 8): a 10,000-character TensorHeader.name was copied
+    into the error, whose details then broke gRPC's metadata limit (RESOURCE_EXHAUSTED
+    "metadata size exceeds soft limit"). The details are cut, the code stays right."""
+
+    def long_name(hdr: common_pb2.TensorHeader) -> None:
+        hdr.name = "x" * 10_000
+
+    msgs = _with_header(h.tensor_msgs(features), long_name)
+    failure = await _check(server, reference, [_aligned(), *msgs], INVALID,
+                           "unexpected tensor name")
+    assert len(failure.details) <= 1_100 and "characters cut" in failure.details
