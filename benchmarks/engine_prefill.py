@@ -1,7 +1,7 @@
 """The prefill's parts on the static engine, graphed against eager, and a step that
 carries a prompt piece: ``python -m benchmarks.bench_engine --prefill-only`` runs these
-and writes ``prefill-<card>.json``; the README's tables come from :func:`prefill_rows`
-and :func:`mixed_rows`."""
+and writes ``prefill-<card>.json``; the docs' tables are rendered from it by
+``tools/render_results.py`` (kinds ``prefill-parts`` and ``mixed-steps``)."""
 
 from __future__ import annotations
 
@@ -131,34 +131,3 @@ def mixed_costs(engine: StaticEngine, ctx: int, repeats: int,
         engine._mixed_graphs = graphs
         out[f"B{b}_apart_ms"] = median_ms(partial(apart, batch), repeats)
     return out
-
-
-def prefill_rows(result: dict[str, Any]) -> list[str]:
-    """The README's rows of a ``--prefill-only`` JSON: each part eager, then graphed."""
-
-    def span(values: list[float]) -> str:
-        return f"{min(values):.0f}–{max(values):.0f}"
-
-    r = result
-    rows = [
-        ("prefill: 8 frames + the 2,103-token prompt, tower included",
-         f"{r['prefill_ms_eager']:.1f}", f"{r['prefill_ms_graphed']:.1f}"),
-        ("video tower + projector + splice", f"{r['tower_ms_eager']:.1f}",
-         f"{r['tower_ms_graphed']:.1f}"),
-        ("a prompt length not seen before: first call (3 lengths)",
-         span(r["new_length_first_ms_eager"]), span(r["new_length_first_ms_graphed"])),
-        ("the same 3 lengths again", span(r["new_length_again_ms_eager"]),
-         span(r["new_length_again_ms_graphed"])),
-        (f"a {r['question_tokens']}-token question after a reused prefix",
-         f"{r['question_after_prefix_ms_eager']:.1f}",
-         f"{r['question_after_prefix_ms_graphed']:.1f}"),
-    ]
-    return [f"| {a} | {b} | {c} |" for a, b, c in rows]
-
-
-def mixed_rows(result: dict[str, Any]) -> list[str]:
-    """The README's rows of a ``--prefill-only`` JSON's mixed steps, one per B."""
-    m = result["mixed_step"]
-    sessions = sorted(int(k[1:].split("_")[0]) for k in m if k.endswith("_step_ms"))
-    return [f"| {b} | {m[f'B{b}_step_ms']:.1f} | {m[f'B{b}_mixed_graphed_ms']:.1f} | "
-            f"{m[f'B{b}_mixed_eager_ms']:.1f} | {m[f'B{b}_apart_ms']:.1f} |" for b in sessions]

@@ -7,11 +7,15 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.engine_agreement import QUESTION, pixels
-from benchmarks.engine_prefill import mixed_costs, mixed_rows, prefill_costs, prefill_rows
+from benchmarks.engine_prefill import mixed_costs, prefill_costs
 from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.engine.static.engine import StaticEngine
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_target import build_tiny_random_target
+from tests.support.tools import load_tool
+
+#: The docs' table kinds (``tools/results_tables.py``), which render these results.
+TABLES = load_tool("results_tables")
 
 Built = tuple[StaticEngine, TargetModel]
 
@@ -34,7 +38,7 @@ def test_the_prefill_parts_are_timed_in_both_modes(built: Built) -> None:
     # The question reran on the same prefix each time: the slot ends after it.
     assert engine.occupancy.filled(0) == out["prompt_tokens"] + out["question_tokens"]
     assert engine.prompt_length_step > 1  # the graphed mode's setting is put back
-    rows = prefill_rows(out)
+    rows = TABLES.prefill_parts([("cpu", out)])[2:]  # past the header and its rule
     assert len(rows) == 5 and all(r.startswith("| ") and r.count("|") == 4 for r in rows)
 
 
@@ -49,5 +53,5 @@ def test_a_mixed_step_is_timed_against_the_step_and_the_piece_apart(built: Built
     piece_slot = 5  # max(sessions) + 1
     assert engine.occupancy.filled(piece_slot) == min(1024, engine.max_seq_len - 64 - 2) + 64
     assert engine.occupancy.is_live(3)  # fill_slots made slots 1..4 sessions
-    assert len(mixed_rows({"mixed_step": out})) == 2
+    assert len(TABLES.mixed_steps([("cpu", {"mixed_step": out})])[2:]) == 2
 
