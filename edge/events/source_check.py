@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from eventspec.edge.events.detect import check_forced_kind, detect_kind
-from eventspec.edge.events.sources import FILE_KINDS, LIVE_KINDS, SPEC_HELP, npy_needs_pickle
+from eventspec.edge.events.sources import LIVE_KINDS, file_spec, npy_needs_pickle
 from eventspec.edge.events.toy import toy_seeds
 from eventspec.shared.contract.errors import InvalidInput, NotFound
 
@@ -39,12 +39,7 @@ def check_source_spec(spec: str, *, allow_pickle: bool) -> None:
             if not sep or not host or not port.isdigit():
                 raise InvalidInput(f"dv-net needs HOST:PORT, got {arg!r}")
         return
-    if scheme not in FILE_KINDS:
-        if ":" in spec and not Path(spec).exists():
-            raise InvalidInput(f"unknown event source {spec!r}: {SPEC_HELP}")
-        scheme, arg = "", spec
-    if not arg:
-        raise InvalidInput(f"event source {spec!r} needs a path: {SPEC_HELP}")
+    scheme, arg = file_spec(spec, scheme, arg)
     path = Path(arg)
     if not path.exists():
         raise NotFound(f"event file {path} does not exist")

@@ -187,6 +187,19 @@ FILE_KINDS = ("aedat4", "raw", "evt2", "evt3", "dat", "bin", "txt", "dsec", "npy
 LIVE_KINDS = ("dv-net", "dv-camera", "prophesee-camera")
 
 
+def file_spec(spec: str, scheme: str, arg: str) -> tuple[str, str]:
+    """(forced kind or "", path) of a file spec: ``KIND:PATH``, or a bare path (which may
+    hold a colon); InvalidInput for an unknown kind or no path. Shared with the start-up
+    check (``eventspec.edge.events.source_check``), so both read a spec alike."""
+    if scheme not in FILE_KINDS:
+        if ":" in spec and not Path(spec).exists():
+            raise InvalidInput(f"unknown event source {spec!r}: {SPEC_HELP}")
+        scheme, arg = "", spec
+    if not arg:
+        raise InvalidInput(f"event source {spec!r} needs a path: {SPEC_HELP}")
+    return scheme, arg
+
+
 def open_source(
     spec: str,
     *,
@@ -222,12 +235,7 @@ def open_source(
         from eventspec.edge.events.live_sources import open_live_source
 
         return open_live_source(scheme, arg, sensor_size=sensor_size)
-    if scheme not in FILE_KINDS:
-        if ":" in spec and not Path(spec).exists():
-            raise InvalidInput(f"unknown event source {spec!r}: {SPEC_HELP}")
-        scheme, arg = "", spec
-    if not arg:
-        raise InvalidInput(f"event source {spec!r} needs a path: {SPEC_HELP}")
+    scheme, arg = file_spec(spec, scheme, arg)
     try:
         if not scheme:
             scheme = detect_kind(arg)
