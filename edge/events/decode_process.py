@@ -79,7 +79,8 @@ class DecoderProcess:
     def close(self) -> None:
         """Kill the child (idempotent); later requests fail with DecodeFailed.
 
-        A request waiting on the child wakes at once (its pipe ends); the pipes are
+        A request waiting on the child wakes at once (its pipe ends), or within 0.1 s
+        when something else holds the pipe open (a process forked meanwhile); the pipes are
         closed here only when no request holds them.
         """
         self._closed = True
@@ -141,8 +142,10 @@ class DecoderProcess:
             if self._cancel is not None and self._cancel.is_set():
                 self._kill()
                 raise DecodeFailed("cancelled: the node is stopping")
-            # Short waits while a cancel event is watched: the node may be stopping.
-            if select.select([fd], [], [], left if self._cancel is None else min(left, 0.1))[0]:
+            if self._closed:  # close() ran: do not rely on the pipe's end-of-file alone,
+                raise DecodeFailed("the decoder was closed")  # a forked process may hold it
+            # Short waits, so a cancel or a close is seen within 0.1 s.
+            if select.select([fd], [], [], min(left, 0.1))[0]:
                 break
         chunk = os.read(fd, 1 << 20)
         if not chunk:
