@@ -14,18 +14,23 @@ without that message):
 - ids increase within a request, so an id is never reused and a parent always comes
   before its child: no duplicate, no cycle;
 - a parent is ``ROOT`` (-1) or an id sent before;
-- a node sits at most ``max_tree_depth`` below its root;
+- a node sits at most ``max_tree_depth`` below the committed answer's end (the edge's
+  tree is kept across steps and re-rooted as C grows, so depth counts from C, not from
+  the root the tree first hung at);
 - a request holds at most ``max_tree_nodes`` live nodes (those the committed answer has
   not passed yet), at most ``max_draft_tokens`` per message.
 
-A node whose parent the committed answer has already passed is late, not wrong: it is
-dropped quietly (counted as stale), with its descendants in the same message.
+A node whose parent the committed answer passed more than ``KEEP_BEHIND`` positions ago
+is late, not wrong: it is dropped quietly (counted as stale), with its descendants in
+the same message. Nearer ones are kept, since the edge hears of commits a round trip
+late and may still be extending a node C went through (the cloud's tree decides).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from eventspec.cloud.draft_forest import KEEP_BEHIND
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.contract.types import ROOT, DraftNode, DraftTail
 
@@ -40,8 +45,11 @@ class TreeChecks:
     max_depth: int
     max_per_message: int
     text_vocab_size: int
-    #: Live node id -> (position in the answer, depth below its root).
+    #: Known node id -> (position in the answer, depth below its root): the live ones
+    #: and, for ``KEEP_BEHIND`` positions, those the committed answer has passed (a
+    #: child of one may still extend C: the edge hears of commits a round trip late).
     _live: dict[int, tuple[int, int]] = field(default_factory=dict)
+    _committed_len: int = 0
     _last_id: int = -1
     #: Nodes dropped as late (their parent was passed by the committed answer).
     stale: int = 0
@@ -82,12 +90,14 @@ class TreeChecks:
             if place is None:
                 late.add(node.id)
                 continue
-            if place[1] > self.max_depth:
-                raise InvalidInput(f"{where} sits {place[1]} below its root, deeper than "
-                                   f"{self.max_depth} (GetServerInfo.limits.max_tree_depth)")
+            below = place[0] - (committed_len - 1)
+            if below > self.max_depth:
+                raise InvalidInput(f"{where} sits {below} below the committed answer's end, "
+                                   f"deeper than {self.max_depth} "
+                                   "(GetServerInfo.limits.max_tree_depth)")
             added[node.id] = place
             kept.append(node)
-        live = len(self._live) + len(added)
+        live = self.live + sum(pos >= committed_len - 1 for pos, _ in added.values())
         if live > self.max_nodes:
             raise InvalidInput(f"Drafts.nodes: {live} live nodes exceed the cap of "
                                f"{self.max_nodes} per request "
@@ -113,12 +123,14 @@ class TreeChecks:
         return None  # sent earlier and passed by the committed answer: late
 
     def _forget_passed(self, committed_len: int) -> None:
-        """Drop nodes whose children could only fall inside the committed answer."""
-        passed = [i for i, (pos, _) in self._live.items() if pos < committed_len - 1]
+        """Forget nodes ``KEEP_BEHIND`` positions behind C's end (as the cloud's tree does)."""
+        self._committed_len = max(self._committed_len, committed_len)
+        passed = [i for i, (pos, _) in self._live.items()
+                  if pos < committed_len - 1 - KEEP_BEHIND]
         for i in passed:
             del self._live[i]
 
     @property
     def live(self) -> int:
-        """Live nodes now."""
-        return len(self._live)
+        """Live nodes now: those the committed answer has not passed."""
+        return sum(pos >= self._committed_len - 1 for pos, _ in self._live.values())

@@ -38,6 +38,7 @@ from eventspec.edge.cloud_wait import cloud_info_when_ready
 from eventspec.edge.cost_meter import EdgeCostMeter
 from eventspec.edge.draft import DraftModel
 from eventspec.edge.draft_only import answer_draft_only
+from eventspec.edge.draft_tree import TreeShape
 from eventspec.edge.drafter import DraftBackend
 from eventspec.edge.events.base import EventSource
 from eventspec.edge.failover import ask_event_is_committed, with_failover
@@ -75,6 +76,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: How requests grow draft trees unless told otherwise (``--tree-nodes`` and friends).
+DEFAULT_TREE = TreeShape()
+
 
 class EdgeAgent:
     """Answers questions about the source's events; one instance per edge process."""
@@ -93,6 +97,7 @@ class EdgeAgent:
         request_timeout_s: float = 120.0,
         rpc_timeout_s: float = 5.0,
         preview_every: int = 4,
+        tree_shape: TreeShape | None = DEFAULT_TREE,
         force_speculation: bool = False,
         readiness: Readiness | None = None,
         cloud_wait_s: float = 60.0,
@@ -115,6 +120,8 @@ class EdgeAgent:
         self.request_timeout_s = request_timeout_s
         self.rpc_timeout_s = rpc_timeout_s
         self.preview_every = max(1, preview_every)
+        #: How requests grow draft trees, where the drafter and the cloud can (None: chains).
+        self.tree_shape = tree_shape
         self.force_speculation = force_speculation
         self.requests_served = 0
         if readiness is None:  # built from loaded models, with nobody else to tell

@@ -121,8 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     arg("--oracle-seed", type=int, default=env.oracle_seed,
         help="seed of the oracle's right/wrong draws (per question and position)")
     arg("--oracle-coverage", type=float, default=env.oracle_coverage,
-        help="benchmarks only: the oracle drafts trees, the true token beside a wrong "
-             "draft with this probability q (0: chains)")
+        help="benchmarks only: the oracle drafts trees; where its top-1 is wrong the "
+             "true token is among its other top-k with this probability q (0: chains)")
     arg("--draft-head", type=Path, default=env.draft_head,
         help="a token adapter or draft head directory (eventspec-edge train-adapter): "
              "drafts its argmax, the target's predicted next token, from the HF "
@@ -156,6 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
     arg("--preview-every", type=int, default=env.preview_every,
         help="send the client a preview of the unverified answer every N drafted tokens "
              "(>= 1)")
+    arg("--tree-nodes", type=int, default=env.tree_nodes,
+        help="draft trees where the drafter expands several nodes in one forward and the "
+             "cloud keeps trees: live nodes per request at most (0: chains only)")
+    arg("--tree-top-k", type=int, default=env.tree_top_k,
+        help="children per expanded tree node (the drafter's top k)")
+    arg("--tree-per-forward", type=int, default=env.tree_per_forward,
+        help="tree nodes expanded per draft forward, likeliest path first")
     arg("--max-message-bytes", type=int, default=env.max_message_bytes,
         help=f"largest gRPC message to and from clients and the cloud, "
              f"{MIN_MESSAGE_BYTES}..{MAX_MESSAGE_BYTES}")
@@ -256,6 +263,9 @@ def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
         max_queued_asks=args.max_queued_asks,
         acceptance_prior=args.acceptance_prior,
         preview_every=args.preview_every,
+        tree_nodes=args.tree_nodes,
+        tree_top_k=args.tree_top_k,
+        tree_per_forward=args.tree_per_forward,
         speculation=args.speculation,
         draft_engine=args.draft_engine,
         draft_quant=args.draft_quant,

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from eventspec.edge.cloud_wait import first_reply
 from eventspec.edge.draft_only import decode_after
+from eventspec.edge.draft_tree import Key, TreeShape
 from eventspec.edge.drafter import Drafter
 from eventspec.edge.link import VerifierLink, VerifierStream
 from eventspec.edge.request_timeline import EdgeTimeline
@@ -84,6 +85,7 @@ class CloudAttempt:
         self.open_req, self.feature_dtype = self._open_request(request_id)
         local_plan, _ = request_plan(info, self.open_req.edge_cost,
                                      facts_from_open(self.open_req))
+        self.drafter = Drafter(agent.draft_backend)
         self.session = EdgeSession(
             plan=local_plan,
             max_new_tokens=self.open_req.generation.max_new_tokens,
@@ -91,12 +93,11 @@ class CloudAttempt:
             speculative=self.open_req.speculative,
             force_speculation=agent.force_speculation,
             preview_every=agent.preview_every,
-            # Trees where the drafter offers branches and the cloud keeps trees.
-            tree=(bool(getattr(agent.draft_backend, "drafts_trees", False))
-                  and info.limits.max_tree_nodes > 0),
+            tree=tree_shape(agent.tree_shape, info, self.drafter),
             max_nodes_per_message=max(1, info.limits.max_draft_tokens),
         )
-        self.drafter = Drafter(agent.draft_backend)
+        #: The tree nodes the draft under way expands (trees only).
+        self.expanding: list[Key] = []
         stream = self.link.open_stream(agent.request_timeout_s)
         self.timeline = (EdgeTimeline(self.started, self.drafter, wanted=spec.timeline)
                          if spec.timeline or current_request_span() is not None else None)
@@ -204,19 +205,27 @@ class CloudAttempt:
                     self.spec.question, prepared.event_pixels, prepared.clip_features
                 )
             ))
-        if "draft" not in self.tasks and self.session.wants_draft():
+        if "draft" not in self.tasks and self.session.tree is not None:
+            if self.session.wants_draft():  # the likeliest leaves, in one forward
+                wanted = self.session.expansion()
+                self.expanding = [key for key, _ in wanted]
+                contexts, k = [ctx for _, ctx in wanted], self.session.tree.top_k
+                self.tasks["draft"] = asyncio.ensure_future(worker.run(
+                    lambda: drafter.expand(contexts, k)))
+        elif "draft" not in self.tasks and self.session.wants_draft():
             self.draft_context = self.session.draft_context()
             self.tasks["draft"] = asyncio.ensure_future(worker.run(
-                lambda ctx=self.draft_context: (  # type: ignore[misc]
-                    drafter.draft_next(ctx), drafter.branches_at(ctx))
+                lambda ctx=self.draft_context: drafter.draft_next(ctx)  # type: ignore[misc]
             ))
 
     def _drafted(self) -> list[Action]:
         """The session's actions for a draft token that is ready (none while drafting)."""
         if "draft" not in self.tasks or not self.tasks["draft"].done():
             return []
-        token, branches = self.tasks.pop("draft").result()
-        return self.session.on_draft(self.draft_context, token, branches)
+        result = self.tasks.pop("draft").result()
+        if self.session.tree is not None:
+            return self.session.on_expanded(self.expanding, result)
+        return self.session.on_draft(self.draft_context, result)
 
     def _reply(self, task: asyncio.Future[Any]) -> TimingPlan | CommitEvent | DoneEvent:
         """The cloud's next message, or the error that ended the stream."""
@@ -295,6 +304,19 @@ class CloudAttempt:
             timeline=(self.timeline.finish(self.prepared, self.link.rtt.value)
                       if self.timeline is not None else None),
         )
+
+
+def tree_shape(shape: TreeShape | None, info: ServerInfo, drafter: Drafter
+               ) -> TreeShape | None:
+    """How this request grows draft trees: the edge's shape within the cloud's tree
+    limits, where the drafter expands several nodes in one forward and the cloud keeps
+    trees; None (chains) otherwise."""
+    limits = info.limits
+    if shape is None or limits.max_tree_nodes <= 0 or not drafter.expands_in_one_forward:
+        return None
+    return replace(shape, node_budget=min(shape.node_budget, limits.max_tree_nodes),
+                   max_depth=min(shape.max_depth, max(1, limits.max_tree_depth)),
+                   cloud_nodes=limits.max_tree_nodes)
 
 
 def observe_uplink(uplink: ThroughputEstimator, payload_bytes: int,

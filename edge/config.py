@@ -77,6 +77,12 @@ class EdgeSettings:
     acceptance_prior: float = 0.5
     #: Send a Preview to the client every N drafted tokens.
     preview_every: int = 4
+    #: Draft trees (issue 36), where the drafter expands several nodes in one forward and
+    #: the cloud keeps trees: live nodes per request at most (0: chains only), children
+    #: per expanded node, and nodes expanded per forward.
+    tree_nodes: int = 256
+    tree_top_k: int = 4
+    tree_per_forward: int = 16
     #: "auto": draft when the shared timing plan says it pays; "always": draft anyway
     #: (to measure acceptance, or when the cost model is known to be wrong).
     speculation: str = "auto"
@@ -100,8 +106,8 @@ class EdgeSettings:
     oracle_ms_per_token: float = 4.68
     oracle_prefill_ms: float = 36.1
     oracle_seed: int = 0
-    #: The oracle's tree coverage q (issue 36): where a draft is wrong, the true token is
-    #: drafted beside it with this probability, with a few more drafts under it. 0: chains.
+    #: The oracle's tree coverage q (issue 36): where its top-1 is wrong, the true token is
+    #: among its other top-k children with this probability. 0: chains.
     oracle_coverage: float = 0.0
     #: A token adapter or distilled draft head (``eventspec-edge train-adapter``): the
     #: edge drafts its argmax (the target's predicted next token) from the HF drafter's
@@ -165,6 +171,9 @@ class EdgeSettings:
             max_queued_asks=e.integer("MAX_QUEUED_ASKS", d.max_queued_asks),
             acceptance_prior=e.number("ACCEPTANCE_PRIOR", d.acceptance_prior),
             preview_every=e.integer("PREVIEW_EVERY", d.preview_every),
+            tree_nodes=e.integer("TREE_NODES", d.tree_nodes),
+            tree_top_k=e.integer("TREE_TOP_K", d.tree_top_k),
+            tree_per_forward=e.integer("TREE_PER_FORWARD", d.tree_per_forward),
             speculation=e.text("SPECULATION", d.speculation),
             draft_engine=e.text("DRAFT_ENGINE", d.draft_engine),
             draft_quant=e.text("DRAFT_QUANT", d.draft_quant),
@@ -233,6 +242,9 @@ class EdgeSettings:
         require_int("--jpeg-quality", self.default_jpeg_quality, 1, 100)
         require_fraction("--acceptance-prior", self.acceptance_prior, zero_ok=True)
         require_int("--preview-every", self.preview_every, 1)
+        require_int("--tree-nodes", self.tree_nodes, 0, 4096, "0 drafts chains")
+        require_int("--tree-top-k", self.tree_top_k, 1, 64)
+        require_int("--tree-per-forward", self.tree_per_forward, 1, 256)
         require_int("--seed", self.seed, 0, SEED_MAX)
         require_int("--max-message-bytes", self.max_message_bytes, MIN_MESSAGE_BYTES,
                     MAX_MESSAGE_BYTES)

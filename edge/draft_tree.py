@@ -1,30 +1,61 @@
-"""The edge's side of a draft tree: node ids, what was sent, and where C stands in it. Pure.
+"""The edge's draft tree: grown by likelihood below C, sent once, re-rooted on commits. Pure.
 
-Why: with trees (docs/trees.md) the edge sends each drafted token once, as a node under
-its parent, and may add branches beside its best guess (the runner-up tokens, each with
-a continuation). When a Commit arrives it must know where C now stands in what it sent:
-on its own tail (keep drafting after it), on a branch it drafted (the cloud continues
-down that branch with no round trip, so the edge adopts the branch as its tail and
-drafts after it), or off the tree (start again with roots at C's end). The cloud's
-mirror of the same structure is :mod:`eventspec.cloud.draft_forest`.
+Why (issue 36): a chain dies at its first rejection and the edge hears of it a round
+trip later, so at RTT 20 ms the cloud decoded alone for about two steps after every
+rejection. The edge now keeps a tree below the committed answer C and grows it without
+waiting for commits: each forward expands the unexpanded nodes whose whole path is the
+likeliest (cumulative draft log-probability, as EAGLE-2, Li et al. 2024, and SpecExec,
+Svirschevski et al. 2024), each into its top-k children, within a node budget and a
+depth cap. When a Commit arrives the tree is re-rooted at C's new end: what C went
+through becomes the path above the new root, every branch it ruled out is pruned, and
+growth goes on below. The cloud keeps the same tree (:mod:`eventspec.cloud.draft_forest`)
+and, when the target's correction is a child the edge drafted, goes on down it with no
+round trip.
 
 A node's parent is another node's id, or a root key ``("root", base)``: the token right
 after the first ``base`` committed tokens (sent as ``parent=-1`` in a message whose
-``base`` is that length). Ids increase in creation order, and a parent is always created
-before its children, so nodes sent in id order always name a parent sent before.
+``base`` is that length). Ids increase in creation order and a parent is created before
+its children, so nodes sent in id order always name a parent sent before.
+
+Log-probabilities are cumulative from the tree's first root; re-rooting subtracts the
+same amount from every live node, so the order of the frontier never needs recomputing.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from eventspec.shared.contract.types import ROOT, DraftNode, DraftTail
 
-__all__ = ["EdgeTree"]
+__all__ = ["EdgeTree", "Key", "TreeShape"]
 
 Key = int | tuple[str, int]  # a node id, or ("root", base)
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """How an edge grows its trees (``--tree-nodes``, ``--tree-top-k``, ``--tree-per-forward``):
+    live nodes at most, children per expansion, nodes expanded per draft forward; and the
+    cloud's caps (``max_tree_depth`` below C's end, ``max_tree_nodes`` live)."""
+
+    node_budget: int = 256
+    top_k: int = 4
+    per_forward: int = 16
+    max_depth: int = 64
+    cloud_nodes: int = 512
+
+
+@dataclass
+class _Node:
+    parent: Key
+    token: int
+    logprob: float  # the drafter's log-probability of this token after its path
+    cum: float  # sum of ``logprob`` from the first root (ordering only)
+    depth: int  # position in the answer (C[depth] if committed)
+    children: dict[int, int] = field(default_factory=dict)  # token -> id
 
 
 @dataclass(frozen=True)
@@ -34,48 +65,183 @@ class _Unsent:
 
 
 class EdgeTree:
-    """Ids, children and the unsent nodes of one request's drafts."""
+    """One request's draft tree on the edge: growth, ids, unsent nodes, C's place in it.
 
-    def __init__(self, max_per_message: int = 128) -> None:
-        self.max_per_message = max_per_message
+    The shape's ``node_budget`` caps the live nodes (those below C's end), ``max_depth``
+    a node's distance below C's end; ``top_k`` children per expansion."""
+
+    def __init__(self, max_per_message: int = 128, shape: TreeShape = TreeShape()) -> None:
+        self.max_per_message = max(1, max_per_message)
+        self.node_budget = max(1, shape.node_budget)
+        self.max_depth = max(1, shape.max_depth)
+        self.top_k = max(1, shape.top_k)
+        self.per_forward = max(1, shape.per_forward)
+        self.cloud_nodes = max(1, shape.cloud_nodes)
+        #: Sent nodes by position: the cloud counts a node live until C passes its
+        #: position, even on a branch C ruled out, and refuses a request over its cap.
+        self._sent_at: dict[int, int] = {}
         self._ids = itertools.count()
-        self._children: dict[Key, dict[int, int]] = {}
-        self._parent: dict[int, Key] = {}
+        self._nodes: dict[int, _Node] = {}
+        self._root_children: dict[int, int] = {}  # children of the anchor when it is a root
+        self._expanded: set[Key] = set()
         self._unsent: list[_Unsent] = []
+        self._pending: list[int] = []
         #: Where C's last token stands: a node id, or a root key when C is off the tree.
         self.anchor: Key = ("root", 0)
-        #: Ids of the edge's tail (its best guess after C), aligned with its tokens.
-        self.tail_ids: list[int] = []
-        #: Commits that went down a branch the edge drafted (no round trip needed).
+        #: Commits that left the edge's likeliest path but stayed in the tree.
         self.branch_hits = 0
+        #: Commits that left the tree (growth starts again at C's end).
+        self.misses = 0
         self.nodes_sent = 0
+        self.nodes_pruned = 0
+        self.expansions = 0
 
-    # -- drafting ----------------------------------------------------------------------
+    # -- reading -----------------------------------------------------------------------
 
-    def add_draft(self, token: int, branches: Sequence[Sequence[int]] = (),
-                  logprob: float = 0.0, branch_logprob: float = -1.0) -> None:
-        """The next token of the tail, and branches beside it: each a path whose first
-        token is a sibling of ``token`` (the runner-up), then its continuation."""
-        parent = self.tail_ids[-1] if self.tail_ids else self.anchor
-        self.tail_ids.append(self._child(parent, int(token), logprob))
-        for path in branches:
-            at: Key = parent
-            for depth, tok in enumerate(path):
-                at = self._child(at, int(tok), branch_logprob if depth == 0 else logprob)
+    def _kids(self, key: Key) -> dict[int, int]:
+        if isinstance(key, tuple):
+            return self._root_children if key == self.anchor else {}
+        node = self._nodes.get(key)
+        return node.children if node is not None else {}
+
+    def _cum(self, key: Key) -> float:
+        return self._nodes[key].cum if isinstance(key, int) else self._anchor_cum()
+
+    def _anchor_cum(self) -> float:
+        return self._nodes[self.anchor].cum if isinstance(self.anchor, int) else 0.0
+
+    def _depth(self, key: Key) -> int:
+        """Position in the answer of the token after ``key`` (its children's)."""
+        return self._nodes[key].depth + 1 if isinstance(key, int) else key[1]
+
+    @property
+    def committed_len(self) -> int:
+        """C's length as the tree knows it (the anchor's children's position, and the
+        tokens pending past it)."""
+        return self._depth(self.anchor) + len(self._pending)
+
+    @property
+    def live(self) -> int:
+        """Nodes below C's end (what the budget counts)."""
+        count, stack = 0, list(self._kids(self.anchor).values())
+        while stack:
+            count += 1
+            stack.extend(self._nodes[stack.pop()].children.values())
+        return count
+
+    def path(self, key: Key) -> list[int]:
+        """Tokens from C's end down to ``key`` (inclusive): its draft context after C."""
+        out: list[int] = []
+        while isinstance(key, int) and key != self.anchor:
+            node = self._nodes[key]
+            out.append(node.token)
+            key = node.parent
+        out.reverse()
+        return out
+
+    def best_path(self) -> list[int]:
+        """The likeliest path below C's end, child by child: what the cloud verifies next
+        (the edge's preview)."""
+        out: list[int] = []
+        if self._pending:
+            return out
+        kids = self._kids(self.anchor)
+        while kids:
+            tok, nid = max(kids.items(), key=lambda kv: (self._nodes[kv[1]].logprob, kv[1]))
+            out.append(tok)
+            kids = self._nodes[nid].children
+        return out
+
+    def cloud_live(self) -> int:
+        """An upper bound of the nodes the cloud holds live now: sent or about to be, at
+        positions C (as the edge knows it) has not passed."""
+        end = self.committed_len - 1
+        return sum(n for pos, n in self._sent_at.items() if pos >= end) + len(self._unsent)
+
+    def frontier(self, m: int, *, stop_token: int | None = None,
+                 max_position: int | None = None) -> list[Key]:
+        """Up to ``m`` unexpanded nodes to grow next, likeliest path first: within the depth
+        cap, below ``max_position`` (the answer's token cap), never after ``stop_token``.
+
+        The likeliest one grows whenever the cloud's cap has room, so the path the cloud
+        verifies next never waits; the others only while the node budget has room
+        (``top_k`` children each): they are the branches a rejection falls back on."""
+        cloud_room = (self.cloud_nodes - self.cloud_live()) // self.top_k
+        room = (self.node_budget - self.live) // self.top_k
+        if cloud_room <= 0 or m <= 0:
+            return []
+        if self._pending:  # only C's end's children can tell where C went
+            return [] if self.anchor in self._expanded else [self.anchor]
+        base_depth = self.committed_len
+        limit = base_depth + self.max_depth
+        if max_position is not None:
+            limit = min(limit, max_position)
+        candidates: list[tuple[float, int, Key]] = []
+        stack: list[Key] = [self.anchor]
+        while stack:
+            key = stack.pop()
+            kids = self._kids(key)
+            stack.extend(kids.values())
+            if key in self._expanded or self._depth(key) >= limit:
+                continue
+            if (isinstance(key, int) and stop_token is not None
+                    and self._nodes[key].token == stop_token):
+                continue
+            candidates.append((-self._cum(key), key if isinstance(key, int) else -1, key))
+        best = heapq.nsmallest(min(m, max(room, 1), cloud_room), candidates,
+                               key=lambda c: (c[0], c[1]))
+        return [c[2] for c in best] if room > 0 else [c[2] for c in best[:1]]
+
+    # -- growing -----------------------------------------------------------------------
+
+    def expand(self, key: Key, children: Sequence[tuple[int, float]]) -> int:
+        """Add ``key``'s drafted children ``(token, logprob)``; returns how many are new.
+        A key the commits have since ruled out (or passed) is ignored (0)."""
+        if not self.is_live(key) or key in self._expanded:
+            return 0
+        self._expanded.add(key)
+        self.expansions += 1
+        added = 0
+        for token, logprob in children[: self.top_k]:
+            added += self._child(key, int(token), float(logprob))
+        if key == self.anchor and self._pending:
+            pending, self._pending = self._pending, []
+            self._catch_up(pending)
+        return added
+
+    def _catch_up(self, pending: list[int]) -> None:
+        """C's end was waiting at a node that now has children: follow the pending tokens."""
+        restart_at = self.committed_len + len(pending)
+        if pending[0] not in self._kids(self.anchor):
+            self._restart(restart_at)
+            return
+        self.on_commit(restart_at - len(pending), pending)
+
+    def is_live(self, key: Key) -> bool:
+        """``key`` is C's end or below it."""
+        if key == self.anchor:
+            return True
+        while isinstance(key, int):
+            node = self._nodes.get(key)
+            if node is None:
+                return False
+            key = node.parent
+            if key == self.anchor:
+                return True
+        return False
 
     def _child(self, parent: Key, token: int, logprob: float) -> int:
-        """``parent``'s child ``token``: the existing node, or a new one queued to send."""
-        kids = self._children.setdefault(parent, {})
+        kids = self._root_children if isinstance(parent, tuple) else self._nodes[parent].children
         if token in kids:
-            return kids[token]
+            return 0
         node_id = next(self._ids)
         kids[token] = node_id
-        self._parent[node_id] = parent
+        self._nodes[node_id] = _Node(parent, token, logprob, self._cum(parent) + logprob,
+                                     self._depth(parent))
         root_base = parent[1] if isinstance(parent, tuple) else None
         wire_parent = ROOT if isinstance(parent, tuple) else parent
-        self._unsent.append(_Unsent(DraftNode(node_id, wire_parent, token, logprob),
-                                    root_base))
-        return node_id
+        self._unsent.append(_Unsent(DraftNode(node_id, wire_parent, token, logprob), root_base))
+        return 1
 
     # -- sending -----------------------------------------------------------------------
 
@@ -99,6 +265,11 @@ class EdgeTree:
             out.append(DraftTail(base if base is not None else committed_len, (), sent_at_ms,
                                  tuple(batch)))
         self.nodes_sent += len(self._unsent)
+        for item in self._unsent:
+            pos = self._nodes[item.node.id].depth if item.node.id in self._nodes else 0
+            self._sent_at[pos] = self._sent_at.get(pos, 0) + 1
+        end = self.committed_len - 1
+        self._sent_at = {p: n for p, n in self._sent_at.items() if p >= end}
         self._unsent = []
         return out
 
@@ -108,63 +279,75 @@ class EdgeTree:
 
     # -- commits -----------------------------------------------------------------------
 
-    def on_commit(self, committed_before: int, tokens: Sequence[int],
-                  tail: Sequence[int]) -> list[int]:
-        """Fold committed ``tokens`` (after ``committed_before`` tokens); returns the new
-        tail: the old one's rest if C followed it, a drafted branch's rest if C went down
-        one, else nothing (C left the tree: new roots hang at its end)."""
-        at: Key = self.anchor
-        for tok in tokens:
-            nxt = self._children.get(at, {}).get(int(tok))
-            if nxt is None:
-                self._restart(committed_before + len(tokens))
-                return []
-            at = nxt
-        self.anchor = at
-        n = len(tokens)
-        if list(tail[:n]) == [int(t) for t in tokens] and len(tail) >= n:
-            self.tail_ids = self.tail_ids[n:]
-            new_tail = list(tail[n:])
-        else:
-            self.branch_hits += 1
-            new_tail, self.tail_ids = self._newest_path(at)
-        self._keep_below(at)
-        return new_tail
+    def on_commit(self, committed_before: int, tokens: Sequence[int]) -> None:
+        """Fold committed ``tokens`` (after ``committed_before`` tokens): C's end moves down
+        the tree, or, where C leaves it, growth starts again at C's new end.
 
-    def _newest_path(self, at: Key) -> tuple[list[int], list[int]]:
-        """Tokens and ids down the newest children from ``at``: the branch's continuation."""
-        tokens: list[int] = []
-        ids: list[int] = []
-        while kids := self._children.get(at):
-            tok, node_id = max(kids.items(), key=lambda kv: kv[1])
-            tokens.append(tok)
-            ids.append(node_id)
-            at = node_id
-        return tokens, ids
+        C often ends one token past the tree: the cloud verified every draft it had and
+        added its own token after the deepest. If that deepest node is not expanded yet
+        (its forward may be under way), C's end waits there with the token pending: the
+        expansion then tells whether the tree goes on under it or starts again."""
+        if not tokens:
+            return
+        likeliest = [] if self._pending else self.best_path()
+        toks = [*self._pending, *(int(t) for t in tokens)]
+        restart_at = self.committed_len + len(tokens)
+        at: Key = self.anchor
+        for i, tok in enumerate(toks):
+            nxt = self._kids(at).get(tok)
+            if nxt is None:
+                if at in self._expanded or not self.is_live(at):
+                    self._restart(restart_at)
+                    return
+                self._pending = toks[i:]  # past an unexpanded node: wait for its children
+                break
+            at = nxt
+        else:
+            self._pending = []
+        if toks[: len(likeliest)] != likeliest[: len(toks)]:
+            self.branch_hits += 1
+        if isinstance(at, int) and at != self.anchor:
+            before = self.live
+            self._reanchor(at)
+            self.nodes_pruned += max(0, before - self.live - (len(toks) - len(self._pending)))
+
+    @property
+    def pending(self) -> int:
+        """Committed tokens past the deepest node on C (waiting for its expansion)."""
+        return len(self._pending)
 
     def _restart(self, committed_len: int) -> None:
+        self.misses += 1
+        self._pending = []
+        self.nodes_pruned += self.live
         self.anchor = ("root", committed_len)
-        self.tail_ids = []
-        self._children.clear()
-        self._parent.clear()
+        self._nodes.clear()
+        self._root_children = {}
+        self._expanded.clear()
         self._unsent = []
 
-    def _keep_below(self, at: Key) -> None:
-        """Forget everything not under ``at``: the commit ruled it out (or consumed it)."""
-        keep: dict[Key, dict[int, int]] = {}
-        stack: list[Key] = [at]
+    def _reanchor(self, at: int) -> None:
+        """Keep ``at``, everything below it and its unsent ancestors (they must still go
+        out, or their children would name no parent); forget the rest."""
+        below: set[int] = set()
+        stack = [at]
         while stack:
-            key = stack.pop()
-            kids = self._children.get(key)
-            if kids:
-                keep[key] = kids
-                stack.extend(kids.values())
-        alive = {i for kids in keep.values() for i in kids.values()}
-        path: set[int] = set()  # ``at`` and its ancestors: in C now, but an unsent one
-        node: Key | None = at  # must still go out, or its children would name no parent
-        while isinstance(node, int):
-            path.add(node)
-            node = self._parent.get(node)
-        self._children = keep
-        self._parent = {i: p for i, p in self._parent.items() if i in alive or i in path}
-        self._unsent = [u for u in self._unsent if u.node.id in alive or u.node.id in path]
+            nid = stack.pop()
+            below.add(nid)
+            stack.extend(self._nodes[nid].children.values())
+        unsent = {u.node.id for u in self._unsent}
+        ancestors: set[int] = set()
+        key: Key = self._nodes[at].parent
+        while isinstance(key, int) and key in self._nodes:  # older ones are forgotten
+            if key in unsent:
+                ancestors.add(key)
+            key = self._nodes[key].parent
+        keep = below | ancestors
+        self._nodes = {i: n for i, n in self._nodes.items() if i in keep}
+        for i in ancestors:  # ancestors keep only the child on C's path
+            node = self._nodes[i]
+            node.children = {t: c for t, c in node.children.items() if c in keep}
+        self._root_children = {}
+        self.anchor = at
+        self._expanded = {k for k in self._expanded if isinstance(k, int) and k in below}
+        self._unsent = [u for u in self._unsent if u.node.id in keep]

@@ -123,13 +123,36 @@ class Drafter:
         self._fed = ctx
         return rows[-1]
 
-    def branches_at(self, context: Sequence[int]) -> list[tuple[int, ...]]:
-        """Branches beside the draft after ``context``, where the backend drafts trees
-        (``draft_branches``: the oracle's, for now); none otherwise."""
-        fn = getattr(self.backend, "draft_branches", None)
-        if fn is None or self._state is None:
-            return []
-        return list(fn(self._state, len(context)))
+    @property
+    def expands_in_one_forward(self) -> bool:
+        """Whether the backend expands several contexts in one forward (``expand``, with
+        ``expands_trees`` true): only then does a draft tree pay, so the edge sends trees
+        (issue 36); others draft chains."""
+        return bool(getattr(self.backend, "expands_trees", False))
+
+    def expand(self, contexts: Sequence[Sequence[int]], k: int
+               ) -> list[list[tuple[int, float]]]:
+        """The top-``k`` ``(token, log-probability)`` after each ``prompt + context``: in one
+        forward where the backend can (``expand``), else one synced step per context."""
+        if self._state is None or self._prefill_logits is None:
+            raise RuntimeError("draft before prefill")
+        t0 = time.perf_counter()
+        batched = getattr(self.backend, "expand", None) if self.expands_in_one_forward else None
+        if callable(batched):
+            out: list[list[tuple[int, float]]] = batched(self._state, contexts, k)
+        else:
+            out = []
+            for context in contexts:
+                ctx = [int(t) for t in context]
+                if ctx != self._fed or self.last_logits is None:
+                    self.last_logits = self._sync(ctx)
+                out.append(top_k(self.last_logits, self.backend.text_vocab_size, k))
+        t1 = time.perf_counter()
+        self.draft_ms_total += (t1 - t0) * 1e3
+        self.drafted_total += 1 if callable(batched) else max(1, len(contexts))  # forwards
+        if self.spans is not None and len(self.spans) < MAX_SPANS:
+            self.spans.append((t0, t1))
+        return out
 
     @property
     def ms_per_token(self) -> float:
@@ -138,3 +161,11 @@ class Drafter:
     def cached_len(self) -> int:
         """Positions the draft cache holds (prompt + fed tokens)."""
         return int(self.backend.seq_len(self._state)) if self._state is not None else 0
+
+
+def top_k(logits: torch.Tensor, text_vocab_size: int, k: int) -> list[tuple[int, float]]:
+    """The ``k`` likeliest text tokens of one row of logits [V], with log-probabilities
+    over the text vocabulary."""
+    logp = torch.log_softmax(logits[..., :text_vocab_size].float(), dim=-1)  # [V_text]
+    values, ids = torch.topk(logp, min(k, text_vocab_size))
+    return [(int(i), float(v)) for i, v in zip(ids.tolist(), values.tolist(), strict=True)]

@@ -65,19 +65,16 @@ class OracleSettings:
     ms_per_token: float
     prefill_ms: float
     seed: int = 0
-    #: Draft trees (issue 36): where a draft is wrong, the true token is drafted as its
-    #: runner-up sibling with probability ``coverage`` (q), with ``branch_depth`` more
-    #: of the oracle's own drafts under it. 0: chains only.
+    #: Draft trees (issue 36): the oracle expands several nodes per forward into its
+    #: top-k; where its top-1 is wrong, the true token is among the other k - 1 with
+    #: probability ``coverage`` (q). 0: chains only.
     coverage: float = 0.0
-    branch_depth: int = 4
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.alpha) and 0.0 <= self.alpha <= 1.0):
             raise InvalidInput(f"--oracle-alpha must be in [0, 1], got {self.alpha!r}")
         if not (math.isfinite(self.coverage) and 0.0 <= self.coverage <= 1.0):
             raise InvalidInput(f"--oracle-coverage must be in [0, 1], got {self.coverage!r}")
-        if self.branch_depth < 0:
-            raise InvalidInput(f"the oracle's branch depth must be >= 0, got {self.branch_depth}")
         for flag, value in (("--oracle-ms-per-token", self.ms_per_token),
                             ("--oracle-prefill-ms", self.prefill_ms)):
             if not (math.isfinite(value) and value >= 0):
@@ -209,22 +206,52 @@ class OracleDraftBackend:
         return token
 
     @property
-    def drafts_trees(self) -> bool:
-        """Whether it offers branches (``--oracle-coverage`` > 0): the edge then sends trees."""
+    def expands_trees(self) -> bool:
+        """Whether it drafts trees (``--oracle-coverage`` > 0); q = 0 keeps chains, the
+        control of issue 36."""
         return self.settings.coverage > 0
 
-    def draft_branches(self, state: OracleState, position: int) -> list[tuple[int, ...]]:
-        """Branches beside the draft for ``position`` (a tree's runner-up): where that
-        draft is wrong, with probability ``coverage``, the true token followed by the
-        oracle's own drafts for the next ``branch_depth`` positions. No model work."""
-        answer = state.answer
-        if (self.settings.coverage <= 0 or answer is None or position >= len(answer)
-                or self.draft_token(state, position) == answer[position]):
-            return []
-        if self._draw(state.question, position, "cover")[0] >= self.settings.coverage:
-            return []
-        below = range(position + 1, min(len(answer), position + 1 + self.settings.branch_depth))
-        return [(answer[position], *(self.draft_token(state, p) for p in below))]
+    def expand(self, state: OracleState, contexts: Sequence[Sequence[int]], k: int
+               ) -> list[list[tuple[int, float]]]:
+        """Top-``k`` children after each context (answer tokens after the prompt), in one
+        paced forward (a memory-bound drafter reads its weights once for a few rows).
+
+        Rank 1 is the chain's draft for that position (right with probability α).
+        Where the context is the true answer so far and rank 1 is wrong, the true token
+        sits at a random rank 2..k with probability q; the other ranks are arbitrary ids
+        (never EOS). The log-probabilities are a calibrated drafter's: log α for rank 1,
+        log((1 - α) / (k - 1)) for each other rank, whatever the truth."""
+        start = time.perf_counter()
+        k = max(1, k)
+        alpha = min(max(self.settings.alpha, 1e-6), 1 - 1e-6)
+        lp_top, lp_other = math.log(alpha), math.log((1 - alpha) / max(k - 1, 1))
+        out = [self._children(state, [int(t) for t in ctx], k, lp_top, lp_other)
+               for ctx in contexts]
+        _pace(start, self.settings.ms_per_token)
+        return out
+
+    def _children(self, state: OracleState, ctx: list[int], k: int, lp_top: float,
+                  lp_other: float) -> list[tuple[int, float]]:
+        p, answer = len(ctx), state.answer
+        top = self.draft_token(state, p)
+        tokens = [top]
+        on_truth = answer is not None and p < len(answer) and tuple(ctx) == answer[:p]
+        truth = answer[p] if on_truth and answer is not None else None
+        covered = (truth is not None and truth != top and k > 1
+                   and self._draw(state.question, p, "cover")[0] < self.settings.coverage)
+        rank = 1 + self._draw(state.question, p, "rank")[1] % (k - 1) if covered else -1
+        taken = {top, self.eos_token_id, *([] if truth is None else [truth])}
+        for r in range(1, min(k, self.text_vocab_size - 2)):
+            if r == rank:
+                assert truth is not None
+                tokens.append(truth)
+                continue
+            tok = self._draw(state.question, p, f"other{r}")[1] % self.text_vocab_size
+            while tok in taken:
+                tok = (tok + 1) % self.text_vocab_size
+            taken.add(tok)
+            tokens.append(tok)
+        return [(t, lp_top if i == 0 else lp_other) for i, t in enumerate(tokens)]
 
     def _draw(self, question: str, position: int, purpose: str = "") -> tuple[float, int]:
         """(u in [0, 1), an integer) from (seed, question, position[, purpose]) alone."""

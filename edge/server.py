@@ -22,6 +22,7 @@ from eventspec.edge.commit_recorder import CommitRecorder
 from eventspec.edge.config import EdgeSettings
 from eventspec.edge.draft import DraftModel
 from eventspec.edge.draft_checkpoint import load_draft
+from eventspec.edge.draft_tree import TreeShape
 from eventspec.edge.drafter import DraftBackend
 from eventspec.edge.events.base import EventSource
 from eventspec.edge.events.sources import open_source
@@ -242,6 +243,8 @@ class EdgeServer:
             request_timeout_s=s.request_timeout_s,
             rpc_timeout_s=s.rpc_timeout_s,
             preview_every=s.preview_every,
+            tree_shape=(TreeShape(s.tree_nodes, s.tree_top_k, s.tree_per_forward)
+                        if s.tree_nodes > 0 else None),
             force_speculation=s.speculation == "always",
             readiness=readiness,
             cloud_wait_s=s.cloud_wait_s,

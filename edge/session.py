@@ -7,9 +7,10 @@ of greedy drafts beyond it (DESIGN, "Speculation invariants"). This module decid
   the first commit and its lookahead after, never past EOS or the token cap;
 - what ``Drafts`` to send: the whole tail with the committed length it extends
   (``base``), at the plan's cadence; a self-validating tail needs no epochs. With
-  ``tree`` (a drafter that offers branches, and a cloud that keeps trees), only the new
-  nodes go out, branches beside the tail included, and a Commit that goes down a
-  drafted branch makes that branch the tail (:mod:`eventspec.edge.draft_tree`);
+  ``tree`` (a drafter that expands several contexts in one forward, and a cloud that
+  keeps trees), the session grows a tree below C instead, by likelihood and within a
+  node budget, without waiting for commits, and only new nodes go out
+  (:mod:`eventspec.edge.draft_tree`);
 - how to fold a ``Commit``: a tail that agrees is kept (its confirmed head moves into
   C), one that diverges is dropped; the drafter re-syncs its KV cache from
   :meth:`EdgeSession.draft_context` on its next call, so a draft computed for a context
@@ -25,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from eventspec.edge.draft_tree import EdgeTree
+from eventspec.edge.draft_tree import EdgeTree, Key, TreeShape
 from eventspec.shared.contract.errors import FailedPrecondition
 from eventspec.shared.contract.timing import TimingPlan
 from eventspec.shared.contract.types import CommitEvent, DoneEvent, DraftTail
@@ -101,7 +102,7 @@ class EdgeSession:
         speculative: bool,
         force_speculation: bool = False,
         preview_every: int = 4,
-        tree: bool = False,
+        tree: TreeShape | None = None,
         max_nodes_per_message: int = 128,
     ) -> None:
         self.max_new_tokens = max_new_tokens
@@ -118,8 +119,8 @@ class EdgeSession:
         self.counters = EdgeCounters()
         self._sent_len = 0  # len(C) + len(tail) when the last tail was sent
         self._preview_len = 0
-        #: Draft trees: ids, what was sent, where C stands (None: chains).
-        self.tree = EdgeTree(max_nodes_per_message) if tree else None
+        #: Draft trees: growth, ids, what was sent, where C stands (None: chains).
+        self.tree = EdgeTree(max_nodes_per_message, tree) if tree is not None else None
 
     # -- queries -----------------------------------------------------------------------
 
@@ -132,6 +133,8 @@ class EdgeSession:
         """Whether drafting one more token now is within the plan."""
         if not (self.wants_prefill and self.prefilled) or self.done is not None:
             return False
+        if self.tree is not None:
+            return bool(self.expansion(1))
         seq_len = len(self.committed) + len(self.tail)
         if seq_len >= self.max_new_tokens:
             return False
@@ -145,6 +148,18 @@ class EdgeSession:
         """The sequence the next draft extends: C followed by the tail."""
         return (*self.committed, *self.tail)
 
+    def expansion(self, limit: int | None = None) -> list[tuple[Key, tuple[int, ...]]]:
+        """Trees: the nodes to expand in the next forward, likeliest path first, each with
+        its context (C and the path down to it); none when C already ends the answer."""
+        tree = self.tree
+        assert tree is not None, "expansion is for trees"
+        if self.committed and self.committed[-1] == self.eos_token_id:
+            return []
+        keys = tree.frontier(tree.per_forward if limit is None else limit,
+                             stop_token=self.eos_token_id, max_position=self.max_new_tokens)
+        on_tree = self.committed[: len(self.committed) - tree.pending]  # C to the anchor
+        return [(k, (*on_tree, *tree.path(k))) for k in keys]
+
     # -- events ------------------------------------------------------------------------
 
     def on_plan(self, plan: TimingPlan) -> None:
@@ -157,17 +172,35 @@ class EdgeSession:
     def on_prefill_done(self) -> None:
         self.prefilled = True
 
-    def on_draft(self, context: Sequence[int], token: int,
-                 branches: Sequence[Sequence[int]] = ()) -> list[Action]:
-        """A draft token computed after ``context``, with the branches the drafter
-        offers beside it (trees only); stale if a commit changed the context."""
+    def on_expanded(self, keys: Sequence[Key],
+                    children: Sequence[Sequence[tuple[int, float]]]) -> list[Action]:
+        """Trees: the drafter's top-k ``(token, logprob)`` after each expanded node. A node
+        a commit has since ruled out is dropped (counted as discarded); the new nodes go
+        out at once."""
+        tree = self.tree
+        assert tree is not None, "on_expanded is for trees"
+        if self.done is not None:
+            return []
+        for key, kids in zip(keys, children, strict=True):
+            added = tree.expand(key, kids)
+            self.counters.drafted += added
+            self.counters.discarded += 0 if tree.is_live(key) else 1
+        self.tail = tree.best_path()
+        actions: list[Action] = list(self._send_tail()) if tree.unsent else []
+        seq_len = len(self.committed) + len(self.tail)
+        if seq_len - self._preview_len >= self.preview_every:
+            self._preview_len = seq_len
+            actions.append(ShowPreview(len(self.committed), tuple(self.tail)))
+        return actions
+
+    def on_draft(self, context: Sequence[int], token: int) -> list[Action]:
+        """Chains: a draft token computed after ``context``; stale if a commit changed
+        the context."""
         if self.done is not None or tuple(context) != self.draft_context():
             self.counters.discarded += 1
             return []
         self.tail.append(int(token))
         self.counters.drafted += 1
-        if self.tree is not None:
-            self.tree.add_draft(int(token), branches)
         actions: list[Action] = []
         seq_len = len(self.committed) + len(self.tail)
         cadence = max(1, self.plan.chunk_cadence_tokens)
@@ -186,10 +219,18 @@ class EdgeSession:
                 "tokens committed so far"
             )
         tokens = list(commit.token_ids)
+        if self.tree is not None:  # C moves down the tree, or leaves it
+            misses, hits = self.tree.misses, self.tree.branch_hits
+            self.tree.on_commit(len(self.committed), tokens)
+            self.committed.extend(tokens)
+            self.counters.rollbacks += (self.tree.misses - misses) + (self.tree.branch_hits - hits)
+            self.tail = self.tree.best_path()
+            self._preview_len = min(self._preview_len, len(self.committed) + len(self.tail))
+            self.text = commit.text
+            return [ShowCommitted(commit.start, tuple(tokens), commit.text)]
         agree = 0
         while agree < min(len(tokens), len(self.tail)) and tokens[agree] == self.tail[agree]:
             agree += 1
-        before, old_tail = len(self.committed), self.tail
         self.committed.extend(tokens)
         if agree == len(tokens):
             self.tail = self.tail[agree:]
@@ -197,8 +238,6 @@ class EdgeSession:
             if self.tail:
                 self.counters.rollbacks += 1
             self.tail = []
-        if self.tree is not None:  # C may have gone down a branch the edge drafted
-            self.tail = self.tree.on_commit(before, tokens, old_tail)
         # Anything sent beyond a diverged point is moot; the next tail is re-based on C.
         self._sent_len = min(self._sent_len, len(self.committed) + len(self.tail))
         self._preview_len = min(self._preview_len, len(self.committed) + len(self.tail))

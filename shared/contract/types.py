@@ -168,7 +168,7 @@ class ServerLimits:
     #: cloud; the edge then applies the defaults).
     max_stop_strings: int = MAX_STOP_STRINGS
     max_stop_chars: int = MAX_STOP_CHARS
-    #: Draft trees: live nodes per request, and depth below a root (0: chains only).
+    #: Draft trees: live nodes per request, and depth below C's end (0: chains only).
     max_tree_nodes: int = 512
     max_tree_depth: int = 64
 

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from eventspec.cloud.draft_forest import KEEP_BEHIND
 from eventspec.cloud.tree_checks import TreeChecks
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.contract.types import ROOT, DraftNode, DraftTail
@@ -28,7 +29,8 @@ def tree(*nodes: tuple[int, int, int], base: int = 0) -> DraftTail:
     (tree((0, 7, 5)), r"Drafts.nodes\[0\].parent 7 is not an earlier node"),
     (tree((0, ROOT, 5), (4, 2, 6)), r"Drafts.nodes\[1\].parent 2 is no node of this request"),
     (tree((0, ROOT, 100)), r"Drafts.nodes\[0\].token_id 100 is outside"),
-    (tree((0, ROOT, 5), (1, 0, 6), (2, 1, 7), (3, 2, 8)), r"Drafts.nodes\[3\] sits 4 below"),
+    (tree((0, ROOT, 5), (1, 0, 6), (2, 1, 7), (3, 2, 8)),
+     r"Drafts.nodes\[3\] sits 4 below the committed"),
     (DraftTail(0, (5,), nodes=(DraftNode(0, ROOT, 5),)), "both token_ids"),
 ])
 def test_a_malformed_tree_names_the_field_and_changes_nothing(message: DraftTail,
@@ -62,8 +64,21 @@ def test_the_node_caps() -> None:
 def test_a_late_node_is_dropped_with_its_children() -> None:
     c = checks()
     c.check(tree((0, ROOT, 5), (1, 0, 6)), 0)
-    out = c.check(tree((2, 0, 7), (3, 2, 8), (4, 1, 9)), 2)  # C is 2 long: node 0 passed
-    assert [n.id for n in out.nodes] == [4] and c.stale == 2
+    c.check(tree((2, 1, 7)), 2)  # node 2 sits at position 2
+    far = KEEP_BEHIND + 3  # C passed positions 0 and 1 more than KEEP_BEHIND ago
+    out = c.check(tree((3, 0, 7), (4, 3, 8), (5, 2, 9)), far)
+    assert [n.id for n in out.nodes] == [5] and c.stale == 2
+
+
+def test_a_child_of_a_node_c_passed_a_round_trip_ago_still_arrives() -> None:
+    """The edge hears of commits a round trip late: it may extend a node the cloud's C
+    went through a few tokens ago. The node must reach the cloud's tree (which keeps
+    what extends C); dropping it as late lost every draft below it (issue 36)."""
+    c = checks()
+    c.check(tree((0, ROOT, 5), (1, 0, 6)), 0)
+    out = c.check(tree((2, 1, 7), (3, 2, 8)), 3)  # C is 3 long: nodes 0 and 1 passed
+    assert [n.id for n in out.nodes] == [2, 3] and c.stale == 0
+    assert c.live == 2, "only nodes at or past C's end count as live"
 
 
 @st.composite
@@ -89,3 +104,12 @@ def test_any_well_formed_tree_passes_whole_in_pieces(nodes: list[tuple[int, int,
     first, second = nodes[:cut], nodes[cut:]
     kept = [n.id for part in (first, second) if part for n in c.check(tree(*part), 0).nodes]
     assert kept == [i for i, _, _ in nodes] and c.live == len(nodes) and c.stale == 0
+
+
+def test_depth_counts_from_the_committed_end_so_a_kept_tree_can_grow_all_answer() -> None:
+    """The edge keeps its tree across commits: 20 nodes deep under one root is fine once
+    C has moved 18 tokens down it (it failed when depth counted from the root)."""
+    c = checks(max_depth=3)
+    for i in range(20):
+        c.check(tree((i, ROOT if i == 0 else i - 1, 5)), max(0, i - 1))
+    assert c.live <= 3

@@ -120,3 +120,55 @@ def test_the_answers_file_is_checked(tmp_path: Path) -> None:
         oracle(1.0, answers={"q": (V + 1,)})
     with pytest.raises(InvalidInput, match="--oracle-alpha"):
         oracle(1.5)
+
+
+def tree_oracle(alpha: float, coverage: float, *, ms: float = 0.0,
+                answers: dict[str, tuple[int, ...]] | None = None) -> OracleDraftBackend:
+    answers = {"q": ANSWER} if answers is None else answers
+    return OracleDraftBackend(OracleSettings(answers, alpha, ms, 0.0, 0, coverage), V, EOS)
+
+
+def test_q_zero_keeps_chains_and_q_above_zero_expands_trees() -> None:
+    assert not Drafter(tree_oracle(0.8, 0.0)).expands_in_one_forward
+    assert Drafter(tree_oracle(0.8, 0.75)).expands_in_one_forward
+
+
+def test_tree_children_rank_the_chain_draft_first_and_hold_the_truth_at_rate_q() -> None:
+    """Rank 1 is the chain's draft; where it is wrong on the true path, the truth is among
+    the other k - 1 children with probability q (60 questions x 41 positions, one
+    seeded draw); k distinct ids, never EOS unless it is the truth or the top-1."""
+    answers = {f"q{i}": ANSWER for i in range(60)}
+    backend = tree_oracle(0.8, 0.75, answers=answers)
+    chain = oracle(0.8, answers=answers)
+    wrong = covered = 0
+    for q in answers:
+        drafter = Drafter(backend)
+        drafter.prefill(q, None)
+        rows = drafter.expand([ANSWER[:p] for p in range(len(ANSWER))], 4)
+        chain_drafts = draft_along_answer(chain, q)
+        for p, row in enumerate(rows):
+            tokens = [t for t, _ in row]
+            assert len(set(tokens)) == 4 and tokens[0] == chain_drafts[p]
+            assert all(t != EOS for t in tokens[1:] if t != ANSWER[p])
+            assert row[0][1] > row[1][1] == row[3][1], "calibrated: log α, then the rest"
+            if tokens[0] != ANSWER[p]:
+                wrong += 1
+                covered += ANSWER[p] in tokens[1:]
+    assert wrong > 300 and abs(covered / wrong - 0.75) < 0.06
+
+
+def test_tree_children_off_the_true_path_never_hold_the_truth_beyond_top_1() -> None:
+    drafter = Drafter(tree_oracle(0.0, 1.0))
+    drafter.prefill("q", None)
+    off = (ANSWER[0] + 1,)  # a context the answer never had
+    (row,) = drafter.expand([off], 4)
+    assert ANSWER[1] not in [t for t, _ in row[1:]]
+
+
+def test_a_tree_expansion_is_paced_once_however_many_nodes() -> None:
+    drafter = Drafter(tree_oracle(0.8, 0.75, ms=30.0))
+    drafter.prefill("q", None)
+    t0 = time.perf_counter()
+    drafter.expand([ANSWER[:p] for p in range(8)], 4)
+    assert (time.perf_counter() - t0) * 1e3 >= 30.0
+    assert drafter.drafted_total == 1, "one forward"

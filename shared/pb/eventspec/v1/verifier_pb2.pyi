@@ -283,8 +283,8 @@ class Limits(_message.Message):
     """Most characters all of one request's stop strings may total; 0: not reported."""
     max_tree_nodes: _builtins.int
     """Draft trees (Drafts.nodes): the most nodes one request may have live at the cloud
-    (nodes past the committed answer), and the deepest a node may sit below its
-    root; 0: not reported (an older cloud, which takes chains only).
+    (nodes past the committed answer), and the deepest a node may sit below the
+    committed answer's end; 0: not reported (an older cloud, which takes chains only).
     """
     max_tree_depth: _builtins.int
     def __init__(

@@ -1,0 +1,197 @@
+"""The speculative pipeline on a virtual clock: the product's own state machines, no models.
+
+Why: the end-to-end benchmark needs processes, a GPU and minutes per point; the reference
+model (``benchmarks/spec_model.py``) is a formula for chains. This runs the edge's
+``EdgeSession`` (chains, or trees grown by ``EdgeTree``), the oracle drafter's draws,
+the stream's ``TreeChecks`` and the cloud's ``DecodingSession`` (its draft tree and
+commit rules) against one fixed answer, with a link delay each way, a draft forward of
+``draft_ms`` and a target step of ``step_ms``: what the protocol and the edge's policy
+give when nothing else costs time. Greedy verification is exact, so tokens per step and
+the answer time are those of the real mechanism, bounded by nothing but the clock.
+
+Usage: ``python -m benchmarks.pipeline_sim --alpha 0.8 --coverage 0.75 --rtt-ms 20
+--step-ms 10 --draft-ms 3.4 --tokens 512`` (one JSON line per configuration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import json
+import random
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from eventspec.cloud.decoding import DecodingSession
+from eventspec.cloud.tree_checks import TreeChecks
+from eventspec.edge.draft_tree import TreeShape
+from eventspec.edge.drafter import Drafter
+from eventspec.edge.oracle_draft import OracleDraftBackend, OracleSettings
+from eventspec.edge.session import EdgeSession, SendDrafts
+from eventspec.shared.contract.timing import TimingPlan
+from eventspec.shared.contract.types import CommitEvent, DraftTail, GenerationSettings
+
+VOCAB, EOS = 32000, 2
+DEFAULT_SHAPE = TreeShape()
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One configuration: the drafter, the link, the two paces and the edge's tree."""
+
+    alpha: float = 0.8
+    coverage: float = 0.0  # 0: chains
+    rtt_ms: float = 20.0
+    step_ms: float = 10.0
+    draft_ms: float = 3.4
+    prefill_ms: float = 50.0
+    draft_prefill_ms: float = 45.0
+    tokens: int = 512
+    lookahead: int = 12
+    max_verify: int = 8
+    shape: TreeShape = DEFAULT_SHAPE
+
+
+@dataclass
+class Outcome:
+    steps: int
+    tokens: int
+    ms: float
+    target_only_ms: float
+    verified: int
+    accepted: int
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.tokens / max(self.steps, 1)
+
+    @property
+    def speedup(self) -> float:
+        return self.target_only_ms / self.ms
+
+
+def simulate(setup: Setup, seed: int) -> Outcome:
+    """One answer of ``setup.tokens`` random tokens, drafted and verified on the clock."""
+    rng = random.Random(seed)
+    answer = tuple(rng.randrange(3, VOCAB) for _ in range(setup.tokens))
+    question = f"q{seed}"
+    backend = OracleDraftBackend(OracleSettings({question: answer}, setup.alpha, 0.0, 0.0,
+                                                seed, setup.coverage), VOCAB, EOS)
+    drafter = Drafter(backend)
+    drafter.prefill(question, None)
+    plan = TimingPlan(True, 4, setup.lookahead, 1, False, setup.alpha, setup.prefill_ms,
+                      setup.step_ms, 1.0, "simulated")
+    edge = EdgeSession(plan=plan, max_new_tokens=setup.tokens, eos_token_id=EOS,
+                       speculative=True,
+                       tree=setup.shape if drafter.expands_in_one_forward else None)
+    cloud = DecodingSession(settings=GenerationSettings(max_new_tokens=setup.tokens), slot=0,
+                            prompt_len=1, max_seq_len=setup.tokens + 2, eos_token_id=EOS,
+                            max_verify_tokens=setup.max_verify + 1, decode=lambda ids: "",
+                            speculative=True)
+    checks = TreeChecks(max_nodes=setup.shape.cloud_nodes, max_depth=setup.shape.max_depth,
+                        max_per_message=128, text_vocab_size=VOCAB)
+    half = setup.rtt_ms / 2
+    seq = itertools.count()
+    events: list[tuple[float, int, str, Any]] = []
+
+    def at(t: float, kind: str, payload: Any = None) -> None:
+        heapq.heappush(events, (t, next(seq), kind, payload))
+
+    def send(now: float, actions: Sequence[object]) -> None:
+        for a in actions:
+            if isinstance(a, SendDrafts):
+                at(now + half, "drafts", a.tail)
+
+    def verify() -> tuple[int, list[int]]:
+        drafts = cloud.drafts_now()
+        n = len(cloud.committed)
+        ok = 0
+        while ok < len(drafts) and n + ok < len(answer) and drafts[ok] == answer[n + ok]:
+            ok += 1
+        return len(drafts), [*drafts[:ok], *answer[n + ok: n + ok + 1]]
+
+    steps = verified = accepted = 0
+    drafting: Callable[[], list[object]] | None = None
+    at(setup.prefill_ms, "step")
+    at(setup.draft_prefill_ms, "edge_prefilled")
+    now = 0.0
+    while events and cloud.finish_reason is None:
+        now, _, kind, payload = heapq.heappop(events)
+        if kind == "drafts":
+            tail: DraftTail = payload
+            cloud.offer_drafts(checks.check(tail, len(cloud.committed)) if tail.nodes else tail)
+        elif kind == "step":
+            if not cloud.prefilled:
+                cloud.mark_prefilled(0.0)
+            v, tokens = verify()
+            steps += 1
+            verified += v
+            accepted += len(tokens) - 1
+            c = cloud.commit(len(tokens) - 1, tokens, v, 0.0)
+            at(now + half, "commit", CommitEvent(c.start, tuple(c.tokens), v,
+                                                  len(tokens) - 1, "", 0.0))
+            at(now + setup.step_ms, "step")
+        elif kind == "commit":
+            edge.on_commit(payload)
+        elif kind == "edge_prefilled":
+            edge.on_prefill_done()
+        elif kind == "forward_done":
+            assert drafting is not None
+            send(now, drafting())
+            drafting = None
+        if drafting is None and kind != "step" and edge.wants_draft():
+            if edge.tree is not None:
+                wanted = edge.expansion()
+                result = drafter.expand([c for _, c in wanted], edge.tree.top_k)
+                keys = [k for k, _ in wanted]
+                drafting = lambda keys=keys, result=result: edge.on_expanded(keys, result)  # noqa: E731
+            else:
+                ctx = edge.draft_context()
+                token = drafter.draft_next(ctx)
+                drafting = lambda ctx=ctx, token=token: edge.on_draft(ctx, token)  # noqa: E731
+            at(now + setup.draft_ms, "forward_done")
+    assert tuple(cloud.committed) == answer[: len(cloud.committed)], "lossless"
+    target_only = setup.prefill_ms + setup.tokens * setup.step_ms
+    return Outcome(steps, len(cloud.committed), now, target_only, verified, accepted)
+
+
+def run(setup: Setup, seeds: int) -> dict[str, Any]:
+    outs = [simulate(setup, s) for s in range(seeds)]
+    return {
+        "alpha": setup.alpha, "coverage": setup.coverage, "rtt_ms": setup.rtt_ms,
+        "step_ms": setup.step_ms, "draft_ms": setup.draft_ms, "tokens": setup.tokens,
+        "tree": None if setup.coverage <= 0 else vars(setup.shape),
+        "tokens_per_step": statistics.median(o.tokens_per_step for o in outs),
+        "speedup": statistics.median(o.speedup for o in outs),
+        "accepted_over_verified": (sum(o.accepted for o in outs)
+                                   / max(1, sum(o.verified for o in outs))),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--alpha", type=float, default=0.8)
+    p.add_argument("--coverage", type=float, nargs="+", default=[0.0, 0.75])
+    p.add_argument("--rtt-ms", type=float, nargs="+", default=[20.0])
+    p.add_argument("--step-ms", type=float, default=10.0)
+    p.add_argument("--draft-ms", type=float, default=3.4)
+    p.add_argument("--tokens", type=int, default=512)
+    p.add_argument("--tree-nodes", type=int, default=128)
+    p.add_argument("--tree-top-k", type=int, default=4)
+    p.add_argument("--tree-per-forward", type=int, default=8)
+    p.add_argument("--max-verify", type=int, default=8)
+    p.add_argument("--seeds", type=int, default=5)
+    a = p.parse_args(argv)
+    shape = TreeShape(a.tree_nodes, a.tree_top_k, a.tree_per_forward)
+    for rtt in a.rtt_ms:
+        for q in a.coverage:
+            setup = Setup(a.alpha, q, rtt, a.step_ms, a.draft_ms, tokens=a.tokens,
+                          max_verify=a.max_verify, shape=shape)
+            print(json.dumps(run(setup, a.seeds)))
+
+
+if __name__ == "__main__":
+    main()
