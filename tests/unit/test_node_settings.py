@@ -105,7 +105,7 @@ EDGE: dict[str, Case] = {
     "preview_every": ("--preview-every", "2", 2),
     "tree_nodes": ("--tree-nodes", "0", 0),
     "tree_top_k": ("--tree-top-k", "8", 8),
-    "tree_per_forward": ("--tree-per-forward", "16", 16),
+    "tree_per_forward": ("--tree-per-forward", "32", 32),
     "speculation": ("--speculation", "always", "always"),
     "draft_engine": ("--draft-engine", "static", "static"),
     "draft_quant": ("--draft-quant", "int8", "int8"),
