@@ -49,6 +49,8 @@ class TreeChecks:
     #: and, for ``KEEP_BEHIND`` positions, those the committed answer has passed (a
     #: child of one may still extend C: the edge hears of commits a round trip late).
     _live: dict[int, tuple[int, int]] = field(default_factory=dict)
+    #: How many known nodes sit at each position (the live count without a walk).
+    _at: dict[int, int] = field(default_factory=dict)
     _committed_len: int = 0
     _last_id: int = -1
     #: Nodes dropped as late (their parent was passed by the committed answer).
@@ -104,6 +106,8 @@ class TreeChecks:
                                "(GetServerInfo.limits.max_tree_nodes)")
         self._last_id = last
         self._live.update(added)
+        for pos, _ in added.values():
+            self._at[pos] = self._at.get(pos, 0) + 1
         self.stale += len(late)
         return replace(tail, nodes=tuple(kept)) if late else tail
 
@@ -125,12 +129,13 @@ class TreeChecks:
     def _forget_passed(self, committed_len: int) -> None:
         """Forget nodes ``KEEP_BEHIND`` positions behind C's end (as the cloud's tree does)."""
         self._committed_len = max(self._committed_len, committed_len)
-        passed = [i for i, (pos, _) in self._live.items()
-                  if pos < committed_len - 1 - KEEP_BEHIND]
-        for i in passed:
-            del self._live[i]
+        floor = committed_len - 1 - KEEP_BEHIND
+        if not any(pos < floor for pos in self._at):
+            return
+        self._live = {i: v for i, v in self._live.items() if v[0] >= floor}
+        self._at = {pos: n for pos, n in self._at.items() if pos >= floor}
 
     @property
     def live(self) -> int:
         """Live nodes now: those the committed answer has not passed."""
-        return sum(pos >= self._committed_len - 1 for pos, _ in self._live.values())
+        return sum(n for pos, n in self._at.items() if pos >= self._committed_len - 1)

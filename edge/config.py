@@ -80,9 +80,9 @@ class EdgeSettings:
     #: Draft trees (issue 36), where the drafter expands several nodes in one forward and
     #: the cloud keeps trees: live nodes per request at most (0: chains only), children
     #: per expanded node, and nodes expanded per forward.
-    tree_nodes: int = 256
+    tree_nodes: int = 64
     tree_top_k: int = 4
-    tree_per_forward: int = 16
+    tree_per_forward: int = 4
     #: "auto": draft when the shared timing plan says it pays; "always": draft anyway
     #: (to measure acceptance, or when the cost model is known to be wrong).
     speculation: str = "auto"

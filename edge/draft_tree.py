@@ -41,9 +41,9 @@ class TreeShape:
     live nodes at most, children per expansion, nodes expanded per draft forward; and the
     cloud's caps (``max_tree_depth`` below C's end, ``max_tree_nodes`` live)."""
 
-    node_budget: int = 256
+    node_budget: int = 64
     top_k: int = 4
-    per_forward: int = 16
+    per_forward: int = 4
     max_depth: int = 64
     cloud_nodes: int = 512
 
