@@ -342,8 +342,10 @@ class Scheduler(PrefillPhase):
             self._read_mailbox(t)
             inputs.append(t.session.step_input())
         if self.verify_cost is not None and any(inp.drafts for inp in inputs):
+            # The static engine pads every session to the longest: price steps by it.
             inputs = trim_drafts([t.session.counters for t in ready], inputs,
-                                 self.verify_cost, self.alpha_prior())
+                                 self.verify_cost, self.alpha_prior(),
+                                 getattr(self.engine, "padded_tokens", None))
         batch = batch_of(inputs, self.engine.device)
         specs = [self._spec(t, len(inp.tokens), inp.drafts) for t, inp in zip(ready, inputs,
                                                                               strict=True)]

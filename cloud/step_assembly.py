@@ -8,7 +8,7 @@ Pure functions of the sessions' inputs, kept apart from the engine loop
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -22,16 +22,17 @@ PRIOR_DRAFTS = 4.0
 
 
 def trim_drafts(counters: Sequence[Counters], inputs: list[StepInput], cost: CloudCost,
-                prior: float) -> list[StepInput]:
+                prior: float, pad: Callable[[int], int] | None = None) -> list[StepInput]:
     """Each session's verified drafts cut to the width that maximises the step's
     expected tokens per ms; a session's own acceptance so far (its ``counters``), shrunk
     towards the server-wide estimate ``prior`` (4 drafts' worth), is what its drafts are
-    expected to do."""
+    expected to do. ``pad``: the engine pads every session to the longest (the static
+    engine's ``padded_tokens``); None prices rows as fed."""
     offers = []
     for c, inp in zip(counters, inputs, strict=True):
         alpha = (c.accepted + PRIOR_DRAFTS * prior) / (c.drafted + PRIOR_DRAFTS)
         offers.append(SessionDrafts(len(inp.drafts), min(1.0, max(0.0, alpha))))
-    widths = verify_widths(cost, offers)
+    widths = verify_widths(cost, offers, pad)
     return [inp if k == len(inp.drafts) else dataclasses.replace(
                 inp, tokens=inp.tokens[: k + 1], drafts=inp.drafts[:k])
             for inp, k in zip(inputs, widths, strict=True)]

@@ -353,6 +353,13 @@ class StaticRuntime(PromptRowsInSteps):
         self.v_cache[:, slot, :, :n].copy_(v)
         self.occupancy.prompt_written_to(slot, n)
 
+    def padded_tokens(self, q_max: int) -> int:
+        """Rows every session of a step pays when its longest feeds ``q_max`` tokens: the
+        captured graph's bucket, else ``q_max`` (the step pads every session to it).
+        The cloud's verify-width rule prices a step by this (issue 36)."""
+        qp = bucket(q_max, self.token_buckets) if self.use_graphs else None
+        return q_max if qp is None else qp
+
     @torch.inference_mode()
     def step(self, batch: StepBatch) -> torch.Tensor:
         """Write the batch's tokens into their slots; return [N, V] float32 logits."""

@@ -62,9 +62,17 @@ WIDTH_COSTS = {
 }
 
 
+class PaddedFakeEngine(FakeEngine):
+    """The fake engine with the static engine's padding hook (graph buckets), so the
+    scheduler prices steps the padded way (``verify_widths(..., pad)``)."""
+
+    def padded_tokens(self, q_max: int) -> int:
+        return next((b for b in (1, 2, 3, 5, 9, 17, 33) if b >= q_max), q_max)
+
+
 async def drive(reqs: Sequence[Req], num_slots: int, yields: Sequence[int],
-                width: str = "all") -> None:
-    engine = FakeEngine(num_slots)
+                width: str = "all", padded: bool = False) -> None:
+    engine = PaddedFakeEngine(num_slots) if padded else FakeEngine(num_slots)
     sched = Scheduler(engine, text_vocab_size=TEXT_VOCAB)
     sched.verify_cost = WIDTH_COSTS[width]
     sched.start()
@@ -137,10 +145,11 @@ async def drive(reqs: Sequence[Req], num_slots: int, yields: Sequence[int],
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(reqs=st.lists(requests, min_size=1, max_size=8), num_slots=st.integers(1, 8),
        yields=st.lists(st.integers(0, 5), min_size=1, max_size=8),
-       width=st.sampled_from(sorted(WIDTH_COSTS)))
+       width=st.sampled_from(sorted(WIDTH_COSTS)), padded=st.booleans())
 def test_every_interleaving_is_lossless_and_returns_every_slot(
-    reqs: list[Req], num_slots: int, yields: list[int], width: str
+    reqs: list[Req], num_slots: int, yields: list[int], width: str, padded: bool
 ) -> None:
     """With every valid draft verified, or with ``--verify-width auto`` trimming them
-    under cost models from free to prohibitive: the answers are target-only's."""
-    asyncio.run(drive(reqs, num_slots, yields, width))
+    under cost models from free to prohibitive, priced as rows fed or padded to the
+    longest session (the static engine): the answers are target-only's."""
+    asyncio.run(drive(reqs, num_slots, yields, width, padded))

@@ -345,3 +345,12 @@ def test_one_bad_request_fails_a_batched_prefill_before_any_model_work(tiny: Tar
                                              pixel_values_videos=clip(tiny, 2))])
     with pytest.raises(InvalidInput, match="no prefilled session"):  # nothing became live
         engine.step(StepBatch((0,), (5,), (1,), torch.tensor([1])))
+
+
+def test_padded_tokens_are_what_a_step_pays_per_session(tiny_engine: StaticEngine,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eager steps pad every session to the longest; graph steps to its bucket (the
+    verify-width rule prices steps by this)."""
+    assert tiny_engine.padded_tokens(4) == 4
+    monkeypatch.setattr(tiny_engine, "use_graphs", True)
+    assert [tiny_engine.padded_tokens(q) for q in (1, 4, 6, 40)] == [1, 5, 9, 40]

@@ -74,3 +74,45 @@ def test_bad_offers_name_the_field() -> None:
         SessionDrafts(-1, 0.5)
     with pytest.raises(InvalidInput, match="alpha"):
         SessionDrafts(1, 1.5)
+
+
+BUCKETS = (1, 2, 3, 5, 9, 17, 33)
+
+
+def _bucketed(q: int) -> int:
+    return next((b for b in BUCKETS if b >= q), q)
+
+
+def _padded_rate(cost: CloudCost, sessions: list[SessionDrafts], widths: list[int]) -> float:
+    expected = sum(sum(s.alpha ** j for j in range(k + 1))
+                   for s, k in zip(sessions, widths, strict=True))
+    rows = _bucketed(max(k + 1 for k in widths))
+    return expected / cost.batch_step_ms(len(sessions), len(sessions) * rows)
+
+
+@settings(max_examples=150, deadline=None)
+@given(sessions=sessions_st, per_token=st.sampled_from([0.0, 0.01, 0.3, 2.0, 50.0]))
+def test_on_a_padded_engine_the_widths_are_the_best_of_every_choice(
+        sessions: list[SessionDrafts], per_token: float) -> None:
+    """Every session pays the rows of the longest (bucketed, as the static engine's
+    graphs): exhaustively, no other choice has a higher expected rate under that cost."""
+    cost = _cost(per_token)
+    widths = verify_widths(cost, sessions, pad=_bucketed)
+    assert all((s.available == 0 and k == 0) or 1 <= k <= s.available
+               for s, k in zip(sessions, widths, strict=True))
+    best = _padded_rate(cost, sessions, widths)
+    ranges = [range(1 if s.available else 0, s.available + 1) for s in sessions]
+    for other in itertools.product(*ranges):
+        assert _padded_rate(cost, sessions, list(other)) <= best * (1 + 1e-9), (other, widths)
+
+
+def test_one_long_offer_does_not_pad_a_loaded_batch() -> None:
+    """Fifteen sessions with one draft and one with sixteen: the linear rule gives the
+    long one several drafts, which pads all sixteen to its rows; the padded rule sees
+    that the step then costs every session those rows, and keeps the short shape."""
+    cost = _cost(0.3, per_session=0.37, base=6.4)
+    offers = [SessionDrafts(1, 0.6)] * 15 + [SessionDrafts(16, 0.6)]
+    linear = verify_widths(cost, offers)
+    padded = verify_widths(cost, offers, pad=_bucketed)
+    assert max(linear) > 1 and max(padded) == 1
+    assert _padded_rate(cost, offers, padded) > _padded_rate(cost, offers, linear)
