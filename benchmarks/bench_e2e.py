@@ -45,6 +45,7 @@ import contextlib
 import json
 import logging
 import math
+import random
 import statistics
 import sys
 import tempfile
@@ -182,8 +183,7 @@ async def latency_points(args: argparse.Namespace, edges: Sequence[str],
     for n in args.clients:
         k = per_client(args, n)
         started = time.perf_counter()
-        per = await asyncio.gather(*(ask_pairs(edges[i % len(edges)], qs, args.max_new_tokens,
-                                               client=i)
+        per = await asyncio.gather(*(ask_pairs(edges[i % len(edges)], qs, args.max_new_tokens)
                                      for i, qs in enumerate(split(pool, n, k))))
         rows = [r for rs in per for r in rs]
         point = summarise(rows, drafter=drafter, rtt_ms=rtt, clients=n, args=args,
@@ -208,7 +208,8 @@ async def capacity_points(args: argparse.Namespace, edges: Sequence[str],
                                     for n in args.capacity_clients):
         point = await capacity_point(edges, split(pool, n, per_client(args, n)), tokens,
                                      alpha=drafter.alpha, rtt_ms=args.capacity_rtt_ms,
-                                     speculative_first=j % 2 == 0)
+                                     repeats=args.capacity_repeats,
+                                     rng=random.Random(args.seed * 1000 + j))
         points.append(point)
         log.info("capacity alpha %s, %d tokens, N %d: goodput %.3fx", drafter.name,
                  tokens, n, point["goodput_ratio"])
@@ -353,6 +354,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--capacity-rtt-ms", type=float, default=20.0)
     p.add_argument("--capacity-alpha", type=float, default=0.8,
                    help="the --alphas entry whose edges run the capacity phase")
+    p.add_argument("--capacity-repeats", type=int, default=3,
+                   help="capacity phase: both modes this many times per point, their "
+                        "order drawn at random each time; the median ratio is reported")
     p.add_argument("--allow-different", action="store_true",
                    help="exit 0 although speculative and target-only answers differ (a "
                         "bf16 GPU without batch-invariant kernels); the JSON says how often")

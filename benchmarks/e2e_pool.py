@@ -5,6 +5,7 @@ of the latency phase, the answers the oracle drafts from, and the uplink's Asks.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -76,19 +77,25 @@ async def timed(client: EdgeClient, spec: AskSpec) -> tuple[FinalEvent, float]:
     return final, (time.perf_counter() - t0) * 1e3
 
 
-async def ask_pairs(address: str, questions: Sequence[Question], max_new: int,
-                    client: int = 0) -> list[dict[str, Any]]:
+def speculative_first(question: str) -> bool:
+    """The seeded coin that orders a request's two modes (the same on every run)."""
+    return hashlib.blake2b(question.encode(), digest_size=1).digest()[0] % 2 == 0
+
+
+async def ask_pairs(address: str, questions: Sequence[Question], max_new: int
+                    ) -> list[dict[str, Any]]:
     """Each question speculative and target-only on one edge: one row per question.
 
-    Which mode goes first alternates with the question and the client, so that with
-    several clients both modes meet the same load: with speculative always first, the
-    clients' speculative requests arrived together and queued behind each other's
-    prefills while their target-only requests came staggered (α = 0, 4 clients: 0.87x,
-    although nothing was drafted)."""
+    Which mode goes first is drawn per request from the question's text (a seeded coin,
+    independent of the edge and the client), so that with several clients both modes
+    meet the same load: with speculative always first, the clients' speculative requests
+    arrived together and queued behind each other's prefills while their target-only
+    requests came staggered (α = 0, 4 clients: 0.87x, although nothing was drafted);
+    and an order tied to the edge made 64 clients 16 units (issue 36)."""
     rows = []
     async with EdgeClient(address, timeout_s=300) as edge:
-        for j, q in enumerate(questions):
-            if (client + j) % 2 == 0:
+        for q in questions:
+            if speculative_first(q.text):
                 spec, spec_ms = await timed(edge, q.spec(Mode.SPECULATIVE, max_new))
                 base, base_ms = await timed(edge, q.spec(Mode.TARGET_ONLY, max_new))
             else:

@@ -82,7 +82,8 @@ class CloudMetrics:
             _name("drafts_received"), "Drafts messages (draft tails) received from edges",
             registry=r)
         self.draft_tokens_received = Counter(
-            _name("draft_tokens_received"), "Token ids in the Drafts messages received",
+            _name("draft_tokens_received"),
+            "Token ids in the Drafts messages received (a chain's tokens, a tree's nodes)",
             registry=r)
         self.stale_drafts = Counter(
             _name("stale_drafts"), "Drafts messages dropped because their overlap disagreed "
@@ -214,7 +215,7 @@ class RequestProbe:
     def on_drafts(self, tail: DraftTail) -> None:
         """A Drafts message arrived (well-formed)."""
         self.m.drafts_received.inc()
-        self.m.draft_tokens_received.inc(len(tail.token_ids))
+        self.m.draft_tokens_received.inc(len(tail.token_ids) + len(tail.nodes))
 
     def on_commit(self, tokens: int, verified: int, accepted: int) -> None:
         """A Commit is about to go out: inter-token latency and acceptance by position."""
