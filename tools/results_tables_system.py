@@ -61,6 +61,23 @@ def e2e_capacity(runs: Named) -> list[str]:
         "accepted ÷ verified", "identical share"], rows)
 
 
+def pipeline_sim(runs: Named) -> list[str]:
+    """The pipeline on a virtual clock (``benchmarks/pipeline_sim.py``): trees against
+    chains with nothing but the paces and the link costing time."""
+    rows = []
+    for _, r in runs:
+        for s in r["runs"]:
+            tree = s["tree"]
+            drafts = ("chains" if tree is None else
+                      f"trees q = {s['coverage']:g}, {tree['node_budget']} nodes, top-"
+                      f"{tree['top_k']}, {tree['per_forward']} per forward")
+            rows.append((drafts, f"{s['step_ms']:g}", f"{s['draft_ms']:g}",
+                         f"{s['rtt_ms']:g}", s["tokens"], f"{s['tokens_per_step']:.2f}",
+                         f"{s['speedup']:.2f}", f"{s['accepted_over_verified']:.3f}"))
+    return table(["drafts", "step ms", "draft ms", "RTT ms", "answer tokens",
+                  "tokens / step", "speedup (alone)", "accepted ÷ verified"], rows)
+
+
 def e2e_uplink(runs: Named) -> list[str]:
     """One Ask per feature mode through a shaped uplink: what was sent and what it cost."""
     (_, r), = runs
@@ -229,6 +246,7 @@ KINDS: dict[str, Callable[[Named], list[str]]] = {
     "gpu-gate-load": gpu_gate_load,
     "e2e-points": e2e_points,
     "e2e-capacity": e2e_capacity,
+    "pipeline-sim": pipeline_sim,
     "e2e-uplink": e2e_uplink,
     "e2e-drafter": e2e_drafter,
     "token-adapter": token_adapter,
