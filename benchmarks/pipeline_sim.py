@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.stamp import write_result
-
 from eventspec.cloud.decoding import DecodingSession
 from eventspec.cloud.tree_checks import TreeChecks
 from eventspec.edge.draft_tree import TreeShape
@@ -84,7 +83,8 @@ class Outcome:
 
 
 def simulate(setup: Setup, seed: int) -> Outcome:
-    """One answer of ``setup.tokens`` random tokens, drafted and verified on the clock."""
+    """One answer of ``setup.tokens`` random tokens, drafted by the oracle and verified on
+    the clock."""
     rng = random.Random(seed)
     answer = tuple(rng.randrange(3, VOCAB) for _ in range(setup.tokens))
     question = f"q{seed}"
@@ -92,17 +92,26 @@ def simulate(setup: Setup, seed: int) -> Outcome:
                                                 seed, setup.coverage), VOCAB, EOS)
     drafter = Drafter(backend)
     drafter.prefill(question, None)
+    return replay(setup, drafter, answer, trees=drafter.expands_in_one_forward)
+
+
+def replay(setup: Setup, drafter: Drafter, answer: Sequence[int], *, trees: bool,
+           eos: int = EOS, vocab: int = VOCAB) -> Outcome:
+    """``answer`` (the target's, EOS included where it ended) drafted by ``drafter``
+    (already prefilled), as chains or trees, and verified on the clock. ``trees`` may be
+    forced for a drafter that expands one context per forward: the clock charges one
+    forward whatever it expands."""
+    answer = tuple(answer)
     plan = TimingPlan(True, 4, setup.lookahead, 1, False, setup.alpha, setup.prefill_ms,
                       setup.step_ms, 1.0, "simulated")
-    edge = EdgeSession(plan=plan, max_new_tokens=setup.tokens, eos_token_id=EOS,
-                       speculative=True,
-                       tree=setup.shape if drafter.expands_in_one_forward else None)
-    cloud = DecodingSession(settings=GenerationSettings(max_new_tokens=setup.tokens), slot=0,
-                            prompt_len=1, max_seq_len=setup.tokens + 2, eos_token_id=EOS,
+    edge = EdgeSession(plan=plan, max_new_tokens=len(answer), eos_token_id=eos,
+                       speculative=True, tree=setup.shape if trees else None)
+    cloud = DecodingSession(settings=GenerationSettings(max_new_tokens=len(answer)), slot=0,
+                            prompt_len=1, max_seq_len=len(answer) + 2, eos_token_id=eos,
                             max_verify_tokens=setup.max_verify + 1, decode=lambda ids: "",
                             speculative=True)
     checks = TreeChecks(max_nodes=setup.shape.cloud_nodes, max_depth=setup.shape.max_depth,
-                        max_per_message=128, text_vocab_size=VOCAB)
+                        max_per_message=128, text_vocab_size=vocab)
     half = setup.rtt_ms / 2
     seq = itertools.count()
     events: list[tuple[float, int, str, Any]] = []
@@ -164,7 +173,7 @@ def simulate(setup: Setup, seed: int) -> Outcome:
                 drafting = lambda ctx=ctx, token=token: edge.on_draft(ctx, token)  # noqa: E731
             at(now + setup.draft_ms, "forward_done")
     assert tuple(cloud.committed) == answer[: len(cloud.committed)], "lossless"
-    target_only = setup.prefill_ms + setup.tokens * setup.step_ms
+    target_only = setup.prefill_ms + len(answer) * setup.step_ms
     return Outcome(steps, len(cloud.committed), now, target_only, verified, accepted)
 
 

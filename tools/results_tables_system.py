@@ -78,6 +78,21 @@ def pipeline_sim(runs: Named) -> list[str]:
                   "tokens / step", "speedup (alone)", "accepted ÷ verified"], rows)
 
 
+def tree_coverage(runs: Named) -> list[str]:
+    """The toy drafters' tree coverage q and tokens per step, trees against chains
+    (``benchmarks/bench_tree_coverage.py``)."""
+    (_, r), = runs
+    rows = []
+    for name, b in r["backends"].items():
+        q = b["q"]
+        rows.append((name, b["positions"], f"{b['top1_acceptance']:.3f}",
+                     *(dash(q[k], ".3f") for k in ("2", "4", "8")),
+                     f"{b['chains']['tokens_per_step']:.2f}",
+                     f"{b['trees']['tokens_per_step']:.2f}"))
+    return table(["drafter", "positions", "top-1 right", "q at k = 2", "q at k = 4",
+                  "q at k = 8", "tokens / step, chains", "tokens / step, trees"], rows)
+
+
 def e2e_uplink(runs: Named) -> list[str]:
     """One Ask per feature mode through a shaped uplink: what was sent and what it cost."""
     (_, r), = runs
@@ -247,6 +262,7 @@ KINDS: dict[str, Callable[[Named], list[str]]] = {
     "e2e-points": e2e_points,
     "e2e-capacity": e2e_capacity,
     "pipeline-sim": pipeline_sim,
+    "tree-coverage": tree_coverage,
     "e2e-uplink": e2e_uplink,
     "e2e-drafter": e2e_drafter,
     "token-adapter": token_adapter,
