@@ -39,7 +39,10 @@ async def _client_asks(address: str, questions: Sequence[Question], mode: Mode,
             rows.append({"question": q.text, "ms": ms, "tokens": len(final.token_ids),
                          "ids": list(final.token_ids), "steps": s.target_steps,
                          "ttft_ms": s.ttft_ms, "drafted": s.drafted,
-                         "accepted": s.accepted})
+                         "accepted": s.accepted, "offered": s.drafts_on_offer,
+                         "dry_steps": s.dry_steps, "nodes_sent": s.tree_nodes_sent,
+                         "nodes_pruned": s.tree_nodes_pruned,
+                         "draft_forward_ms": s.draft_forward_ms})
     return rows
 
 
@@ -66,7 +69,29 @@ async def one_mode(edges: Sequence[str], questions: Sequence[Sequence[Question]]
         "tokens_per_step": ((tokens - len(rows)) / (steps - len(rows))
                             if steps > len(rows) else None),
         "acceptance": sum(r["accepted"] for r in rows) / drafted if drafted else None,
+        # What the edges kept ahead of the cloud: drafts on offer per verify step (before
+        # the width rule), the share of steps with none, tree nodes sent and pruned per
+        # committed token, and the edges' drafting time per verify step.
+        **offer_stats(rows, tokens, steps - len(rows)),
         "answers": {r["question"]: r["ids"] for r in rows},
+    }
+
+
+def offer_stats(rows: Sequence[dict[str, Any]], tokens: int, verify_steps: int
+                ) -> dict[str, float | None]:
+    """Per-request counters summed into rates (None where nothing was counted)."""
+    if verify_steps <= 0:
+        return {"offered_per_step": None, "dry_step_share": None,
+                "nodes_sent_per_token": None, "nodes_pruned_per_token": None,
+                "draft_ms_per_step": None}
+    sent = sum(r.get("nodes_sent", 0) for r in rows)
+    return {
+        "offered_per_step": sum(r.get("offered", 0) for r in rows) / verify_steps,
+        "dry_step_share": sum(r.get("dry_steps", 0) for r in rows) / verify_steps,
+        "nodes_sent_per_token": sent / tokens if sent and tokens else None,
+        "nodes_pruned_per_token": (sum(r.get("nodes_pruned", 0) for r in rows) / tokens
+                                   if sent and tokens else None),
+        "draft_ms_per_step": sum(r.get("draft_forward_ms", 0.0) for r in rows) / verify_steps,
     }
 
 

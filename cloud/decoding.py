@@ -93,6 +93,10 @@ class Counters:
     stale: int = 0
     rejections: int = 0
     hidden_drafted: int = 0
+    #: Drafts on offer when each step was assembled (before the width rule), and the
+    #: steps with none: how well the edge kept ahead (issue 36).
+    offered: int = 0
+    dry_steps: int = 0
     stage_ms: dict[str, float] = field(default_factory=dict)
 
     def add_stage(self, name: str, ms: float) -> None:
@@ -191,6 +195,8 @@ class DecodingSession:
         if not self.committed:
             raise RuntimeError("the first token comes from the prefill's logits, not a step")
         drafts = tuple(self.drafts_now())
+        self.counters.offered += len(drafts)
+        self.counters.dry_steps += not drafts
         return StepInput(
             slot=self.slot,
             start_position=self.prompt_len + len(self.committed) - 1,
@@ -304,4 +310,6 @@ class DecodingSession:
             stage_ms=dict(c.stage_ms),
             prefix_reused_tokens=self.prefix_reused_tokens,
             prefix_cache=self.prefix_cache,
+            drafts_on_offer=c.offered,
+            dry_steps=c.dry_steps,
         )

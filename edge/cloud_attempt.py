@@ -292,6 +292,12 @@ class CloudAttempt:
         observe_uplink(agent.uplink, self.uploaded_bytes, done.stats.stage_ms)
         stats = edge_stats(done.stats, self.started, self.first_commit_at, self.stream,
                            self.stage)
+        tree = self.session.tree
+        stats = replace(
+            stats, draft_forward_ms=drafter.draft_ms_total,
+            tree_nodes_sent=tree.nodes_sent if tree is not None else 0,
+            tree_nodes_pruned=tree.nodes_pruned if tree is not None else 0,
+            tree_branch_hits=tree.branch_hits if tree is not None else 0)
         return FinalEvent(
             answer=done.text,
             token_ids=done.token_ids,

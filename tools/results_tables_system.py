@@ -54,11 +54,12 @@ def e2e_capacity(runs: Named) -> list[str]:
                 f"{b['latency_ms_p50']:.0f} / {b['latency_ms_p99']:.0f}",
                 f"{b['latency_ms_p50'] / s['latency_ms_p50']:.3f}",
                 dash(s["tokens_per_step"], ".2f"), dash(s.get("acceptance"), ".3f"),
+                dash(s.get("offered_per_step"), ".2f"),
                 f"{p['identical_share']:.2f}"))
     return table((["run"] if many else []) + [
         "answer tokens", "N", "spec tokens/s", "target-only tokens/s", "ratio",
         "spec p50 / p99 ms", "target-only p50 / p99 ms", "p50 ×", "tokens / step",
-        "accepted ÷ verified", "identical share"], rows)
+        "accepted ÷ verified", "drafts on offer / step", "identical share"], rows)
 
 
 def pipeline_sim(runs: Named) -> list[str]:

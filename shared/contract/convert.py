@@ -110,6 +110,12 @@ def stats_to_pb(s: RequestStats) -> common_pb2.Stats:
         stale_drafts=s.stale_drafts,
         prefix_reused_tokens=s.prefix_reused_tokens,
         prefix_cache=s.prefix_cache,
+        drafts_on_offer=s.drafts_on_offer,
+        dry_steps=s.dry_steps,
+        tree_nodes_sent=s.tree_nodes_sent,
+        tree_nodes_pruned=s.tree_nodes_pruned,
+        tree_branch_hits=s.tree_branch_hits,
+        draft_forward_ms=s.draft_forward_ms,
     )
 
 
@@ -129,6 +135,12 @@ def stats_from_pb(m: common_pb2.Stats) -> RequestStats:
         stage_ms=dict(m.stage_ms),
         prefix_reused_tokens=m.prefix_reused_tokens,
         prefix_cache=m.prefix_cache,
+        drafts_on_offer=m.drafts_on_offer,
+        dry_steps=m.dry_steps,
+        tree_nodes_sent=m.tree_nodes_sent,
+        tree_nodes_pruned=m.tree_nodes_pruned,
+        tree_branch_hits=m.tree_branch_hits,
+        draft_forward_ms=m.draft_forward_ms,
     )
 
 

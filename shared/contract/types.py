@@ -318,6 +318,17 @@ class RequestStats:
     prefix_reused_tokens: int = 0
     #: "hit", "miss", or "" when the cloud's prefix cache is off.
     prefix_cache: str = ""
+    #: Cloud: drafts on offer summed over the verify steps (before the width rule), and
+    #: the steps that had none (the edge was not ahead when the step ran).
+    drafts_on_offer: int = 0
+    dry_steps: int = 0
+    #: Edge, trees only: nodes sent, nodes a commit ruled out, and commits that went down
+    #: a branch other than the edge's likeliest path (0 for chains).
+    tree_nodes_sent: int = 0
+    tree_nodes_pruned: int = 0
+    tree_branch_hits: int = 0
+    #: Edge: time its draft forwards took, ms (after the draft prefill).
+    draft_forward_ms: float = 0.0
 
     @property
     def acceptance_rate(self) -> float:

@@ -1,6 +1,7 @@
 """The oracle drafter through a real edge and a paced toy cloud: greedy speculative output
-is token-identical to target-only whatever the drafts (α = 0, 0.5, 1), and the edge
-reports the oracle's label."""
+is token-identical to target-only whatever the drafts (α = 0, 0.5, 1; chains, and trees
+of q = 0.75 grown by the edge), and the edge reports the oracle's label and, for trees,
+the nodes it sent and pruned."""
 
 from __future__ import annotations
 
@@ -47,10 +48,10 @@ async def test_speculation_with_the_oracle_is_lossless_at_any_alpha(tmp_path: Pa
         truth = {q: await ask(address, q, Mode.TARGET_ONLY, max_new=MAX_NEW)
                  for q in QUESTIONS}
         answers.write_text(json.dumps({q: list(f.token_ids) for q, f in truth.items()}))
-        for alpha in (0.0, 0.5, 1.0):
+        for alpha, q in ((0.0, 0.0), (0.5, 0.0), (1.0, 0.0), (0.5, 0.75)):
             edge = EdgeServer(replace(base, draft_engine="oracle", oracle_answers=answers,
                                       oracle_alpha=alpha, oracle_ms_per_token=2.0,
-                                      oracle_prefill_ms=20.0),
+                                      oracle_prefill_ms=20.0, oracle_coverage=q),
                               source=ToySource([0]))
             edges.append(edge)
             await edge.start()
@@ -59,14 +60,17 @@ async def test_speculation_with_the_oracle_is_lossless_at_any_alpha(tmp_path: Pa
                 status = await client.status()
             assert status.draft_engine.startswith(f"oracle α={alpha:g}"), status.draft_engine
             assert BENCHMARKS_ONLY in status.draft_engine
-            drafted = accepted = 0
-            for q in QUESTIONS:
-                spec = await ask(address, q, Mode.SPECULATIVE, max_new=MAX_NEW)
-                assert spec.token_ids == truth[q].token_ids, (alpha, q, spec.stats)
-                assert spec.answer == truth[q].answer
+            drafted = accepted = nodes = offered = 0
+            for question in QUESTIONS:
+                spec = await ask(address, question, Mode.SPECULATIVE, max_new=MAX_NEW)
+                assert spec.token_ids == truth[question].token_ids, (alpha, q, spec.stats)
+                assert spec.answer == truth[question].answer
                 drafted += spec.stats.drafted
                 accepted += spec.stats.accepted
-            assert drafted > 0, alpha
+                nodes += spec.stats.tree_nodes_sent
+                offered += spec.stats.drafts_on_offer
+            assert drafted > 0 and offered >= drafted - 3 * len(QUESTIONS), alpha
+            assert (nodes > 0) == (q > 0), (alpha, q, nodes)
             if alpha == 0.0:
                 assert accepted == 0
             if alpha == 1.0:

@@ -168,3 +168,19 @@ def test_chains_follow_the_newest_tail(tails: list[tuple[int, list[int]]],
         return
     assert path[: len(newest)] == newest
     assert any(path == r[: len(path)] for r in rests)
+
+
+def test_the_session_counts_drafts_on_offer_and_dry_steps() -> None:
+    """Each step's drafts on offer (before the width rule) and the steps with none reach
+    the request's stats, so a benchmark can tell a dry pipeline from a wrong drafter."""
+    s = DecodingSession(settings=GenerationSettings(max_new_tokens=16), slot=0, prompt_len=2,
+                        max_seq_len=64, eos_token_id=2, max_verify_tokens=9,
+                        decode=lambda ids: "", speculative=True)
+    s.mark_prefilled(0.0)
+    s.commit(0, [10], 0, 0.0)
+    s.offer_drafts(DraftTail(1, (11, 12, 13)))
+    assert s.step_input().drafts == (11, 12, 13)
+    s.commit(1, [11, 20], 3, 0.0)  # the second draft was wrong: the tree is empty now
+    assert s.step_input().drafts == ()
+    stats = s.stats()
+    assert (stats.drafts_on_offer, stats.dry_steps) == (3, 1)

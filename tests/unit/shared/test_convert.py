@@ -37,7 +37,9 @@ PLAN = TimingPlan(True, 27, 4, 2, False, 0.6, 568.0, 30.0, 1.4, "because")
 STATS = RequestStats(drafted=10, accepted=7, hidden_drafted=5, hidden_accepted=3,
                      target_steps=4, ttft_ms=12.5, total_ms=99.0, uplink_bytes=1000,
                      downlink_bytes=200, new_tokens=11, stale_drafts=1,
-                     stage_ms={"prefill": 50.0}, prefix_reused_tokens=2103, prefix_cache="hit")
+                     stage_ms={"prefill": 50.0}, prefix_reused_tokens=2103, prefix_cache="hit",
+                     drafts_on_offer=9, dry_steps=2, tree_nodes_sent=40, tree_nodes_pruned=25,
+                     tree_branch_hits=3, draft_forward_ms=31.5)
 EDGE_COST = EdgeCost(66.0, 18.5, 3.0, 1e6, 0.5)
 
 

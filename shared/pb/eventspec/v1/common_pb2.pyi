@@ -424,6 +424,12 @@ class Stats(_message.Message):
     STALE_DRAFTS_FIELD_NUMBER: _builtins.int
     PREFIX_REUSED_TOKENS_FIELD_NUMBER: _builtins.int
     PREFIX_CACHE_FIELD_NUMBER: _builtins.int
+    DRAFTS_ON_OFFER_FIELD_NUMBER: _builtins.int
+    DRY_STEPS_FIELD_NUMBER: _builtins.int
+    TREE_NODES_SENT_FIELD_NUMBER: _builtins.int
+    TREE_NODES_PRUNED_FIELD_NUMBER: _builtins.int
+    TREE_BRANCH_HITS_FIELD_NUMBER: _builtins.int
+    DRAFT_FORWARD_MS_FIELD_NUMBER: _builtins.int
     drafted: _builtins.int
     """Draft tokens the cloud verified."""
     accepted: _builtins.int
@@ -456,6 +462,19 @@ class Stats(_message.Message):
     """
     prefix_cache: _builtins.str
     """The prefix cache's verdict for this request: "hit", "miss", or "" (cache off)."""
+    drafts_on_offer: _builtins.int
+    """Drafts on offer when each verify step was assembled, summed (before the verify
+    width cut them), and the verify steps that had none.
+    """
+    dry_steps: _builtins.int
+    tree_nodes_sent: _builtins.int
+    """Edge, draft trees only: nodes sent, nodes a commit ruled out, and commits that went
+    down a branch other than the edge's likeliest path.
+    """
+    tree_nodes_pruned: _builtins.int
+    tree_branch_hits: _builtins.int
+    draft_forward_ms: _builtins.float
+    """Edge: time its draft forwards took, ms (after the draft prefill)."""
     @_builtins.property
     def stage_ms(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """Per-stage wall time in ms, e.g. "prefill", "verify", "upload", "draft_prefill"."""
@@ -479,10 +498,16 @@ class Stats(_message.Message):
         stale_drafts: _builtins.int = ...,
         prefix_reused_tokens: _builtins.int = ...,
         prefix_cache: _builtins.str = ...,
+        drafts_on_offer: _builtins.int = ...,
+        dry_steps: _builtins.int = ...,
+        tree_nodes_sent: _builtins.int = ...,
+        tree_nodes_pruned: _builtins.int = ...,
+        tree_branch_hits: _builtins.int = ...,
+        draft_forward_ms: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_rate", b"acceptance_rate", "accepted", b"accepted", "downlink_bytes", b"downlink_bytes", "drafted", b"drafted", "hidden_accepted", b"hidden_accepted", "hidden_drafted", b"hidden_drafted", "mean_accepted_length", b"mean_accepted_length", "new_tokens", b"new_tokens", "prefix_cache", b"prefix_cache", "prefix_reused_tokens", b"prefix_reused_tokens", "stage_ms", b"stage_ms", "stale_drafts", b"stale_drafts", "target_steps", b"target_steps", "total_ms", b"total_ms", "ttft_ms", b"ttft_ms", "uplink_bytes", b"uplink_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_rate", b"acceptance_rate", "accepted", b"accepted", "downlink_bytes", b"downlink_bytes", "draft_forward_ms", b"draft_forward_ms", "drafted", b"drafted", "drafts_on_offer", b"drafts_on_offer", "dry_steps", b"dry_steps", "hidden_accepted", b"hidden_accepted", "hidden_drafted", b"hidden_drafted", "mean_accepted_length", b"mean_accepted_length", "new_tokens", b"new_tokens", "prefix_cache", b"prefix_cache", "prefix_reused_tokens", b"prefix_reused_tokens", "stage_ms", b"stage_ms", "stale_drafts", b"stale_drafts", "target_steps", b"target_steps", "total_ms", b"total_ms", "tree_branch_hits", b"tree_branch_hits", "tree_nodes_pruned", b"tree_nodes_pruned", "tree_nodes_sent", b"tree_nodes_sent", "ttft_ms", b"ttft_ms", "uplink_bytes", b"uplink_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
