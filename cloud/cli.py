@@ -151,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="seed of --model tiny-random's random weights")
     add_run_args(serve_cmd, "the cloud verifier")
     add_health_port_arg(serve_cmd, ENV_PREFIX, env.health_port)
-    add_metrics_args(serve_cmd, ENV_PREFIX, port=env.metrics_port, host=env.metrics_host)
+    add_metrics_args(serve_cmd, ENV_PREFIX, port=env.metrics_port, host=env.metrics_host,
+                     principals=env.metrics_principals)
     add_server_security_args(serve_cmd, ENV_PREFIX)
     return parser
 
@@ -207,6 +208,7 @@ def settings_from_args(args: argparse.Namespace) -> CloudSettings:
         security=server_security_from_args(args, ENV_PREFIX),
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        metrics_principals=args.metrics_principals,
     ))
 
 

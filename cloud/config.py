@@ -20,6 +20,7 @@ from eventspec.cloud.timeouts import (
     FIRST_MESSAGE_TIMEOUT_S,
 )
 from eventspec.shared.contract.types import ServerLimits
+from eventspec.shared.node.metric_principals import PRINCIPAL_LABELS
 from eventspec.shared.node.node_cli import (
     Env,
     SettingsError,
@@ -153,6 +154,10 @@ class CloudSettings:
     metrics_port: int | None = None
     #: Address the metrics endpoint binds (loopback unless told otherwise).
     metrics_host: str = "127.0.0.1"
+    #: How the per-edge series name callers on the unauthenticated /metrics: "name",
+    #: "hash" (a stable short SHA-256 digest) or "none" (one shared label); why the
+    #: default is "name": ``eventspec.shared.node.metric_principals``.
+    metrics_principals: str = "name"
 
     @staticmethod
     def from_env() -> CloudSettings:
@@ -205,6 +210,7 @@ class CloudSettings:
             seed=e.integer("SEED", d.seed),
             metrics_port=e.optional_integer("METRICS_PORT"),
             metrics_host=e.text("METRICS_HOST", d.metrics_host),
+            metrics_principals=e.text("METRICS_PRINCIPALS", d.metrics_principals),
         )
 
     def check(self) -> None:
@@ -219,6 +225,7 @@ class CloudSettings:
             require_int("--health-port", self.health_port, 0, 65535, "0 picks one")
         if self.metrics_port is not None:
             require_int("--metrics-port", self.metrics_port, 0, 65535, "0 picks one")
+        require_choice("--metrics-principals", self.metrics_principals, PRINCIPAL_LABELS)
         require_choice("--dtype", self.dtype, MODEL_DTYPES)
         require_choice("--engine", self.engine, ENGINES)
         lim = self.limits

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from eventspec.shared.contract.errors import ErrorCode, EventSpecError
 from eventspec.shared.contract.principal import Principal
 from eventspec.shared.contract.types import DraftTail, RequestStats
+from eventspec.shared.node.metric_principals import principal_label
 from eventspec.shared.node.metrics import (
     COUNT_BUCKETS,
     LATENCY_BUCKETS,
@@ -41,17 +42,22 @@ def _name(suffix: str) -> str:
     return PREFIX + suffix
 
 
-def edge_label(principal: Principal) -> str:
-    """The per-edge label: the authenticated principal's name, or ``anonymous``."""
-    return principal.name
+def edge_label(principal: Principal, principals: str = "name") -> str:
+    """The per-edge label: the authenticated principal as ``--metrics-principals`` shows
+    it (its name, a digest of it, or ``redacted``), or ``anonymous``
+    (``eventspec.shared.node.metric_principals``)."""
+    return principal_label(principal, principals)
 
 
 class CloudMetrics:
-    """Every verifier metric, registered in ``registry`` (a fresh one by default)."""
+    """Every verifier metric, registered in ``registry`` (a fresh one by default);
+    ``principals`` is ``--metrics-principals``: how the per-edge series name callers."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None,
+                 principals: str = "name") -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        self.principals = principals
         self.edges = BoundedLabels()
         self.request_success = Counter(
             _name("request_success"), "Generate requests that ended with Done, by mode and "
@@ -136,7 +142,8 @@ class CloudMetrics:
             buckets=LATENCY_BUCKETS, registry=r)
         self.edge_requests = Counter(
             _name("requests_by_edge"), "Generate requests that ended with Done, per edge "
-            f"(authenticated principal; at most {self.edges.limit} names, then 'other')",
+            "(authenticated principal, as --metrics-principals shows it; at most "
+            f"{self.edges.limit} names, then 'other')",
             ["edge"], registry=r)
         self.edge_request_seconds = Counter(
             _name("request_seconds_by_edge"), "Seconds from Open to Done summed per edge (divide "
@@ -190,7 +197,7 @@ class CloudMetrics:
 
     def request(self, principal: Principal) -> RequestProbe:
         """A probe for one Generate stream."""
-        return RequestProbe(self, self.edges(edge_label(principal)))
+        return RequestProbe(self, self.edges(edge_label(principal, self.principals)))
 
     def on_auth_failure(self, code: str) -> None:
         """A call was refused by the auth interceptor (UNAUTHENTICATED, PERMISSION_DENIED)."""

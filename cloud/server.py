@@ -324,15 +324,19 @@ class VerifierServer:
     def _start_metrics(self, host: GrpcHost) -> None:
         """Serve ``/metrics`` from this server's own registry (imported only when on)."""
         from eventspec.cloud.metrics import CloudMetrics
-        from eventspec.shared.node.metrics import MetricsEndpoint
+        from eventspec.shared.node.metrics import MetricsEndpoint, is_loopback
 
-        self.metrics = CloudMetrics()
+        s = self.settings
+        self.metrics = CloudMetrics(principals=s.metrics_principals)
         if host.auth is not None:
             host.auth.on_denied = self.metrics.on_auth_failure
-        self._metrics_endpoint = MetricsEndpoint(self.metrics.registry,
-                                                 self.settings.metrics_host,
-                                                 self.settings.metrics_port or 0)
+        self._metrics_endpoint = MetricsEndpoint(self.metrics.registry, s.metrics_host,
+                                                 s.metrics_port or 0)
         self.metrics_port = self._metrics_endpoint.start()
+        if s.metrics_principals == "name" and not is_loopback(s.metrics_host):
+            log.warning("metrics on %s name every authenticated caller in the per-edge "
+                        "series; --metrics-principals hash or none keeps the names off "
+                        "/metrics", s.metrics_host)
 
     def _bind_metrics(self, runtime: VerifierRuntime) -> None:
         """Hook the metrics into the runtime, its scheduler and its gauges."""

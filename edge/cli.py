@@ -39,6 +39,7 @@ from eventspec.shared.wire.flags import (
     client_security_from_args,
     server_security_from_args,
 )
+from eventspec.shared.wire.options import SMALL_REQUEST_BYTES
 
 PROG = "eventspec-edge"
 
@@ -68,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     arg("--allow-pickle", action="store_true", default=env.allow_pickle,
         help="allow EventGPT's pickled .npy files (loading a pickle runs code from the "
              "file: only for files you trust)")
+    arg("--max-source-events", type=int, default=env.max_source_events,
+        help="the most events a source read whole (npz, npy, txt, bin) may hold, checked "
+             "against what the file declares before it is read (text: while parsed); "
+             "about 13 bytes of memory each")
+    arg("--max-source-bytes", type=int, default=env.max_source_bytes,
+        help="the most bytes such a source may decode: a zip member's uncompressed size, "
+             "the arrays an .npy/.npz header declares, a text, .bin or pickled file's size")
     arg("--model", default=env.model,
         help="a local EventGPT-7b directory, toy (the embedded toy-world model, with its "
              "adapter), toy-misaligned (the toy drafter on other wording: low acceptance, "
@@ -93,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="a cloud replica that sends no Plan this long after a request's Open is "
              "taken for hung, and the request moves to another replica if nothing was "
              "committed")
+    arg("--cloud-rest-s", type=float, default=env.cloud_rest_s,
+        help="a replica taken for hung rests this long, then is probed out of band and "
+             "takes requests again only once a probe answers")
     arg("--max-queued-asks", type=int, default=env.max_queued_asks,
         help="Asks that may wait in line for a cloud slot (the edge keeps to the sessions "
              "its cloud advertises); more are refused with RESOURCE_EXHAUSTED")
@@ -164,8 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     arg("--tree-per-forward", type=int, default=env.tree_per_forward,
         help="tree nodes expanded per draft forward, likeliest path first")
     arg("--max-message-bytes", type=int, default=env.max_message_bytes,
-        help=f"largest gRPC message to and from clients and the cloud, "
-             f"{MIN_MESSAGE_BYTES}..{MAX_MESSAGE_BYTES}")
+        help=f"largest gRPC message to clients and to and from the cloud, "
+             f"{MIN_MESSAGE_BYTES}..{MAX_MESSAGE_BYTES} (a client's request: at most "
+             f"{SMALL_REQUEST_BYTES >> 20} MiB)")
     arg("--grace-s", type=float, default=env.grace_s,
         help="on SIGTERM, how long Asks in flight may finish before they are cancelled")
     arg("--seed", type=int, default=env.seed,
@@ -248,6 +260,8 @@ def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
         source=args.source,
         allow_pickle=args.allow_pickle,
         sensor_size=_sensor_size(args.sensor_size),
+        max_source_events=args.max_source_events,
+        max_source_bytes=args.max_source_bytes,
         model=args.model,
         adapter=args.adapter,
         host=args.host,
@@ -260,6 +274,7 @@ def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
         rpc_timeout_s=args.rpc_timeout_s,
         cloud_wait_s=args.cloud_wait_s,
         cloud_first_reply_s=args.cloud_first_reply_s,
+        cloud_rest_s=args.cloud_rest_s,
         max_queued_asks=args.max_queued_asks,
         acceptance_prior=args.acceptance_prior,
         preview_every=args.preview_every,
@@ -321,13 +336,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def _check_source(settings: EdgeSettings) -> None:
     """Refuse a ``--source`` that cannot open (missing file, unknown kind, a content that
-    contradicts its kind, a pickle without --allow-pickle): exit 2 in a fraction of a
-    second, before torch is imported and the port bound (edge/events/source_check.py)."""
+    contradicts its kind, a pickle without --allow-pickle, a file declaring more than
+    --max-source-events/-bytes): exit 2 in a fraction of a second, before torch is
+    imported and the port bound (edge/events/source_check.py)."""
+    from eventspec.edge.events.limits import SourceLimits
     from eventspec.edge.events.source_check import check_source_spec
     from eventspec.shared.contract.errors import EventSpecError
 
     try:
-        check_source_spec(settings.source, allow_pickle=settings.allow_pickle)
+        check_source_spec(settings.source, allow_pickle=settings.allow_pickle,
+                          limits=SourceLimits(settings.max_source_events,
+                                              settings.max_source_bytes))
     except EventSpecError as exc:
         refuse(PROG, f"--source: {exc}")
 

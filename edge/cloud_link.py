@@ -12,6 +12,11 @@ a replica from the rotation while its ``grpc.health.v1`` Watch says it is not se
 one HTTP/2 stream, so a request stays on the replica it started on; moving a failed
 request to another replica is ``eventspec.edge.failover``'s job.
 
+A frozen replica keeps its connection and its last health answer, so neither of those
+notices it; the link does: one that did not answer in time leaves the rotation, rests
+(``--cloud-rest-s``), and is then probed with GetServerInfo out of band until it answers
+(``eventspec.edge.replica_standing``, ``cloud_replicas.Prober``).
+
 The pieces it is built from: the replicas and ``--cloud`` parsing
 (``eventspec.edge.cloud_replicas``), one Generate call (``eventspec.edge.cloud_stream``)
 and the mapping of gRPC failures (``eventspec.edge.cloud_errors``).
@@ -30,10 +35,11 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from eventspec.edge.cloud_errors import rpc_error
-from eventspec.edge.cloud_replicas import Replica, cloud_target, replica_targets
+from eventspec.edge.cloud_replicas import Prober, Replica, cloud_target, replica_targets
 from eventspec.edge.cloud_stream import CloudStream
 from eventspec.edge.link import VerifierStream
 from eventspec.edge.readiness import CloudState, CloudView
+from eventspec.edge.replica_standing import ProbePolicy, ReplicaStanding
 from eventspec.shared.contract import convert_verifier
 from eventspec.shared.contract.errors import DeadlineExceeded, EventSpecError, Unavailable
 from eventspec.shared.contract.estimators import RttEstimator
@@ -67,7 +73,8 @@ SERVICE_CONFIG = json.dumps({
     }],
 })
 
-#: How long a replica that did not answer in time sits out.
+#: How long a replica that did not answer in time rests before its first probe
+#: (``--cloud-rest-s``'s default).
 REST_S = 30.0
 
 #: The probe channel's config: round_robin over the replicas with no health checking,
@@ -80,15 +87,20 @@ class CloudLink:
     RTT, and which replica to use next.
 
     A list of replicas (``IP:PORT,IP:PORT``) gets one channel each, and the link itself
-    takes them in turn, skipping one that recently failed to answer (``rest``); a single
-    address (including ``dns:///NAME:PORT``) is one channel that gRPC's round_robin
-    balances over what the name resolves to. ``security`` turns on TLS (with a client
-    certificate: mutual TLS) and sends its bearer token on every call.
+    takes them in turn, skipping one whose stream was just dropped, and one that froze
+    until a probe has heard it answer (unless every one froze); a single address (including
+    ``dns:///NAME:PORT``) is one channel that gRPC's round_robin balances over what the
+    name resolves to. ``security`` turns on TLS (with a client certificate: mutual TLS)
+    and sends its bearer token on every call. ``rest_s``: how long a replica that did
+    not answer in time rests before it is probed; ``probe``: how it is probed.
     """
 
     def __init__(self, address: str, *, max_message_bytes: int = 8 << 20,
-                 security: ClientSecurity | None = None) -> None:
+                 security: ClientSecurity | None = None, rest_s: float = REST_S,
+                 probe: ProbePolicy | None = None) -> None:
         self.address = address
+        self.rest_s = rest_s
+        policy = probe or ProbePolicy()
         target = cloud_target(address)
         if (target.startswith("ipv") and security is not None and security.tls
                 and not security.server_name):
@@ -111,7 +123,8 @@ class CloudLink:
             probe_channel = open_channel(one, security, probe_options)
             self.replicas.append(Replica(
                 one, channel, verifier_pb2_grpc.VerifierStub(channel), probe_channel,
-                verifier_pb2_grpc.VerifierStub(probe_channel)))
+                verifier_pb2_grpc.VerifierStub(probe_channel), ReplicaStanding(policy)))
+        self._prober = Prober(self.replicas, self._probe, policy)
         self._turn = 0
         self.rtt = RttEstimator()
         self.reachable = False
@@ -120,15 +133,19 @@ class CloudLink:
         self._info_at = -math.inf
 
     def pick(self) -> Replica:
-        """The next replica in turn, skipping resting ones (all rest: take them anyway)."""
-        ready = [r for r in self.replicas if not r.resting] or self.replicas
+        """The next replica in turn among those that take requests. While none does:
+        those resting after a dropped stream, else (every one froze) the frozen ones,
+        since there is nowhere else to send the request; they are probed at once."""
+        ready = ([r for r in self.replicas if r.takes_requests()]
+                 or [r for r in self.replicas if not r.standing.frozen]
+                 or self.replicas)
         replica = ready[self._turn % len(ready)]
         self._turn += 1
         return replica
 
     async def server_info(self, timeout_s: float = 5.0) -> ServerInfo:
         """Fetch GetServerInfo (cached on success); samples the RTT. Tries each replica
-        once, in turn, before it gives up; one that times out rests."""
+        once, in turn, before it gives up; one that times out leaves the rotation."""
         err: EventSpecError | None = None
         for _ in range(len(self.replicas)):
             replica = self.pick()
@@ -141,7 +158,7 @@ class CloudLink:
                 # edge's watcher logs the cause, once per change (edge/server.py).
                 err = rpc_error(exc, replica.target, "GetServerInfo", log_failure=False)
                 if isinstance(err, DeadlineExceeded):
-                    replica.rest(REST_S)
+                    self._froze(replica, "did not answer GetServerInfo in time")
                 if not isinstance(err, DeadlineExceeded | Unavailable):
                     break
                 continue
@@ -222,15 +239,28 @@ class CloudLink:
         self.reachable, self.last_error = False, err.message
 
     def mark_hung(self, stream: VerifierStream) -> None:
-        """``stream``'s replica did not answer in time: it rests (``REST_S``) while the
-        others take the requests."""
+        """``stream``'s replica did not answer in time: it leaves the rotation while the
+        others take the requests, and comes back once a probe hears it answer."""
         replica = getattr(stream, "replica", None)
         if isinstance(replica, Replica):
-            log.warning("cloud replica %s did not answer in time; resting it for %.0f s",
-                        replica.target, REST_S)
-            replica.rest(REST_S)
+            self._froze(replica, "did not answer in time")
+
+    def _froze(self, replica: Replica, why: str) -> None:
+        """Take ``replica`` out of rotation (rest, then probes), logged once per outage."""
+        if replica.froze(self.rest_s):
+            log.warning("cloud replica %s %s; out of rotation: resting %g s, then probed "
+                        "until it answers", replica.target, why, self.rest_s)
+        self._prober.wake()
+
+    async def _probe(self, replica: Replica, timeout_s: float) -> None:
+        """The out-of-band probe: GetServerInfo on the probe channel. It reaches the
+        Verifier service itself (a process whose Verifier handlers hang may still answer
+        a health Check), and a cloud that is warming up refuses it."""
+        await replica.probe.GetServerInfo(verifier_pb2.GetServerInfoRequest(),
+                                          timeout=timeout_s, metadata=self._metadata)
 
     async def close(self) -> None:
+        await self._prober.close()
         for replica in self.replicas:
             await replica.channel.close()
             await replica.probe_channel.close()

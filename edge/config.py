@@ -39,6 +39,11 @@ SEED_MAX = 2**64 - 1
 #: limit is an int32.
 MIN_MESSAGE_BYTES = 1 << 20
 MAX_MESSAGE_BYTES = 2**31 - 1
+#: ``--max-source-events`` / ``--max-source-bytes`` defaults; the same numbers as
+#: ``eventspec.edge.events.limits`` (kept apart so the settings import no numpy; a unit
+#: test holds them equal).
+DEFAULT_MAX_SOURCE_EVENTS = 10_000_000
+DEFAULT_MAX_SOURCE_BYTES = 512 << 20
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,12 @@ class EdgeSettings:
     #: (width, height) for files that do not state their sensor size (RAW without a
     #: geometry or known plugin, DAT, bin, txt, npz) and for live streams.
     sensor_size: tuple[int, int] | None = None
+    #: The most events, and decoded bytes, a source read whole (npz, npy, txt, bin) may
+    #: bring into memory: checked against what the file declares (headers, a zip
+    #: member's size) before reading, and for text while parsing, so a small compressed
+    #: file cannot decode into GBs (issue 38: a 1.7 MB .npz reached 5.9 GB).
+    max_source_events: int = DEFAULT_MAX_SOURCE_EVENTS
+    max_source_bytes: int = DEFAULT_MAX_SOURCE_BYTES
     model: str = "toy"
     adapter: Path | None = None
     host: str = "127.0.0.1"
@@ -70,6 +81,9 @@ class EdgeSettings:
     #: A cloud replica that sends nothing (not even its Plan) this long after an Open is
     #: taken for hung: the request moves to another replica if nothing was committed.
     cloud_first_reply_s: float = 5.0
+    #: A replica taken for hung rests this long, then is probed out of band and takes
+    #: requests again only once a probe answers (issue 38).
+    cloud_rest_s: float = 30.0
     #: Asks that may wait for a cloud slot (beyond those in flight) before more are
     #: refused with RESOURCE_EXHAUSTED.
     max_queued_asks: int = 256
@@ -156,6 +170,8 @@ class EdgeSettings:
             source=e.text("SOURCE", d.source),
             allow_pickle=e.switch("ALLOW_PICKLE", d.allow_pickle),
             sensor_size=_env_sensor_size(e),
+            max_source_events=e.integer("MAX_SOURCE_EVENTS", d.max_source_events),
+            max_source_bytes=e.integer("MAX_SOURCE_BYTES", d.max_source_bytes),
             model=e.text("MODEL", d.model),
             adapter=e.path("ADAPTER"),
             host=e.text("HOST", d.host),
@@ -168,6 +184,7 @@ class EdgeSettings:
             rpc_timeout_s=e.number("RPC_TIMEOUT_S", d.rpc_timeout_s),
             cloud_wait_s=e.number("CLOUD_WAIT_S", d.cloud_wait_s),
             cloud_first_reply_s=e.number("CLOUD_FIRST_REPLY_S", d.cloud_first_reply_s),
+            cloud_rest_s=e.number("CLOUD_REST_S", d.cloud_rest_s),
             max_queued_asks=e.integer("MAX_QUEUED_ASKS", d.max_queued_asks),
             acceptance_prior=e.number("ACCEPTANCE_PRIOR", d.acceptance_prior),
             preview_every=e.integer("PREVIEW_EVERY", d.preview_every),
@@ -237,6 +254,7 @@ class EdgeSettings:
         require_seconds("--rpc-timeout-s", self.rpc_timeout_s, zero_ok=False)
         require_seconds("--cloud-wait-s", self.cloud_wait_s, zero_ok=True)
         require_seconds("--cloud-first-reply-s", self.cloud_first_reply_s, zero_ok=False)
+        require_seconds("--cloud-rest-s", self.cloud_rest_s, zero_ok=True)
         require_seconds("--grace-s", self.grace_s, zero_ok=True)
         require_int("--max-queued-asks", self.max_queued_asks, 0, 100_000)
         require_int("--jpeg-quality", self.default_jpeg_quality, 1, 100)
@@ -248,6 +266,8 @@ class EdgeSettings:
         require_int("--seed", self.seed, 0, SEED_MAX)
         require_int("--max-message-bytes", self.max_message_bytes, MIN_MESSAGE_BYTES,
                     MAX_MESSAGE_BYTES)
+        require_int("--max-source-events", self.max_source_events, 1)
+        require_int("--max-source-bytes", self.max_source_bytes, 1)
         if self.cloud is not None:
             check_cloud_address(self.cloud)
 

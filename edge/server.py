@@ -25,6 +25,7 @@ from eventspec.edge.draft_checkpoint import load_draft
 from eventspec.edge.draft_tree import TreeShape
 from eventspec.edge.drafter import DraftBackend
 from eventspec.edge.events.base import EventSource
+from eventspec.edge.events.limits import SourceLimits
 from eventspec.edge.events.sources import open_source
 from eventspec.edge.headed_draft import HeadedDraftBackend
 from eventspec.edge.model_dirs import TOY, TOY_MISALIGNED, adapter_dir, draft_dir
@@ -51,6 +52,7 @@ from eventspec.shared.node.static.quant import QuantMode
 from eventspec.shared.node.tracing import tracer_from_env
 from eventspec.shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
 from eventspec.shared.wire.host import GrpcHost
+from eventspec.shared.wire.options import SMALL_REQUEST_BYTES
 from eventspec.shared.wire.security import check_server_start
 
 if TYPE_CHECKING:
@@ -161,7 +163,8 @@ class EdgeServer:
         host = GrpcHost(SERVICE_NAME, max_message_bytes=s.max_message_bytes,
                         max_rpcs=64 + s.max_queued_asks,
                         security=s.security,
-                        unlimited_methods=frozenset({f"/{SERVICE_NAME}/GetStatus"}))
+                        unlimited_methods=frozenset({f"/{SERVICE_NAME}/GetStatus"}),
+                        max_receive_bytes=SMALL_REQUEST_BYTES)
         self.readiness = Readiness(needs_cloud=bool(s.cloud), on_change=self._health_follows)
         self._servicer = EdgeAgentServicer(self.readiness, wait_s=s.cloud_wait_s)
         edge_pb2_grpc.add_EdgeAgentServicer_to_server(self._servicer, host.server)
@@ -195,6 +198,7 @@ class EdgeServer:
                 source = await asyncio.to_thread(
                     open_source, s.source, allow_pickle=s.allow_pickle,
                     sensor_size=s.sensor_size, cancel=cancel,
+                    limits=SourceLimits(s.max_source_events, s.max_source_bytes),
                 )
             except asyncio.CancelledError:
                 cancel.set()
@@ -216,7 +220,8 @@ class EdgeServer:
             readiness.set_edge_phase("loading the ONNX vision export")
             adapter = await asyncio.to_thread(self._onnx_vision, draft, adapter, adapter_name)
         self._link = (
-            CloudLink(s.cloud, max_message_bytes=s.max_message_bytes, security=s.cloud_security)
+            CloudLink(s.cloud, max_message_bytes=s.max_message_bytes, security=s.cloud_security,
+                      rest_s=s.cloud_rest_s)
             if s.cloud else None
         )
         backend: DraftBackend

@@ -10,6 +10,8 @@ so they never care where the events came from.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -17,7 +19,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from eventspec.edge.events.types import EVENT_DTYPE, sensor_size_of, sort_by_time, validate_events
-from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.contract.errors import EventSpecError, InvalidInput
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +98,32 @@ class FixedSensor:
     def has_rgb(self) -> bool:
         """Whether ``rgb_frames_between`` can ever return frames."""
         return self._has_rgb
+
+
+@contextmanager
+def reading(path: Path | str, what: str) -> Iterator[None]:
+    """Name the file in every failure while a reader reads it (issue 38, red-team 7).
+
+    Why at each reader's door: zipfile, zlib and numpy speak of bytes, not files ("File
+    is not a zip file", "Error -3 while decompressing data", "array is too big"), and a
+    reader is also used without ``open_source`` (whose net names the file as well): by
+    tools, tests, and every window read after opening. Anything else raised inside
+    becomes InvalidInput "FILE: could not read it as WHAT: Type: message"; an
+    InvalidInput that does not name the file gets it as a prefix.
+    """
+    name = Path(path).name
+    try:
+        yield
+    except InvalidInput as exc:
+        if name in str(exc):
+            raise
+        raise InvalidInput(f"{path}: {exc}") from exc
+    except EventSpecError:
+        raise
+    except Exception as exc:  # the file's fault: a damaged file reaches any library path
+        raise InvalidInput(
+            f"{path}: could not read it as {what}: {type(exc).__name__}: {str(exc)[:300]}"
+        ) from exc
 
 
 def recorded_sensor_size(

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from eventspec.edge.events.base import FixedSensor, SourceMeta, check_range
+from eventspec.edge.events.base import FixedSensor, SourceMeta, check_range, reading
 from eventspec.edge.events.types import EVENT_DTYPE, empty_events, validate_events
 from eventspec.shared.contract.errors import InvalidInput, NotFound
 
@@ -65,6 +65,18 @@ class DsecSource(FixedSensor):
         self.meta = SourceMeta(
             "DSEC HDF5", "format (DSEC's Gen3.1 camera)", "µs, t + t_offset (the images' clock)"
         )
+        try:
+            with reading(events_path, "DSEC"):  # a damaged chunk fails inside h5py
+                self._index()
+            self._frames, self._frame_ts = _find_frames(seq_root)
+        except BaseException:
+            self._file.close()
+            raise
+        self._fix_sensor(sensor_size, has_rgb=len(self._frames) > 0)
+
+    def _index(self) -> None:
+        """The datasets, their first and last times, and ``ms_to_idx``."""
+        events_path = self._path
         group = self._file.get("events")
         missing = ["x", "y", "t", "p"] if group is None else [
             k for k in ("x", "y", "t", "p") if k not in group]
@@ -93,8 +105,6 @@ class DsecSource(FixedSensor):
             log.warning("%s has no /ms_to_idx; windows use a slower bisection", events_path)
         self._t_first = int(self._t[0])
         self._t_last = int(self._t[self._n - 1])
-        self._frames, self._frame_ts = _find_frames(seq_root)
-        self._fix_sensor(sensor_size, has_rgb=len(self._frames) > 0)
 
     # -- EventSource ---------------------------------------------------------------------
 
@@ -111,7 +121,7 @@ class DsecSource(FixedSensor):
 
     def events_between(self, t0_us: int, t1_us: int) -> np.ndarray:
         check_range(t0_us, t1_us)
-        with self._lock:
+        with self._lock, reading(self._path, "DSEC"):  # chunks decode here, window by window
             lo = self._first_index_at(t0_us - self._t_offset)
             hi = self._first_index_at(t1_us - self._t_offset)
             if hi <= lo:
@@ -121,7 +131,8 @@ class DsecSource(FixedSensor):
             ev["y"] = self._y[lo:hi]
             ev["t"] = self._t[lo:hi].astype(np.int64) + self._t_offset
             ev["p"] = self._p[lo:hi]
-        return validate_events(ev, self._sensor_size)
+        with reading(self._path, "DSEC"):  # values out of range name the file too
+            return validate_events(ev, self._sensor_size)
 
     def rgb_timestamps_between(self, t0_us: int, t1_us: int) -> np.ndarray:
         check_range(t0_us, t1_us)

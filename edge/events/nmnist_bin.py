@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from eventspec.edge.events.base import ArraySource, SourceMeta
+from eventspec.edge.events.base import ArraySource, SourceMeta, reading
+from eventspec.edge.events.limits import SourceLimits
 from eventspec.edge.events.types import EVENT_DTYPE
 from eventspec.shared.contract.errors import InvalidInput, NotFound
 
@@ -25,8 +26,17 @@ NMNIST_SIZE = (34, 34)
 _OVERFLOW_Y = 240
 
 
-def read_nmnist_bin(path: Path) -> np.ndarray:
-    """Decode a ``.bin`` into EVENT_DTYPE events (stream order)."""
+def check_bin_size(path: Path, limits: SourceLimits) -> None:
+    """The file's size, and the records it makes (5 bytes each), against the caps."""
+    size = path.stat().st_size
+    limits.check_bytes(path, size)
+    limits.check_events(path, size // 5)
+
+
+def read_nmnist_bin(path: Path, limits: SourceLimits | None = None) -> np.ndarray:
+    """Decode a ``.bin`` into EVENT_DTYPE events (stream order); the file's size, which
+    says how many records it holds, is checked against ``limits`` before reading."""
+    check_bin_size(path, limits or SourceLimits())
     raw = np.fromfile(path, dtype=np.uint8)
     if raw.size % 5:
         raise InvalidInput(
@@ -48,11 +58,18 @@ def read_nmnist_bin(path: Path) -> np.ndarray:
 class NmnistBinSource(ArraySource):
     """Events of one N-MNIST / N-Caltech101 sample, held in memory."""
 
-    def __init__(self, path: str | Path, *, sensor_size: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        sensor_size: tuple[int, int] | None = None,
+        limits: SourceLimits | None = None,
+    ) -> None:
         p = Path(path)
         if not p.is_file():
             raise NotFound(f"event file {p} does not exist")
-        ev = read_nmnist_bin(p)
+        with reading(p, "N-MNIST .bin"):
+            ev = read_nmnist_bin(p, limits)
         if ev.size == 0:
             raise InvalidInput(f"{p}: holds no events")
         size_from = "flag" if sensor_size is not None else "inferred from events"

@@ -25,6 +25,7 @@ from eventspec.edge.events.base import (
     SourceMeta,
     check_range,
     describe_recording,
+    reading,
     recorded_sensor_size,
 )
 from eventspec.edge.events.types import EVENT_DTYPE
@@ -41,6 +42,11 @@ class PropheseeDatSource(FixedSensor):
         self._path = Path(path)
         if not self._path.is_file():
             raise NotFound(f"DAT file {self._path} does not exist")
+        with reading(self._path, "DAT"):
+            self._open(sensor_size)
+
+    def _open(self, sensor_size: tuple[int, int] | None) -> None:
+        """Header, record layout and index checks; every failure is named by the caller."""
         fields, offset = _read_header(self._path)
         version = int(fields.get("version", "1") or "1")
         ev_type, ev_size = 0, 8

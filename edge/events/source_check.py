@@ -4,25 +4,36 @@ Why apart from opening: the edge opens its source during warm-up, after importin
 torch and binding its port, 5 to 14 s after the command was typed; a misspelt path or
 kind then came back as a late "failed" and exit 1. This check reads at most a file's
 first bytes (a zip's directory, a ``.npy`` header), so ``eventspec-edge serve`` can
-refuse in a fraction of a second with exit 2, before any model or network work. What
-only decoding can find (a damaged packet, events out of order) is still the reader's.
+refuse in a fraction of a second with exit 2, before any model or network work. That
+includes a file over ``--max-source-events`` / ``--max-source-bytes`` by what it
+declares (headers, a zip's directory, its size). What only decoding can find (a damaged
+packet, events out of order, text past the event cap) is still the reader's.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from eventspec.edge.events.base import reading
 from eventspec.edge.events.detect import check_forced_kind, detect_kind
-from eventspec.edge.events.sources import LIVE_KINDS, file_spec, npy_needs_pickle
+from eventspec.edge.events.limits import SourceLimits
+from eventspec.edge.events.sources import (
+    LIVE_KINDS,
+    check_declared_sizes,
+    file_spec,
+    npy_needs_pickle,
+)
 from eventspec.edge.events.toy import toy_seeds
 from eventspec.shared.contract.errors import InvalidInput, NotFound
 
 
-def check_source_spec(spec: str, *, allow_pickle: bool) -> None:
+def check_source_spec(spec: str, *, allow_pickle: bool,
+                      limits: SourceLimits | None = None) -> None:
     """InvalidInput/NotFound for a spec ``open_source`` is bound to refuse: an unknown
     kind, a malformed seed or address, a missing file, a file whose content contradicts
     its forced kind or whose format cannot be told, a pickled ``.npy`` without
-    ``allow_pickle``. Returns None when the spec may open."""
+    ``allow_pickle``, a file that declares more than ``limits`` (None: the defaults).
+    Returns None when the spec may open."""
     spec = spec.strip()
     scheme, _, arg = spec.partition(":")
     scheme = scheme.lower()
@@ -50,3 +61,6 @@ def check_source_spec(spec: str, *, allow_pickle: bool) -> None:
             f"{path} is an EventGPT .npy holding a pickled object; loading it runs code "
             "from the file. Pass --allow-pickle only for files you trust."
         )
+    if path.is_file():
+        with reading(path, kind):
+            check_declared_sizes(kind, path, limits or SourceLimits())

@@ -25,11 +25,19 @@ from typing import Any
 import numpy as np
 
 from eventspec.edge.events.aedat4 import Aedat4Source
-from eventspec.edge.events.base import ArraySource, EventSource, RgbIndex, SourceMeta, check_range
+from eventspec.edge.events.base import (
+    ArraySource,
+    EventSource,
+    RgbIndex,
+    SourceMeta,
+    check_range,
+    reading,
+)
 from eventspec.edge.events.detect import check_forced_kind, detect_kind
 from eventspec.edge.events.dsec import DsecSource
-from eventspec.edge.events.ecd_txt import EcdTextSource
-from eventspec.edge.events.nmnist_bin import NmnistBinSource
+from eventspec.edge.events.ecd_txt import EcdTextSource, check_text_size
+from eventspec.edge.events.limits import SourceLimits, check_npy_file, check_npz
+from eventspec.edge.events.nmnist_bin import NmnistBinSource, check_bin_size
 from eventspec.edge.events.prophesee_dat import PropheseeDatSource
 from eventspec.edge.events.prophesee_raw import PropheseeRawSource
 from eventspec.edge.events.synthetic import SceneSpec, ShapeSpec, SyntheticSource
@@ -53,9 +61,11 @@ __all__ = [
     "RgbIndex",
     "SceneSpec",
     "ShapeSpec",
+    "SourceLimits",
     "SourceMeta",
     "SyntheticSource",
     "ToySource",
+    "check_declared_sizes",
     "check_range",
     "npy_needs_pickle",
     "open_source",
@@ -73,19 +83,21 @@ class NpzSource(ArraySource):
     """Events from a ``.npz`` (arrays x, y, t, p, or one structured array) or a
     structured ``.npy`` (fields x, y, t, p of any integer dtypes).
 
-    The sensor size is max coordinate + 1 unless given. Never unpickles.
+    The sensor size is max coordinate + 1 unless given. Never unpickles. ``limits`` caps
+    the events and bytes its headers declare, checked before any array is read.
     """
 
-    def __init__(self, path: str | Path, *, sensor_size: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        sensor_size: tuple[int, int] | None = None,
+        limits: SourceLimits | None = None,
+    ) -> None:
         path = _existing_file(path)
-        loaded = _np_load(path)
-        if isinstance(loaded, np.lib.npyio.NpzFile):
-            with loaded:
-                data: np.ndarray | dict[str, np.ndarray] = _columns_from_npz(loaded, path)
-        else:
-            data = loaded
-        events = _named(path, coerce_events, data)
-        _require_time_order(events, path)
+        with reading(path, "npz/npy"):
+            events = _npz_events(path, limits or SourceLimits())
+            _require_time_order(events, path)
         super().__init__(
             events, sensor_size, name=f"{path.suffix.lstrip('.')}:{path}",
             meta=SourceMeta(
@@ -93,6 +105,45 @@ class NpzSource(ArraySource):
                 "flag" if sensor_size else "inferred from events", "µs as stored in the file",
             ),
         )
+
+
+def _npz_events(path: Path, limits: SourceLimits) -> np.ndarray:
+    """The events of an ``.npz`` or structured ``.npy``, its declared sizes checked first."""
+    _check_declared(path, limits)
+    loaded = _np_load(path)
+    if isinstance(loaded, np.lib.npyio.NpzFile):
+        with loaded:
+            data: np.ndarray | dict[str, np.ndarray] = _columns_from_npz(loaded, path)
+    else:
+        data = loaded
+    return _named(path, coerce_events, data)
+
+
+def check_declared_sizes(kind: str, path: Path, limits: SourceLimits) -> None:
+    """The caps against what a file of a whole-file ``kind`` (npz, npy, txt, bin)
+    declares, read from its headers, zip directory or size alone; other kinds pass.
+    For the start-up check, which refuses before anything loads."""
+    if kind in ("npz", "npy"):
+        if kind == "npy" and npy_needs_pickle(path):
+            limits.check_bytes(path, path.stat().st_size)
+        else:
+            _check_declared(path, limits)
+    elif kind == "txt":
+        check_text_size(path, limits)
+    elif kind == "bin":
+        check_bin_size(path, limits)
+
+
+def _check_declared(path: Path, limits: SourceLimits) -> None:
+    """The caps against what an ``.npz``'s directory and headers or an ``.npy``'s header
+    declare; anything else is left to ``_np_load``'s refusal."""
+    with path.open("rb") as fh:
+        magic = fh.read(6)
+    if magic.startswith(b"PK\x03\x04"):
+        with zipfile.ZipFile(path) as zf:
+            check_npz(path, zf, limits)
+    elif magic == b"\x93NUMPY":
+        check_npy_file(path, limits)
 
 
 def _named(path: Path, convert: Callable[[Any], np.ndarray], data: Any) -> np.ndarray:
@@ -125,7 +176,9 @@ class EventGptNpySource(ArraySource):
     """EventGPT's sample format: a ``.npy`` holding a pickled dict {x, y, t, p}.
 
     Refused unless ``allow_pickle`` is True, because loading a pickle executes code
-    chosen by whoever wrote the file.
+    chosen by whoever wrote the file. A pickle declares no sizes: ``limits`` caps the
+    file's size before unpickling and the events after (what the code in a trusted
+    pickle allocates meanwhile is the trust ``allow_pickle`` gives).
     """
 
     def __init__(
@@ -134,6 +187,7 @@ class EventGptNpySource(ArraySource):
         allow_pickle: bool = False,
         *,
         sensor_size: tuple[int, int] | None = None,
+        limits: SourceLimits | None = None,
     ) -> None:
         path = _existing_file(path)
         if not allow_pickle:
@@ -141,22 +195,8 @@ class EventGptNpySource(ArraySource):
                 f"{path} is an EventGPT .npy holding a pickled object; loading it runs code "
                 "from the file. Enable allow_pickle (--allow-pickle) only for files you trust."
             )
-        try:
-            loaded = np.load(path, allow_pickle=True)
-        except Exception as exc:
-            # Unpickling damaged bytes can raise any exception type (UnpicklingError,
-            # AttributeError for a bit-flipped global name, OverflowError for a length,
-            # even tokenize's TokenError); each is the file's fault, so each is named.
-            raise InvalidInput(
-                f"could not read {path} as a pickled .npy: {type(exc).__name__}: {exc}"
-            ) from exc
-        if isinstance(loaded, np.ndarray) and loaded.dtype == object and loaded.ndim == 0:
-            loaded = loaded.item()
-        if not isinstance(loaded, Mapping | np.ndarray):
-            raise InvalidInput(
-                f"{path} holds a {type(loaded).__name__}, expected a dict with x, y, t, p"
-            )
-        events = _named(path, coerce_events, loaded)
+        with reading(path, "a pickled .npy"):
+            events = _pickled_events(path, limits or SourceLimits())
         super().__init__(
             events, sensor_size, name=f"npy:{path}",
             meta=SourceMeta(
@@ -164,6 +204,29 @@ class EventGptNpySource(ArraySource):
                 "µs as stored (relative in EventGPT samples, absolute in DSEC-derived ones)",
             ),
         )
+
+
+def _pickled_events(path: Path, limits: SourceLimits) -> np.ndarray:
+    """The events of EventGPT's pickled dict, the file's size and the count capped."""
+    limits.check_bytes(path, path.stat().st_size)
+    try:
+        loaded = np.load(path, allow_pickle=True)
+    except Exception as exc:
+        # Unpickling damaged bytes can raise any exception type (UnpicklingError,
+        # AttributeError for a bit-flipped global name, OverflowError for a length,
+        # even tokenize's TokenError); each is the file's fault, so each is named.
+        raise InvalidInput(
+            f"could not read {path} as a pickled .npy: {type(exc).__name__}: {exc}"
+        ) from exc
+    if isinstance(loaded, np.ndarray) and loaded.dtype == object and loaded.ndim == 0:
+        loaded = loaded.item()
+    if not isinstance(loaded, Mapping | np.ndarray):
+        raise InvalidInput(
+            f"{path} holds a {type(loaded).__name__}, expected a dict with x, y, t, p"
+        )
+    events = _named(path, coerce_events, loaded)
+    limits.check_events(path, events.size, "holds")
+    return events
 
 
 def npy_needs_pickle(path: str | Path) -> bool:
@@ -206,11 +269,14 @@ def open_source(
     allow_pickle: bool = False,
     sensor_size: tuple[int, int] | None = None,
     cancel: threading.Event | None = None,
+    limits: SourceLimits | None = None,
 ) -> EventSource:
     """Build the EventSource named by a CLI spec (see the module docstring).
 
     ``cancel``, once set, ends an opening that runs in a decoder process (AEDAT4), so a
     node stopping during start-up does not wait for a damaged file's deadline.
+    ``limits`` (``--max-source-events`` / ``--max-source-bytes``) caps what the readers
+    that hold a whole file (npz, npy, txt, bin) decode; None: the defaults.
 
     ``KIND:PATH`` forces a reader; a bare ``PATH`` is detected from the file's first
     bytes, then its extension. ``sensor_size`` (the ``--sensor-size`` flag) is used by
@@ -243,7 +309,7 @@ def open_source(
         else:
             check_forced_kind(arg, scheme)
         return _open_file(scheme, arg, allow_pickle=allow_pickle, sensor_size=sensor_size,
-                          cancel=cancel)
+                          cancel=cancel, limits=limits or SourceLimits())
     except EventSpecError:
         raise
     except Exception as exc:
@@ -259,7 +325,7 @@ def open_source(
 
 def _open_file(
     kind: str, arg: str, *, allow_pickle: bool, sensor_size: tuple[int, int] | None,
-    cancel: threading.Event | None = None,
+    cancel: threading.Event | None = None, limits: SourceLimits,
 ) -> EventSource:
     if kind == "dsec":
         return DsecSource(arg)
@@ -272,14 +338,14 @@ def _open_file(
     if kind == "dat":
         return PropheseeDatSource(arg, sensor_size=sensor_size)
     if kind == "bin":
-        return NmnistBinSource(arg, sensor_size=sensor_size)
+        return NmnistBinSource(arg, sensor_size=sensor_size, limits=limits)
     if kind == "txt":
-        return EcdTextSource(arg, sensor_size=sensor_size)
+        return EcdTextSource(arg, sensor_size=sensor_size, limits=limits)
     if kind == "npz":
-        return NpzSource(arg, sensor_size=sensor_size)
+        return NpzSource(arg, sensor_size=sensor_size, limits=limits)
     if npy_needs_pickle(arg):
-        return EventGptNpySource(arg, allow_pickle, sensor_size=sensor_size)
-    return NpzSource(arg, sensor_size=sensor_size)
+        return EventGptNpySource(arg, allow_pickle, sensor_size=sensor_size, limits=limits)
+    return NpzSource(arg, sensor_size=sensor_size, limits=limits)
 
 
 def parse_sensor_size(text: str) -> tuple[int, int]:
@@ -333,8 +399,10 @@ def _columns_from_npz(loaded: np.lib.npyio.NpzFile, path: Path) -> dict[str, np.
                 return {name: arr[name] for name in arr.dtype.names}
         return {k: loaded[k] for k in keys}
     except ValueError as exc:
-        raise InvalidInput(
-            f"{path} holds pickled arrays, which are never loaded from .npz"
-        ) from exc
+        if "pickle" in str(exc):
+            raise InvalidInput(
+                f"{path} holds pickled arrays, which are never loaded from .npz"
+            ) from exc
+        raise InvalidInput(f"could not read {path}: {exc}") from exc
     except (OSError, zipfile.BadZipFile) as exc:
         raise InvalidInput(f"could not read {path}: {exc}") from exc

@@ -59,15 +59,18 @@ MAX_STOP_CHARS = 1024
 
 
 def check_stop(stop: tuple[str, ...], max_strings: int, max_chars: int) -> None:
-    """Refuse empty stop strings, more than ``max_strings`` of them, or more than
-    ``max_chars`` characters in all: each is matched after every committed token."""
-    if any(not s for s in stop):
-        raise InvalidInput("generation.stop: stop strings must be non-empty")
+    """Refuse more than ``max_strings`` stop strings, empty ones, or more than
+    ``max_chars`` characters in all: each is matched after every committed token.
+
+    The count comes first and costs O(1), so a list past it is refused without a pass
+    over what the caller sent (issue 38: 10^6 strings took 100 ms to check)."""
     if len(stop) > max_strings:
         raise InvalidInput(
             f"generation.stop: {len(stop)} stop strings exceed the cap of {max_strings} "
             "(GetServerInfo.limits.max_stop_strings)"
         )
+    if any(not s for s in stop):
+        raise InvalidInput("generation.stop: stop strings must be non-empty")
     chars = sum(len(s) for s in stop)
     if chars > max_chars:
         raise InvalidInput(

@@ -29,6 +29,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, ClassVar, NoReturn, Protocol, TypeVar
 
+from eventspec.shared.node.metric_principals import PRINCIPAL_LABELS
 from eventspec.shared.node.serving import (
     LOG_FORMAT,
     NodeServer,
@@ -223,15 +224,27 @@ def add_run_args(parser: argparse.ArgumentParser, node: str) -> None:
 
 
 def add_metrics_args(parser: argparse.ArgumentParser, env_prefix: str, *,
-                     port: int | None, host: str) -> None:
+                     port: int | None, host: str, principals: str | None = None) -> None:
     """``--metrics-port`` / ``--metrics-host``, the same on both nodes
-    (eventspec.shared.node.metrics); ``port`` and ``host`` are the environment's."""
+    (eventspec.shared.node.metrics); ``port`` and ``host`` are the environment's.
+
+    ``principals`` (the environment's) adds ``--metrics-principals``, for a node whose
+    series carry callers' principals: only the cloud's do (its per-edge series), so only
+    it passes one; the edge's metrics name no caller, and a flag there would change
+    nothing (``eventspec.shared.node.metric_principals``)."""
     add_setting(parser, env_prefix, "--metrics-port", type=int, default=port,
                 help="serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a "
                      "free port, logged; default: off)")
     add_setting(parser, env_prefix, "--metrics-host", default=host,
                 help="bind address of the metrics endpoint (it has no authentication: a "
                      "non-loopback address is logged as a warning)")
+    if principals is not None:
+        add_setting(parser, env_prefix, "--metrics-principals", default=principals,
+                    choices=PRINCIPAL_LABELS,
+                    help="how /metrics' per-edge series show the authenticated caller: "
+                         "its name; hash: the first 12 hex digits of the name's SHA-256 "
+                         "(stable across restarts and replicas); none: every caller as "
+                         "'redacted'")
 
 
 # -- value checks: SettingsError naming the flag --------------------------------------

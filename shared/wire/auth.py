@@ -1,8 +1,9 @@
 """Authentication and authorisation of callers, as a server interceptor.
 
 A caller proves who it is with a bearer token (``authorization: Bearer TOKEN``
-metadata, checked in constant time against named tokens) or, on a mutual-TLS port,
-with its client certificate, whose first subject alternative name is the principal.
+metadata: the scheme in any case, the token exactly as sent, see ``_bearer_token``;
+checked in constant time against named tokens) or, on a mutual-TLS port, with its
+client certificate, whose first subject alternative name is the principal.
 Authenticated principals outside ``allow_principals`` (when that is set) are refused.
 
 - no or a wrong credential: UNAUTHENTICATED; a principal not allowed: PERMISSION_DENIED;
@@ -182,6 +183,40 @@ class _Denied(Exception):
         self.code, self.reason, self.principal = code, reason, principal
 
 
+def _bearer_token(header: str, principal: str = "-") -> str:
+    """The token of an ``authorization`` value, exactly as sent; ``_Denied`` if it is none.
+
+    The grammar is RFC 6750's (section 2.1), ``"Bearer" 1*SP b64token``, within RFC 7235's
+    ``credentials = auth-scheme [ 1*SP ( token68 / #auth-param ) ]``:
+
+    - the scheme is case-insensitive (RFC 7235 section 2.1: "It uses a case-insensitive
+      token as a means to identify the authentication scheme"), so ``bearer`` and
+      ``BEARER`` are accepted;
+    - one or more spaces separate it from the token (``1*SP``);
+    - the token is everything after them, compared exactly as sent, never stripped: a
+      b64token has no whitespace, nor may a token here (``parse_tokens``), and an HTTP/2
+      field value must not end in whitespace (RFC 9113 section 8.2.1), though gRPC
+      passes one through. A value with whitespace after or inside the token is
+      UNAUTHENTICATED with a message that says so: stripping would accept credentials
+      the grammar refuses, so what the server accepts would differ from what a proxy
+      rule or log matching the header sees, and a client with a stray space would never
+      learn that its header is malformed.
+
+    ``principal`` is who a refusal is logged as (a certificate's name, or ``-``).
+    """
+    scheme, _, rest = header.partition(" ")
+    token = rest.lstrip(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise _Denied(grpc.StatusCode.UNAUTHENTICATED,
+                      "the authorization metadata must be 'Bearer TOKEN'", principal)
+    if any(c.isspace() for c in token):
+        raise _Denied(grpc.StatusCode.UNAUTHENTICATED,
+                      "the authorization metadata has whitespace after or inside the bearer "
+                      "token: tokens are compared exactly as sent, so send 'Bearer TOKEN' "
+                      "with nothing after the token", principal)
+    return token
+
+
 class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
     """Refuse calls without valid credentials; bind the caller's principal."""
 
@@ -201,12 +236,8 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         header = next((str(v) for k, v in metadata if k == "authorization"), None)
         cert_name = _certificate_principal(context) if self.require_cert else None
         if header is not None and self.tokens is not None:
-            scheme, _, token = header.partition(" ")
-            if scheme.lower() != "bearer" or not token.strip():
-                raise _Denied(grpc.StatusCode.UNAUTHENTICATED,
-                              "the authorization metadata must be 'Bearer TOKEN'",
-                              cert_name or "-")
-            name = self.tokens.match(token.strip())
+            token = _bearer_token(header, cert_name or "-")
+            name = self.tokens.match(token)
             if name is None:
                 raise _Denied(grpc.StatusCode.UNAUTHENTICATED, "the bearer token is not valid",
                               cert_name or "-")

@@ -29,7 +29,10 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc import aio
 
+from eventspec.shared.contract.errors import EventSpecError
 from eventspec.shared.wire.handlers import FACTORIES, Behaviour
+from eventspec.shared.wire.interceptors import bounded_details
+from eventspec.shared.wire.status import to_grpc
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +67,8 @@ async def _first(requests: AsyncIterator[Any], context: aio.ServicerContext[Any,
     except DecodeError as exc:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                             f"{method.rsplit('/', 1)[-1]}: malformed request message: {exc}")
+    except EventSpecError as exc:  # a check on the bytes refused them before parsing
+        await context.abort(to_grpc(exc.code), bounded_details(exc.message))
     raise AssertionError("unreachable: abort raises")
 
 

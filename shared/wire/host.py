@@ -24,6 +24,7 @@ from eventspec.shared.wire.interceptors import ErrorMappingInterceptor
 from eventspec.shared.wire.limits import ConcurrencyLimitInterceptor
 from eventspec.shared.wire.options import server_options
 from eventspec.shared.wire.reflection import enable_reflection
+from eventspec.shared.wire.request_guard import RequestGuardInterceptor
 from eventspec.shared.wire.security import SecurityConfigError, ServerSecurity, check_server_start
 from eventspec.shared.wire.tls import ReloadingServerCredentials
 
@@ -46,7 +47,8 @@ class GrpcHost:
     def __init__(self, service_name: str, *, max_message_bytes: int, max_rpcs: int,
                  security: ServerSecurity | None = None,
                  unlimited_methods: frozenset[str] = frozenset(),
-                 first_message_timeout_s: float = FIRST_MESSAGE_TIMEOUT_S) -> None:
+                 first_message_timeout_s: float = FIRST_MESSAGE_TIMEOUT_S,
+                 max_receive_bytes: int | None = None) -> None:
         """``max_rpcs`` caps concurrent calls except health and ``unlimited_methods``
         (cheap status calls such as GetServerInfo), which stay answerable at the cap.
 
@@ -56,6 +58,10 @@ class GrpcHost:
         ``MAX_STREAMS_PER_CONNECTION`` streams. gRPC's own ``maximum_concurrent_rpcs``
         is not used: it counts stalled streams too, which let one client lock every
         caller out (issue 19).
+
+        ``max_receive_bytes`` caps request messages below ``max_message_bytes``, for a
+        node whose requests are all small (the edge): gRPC refuses a larger one from its
+        length prefix, so a flood of them never reaches Python (issue 38).
         """
         self.service_name = service_name
         self.security = security or ServerSecurity()
@@ -66,14 +72,16 @@ class GrpcHost:
         if self.auth is not None:
             interceptors.append(self.auth)
         self.limit = ConcurrencyLimitInterceptor(max_rpcs, unlimited_methods)
+        # The request guard innermost: its check on a request's bytes runs before the
+        # parse, and the error mapping outside it turns a refusal into the call's status.
         interceptors += [FirstMessageGate(first_message_timeout_s), self.limit,
-                         ErrorMappingInterceptor()]
+                         ErrorMappingInterceptor(), RequestGuardInterceptor()]
         self.credentials = (
             ReloadingServerCredentials(self.security.tls) if self.security.tls else None
         )
         self.server = aio.server(
             interceptors=interceptors,
-            options=server_options(max_message_bytes),
+            options=server_options(max_message_bytes, max_receive_bytes),
         )
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

@@ -9,7 +9,9 @@ Bytes that do not parse as the request message are INVALID_ARGUMENT on every met
 a streaming request the parse happens inside the handler (as its iterator is read), so
 the mapping below sees the ``DecodeError``; for a single request message gRPC parses it
 before calling the handler and would answer UNKNOWN ("Unexpected <class
-'DecodeError'>"), so that parse is wrapped to hand the handler a marker instead.
+'DecodeError'>"), so that parse is wrapped to hand the handler a marker instead. The
+same marker carries a refusal raised before the parse, by a check on the request's bytes
+(``eventspec.shared.wire.request_guard``).
 """
 
 from __future__ import annotations
@@ -71,22 +73,24 @@ async def _abort_for(exc: BaseException, context: aio.ServicerContext[Any, Any],
 
 
 class Undecodable:
-    """What a single-message handler receives instead of bytes that did not parse."""
+    """What a single-message handler receives instead of bytes that did not parse, or
+    that a check on the bytes refused before parsing (an ``EventSpecError``)."""
 
-    def __init__(self, error: DecodeError) -> None:
+    def __init__(self, error: DecodeError | EventSpecError) -> None:
         self.error = error
 
 
 def tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
     """``deserialize`` returning an ``Undecodable`` marker instead of raising, so the
-    handler (which then refuses it with INVALID_ARGUMENT) runs instead of gRPC's UNKNOWN."""
+    handler (which then refuses it with INVALID_ARGUMENT, or the refusal's own status)
+    runs instead of gRPC's UNKNOWN."""
     if deserialize is None:
         return None
 
     def parse(data: bytes) -> Any:
         try:
             return deserialize(data)
-        except DecodeError as exc:
+        except (DecodeError, EventSpecError) as exc:
             return Undecodable(exc)
 
     return parse
@@ -98,8 +102,7 @@ def _refusing_undecodable(fn: Behaviour, method: str) -> Behaviour:
 
         async def gen(request: Any, context: aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
             if isinstance(request, Undecodable):
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                    _malformed(method, request.error))
+                await _abort_for(request.error, context, method)
             async for item in fn(request, context):
                 yield item
 
@@ -107,8 +110,7 @@ def _refusing_undecodable(fn: Behaviour, method: str) -> Behaviour:
 
     async def coro(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
         if isinstance(request, Undecodable):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                _malformed(method, request.error))
+            await _abort_for(request.error, context, method)
         return await fn(request, context)
 
     return coro

@@ -25,6 +25,11 @@ KEEPALIVE_TIMEOUT_MS = 5_000
 INITIAL_RECONNECT_BACKOFF_MS = 100
 MAX_RECONNECT_BACKOFF_MS = 1_000
 DEFAULT_MAX_MESSAGE_BYTES = 8 << 20
+#: The largest request a server whose methods all take small requests accepts (the
+#: edge: an Ask within every cap is under 25 KiB). gRPC refuses a larger message from its
+#: length prefix with RESOURCE_EXHAUSTED, before any of it reaches Python: a flood of
+#: multi-megabyte requests then costs the node's event loop almost nothing (issue 38).
+SMALL_REQUEST_BYTES = 1 << 20
 #: HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS a server grants each connection: one client
 #: connection cannot hold more streams than this. gRPC shares one connection among a
 #: process's channels to the same address, so it leaves room for a busy client process
@@ -33,10 +38,12 @@ DEFAULT_MAX_MESSAGE_BYTES = 8 << 20
 MAX_STREAMS_PER_CONNECTION = 256
 
 
-def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
-    """Options for ``grpc.aio.server``."""
+def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                   max_receive_bytes: int | None = None) -> list[tuple[str, int]]:
+    """Options for ``grpc.aio.server``; requests are capped at ``max_receive_bytes``
+    (default ``max_message_bytes``)."""
     return [
-        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_receive_bytes or max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
         ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),

@@ -9,6 +9,7 @@ counters must have moved by exactly what the requests' Final statistics report
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import urllib.request
 from dataclasses import replace
 
@@ -33,6 +34,10 @@ def scrape(port: int) -> Samples:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
         assert resp.status == 200
         text = resp.read().decode()
+    return _parse(text)
+
+
+def _parse(text: str) -> Samples:
     out: Samples = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -194,33 +199,86 @@ def test_plan_reasons_become_a_few_label_values(reason: str, label: str) -> None
     assert plan_reason(reason) == label
 
 
+EDGE_A_TOKEN = "edge-a-token-0123456789abcdef"
+
+
+async def start_cloud_with_token(principals: str = "name") -> VerifierServer:
+    """A cloud on port 0 with metrics and one bearer token, named ``edge-a``."""
+    from eventspec.shared.wire.security import ServerSecurity
+
+    settings = replace(ch.settings(), metrics_port=0, metrics_principals=principals,
+                       security=ServerSecurity(tokens=(("edge-a", EDGE_A_TOKEN),)))
+    server = VerifierServer(settings, target=eh.shared_models()[0], cost=ch.TEST_COST)
+    await server.start()
+    return server
+
+
+async def generate_as_edge_a(port: int) -> None:
+    """One target-only Generate through the real stub, with edge-a's bearer token."""
+    from grpc import aio
+
+    from eventspec.shared.pb.eventspec.v1 import verifier_pb2_grpc
+
+    async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = verifier_pb2_grpc.VerifierStub(channel)
+        call = stub.Generate(timeout=60,
+                             metadata=(("authorization", f"Bearer {EDGE_A_TOKEN}"),))
+        await call.write(ch.open_msg("What is moving?", ch.make_frames(0),
+                                     max_new_tokens=4, speculative=False))
+        while not (await call.read()).HasField("done"):
+            pass
+        await call.done_writing()
+
+
+def scrape_text(port: int) -> str:
+    """``/metrics`` as the text a scraper reads."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        return str(resp.read().decode())
+
+
 async def test_auth_failures_and_per_edge_series_name_the_principal() -> None:
     import grpc
     from grpc import aio
 
     from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
-    from eventspec.shared.wire.security import ServerSecurity
 
-    token = "edge-a-token-0123456789abcdef"
-    settings = replace(ch.settings(), metrics_port=0,
-                       security=ServerSecurity(tokens=(("edge-a", token),)))
-    server = VerifierServer(settings, target=eh.shared_models()[0], cost=ch.TEST_COST)
-    await server.start()
+    server = await start_cloud_with_token()
     try:
         async with aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             stub = verifier_pb2_grpc.VerifierStub(channel)
             with pytest.raises(aio.AioRpcError) as refused:
                 await stub.GetServerInfo(verifier_pb2.GetServerInfoRequest(), timeout=10)
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-            call = stub.Generate(timeout=60, metadata=(("authorization", f"Bearer {token}"),))
-            await call.write(ch.open_msg("What is moving?", ch.make_frames(0),
-                                         max_new_tokens=4, speculative=False))
-            while not (await call.read()).HasField("done"):
-                pass
-            await call.done_writing()
+        await generate_as_edge_a(server.port)
         samples = await asyncio.to_thread(scrape, server.metrics_port)
     finally:
         await server.stop(0)
     assert value(samples, "eventspec:auth_failures_total", code="UNAUTHENTICATED") == 1
     assert value(samples, "eventspec:requests_by_edge_total", edge="edge-a") == 1
     assert total(samples, "eventspec:request_success_total") == 1
+
+
+@pytest.mark.parametrize(("principals", "label"), [
+    # What an operator computes by hand: printf %s edge-a | sha256sum | cut -c1-12
+    ("hash", hashlib.sha256(b"edge-a").hexdigest()[:12]),
+    ("none", "redacted"),
+])
+async def test_metrics_principals_keep_the_callers_name_off_metrics(
+    principals: str, label: str,
+) -> None:
+    """Issue 38 (red-team finding 9): with --metrics-principals hash or none, the
+    unauthenticated /metrics no longer says who calls, and the per-edge series still
+    count that caller. The expected digest is computed here from the name alone, so a
+    label salted per process (different after every restart) would fail too."""
+    server = await start_cloud_with_token(principals)
+    try:
+        await generate_as_edge_a(server.port)
+        text = await asyncio.to_thread(scrape_text, server.metrics_port)
+    finally:
+        await server.stop(0)
+    assert "edge-a" not in text
+    samples = _parse(text)
+    edges = {dict(labels)["edge"] for (name, labels) in samples
+             if name == "eventspec:requests_by_edge_total"}
+    assert edges == {label}
+    assert value(samples, "eventspec:requests_by_edge_total", edge=label) == 1

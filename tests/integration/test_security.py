@@ -186,6 +186,53 @@ async def test_removing_or_emptying_the_token_file_revokes(
     assert await server_info(port, a) == grpc.StatusCode.OK
 
 
+#: authorization values and what the server answers (the token is TOKEN_A).
+AUTHORIZATION_CASES = {
+    "Bearer {t}": "OK",
+    "bearer {t}": "OK",  # RFC 7235 2.1: the scheme is case-insensitive
+    "BEARER {t}": "OK",
+    "Bearer   {t}": "OK",  # RFC 6750 2.1: "Bearer" 1*SP b64token
+    "Bearer {t} ": "UNAUTHENTICATED: the authorization metadata has whitespace after",
+    "Bearer {t}   ": "UNAUTHENTICATED: the authorization metadata has whitespace after",
+    "Bearer {a} {b}": "UNAUTHENTICATED: the authorization metadata has whitespace after",
+    " Bearer {t}": "UNAUTHENTICATED: the authorization metadata must be 'Bearer TOKEN'",
+    "Basic {t}": "UNAUTHENTICATED: the authorization metadata must be 'Bearer TOKEN'",
+}
+
+
+async def _answer_to(port: int, sec: ClientSecurity, authorization: str) -> str:
+    """``OK``, or the refusal's code and the start of its message."""
+    async with open_channel(f"127.0.0.1:{port}", sec) as channel:
+        stub = verifier_pb2_grpc.VerifierStub(channel)
+        try:
+            await stub.GetServerInfo(verifier_pb2.GetServerInfoRequest(), timeout=CALL_TIMEOUT,
+                                     metadata=(("authorization", authorization),))
+        except aio.AioRpcError as exc:
+            return f"{exc.code().name}: {exc.details()}"
+    return "OK"
+
+
+async def test_bearer_scheme_in_any_case_and_the_token_exactly_as_sent(
+    pki: Pki, tmp_path: Path, cloud_factory: list[VerifierServer],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 38: the scheme is case-insensitive and one or more spaces precede the token
+    (RFC 7235, RFC 6750), but the token is compared as sent: a space after it (which
+    gRPC passes through) is refused with a message saying why, not stripped."""
+    tokens = th.write_tokens(tmp_path / "tokens", edge_a=TOKEN_A)
+    port = await run(cloud_factory, th.server_security(pki, token_file=tokens))
+    sec = th.client_security(pki)  # no token of its own: the metadata is the case's
+    answers = {}
+    with caplog.at_level(logging.WARNING, logger="eventspec.shared.wire.auth"):
+        for case in AUTHORIZATION_CASES:
+            value = case.format(t=TOKEN_A, a=TOKEN_A[:16], b=TOKEN_A[16:])
+            answer = await _answer_to(port, sec, value)
+            expected = AUTHORIZATION_CASES[case]
+            answers[case] = expected if answer.startswith(expected) else answer
+    assert answers == AUTHORIZATION_CASES
+    assert TOKEN_A not in caplog.text and TOKEN_A[16:] not in caplog.text  # never the token
+
+
 def _touch_later(path: Path) -> None:
     later = os.stat(path).st_mtime + 5
     os.utime(path, (later, later))

@@ -81,6 +81,7 @@ CLOUD: dict[str, Case] = {
     "seed": ("--seed", "7", 7),
     "metrics_port": ("--metrics-port", "9100", 9100),
     "metrics_host": ("--metrics-host", "0.0.0.0", "0.0.0.0"),
+    "metrics_principals": ("--metrics-principals", "hash", "hash"),
 }
 
 EDGE: dict[str, Case] = {
@@ -88,6 +89,8 @@ EDGE: dict[str, Case] = {
     "source": ("--source", "synthetic:3", "synthetic:3"),
     "allow_pickle": ("--allow-pickle", "1", True),
     "sensor_size": ("--sensor-size", "640x480", (640, 480)),
+    "max_source_events": ("--max-source-events", "1000000", 1_000_000),
+    "max_source_bytes": ("--max-source-bytes", "268435456", 256 << 20),
     "model": ("--model", "tiny-random", "tiny-random"),
     "adapter": ("--adapter", "/models/adapter", Path("/models/adapter")),
     "host": ("--host", "0.0.0.0", "0.0.0.0"),
@@ -100,6 +103,7 @@ EDGE: dict[str, Case] = {
     "rpc_timeout_s": ("--rpc-timeout-s", "2", 2.0),
     "cloud_wait_s": ("--cloud-wait-s", "0", 0.0),
     "cloud_first_reply_s": ("--cloud-first-reply-s", "9", 9.0),
+    "cloud_rest_s": ("--cloud-rest-s", "2", 2.0),
     "max_queued_asks": ("--max-queued-asks", "16", 16),
     "acceptance_prior": ("--acceptance-prior", "0.8", 0.8),
     "preview_every": ("--preview-every", "2", 2),
@@ -213,6 +217,9 @@ def test_the_variable_reaches_the_field_and_the_help_names_it(
     ("cloud", [], {"EVENTSPEC_CLOUD_MAX_SESSIONS": "-1"},
      "$EVENTSPEC_CLOUD_MAX_SESSIONS (--max-sessions) must be >= 0 (0: auto)"),
     ("cloud", ["--seed", "-1"], {}, "--seed must be in 0.."),
+    ("cloud", [], {"EVENTSPEC_CLOUD_METRICS_PRINCIPALS": "sha1"},
+     "$EVENTSPEC_CLOUD_METRICS_PRINCIPALS (--metrics-principals) must be one of name, hash, "
+     "none"),
     ("edge", ["--acceptance-prior", "1.5"], {}, "--acceptance-prior must be in [0, 1]"),
     ("edge", ["--preview-every", "0"], {}, "--preview-every must be >= 1"),
     ("edge", ["--draft-engine", "oracle"], {}, "--draft-engine oracle needs --oracle-answers"),
@@ -229,6 +236,9 @@ def test_the_variable_reaches_the_field_and_the_help_names_it(
     ("edge", [], {"EVENTSPEC_EDGE_VISION_BACKEND": "tensorrt"},
      "$EVENTSPEC_EDGE_VISION_BACKEND (--vision-backend) must be one of torch, onnx"),
     ("edge", [], {"EVENTSPEC_EDGE_SENSOR_SIZE": "640"}, "$EVENTSPEC_EDGE_SENSOR_SIZE='640'"),
+    ("edge", ["--max-source-events", "0"], {}, "--max-source-events must be >= 1, got 0"),
+    ("edge", [], {"EVENTSPEC_EDGE_MAX_SOURCE_BYTES": "-1"},
+     "$EVENTSPEC_EDGE_MAX_SOURCE_BYTES (--max-source-bytes) must be >= 1"),
     ("edge", [], {"EVENTSPEC_EDGE_HEALTH_PORT": "probe"},
      "$EVENTSPEC_EDGE_HEALTH_PORT='probe' is not an integer"),
     ("edge", [], {"EVENTSPEC_EDGE_CLOUD_WAIT_S": "-1"},
