@@ -94,7 +94,6 @@ class EdgeTree:
         self.misses = 0
         self.nodes_sent = 0
         self.nodes_pruned = 0
-        self.expansions = 0
 
     # -- reading -----------------------------------------------------------------------
 
@@ -200,7 +199,6 @@ class EdgeTree:
         if not self.is_live(key) or key in self._expanded:
             return 0
         self._expanded.add(key)
-        self.expansions += 1
         added = 0
         for token, logprob in children[: self.top_k]:
             added += self._child(key, int(token), float(logprob))

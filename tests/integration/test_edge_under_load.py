@@ -9,7 +9,6 @@ Real servers on port 0 and real stubs; every wait is a bounded condition.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
@@ -22,8 +21,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from eventspec.cloud.server import VerifierServer
 from eventspec.edge.cloud_link import CloudLink
-from eventspec.edge.config import EdgeSettings
-from eventspec.edge.server import EdgeServer
 from eventspec.shared.client.edge_client import AskError, EdgeClient
 from eventspec.shared.contract import convert_verifier
 from eventspec.shared.contract.errors import ResourceExhausted
@@ -36,7 +33,7 @@ from eventspec.shared.contract.types import (
 )
 from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from tests.support import cloud_harness as ch
-from tests.support.edge_harness import shared_models
+from tests.support.edge_harness import edge_to, shared_models
 
 ASK = AskSpec(question="What is moving?", mode=Mode.TARGET_ONLY,
               generation=GenerationSettings(max_new_tokens=4))
@@ -52,17 +49,6 @@ async def until(condition: Callable[[], Awaitable[bool]], what: str,
             raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
         await asyncio.sleep(0.05)
     return time.monotonic() - started
-
-
-@contextlib.asynccontextmanager
-async def edge_to(cloud: str, **settings: Any) -> AsyncIterator[EdgeServer]:
-    _, draft = shared_models()
-    edge = EdgeServer(replace(EdgeSettings(), cloud=cloud, port=0, **settings), draft=draft)
-    await edge.start()
-    try:
-        yield edge
-    finally:
-        await edge.stop(0)
 
 
 async def answered(port: int, spec: AskSpec = ASK, timeout_s: float = 60) -> FinalEvent:

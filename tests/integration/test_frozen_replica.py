@@ -14,20 +14,16 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
-from typing import Any
 
 import pytest
 
 from benchmarks.frozen_replica import FreezableReplica
 from eventspec.edge.cloud_link import CloudLink
-from eventspec.edge.config import EdgeSettings
-from eventspec.edge.server import EdgeServer
 from eventspec.shared.client.edge_client import EdgeClient
 from eventspec.shared.contract.errors import DeadlineExceeded
 from eventspec.shared.contract.types import AskSpec, GenerationSettings, Mode
 from tests.support import cloud_harness as ch
-from tests.support.edge_harness import shared_models
+from tests.support.edge_harness import edge_to, shared_models
 from tests.support.waiting import until
 
 ASK = AskSpec(question="What is moving?", mode=Mode.TARGET_ONLY,
@@ -36,17 +32,6 @@ ASK = AskSpec(question="What is moving?", mode=Mode.TARGET_ONLY,
 #: takes as long met it.
 FIRST_REPLY_S = 4.0
 REST_S = 0.5
-
-
-@contextlib.asynccontextmanager
-async def edge_to(cloud: str, **settings: Any) -> AsyncIterator[EdgeServer]:
-    _, draft = shared_models()
-    edge = EdgeServer(replace(EdgeSettings(), cloud=cloud, port=0, **settings), draft=draft)
-    await edge.start()
-    try:
-        yield edge
-    finally:
-        await edge.stop(0)
 
 
 @contextlib.asynccontextmanager

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -170,3 +172,17 @@ async def ask(address: str, question: str, mode: Mode, *, seed: int = 0, max_new
             question, mode=mode, feature_mode=feature_mode,
             generation=GenerationSettings(max_new_tokens=max_new, seed=seed), **window,
         ))
+
+
+@contextlib.asynccontextmanager
+async def edge_to(cloud: str, **settings: Any) -> AsyncIterator[EdgeServer]:
+    """A real edge on port 0 over the shared tiny drafter, talking to ``cloud``, with
+    ``settings`` over the defaults; stopped on exit."""
+    _, draft = shared_models()
+    edge = EdgeServer(replace(EdgeSettings(), cloud=cloud, port=0, **settings), draft=draft)
+    await edge.start()
+    try:
+        yield edge
+    finally:
+        await edge.stop(0)
+

@@ -23,6 +23,7 @@ from eventspec.cloud.tickets import Failure
 from eventspec.shared.contract.errors import ResourceExhausted
 from eventspec.shared.contract.timing import CloudCost
 from eventspec.shared.contract.types import DraftTail, FinishReason, GenerationSettings
+from eventspec.shared.node.static.buckets import TOKEN_BUCKETS, bucket
 from tests.support.fake_engine import EOS, TEXT_VOCAB, FakeEngine, target_only
 from tests.support.waiting import until
 
@@ -67,7 +68,7 @@ class PaddedFakeEngine(FakeEngine):
     scheduler prices steps the padded way (``verify_widths(..., pad)``)."""
 
     def padded_tokens(self, q_max: int) -> int:
-        return next((b for b in (1, 2, 3, 5, 9, 17, 33) if b >= q_max), q_max)
+        return bucket(q_max, TOKEN_BUCKETS) or q_max
 
 
 async def drive(reqs: Sequence[Req], num_slots: int, yields: Sequence[int],

@@ -4,6 +4,7 @@ step's expected committed tokens per ms under the linear cost model."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -12,17 +13,36 @@ from hypothesis import strategies as st
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.contract.timing import CloudCost
 from eventspec.shared.contract.verify_width import SessionDrafts, verify_widths
+from eventspec.shared.node.static.buckets import TOKEN_BUCKETS, bucket
 
 
 def _cost(per_token: float, per_session: float = 0.5, base: float = 5.0) -> CloudCost:
     return CloudCost(50.0, 0.1, 0.1, base, per_token, step_ms_per_session=per_session)
 
 
+def _expected(sessions: list[SessionDrafts], widths: list[int]) -> float:
+    return sum(sum(s.alpha ** j for j in range(k + 1))
+               for s, k in zip(sessions, widths, strict=True))
+
+
 def _rate(cost: CloudCost, sessions: list[SessionDrafts], widths: list[int]) -> float:
-    expected = sum(sum(s.alpha ** j for j in range(k + 1))
-                   for s, k in zip(sessions, widths, strict=True))
     tokens = sum(k + 1 for k in widths)
-    return expected / cost.batch_step_ms(len(sessions), tokens)
+    return _expected(sessions, widths) / cost.batch_step_ms(len(sessions), tokens)
+
+
+Rate = Callable[[CloudCost, list[SessionDrafts], list[int]], float]
+
+
+def _assert_best_of_every_choice(cost: CloudCost, sessions: list[SessionDrafts],
+                                 widths: list[int], rate: Rate) -> None:
+    """Widths within what is offered (>= 1 where drafts are), and no other such choice
+    with a higher ``rate``."""
+    assert all((s.available == 0 and k == 0) or 1 <= k <= s.available
+               for s, k in zip(sessions, widths, strict=True))
+    best = rate(cost, sessions, widths)
+    ranges = [range(1 if s.available else 0, s.available + 1) for s in sessions]
+    for other in itertools.product(*ranges):
+        assert rate(cost, sessions, list(other)) <= best * (1 + 1e-9), (other, widths)
 
 
 sessions_st = st.lists(st.builds(SessionDrafts, available=st.integers(0, 5),
@@ -36,13 +56,7 @@ def test_the_widths_are_the_best_of_every_choice(sessions: list[SessionDrafts],
     """Exhaustive check on small batches: no other choice (>= 1 where drafts are
     offered) has a higher expected rate."""
     cost = _cost(per_token)
-    widths = verify_widths(cost, sessions)
-    assert all((s.available == 0 and k == 0) or 1 <= k <= s.available
-               for s, k in zip(sessions, widths, strict=True))
-    best = _rate(cost, sessions, widths)
-    ranges = [range(1 if s.available else 0, s.available + 1) for s in sessions]
-    for other in itertools.product(*ranges):
-        assert _rate(cost, sessions, list(other)) <= best * (1 + 1e-9), (other, widths)
+    _assert_best_of_every_choice(cost, sessions, verify_widths(cost, sessions), _rate)
 
 
 def test_free_verification_takes_every_draft_and_dear_takes_one() -> None:
@@ -76,18 +90,14 @@ def test_bad_offers_name_the_field() -> None:
         SessionDrafts(1, 1.5)
 
 
-BUCKETS = (1, 2, 3, 5, 9, 17, 33)
-
-
 def _bucketed(q: int) -> int:
-    return next((b for b in BUCKETS if b >= q), q)
+    """The static engine's padding with its graph buckets (``padded_tokens``)."""
+    return bucket(q, TOKEN_BUCKETS) or q
 
 
 def _padded_rate(cost: CloudCost, sessions: list[SessionDrafts], widths: list[int]) -> float:
-    expected = sum(sum(s.alpha ** j for j in range(k + 1))
-                   for s, k in zip(sessions, widths, strict=True))
     rows = _bucketed(max(k + 1 for k in widths))
-    return expected / cost.batch_step_ms(len(sessions), len(sessions) * rows)
+    return _expected(sessions, widths) / cost.batch_step_ms(len(sessions), len(sessions) * rows)
 
 
 @settings(max_examples=150, deadline=None)
@@ -98,12 +108,7 @@ def test_on_a_padded_engine_the_widths_are_the_best_of_every_choice(
     graphs): exhaustively, no other choice has a higher expected rate under that cost."""
     cost = _cost(per_token)
     widths = verify_widths(cost, sessions, pad=_bucketed)
-    assert all((s.available == 0 and k == 0) or 1 <= k <= s.available
-               for s, k in zip(sessions, widths, strict=True))
-    best = _padded_rate(cost, sessions, widths)
-    ranges = [range(1 if s.available else 0, s.available + 1) for s in sessions]
-    for other in itertools.product(*ranges):
-        assert _padded_rate(cost, sessions, list(other)) <= best * (1 + 1e-9), (other, widths)
+    _assert_best_of_every_choice(cost, sessions, widths, _padded_rate)
 
 
 def test_one_long_offer_does_not_pad_a_loaded_batch() -> None:
