@@ -340,14 +340,17 @@ def _timed(target: TargetModel, fn: Callable[[], object]) -> float:
 
 def load_or_calibrate(
     target: TargetModel, engine: BatchedEngine, path: Path, *, recalibrate: bool = False,
-    progress: Progress = no_progress,
+    progress: Progress = no_progress, kernels: str = "",
 ) -> CloudCost:
     """Reuse a matching profile file, or measure and save a new one.
 
-    A measurement that failed its own sanity check is used for this run only: it is
-    never saved, so the next start measures again instead of trusting it.
+    ``kernels`` (:attr:`~eventspec.cloud.config.CloudSettings.kernels`) is part of the
+    device a profile must match: the spot check times one session, which the kernels
+    barely change, while a 16-session step they change by 1.5x. A measurement that
+    failed its own sanity check is used for this run only: it is never saved, so the
+    next start measures again instead of trusting it.
     """
-    device = _device_name(target)
+    device = _device_name(target) + (f":{kernels}" if kernels else "")
     if not recalibrate and path.exists():
         try:
             profile = load_profile(

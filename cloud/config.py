@@ -295,4 +295,13 @@ class CloudSettings:
         paced = ""
         if self.emulate_prefill_ms or self.emulate_step_ms:
             paced = f"-paced{self.emulate_prefill_ms:g}-{self.emulate_step_ms:g}"
-        return base / "eventspec" / f"cloud-{safe}-{self.device}-{self.dtype}{paced}.msgpack"
+        return base / "eventspec" / (f"cloud-{safe}-{self.device}-{self.dtype}-"
+                                     f"{self.kernels}{paced}.msgpack")
+
+    @property
+    def kernels(self) -> str:
+        """What besides the device changes the step's costs, recorded in the profile and
+        checked when it is reused: a profile of the default kernels once passed the
+        one-session spot check under --batch-invariant and priced its 16-session steps
+        1.5x too cheap."""
+        return self.engine + ("-invariant" if self.batch_invariant else "")

@@ -194,7 +194,8 @@ def build_runtime(
         cost = engine.known_cost()
     elif cost is None:
         cost = load_or_calibrate(target, engine, settings.resolved_profile_path(target.model_id),
-                                 recalibrate=settings.recalibrate, progress=progress)
+                                 recalibrate=settings.recalibrate, progress=progress,
+                                 kernels=settings.kernels)
     capacity = capacity_of(settings, target, engine)
     log.info("sessions: %s", capacity.describe())
     settings = dataclasses.replace(settings, limits=dataclasses.replace(

@@ -22,3 +22,14 @@ def test_trees_answer_losslessly_and_use_their_branches() -> None:
     trees = simulate(Setup(alpha=0.6, coverage=1.0, tokens=96, step_ms=20.0), seed=2)
     assert trees.tokens == chains.tokens == 96
     assert trees.steps <= chains.steps
+
+
+def test_a_step_commits_when_it_ends_not_when_it_starts() -> None:
+    """A step verifies the drafts there when it starts and its Commit leaves step_ms
+    later (the engine runs in between): the answer ends with the last step, and the
+    steps run back to back after the prefill. Committing at the step's start had the
+    edge hear every verdict a step early and overstated tokens per step by up to 40%."""
+    setup = Setup(alpha=0.8, tokens=64, step_ms=26.0, prefill_ms=50.0)
+    out = simulate(setup, seed=3)
+    assert out.tokens == 64
+    assert out.ms == setup.prefill_ms + out.steps * setup.step_ms

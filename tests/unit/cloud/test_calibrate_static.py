@@ -87,3 +87,20 @@ async def test_a_server_at_its_defaults_says_how_many_sessions_fit(
     assert stats.session_capacity.startswith(f"8 sessions run at once, {8 + settings.kv_queue} "
                                              "admitted")
     assert "measured at warm-up" in info.profile.calibration
+
+
+def test_each_engine_configuration_keeps_its_own_default_profile() -> None:
+    """A profile measured at the defaults once priced --batch-invariant steps (19 ms at
+    16 sessions on an H100, against 12.5 predicted): its one-session spot check passed,
+    so the verify-width rule chose widths the invariant kernels could not afford. The
+    default profile file now names what changes the costs: engine and invariance."""
+    base = CloudSettings(device="cuda", dtype="bfloat16")
+    paths = {
+        base.resolved_profile_path("m"),
+        replace(base, batch_invariant=True).resolved_profile_path("m"),
+        replace(base, engine="hf").resolved_profile_path("m"),
+        replace(base, engine="hf", batch_invariant=True).resolved_profile_path("m"),
+    }
+    assert len(paths) == 4
+    explicit = replace(base, batch_invariant=True, profile_path=Path("/x/mine.msgpack"))
+    assert explicit.resolved_profile_path("m") == Path("/x/mine.msgpack")

@@ -5,6 +5,8 @@ loaded machine made a fresh cloud plan with a 260 ms step that really took 3-11 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 import logging
 import time
@@ -72,9 +74,10 @@ def test_measuring_records_the_load_average(target: TargetModel) -> None:
     assert len(samples["load_avg_1m"]) == 1
 
 
-def _write(path: Path, target: TargetModel, cloud: CloudCost) -> None:
+def _write(path: Path, target: TargetModel, cloud: CloudCost, kernels: str = "") -> None:
+    device = calibrate._device_name(target) + (f":{kernels}" if kernels else "")
     save_profile(path, CalibrationProfile(
-        role="cloud", model_id=target.model_id, device=calibrate._device_name(target),
+        role="cloud", model_id=target.model_id, device=device,
         created_unix=time.time(), cloud=cloud, edge=None))
 
 
@@ -111,6 +114,27 @@ def test_a_profile_that_matches_reality_is_reused(
     assert got.step_base_ms == 3.0
 
 
+def test_a_profile_of_other_kernels_is_measured_again(
+    target: TargetModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same --profile file under --batch-invariant: its one-session spot check
+    would pass (patched to), but the kernels differ, so it is measured again."""
+    path = tmp_path / "cloud.msgpack"
+    engine = HFEngine(target, num_slots=2)
+    first = cost(1.0)
+    monkeypatch.setattr(calibrate, "spot_check", lambda *a: 1.0)
+    monkeypatch.setattr(calibrate, "measure_cloud_cost",
+                        lambda *a, **k: (first, {"load_avg_1m": [0.1]}))
+    assert calibrate.load_or_calibrate(target, engine, path, kernels="static") == first
+    fresh = cost(2.0)
+    monkeypatch.setattr(calibrate, "measure_cloud_cost",
+                        lambda *a, **k: (fresh, {"load_avg_1m": [0.1]}))
+    assert calibrate.load_or_calibrate(target, engine, path, kernels="static") == replace(
+        first, calibration=f"profile file {path.name}")
+    assert calibrate.load_or_calibrate(target, engine, path,
+                                       kernels="static-invariant") == fresh
+
+
 def test_recalibrate_forces_a_fresh_measurement(
     target: TargetModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -132,13 +156,14 @@ async def test_serve_flags_reach_calibration_and_the_log_names_the_cost_model(
     profile is used (spot check passed) or re-measured, and the start-up log states the
     cost model the server then plans with."""
     path = tmp_path / "cloud.msgpack"
-    _write(path, target, cost(3.0))
     monkeypatch.setattr(calibrate, "spot_check", lambda *a: 1.0)
     monkeypatch.setattr(calibrate, "measure_cloud_cost",
                         lambda *a, **k: (cost(7.0), {"load_avg_1m": [0.1]}))
     args = build_parser().parse_args(["serve", "--port", "0", "--profile", str(path),
                                       *(["--recalibrate"] if recalibrate else [])])
-    server = VerifierServer(settings_from_args(args), target=target)
+    settings = settings_from_args(args)
+    _write(path, target, cost(3.0), kernels=settings.kernels)
+    server = VerifierServer(settings, target=target)
     caplog.set_level(logging.INFO, logger="eventspec.cloud")
     await server.start()
     try:
