@@ -9,8 +9,9 @@ commit rules) against one fixed answer, with a link delay each way, a draft forw
 give when nothing else costs time. A step verifies the drafts the cloud holds when it
 starts and sends its Commit when it ends, ``step_ms`` later; the next step starts then.
 Checked against real processes on a CPU (a paced cloud at 26 ms a step, the oracle at
-3.39 ms a token, RTT 20 ms, chains): 1.91 tokens per step measured, 1.82-1.92 here. Greedy verification is exact, so tokens per step and
-the answer time are those of the real mechanism, bounded by nothing but the clock.
+3.39 ms a token, RTT 20 ms, chains): 1.91 tokens per step measured, 1.82-1.92 here.
+Greedy verification is exact, so tokens per step and the answer time are those of the
+real mechanism, bounded by nothing but the clock.
 
 What it leaves out, by design: every cost but the two paces and the link (the cloud's
 host work per node and per message, the padding of a step to its longest session, the
@@ -209,11 +210,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--tree-per-forward", type=int, default=DEFAULT_SHAPE.per_forward)
     p.add_argument("--tree-depth", type=int, default=DEFAULT_SHAPE.max_depth,
                    help="the edge's depth cap below C's end")
+    p.add_argument("--tree-branch-top-k", type=int, default=DEFAULT_SHAPE.branch_top_k)
     p.add_argument("--max-verify", type=int, default=8)
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--out", type=Path, default=None, help="also write the runs here, stamped")
     a = p.parse_args(argv)
-    shape = TreeShape(a.tree_nodes, a.tree_top_k, a.tree_per_forward, a.tree_depth)
+    shape = TreeShape(a.tree_nodes, a.tree_top_k, a.tree_per_forward, a.tree_depth,
+                      branch_top_k=a.tree_branch_top_k)
     runs = []
     for rtt in a.rtt_ms:
         for q in a.coverage:

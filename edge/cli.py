@@ -171,9 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="draft trees where the drafter expands several nodes in one forward and the "
              "cloud keeps trees: live nodes per request at most (0: chains only)")
     arg("--tree-top-k", type=int, default=env.tree_top_k,
-        help="children per expanded tree node (the drafter's top k)")
+        help="children per expanded tree node on the likeliest path (the drafter's top k)")
     arg("--tree-per-forward", type=int, default=env.tree_per_forward,
         help="tree nodes expanded per draft forward, likeliest path first")
+    arg("--tree-branch-top-k", type=int, default=env.tree_branch_top_k,
+        help="children per expanded tree node off the likeliest path (<= --tree-top-k)")
     arg("--max-message-bytes", type=int, default=env.max_message_bytes,
         help=f"largest gRPC message to clients and to and from the cloud, "
              f"{MIN_MESSAGE_BYTES}..{MAX_MESSAGE_BYTES} (a client's request: at most "
@@ -281,6 +283,7 @@ def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
         tree_nodes=args.tree_nodes,
         tree_top_k=args.tree_top_k,
         tree_per_forward=args.tree_per_forward,
+        tree_branch_top_k=args.tree_branch_top_k,
         speculation=args.speculation,
         draft_engine=args.draft_engine,
         draft_quant=args.draft_quant,

@@ -93,10 +93,12 @@ class EdgeSettings:
     preview_every: int = 4
     #: Draft trees (issue 36), where the drafter expands several nodes in one forward and
     #: the cloud keeps trees: live nodes per request at most (0: chains only), children
-    #: per expanded node, and nodes expanded per forward.
-    tree_nodes: int = 64
+    #: per expanded node on the likeliest path, nodes expanded per forward, and children
+    #: per expanded node off the likeliest path (the defaults: docs/trees.md).
+    tree_nodes: int = 128
     tree_top_k: int = 4
-    tree_per_forward: int = 4
+    tree_per_forward: int = 8
+    tree_branch_top_k: int = 1
     #: "auto": draft when the shared timing plan says it pays; "always": draft anyway
     #: (to measure acceptance, or when the cost model is known to be wrong).
     speculation: str = "auto"
@@ -191,6 +193,7 @@ class EdgeSettings:
             tree_nodes=e.integer("TREE_NODES", d.tree_nodes),
             tree_top_k=e.integer("TREE_TOP_K", d.tree_top_k),
             tree_per_forward=e.integer("TREE_PER_FORWARD", d.tree_per_forward),
+            tree_branch_top_k=e.integer("TREE_BRANCH_TOP_K", d.tree_branch_top_k),
             speculation=e.text("SPECULATION", d.speculation),
             draft_engine=e.text("DRAFT_ENGINE", d.draft_engine),
             draft_quant=e.text("DRAFT_QUANT", d.draft_quant),
@@ -263,6 +266,8 @@ class EdgeSettings:
         require_int("--tree-nodes", self.tree_nodes, 0, 4096, "0 drafts chains")
         require_int("--tree-top-k", self.tree_top_k, 1, 64)
         require_int("--tree-per-forward", self.tree_per_forward, 1, 256)
+        require_int("--tree-branch-top-k", self.tree_branch_top_k, 1, self.tree_top_k,
+                    "at most --tree-top-k")
         require_int("--seed", self.seed, 0, SEED_MAX)
         require_int("--max-message-bytes", self.max_message_bytes, MIN_MESSAGE_BYTES,
                     MAX_MESSAGE_BYTES)

@@ -37,15 +37,17 @@ Key = int | tuple[str, int]  # a node id, or ("root", base)
 
 @dataclass(frozen=True)
 class TreeShape:
-    """How an edge grows its trees (``--tree-nodes``, ``--tree-top-k``, ``--tree-per-forward``):
-    live nodes at most, children per expansion, nodes expanded per draft forward; and the
-    cloud's caps (``max_tree_depth`` below C's end, ``max_tree_nodes`` live)."""
+    """How an edge grows its trees (``--tree-nodes``, ``--tree-top-k``, ``--tree-per-forward``,
+    ``--tree-branch-top-k``): live nodes at most, children per expansion on the likeliest
+    path, nodes expanded per draft forward; the cloud's caps (``max_tree_depth`` below C's
+    end, ``max_tree_nodes`` live); and children per expansion off the likeliest path."""
 
-    node_budget: int = 64
+    node_budget: int = 128
     top_k: int = 4
-    per_forward: int = 4
+    per_forward: int = 8
     max_depth: int = 64
     cloud_nodes: int = 512
+    branch_top_k: int = 1
 
 
 @dataclass
@@ -76,6 +78,7 @@ class EdgeTree:
         self.max_depth = max(1, shape.max_depth)
         self.top_k = max(1, shape.top_k)
         self.per_forward = max(1, shape.per_forward)
+        self.branch_top_k = max(1, min(shape.branch_top_k, self.top_k))
         self.cloud_nodes = max(1, shape.cloud_nodes)
         #: Sent nodes by position: the cloud counts a node live until C passes its
         #: position, even on a branch C ruled out, and refuses a request over its cap.
@@ -151,6 +154,19 @@ class EdgeTree:
             kids = self._nodes[nid].children
         return out
 
+    def _on_best_path(self, key: Key) -> bool:
+        """``key`` is C's end or on the likeliest path below it (where the next step's
+        rejection can land, so its siblings are worth drafting)."""
+        if key == self.anchor:
+            return True
+        kids = self._kids(self.anchor)
+        while kids:
+            _, nid = max(kids.items(), key=lambda kv: (self._nodes[kv[1]].logprob, kv[1]))
+            if nid == key:
+                return True
+            kids = self._nodes[nid].children
+        return False
+
     def cloud_live(self) -> int:
         """An upper bound of the nodes the cloud holds live now: sent or about to be, at
         positions C (as the edge knows it) has not passed."""
@@ -200,7 +216,8 @@ class EdgeTree:
             return 0
         self._expanded.add(key)
         added = 0
-        for token, logprob in children[: self.top_k]:
+        k = self.top_k if self._on_best_path(key) else self.branch_top_k
+        for token, logprob in children[:k]:
             added += self._child(key, int(token), float(logprob))
         if key == self.anchor and self._pending:
             pending, self._pending = self._pending, []

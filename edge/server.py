@@ -248,7 +248,8 @@ class EdgeServer:
             request_timeout_s=s.request_timeout_s,
             rpc_timeout_s=s.rpc_timeout_s,
             preview_every=s.preview_every,
-            tree_shape=(TreeShape(s.tree_nodes, s.tree_top_k, s.tree_per_forward)
+            tree_shape=(TreeShape(s.tree_nodes, s.tree_top_k, s.tree_per_forward,
+                                  branch_top_k=s.tree_branch_top_k)
                         if s.tree_nodes > 0 else None),
             force_speculation=s.speculation == "always",
             readiness=readiness,

@@ -69,9 +69,11 @@ def pipeline_sim(runs: Named) -> list[str]:
     for _, r in runs:
         for s in r["runs"]:
             tree = s["tree"]
+            branch = ("" if tree is None or "branch_top_k" not in tree
+                      else f" (top-{tree['branch_top_k']} off the likeliest path)")
             drafts = ("chains" if tree is None else
                       f"trees q = {s['coverage']:g}, {tree['node_budget']} nodes, top-"
-                      f"{tree['top_k']}, {tree['per_forward']} per forward")
+                      f"{tree['top_k']}{branch}, {tree['per_forward']} per forward")
             rows.append((drafts, f"{s['step_ms']:g}", f"{s['draft_ms']:g}",
                          f"{s['rtt_ms']:g}", s["tokens"], f"{s['tokens_per_step']:.2f}",
                          f"{s['speedup']:.2f}", f"{s['accepted_over_verified']:.3f}"))

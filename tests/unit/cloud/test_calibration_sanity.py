@@ -5,11 +5,10 @@ loaded machine made a fresh cloud plan with a 260 ms step that really took 3-11 
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import json
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
