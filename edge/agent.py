@@ -98,6 +98,7 @@ class EdgeAgent:
         rpc_timeout_s: float = 5.0,
         preview_every: int = 4,
         tree_shape: TreeShape | None = DEFAULT_TREE,
+        drafts_every: int = 1,
         force_speculation: bool = False,
         readiness: Readiness | None = None,
         cloud_wait_s: float = 60.0,
@@ -122,6 +123,8 @@ class EdgeAgent:
         self.preview_every = max(1, preview_every)
         #: How requests grow draft trees, where the drafter and the cloud can (None: chains).
         self.tree_shape = tree_shape
+        #: Draft forwards (chains: tokens) per Drafts message at least (``--drafts-every``).
+        self.drafts_every = max(1, drafts_every)
         self.force_speculation = force_speculation
         self.requests_served = 0
         if readiness is None:  # built from loaded models, with nobody else to tell

@@ -176,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="tree nodes expanded per draft forward, likeliest path first")
     arg("--tree-branch-top-k", type=int, default=env.tree_branch_top_k,
         help="children per expanded tree node off the likeliest path (<= --tree-top-k)")
+    arg("--drafts-every", type=int, default=env.drafts_every,
+        help="draft forwards (chains: tokens) per Drafts message at least, 1..64 (the "
+             "plan's cadence where that is more); fewer messages spare the cloud's host")
     arg("--max-message-bytes", type=int, default=env.max_message_bytes,
         help=f"largest gRPC message to clients and to and from the cloud, "
              f"{MIN_MESSAGE_BYTES}..{MAX_MESSAGE_BYTES} (a client's request: at most "
@@ -284,6 +287,7 @@ def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
         tree_top_k=args.tree_top_k,
         tree_per_forward=args.tree_per_forward,
         tree_branch_top_k=args.tree_branch_top_k,
+        drafts_every=args.drafts_every,
         speculation=args.speculation,
         draft_engine=args.draft_engine,
         draft_quant=args.draft_quant,

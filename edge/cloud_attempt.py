@@ -95,6 +95,7 @@ class CloudAttempt:
             preview_every=agent.preview_every,
             tree=tree_shape(agent.tree_shape, info, self.drafter),
             max_nodes_per_message=max(1, info.limits.max_draft_tokens),
+            drafts_every=agent.drafts_every,
         )
         #: The tree nodes the draft under way expands (trees only).
         self.expanding: list[Key] = []

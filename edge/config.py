@@ -99,6 +99,9 @@ class EdgeSettings:
     tree_top_k: int = 4
     tree_per_forward: int = 8
     tree_branch_top_k: int = 1
+    #: Draft forwards (chains: tokens) per Drafts message at least; the plan's cadence
+    #: where that is more. Fewer, larger messages spare the cloud's host.
+    drafts_every: int = 1
     #: "auto": draft when the shared timing plan says it pays; "always": draft anyway
     #: (to measure acceptance, or when the cost model is known to be wrong).
     speculation: str = "auto"
@@ -194,6 +197,7 @@ class EdgeSettings:
             tree_top_k=e.integer("TREE_TOP_K", d.tree_top_k),
             tree_per_forward=e.integer("TREE_PER_FORWARD", d.tree_per_forward),
             tree_branch_top_k=e.integer("TREE_BRANCH_TOP_K", d.tree_branch_top_k),
+            drafts_every=e.integer("DRAFTS_EVERY", d.drafts_every),
             speculation=e.text("SPECULATION", d.speculation),
             draft_engine=e.text("DRAFT_ENGINE", d.draft_engine),
             draft_quant=e.text("DRAFT_QUANT", d.draft_quant),
@@ -268,6 +272,7 @@ class EdgeSettings:
         require_int("--tree-per-forward", self.tree_per_forward, 1, 256)
         require_int("--tree-branch-top-k", self.tree_branch_top_k, 1, self.tree_top_k,
                     "at most --tree-top-k")
+        require_int("--drafts-every", self.drafts_every, 1, 64)
         require_int("--seed", self.seed, 0, SEED_MAX)
         require_int("--max-message-bytes", self.max_message_bytes, MIN_MESSAGE_BYTES,
                     MAX_MESSAGE_BYTES)

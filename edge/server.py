@@ -251,6 +251,7 @@ class EdgeServer:
             tree_shape=(TreeShape(s.tree_nodes, s.tree_top_k, s.tree_per_forward,
                                   branch_top_k=s.tree_branch_top_k)
                         if s.tree_nodes > 0 else None),
+            drafts_every=s.drafts_every,
             force_speculation=s.speculation == "always",
             readiness=readiness,
             cloud_wait_s=s.cloud_wait_s,

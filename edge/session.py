@@ -104,6 +104,7 @@ class EdgeSession:
         preview_every: int = 4,
         tree: TreeShape | None = None,
         max_nodes_per_message: int = 128,
+        drafts_every: int = 1,
     ) -> None:
         self.max_new_tokens = max_new_tokens
         self.eos_token_id = eos_token_id
@@ -118,6 +119,9 @@ class EdgeSession:
         self.done: DoneEvent | None = None
         self.counters = EdgeCounters()
         self._sent_len = 0  # len(C) + len(tail) when the last tail was sent
+        #: Draft forwards (chains: tokens) per Drafts message at least (``--drafts-every``).
+        self.drafts_every = max(1, drafts_every)
+        self._held_forwards = 0  # trees: forwards whose nodes have not gone out yet
         self._preview_len = 0
         #: Draft trees: growth, ids, what was sent, where C stands (None: chains).
         self.tree = EdgeTree(max_nodes_per_message, tree) if tree is not None else None
@@ -143,6 +147,12 @@ class EdgeSession:
             return False
         limit = self.plan.hidden_draft_budget if not self.committed else self.plan.lookahead_tokens
         return len(self.tail) < max(limit, 0)
+
+    @property
+    def cadence(self) -> int:
+        """Draft forwards (trees) or tokens (chains) per Drafts message: the plan's, or
+        ``drafts_every`` where that is more (fewer messages spare the cloud's host)."""
+        return max(1, self.plan.chunk_cadence_tokens, self.drafts_every)
 
     def draft_context(self) -> tuple[int, ...]:
         """The sequence the next draft extends: C followed by the tail."""
@@ -186,7 +196,9 @@ class EdgeSession:
             self.counters.drafted += added
             self.counters.discarded += 0 if tree.is_live(key) else 1
         self.tail = tree.best_path()
-        actions: list[Action] = list(self._send_tail()) if tree.unsent else []
+        self._held_forwards += 1
+        send = tree.unsent and (self._held_forwards >= self.cadence or not self.wants_draft())
+        actions: list[Action] = list(self._send_tail()) if send else []
         seq_len = len(self.committed) + len(self.tail)
         if seq_len - self._preview_len >= self.preview_every:
             self._preview_len = seq_len
@@ -203,8 +215,7 @@ class EdgeSession:
         self.counters.drafted += 1
         actions: list[Action] = []
         seq_len = len(self.committed) + len(self.tail)
-        cadence = max(1, self.plan.chunk_cadence_tokens)
-        if seq_len - self._sent_len >= cadence or not self.wants_draft():
+        if seq_len - self._sent_len >= self.cadence or not self.wants_draft():
             actions.extend(self._send_tail())
         if seq_len - self._preview_len >= self.preview_every:
             self._preview_len = seq_len
@@ -257,6 +268,7 @@ class EdgeSession:
 
     def _send_tail(self) -> list[Action]:
         self._sent_len = len(self.committed) + len(self.tail)
+        self._held_forwards = 0
         if self.tree is not None:
             messages = self.tree.flush(len(self.committed))
             self.counters.tails_sent += len(messages)

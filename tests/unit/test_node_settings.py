@@ -111,6 +111,7 @@ EDGE: dict[str, Case] = {
     "tree_top_k": ("--tree-top-k", "8", 8),
     "tree_per_forward": ("--tree-per-forward", "32", 32),
     "tree_branch_top_k": ("--tree-branch-top-k", "3", 3),
+    "drafts_every": ("--drafts-every", "3", 3),
     "speculation": ("--speculation", "always", "always"),
     "draft_engine": ("--draft-engine", "static", "static"),
     "draft_quant": ("--draft-quant", "int8", "int8"),

@@ -307,3 +307,22 @@ def test_stop_string_cuts_a_bulk_commit_where_target_only_stops() -> None:
                                lookahead=8, cadence=8)
     assert (cloud.committed, cloud.text(), cloud.finish_reason) == (
         reference.committed, reference.text(), reference.finish_reason)
+
+
+def test_a_tree_edge_holds_its_nodes_for_the_cadence_and_sends_them_together() -> None:
+    """``drafts_every`` 3: two forwards send nothing, the third sends the nodes of all
+    three in one message, parents first (fewer messages for the cloud's host to read)."""
+    edge = EdgeSession(plan=plan(4, 8, 1), max_new_tokens=64, eos_token_id=EOS,
+                       speculative=True, tree=TreeShape(node_budget=64, top_k=2, per_forward=1),
+                       drafts_every=3)
+    edge.on_prefill_done()
+    sent: list[DraftTail] = []
+    for forward in range(3):
+        wanted = edge.expansion()
+        actions = edge.on_expanded([k for k, _ in wanted],
+                                   [[(10 + forward, -0.1), (20 + forward, -3.0)]] * len(wanted))
+        sent += [a.tail for a in actions if isinstance(a, SendDrafts)]
+        assert (len(sent) > 0) == (forward == 2)
+    (message,) = sent
+    assert [n.token_id for n in message.nodes] == [10, 20, 11, 21, 12, 22]
+    assert edge.cadence == 3 and edge.tree is not None and edge.tree.unsent == 0
