@@ -66,6 +66,9 @@ class Setup:
     lookahead: int = 12
     max_verify: int = 8
     shape: TreeShape = DEFAULT_SHAPE
+    #: A session with no drafts when a step starts sits that step out (SpecEdge), at
+    #: most one step in a row, instead of stepping with none (issue 36 item 5).
+    sit_out: bool = False
 
 
 @dataclass
@@ -76,6 +79,7 @@ class Outcome:
     target_only_ms: float
     verified: int
     accepted: int
+    sat_out: int = 0
 
     @property
     def tokens_per_step(self) -> float:
@@ -136,7 +140,8 @@ def replay(setup: Setup, drafter: Drafter, answer: Sequence[int], *, trees: bool
             ok += 1
         return len(drafts), [*drafts[:ok], *answer[n + ok: n + ok + 1]]
 
-    steps = verified = accepted = 0
+    steps = verified = accepted = sat_out = 0
+    sitting = False
     drafting: Callable[[], list[object]] | None = None
     at(setup.prefill_ms, "step")
     at(setup.draft_prefill_ms, "edge_prefilled")
@@ -149,6 +154,12 @@ def replay(setup: Setup, drafter: Drafter, answer: Sequence[int], *, trees: bool
         elif kind == "step":  # the step reads the drafts here and commits step_ms later
             if not cloud.prefilled:
                 cloud.mark_prefilled(0.0)
+            elif setup.sit_out and not cloud.drafts_now() and not sitting:
+                sitting = True  # the batch steps without this session
+                sat_out += 1
+                at(now + setup.step_ms, "step")
+                continue
+            sitting = False
             at(now + setup.step_ms, "step_done", verify())
         elif kind == "step_done":
             v, tokens = payload
@@ -180,7 +191,7 @@ def replay(setup: Setup, drafter: Drafter, answer: Sequence[int], *, trees: bool
             at(now + setup.draft_ms, "forward_done")
     assert tuple(cloud.committed) == answer[: len(cloud.committed)], "lossless"
     target_only = setup.prefill_ms + len(answer) * setup.step_ms
-    return Outcome(steps, len(cloud.committed), now, target_only, verified, accepted)
+    return Outcome(steps, len(cloud.committed), now, target_only, verified, accepted, sat_out)
 
 
 def run(setup: Setup, seeds: int) -> dict[str, Any]:
@@ -189,6 +200,9 @@ def run(setup: Setup, seeds: int) -> dict[str, Any]:
         "alpha": setup.alpha, "coverage": setup.coverage, "rtt_ms": setup.rtt_ms,
         "step_ms": setup.step_ms, "draft_ms": setup.draft_ms, "tokens": setup.tokens,
         "tree": None if setup.coverage <= 0 else vars(setup.shape),
+        "sit_out": setup.sit_out,
+        "sat_out_share": (sum(o.sat_out for o in outs)
+                          / max(1, sum(o.steps + o.sat_out for o in outs))),
         "seeds": seeds,
         "tokens_per_step": statistics.median(o.tokens_per_step for o in outs),
         "speedup": statistics.median(o.speedup for o in outs),
@@ -212,6 +226,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                    help="the edge's depth cap below C's end")
     p.add_argument("--tree-branch-top-k", type=int, default=DEFAULT_SHAPE.branch_top_k)
     p.add_argument("--max-verify", type=int, default=8)
+    p.add_argument("--sit-out", action="store_true",
+                   help="also run each configuration with a session sitting out a step it "
+                        "has no drafts for (at most one in a row)")
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--out", type=Path, default=None, help="also write the runs here, stamped")
     a = p.parse_args(argv)
@@ -220,10 +237,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     runs = []
     for rtt in a.rtt_ms:
         for q in a.coverage:
-            setup = Setup(a.alpha, q, rtt, a.step_ms, a.draft_ms, tokens=a.tokens,
-                          max_verify=a.max_verify, shape=shape)
-            runs.append(run(setup, a.seeds))
-            print(json.dumps(runs[-1]))
+            for sit_out in (False, True) if a.sit_out else (False,):
+                setup = Setup(a.alpha, q, rtt, a.step_ms, a.draft_ms, tokens=a.tokens,
+                              max_verify=a.max_verify, shape=shape, sit_out=sit_out)
+                runs.append(run(setup, a.seeds))
+                print(json.dumps(runs[-1]))
     if a.out is not None:
         command = "python -m benchmarks.pipeline_sim " + " ".join(
             sys.argv[1:] if argv is None else argv)

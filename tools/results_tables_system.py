@@ -74,6 +74,8 @@ def pipeline_sim(runs: Named) -> list[str]:
             drafts = ("chains" if tree is None else
                       f"trees q = {s['coverage']:g}, {tree['node_budget']} nodes, top-"
                       f"{tree['top_k']}{branch}, {tree['per_forward']} per forward")
+            if s.get("sit_out"):
+                drafts += f"; sits out when dry ({s['sat_out_share']:.0%} of its steps)"
             rows.append((drafts, f"{s['step_ms']:g}", f"{s['draft_ms']:g}",
                          f"{s['rtt_ms']:g}", s["tokens"], f"{s['tokens_per_step']:.2f}",
                          f"{s['speedup']:.2f}", f"{s['accepted_over_verified']:.3f}"))

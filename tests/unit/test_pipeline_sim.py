@@ -33,3 +33,14 @@ def test_a_step_commits_when_it_ends_not_when_it_starts() -> None:
     out = simulate(setup, seed=3)
     assert out.tokens == 64
     assert out.ms == setup.prefill_ms + out.steps * setup.step_ms
+
+
+def test_a_session_that_sits_out_dry_steps_verifies_more_per_step_but_answers_later() -> None:
+    """SpecEdge's policy for a session with no drafts when a step starts: skip it (at
+    most one in a row). Its steps then verify more, and the session itself is slower."""
+    step = simulate(Setup(alpha=0.8, tokens=96, step_ms=19.0, rtt_ms=20.0), seed=4)
+    sit = simulate(Setup(alpha=0.8, tokens=96, step_ms=19.0, rtt_ms=20.0, sit_out=True), seed=4)
+    assert sit.tokens == step.tokens == 96
+    assert sit.sat_out > 0 and step.sat_out == 0
+    assert sit.tokens_per_step > step.tokens_per_step
+    assert sit.ms > step.ms
