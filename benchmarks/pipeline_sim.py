@@ -9,7 +9,8 @@ commit rules) against one fixed answer, with a link delay each way, a draft forw
 give when nothing else costs time. A step verifies the drafts the cloud holds when it
 starts and sends its Commit when it ends, ``step_ms`` later; the next step starts then.
 Checked against real processes on a CPU (a paced cloud at 26 ms a step, the oracle at
-3.39 ms a token, RTT 20 ms, chains): 1.91 tokens per step measured, 1.82-1.92 here.
+3.39 ms a token, RTT 20 ms, chains): 1.90 tokens per step measured
+(``benchmarks/results/e2e-cpu-paced-chains-step26.json``), 1.82-1.92 here.
 Greedy verification is exact, so tokens per step and the answer time are those of the
 real mechanism, bounded by nothing but the clock.
 
