@@ -19,7 +19,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from eventspec.edge.events.types import EVENT_DTYPE, sensor_size_of, sort_by_time, validate_events
-from eventspec.shared.contract.errors import EventSpecError, InvalidInput
+from eventspec.shared.contract.errors import EventSpecError, InvalidInput, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,17 @@ class FixedSensor:
     def has_rgb(self) -> bool:
         """Whether ``rgb_frames_between`` can ever return frames."""
         return self._has_rgb
+
+
+def existing_file(path: str | Path) -> Path:
+    """``path`` as a Path, or NotFound (nothing there) / InvalidInput (not a regular file),
+    naming it: every file reader checks this before it opens anything."""
+    p = Path(path)
+    if not p.exists():
+        raise NotFound(f"event file {p} does not exist")
+    if not p.is_file():
+        raise InvalidInput(f"event file {p} is not a regular file")
+    return p
 
 
 @contextmanager

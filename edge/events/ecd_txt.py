@@ -27,10 +27,10 @@ from typing import IO
 
 import numpy as np
 
-from eventspec.edge.events.base import ArraySource, SourceMeta, reading
+from eventspec.edge.events.base import ArraySource, SourceMeta, existing_file, reading
 from eventspec.edge.events.limits import SourceLimits
 from eventspec.edge.events.types import EVENT_DTYPE, make_events
-from eventspec.shared.contract.errors import InvalidInput, NotFound
+from eventspec.shared.contract.errors import InvalidInput
 
 #: Bytes of text parsed at a time: its float table is about twice as large (ECD lines
 #: are ~20 bytes, 4 floats of 8), and the count is checked after each block.
@@ -144,9 +144,7 @@ class EcdTextSource(ArraySource):
         sensor_size: tuple[int, int] | None = None,
         limits: SourceLimits | None = None,
     ) -> None:
-        p = Path(path)
-        if not p.is_file():
-            raise NotFound(f"event file {p} does not exist")
+        p = existing_file(path)
         with reading(p, "ECD text"):
             ev, name = _read_events(p, limits or SourceLimits())
         super().__init__(

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from eventspec.edge.events.base import ArraySource, SourceMeta, reading
+from eventspec.edge.events.base import ArraySource, SourceMeta, existing_file, reading
 from eventspec.edge.events.limits import SourceLimits
 from eventspec.edge.events.types import EVENT_DTYPE
-from eventspec.shared.contract.errors import InvalidInput, NotFound
+from eventspec.shared.contract.errors import InvalidInput
 
 NMNIST_SIZE = (34, 34)
 _OVERFLOW_Y = 240
@@ -65,9 +65,7 @@ class NmnistBinSource(ArraySource):
         sensor_size: tuple[int, int] | None = None,
         limits: SourceLimits | None = None,
     ) -> None:
-        p = Path(path)
-        if not p.is_file():
-            raise NotFound(f"event file {p} does not exist")
+        p = existing_file(path)
         with reading(p, "N-MNIST .bin"):
             ev = read_nmnist_bin(p, limits)
         if ev.size == 0:

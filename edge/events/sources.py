@@ -31,6 +31,7 @@ from eventspec.edge.events.base import (
     RgbIndex,
     SourceMeta,
     check_range,
+    existing_file,
     reading,
 )
 from eventspec.edge.events.detect import check_forced_kind, detect_kind
@@ -43,7 +44,7 @@ from eventspec.edge.events.prophesee_raw import PropheseeRawSource
 from eventspec.edge.events.synthetic import SceneSpec, ShapeSpec, SyntheticSource
 from eventspec.edge.events.toy import ToySource, parse_toy_spec
 from eventspec.edge.events.types import coerce_events
-from eventspec.shared.contract.errors import EventSpecError, InvalidInput, NotFound
+from eventspec.shared.contract.errors import EventSpecError, InvalidInput
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ class NpzSource(ArraySource):
         sensor_size: tuple[int, int] | None = None,
         limits: SourceLimits | None = None,
     ) -> None:
-        path = _existing_file(path)
+        path = existing_file(path)
         with reading(path, "npz/npy"):
             events = _npz_events(path, limits or SourceLimits())
             _require_time_order(events, path)
@@ -189,7 +190,7 @@ class EventGptNpySource(ArraySource):
         sensor_size: tuple[int, int] | None = None,
         limits: SourceLimits | None = None,
     ) -> None:
-        path = _existing_file(path)
+        path = existing_file(path)
         if not allow_pickle:
             raise InvalidInput(
                 f"{path} is an EventGPT .npy holding a pickled object; loading it runs code "
@@ -231,7 +232,7 @@ def _pickled_events(path: Path, limits: SourceLimits) -> np.ndarray:
 
 def npy_needs_pickle(path: str | Path) -> bool:
     """Whether a ``.npy`` holds Python objects, read from its header alone (no unpickling)."""
-    path = _existing_file(path)
+    path = existing_file(path)
     try:
         with path.open("rb") as fh:
             version = np.lib.format.read_magic(fh)
@@ -354,15 +355,6 @@ def parse_sensor_size(text: str) -> tuple[int, int]:
     if not sep or not w.strip().isdigit() or not h.strip().isdigit() or not int(w) or not int(h):
         raise InvalidInput(f"sensor size must be WIDTHxHEIGHT, e.g. 640x480; got {text!r}")
     return int(w), int(h)
-
-
-def _existing_file(path: str | Path) -> Path:
-    p = Path(path)
-    if not p.exists():
-        raise NotFound(f"event file {p} does not exist")
-    if not p.is_file():
-        raise InvalidInput(f"event file {p} is not a regular file")
-    return p
 
 
 def _np_load(path: Path) -> np.ndarray | np.lib.npyio.NpzFile:
