@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from eventspec.shared.contract.types import ROOT, DraftNode, DraftTail
@@ -144,28 +144,23 @@ class EdgeTree:
     def best_path(self) -> list[int]:
         """The likeliest path below C's end, child by child: what the cloud verifies next
         (the edge's preview)."""
-        out: list[int] = []
         if self._pending:
-            return out
+            return []
+        return [self._nodes[nid].token for nid in self._likeliest_ids()]
+
+    def _likeliest_ids(self) -> Iterator[int]:
+        """The nodes of the likeliest path below C's end, child by child: the child with
+        the highest log-probability (the newest on a tie)."""
         kids = self._kids(self.anchor)
         while kids:
-            tok, nid = max(kids.items(), key=lambda kv: (self._nodes[kv[1]].logprob, kv[1]))
-            out.append(tok)
+            nid = max(kids.values(), key=lambda i: (self._nodes[i].logprob, i))
+            yield nid
             kids = self._nodes[nid].children
-        return out
 
     def _on_best_path(self, key: Key) -> bool:
         """``key`` is C's end or on the likeliest path below it (where the next step's
         rejection can land, so its siblings are worth drafting)."""
-        if key == self.anchor:
-            return True
-        kids = self._kids(self.anchor)
-        while kids:
-            _, nid = max(kids.items(), key=lambda kv: (self._nodes[kv[1]].logprob, kv[1]))
-            if nid == key:
-                return True
-            kids = self._nodes[nid].children
-        return False
+        return key == self.anchor or (isinstance(key, int) and key in self._likeliest_ids())
 
     def cloud_live(self) -> int:
         """An upper bound of the nodes the cloud holds live now: sent or about to be, at
