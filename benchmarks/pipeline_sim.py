@@ -81,6 +81,7 @@ class Outcome:
     verified: int
     accepted: int
     sat_out: int = 0
+    nodes_sent: int = 0
 
     @property
     def tokens_per_step(self) -> float:
@@ -192,7 +193,9 @@ def replay(setup: Setup, drafter: Drafter, answer: Sequence[int], *, trees: bool
             at(now + setup.draft_ms, "forward_done")
     assert tuple(cloud.committed) == answer[: len(cloud.committed)], "lossless"
     target_only = setup.prefill_ms + len(answer) * setup.step_ms
-    return Outcome(steps, len(cloud.committed), now, target_only, verified, accepted, sat_out)
+    nodes = edge.tree.nodes_sent if edge.tree is not None else 0
+    return Outcome(steps, len(cloud.committed), now, target_only, verified, accepted, sat_out,
+                   nodes)
 
 
 def run(setup: Setup, seeds: int) -> dict[str, Any]:
@@ -202,6 +205,8 @@ def run(setup: Setup, seeds: int) -> dict[str, Any]:
         "step_ms": setup.step_ms, "draft_ms": setup.draft_ms, "tokens": setup.tokens,
         "tree": None if setup.coverage <= 0 else vars(setup.shape),
         "sit_out": setup.sit_out,
+        "nodes_sent_per_step": (sum(o.nodes_sent for o in outs)
+                                / max(1, sum(o.steps for o in outs))),
         "sat_out_share": (sum(o.sat_out for o in outs)
                           / max(1, sum(o.steps + o.sat_out for o in outs))),
         "seeds": seeds,

@@ -57,8 +57,8 @@ def test_off_the_likeliest_path_a_node_keeps_its_top_branch_children() -> None:
     """The anchor and the likeliest path branch into the top k; a node off it (a sibling,
     where a rejection lands) grows its top ``branch_top_k`` only: a chain under each
     sibling carries the next step on after a rejection, and its own siblings (second
-    order) are not worth their nodes (benchmarks/pipeline_sim.py: 2.03 tokens a step at
-    48 nodes a step, against 1.90 at 86 with every node branching, 128 nodes, 19 ms)."""
+    order) are not worth their nodes (benchmarks/pipeline_sim.py: 2.06 tokens a step at
+    48 nodes a step, against 2.00 at 87 with every node branching, 128 nodes, 19 ms)."""
     t = EdgeTree(shape=TreeShape(top_k=3, branch_top_k=1))
     assert t.expand(("root", 0), kids(10, 20, 30)) == 3
     assert t.expand(0, kids(11, 21, 31)) == 3, "on the likeliest path: the top 3"
