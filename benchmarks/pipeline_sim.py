@@ -70,6 +70,8 @@ class Setup:
     #: A session with no drafts when a step starts sits that step out (SpecEdge), at
     #: most one step in a row, instead of stepping with none (issue 36 item 5).
     sit_out: bool = False
+    #: The edge's ``--drafts-every``: draft forwards (chains: tokens) per message.
+    drafts_every: int = 1
 
 
 @dataclass
@@ -115,7 +117,8 @@ def replay(setup: Setup, drafter: Drafter, answer: Sequence[int], *, trees: bool
     plan = TimingPlan(True, 4, setup.lookahead, 1, False, setup.alpha, setup.prefill_ms,
                       setup.step_ms, 1.0, "simulated")
     edge = EdgeSession(plan=plan, max_new_tokens=len(answer), eos_token_id=eos,
-                       speculative=True, tree=setup.shape if trees else None)
+                       speculative=True, tree=setup.shape if trees else None,
+                       drafts_every=setup.drafts_every)
     cloud = DecodingSession(settings=GenerationSettings(max_new_tokens=len(answer)), slot=0,
                             prompt_len=1, max_seq_len=len(answer) + 2, eos_token_id=eos,
                             max_verify_tokens=setup.max_verify + 1, decode=lambda ids: "",

@@ -62,6 +62,21 @@ def e2e_capacity(runs: Named) -> list[str]:
         "accepted ÷ verified", "drafts on offer / step", "identical share"], rows)
 
 
+def e2e_clock(runs: Named) -> list[str]:
+    """Capacity points against the virtual clock at their own step length
+    (``benchmarks/e2e_clock.py``): achieved ÷ predicted tokens per step."""
+    rows = []
+    for _, r in runs:
+        for p in r["rows"]:
+            rows.append((p["file"].removesuffix(".json"), p["clients"], p["max_new_tokens"],
+                         f"{p['spec_step_ms']:.1f}", f"{p['target_step_ms']:.1f}",
+                         f"{p['achieved_tokens_per_step']:.2f}",
+                         f"{p['predicted_tokens_per_step']:.2f}",
+                         dash(p["achieved_over_predicted"], ".2f")))
+    return table(["run", "N", "answer tokens", "spec step ms", "target-only step ms",
+                  "tokens / step", "clock's tokens / step", "achieved ÷ predicted"], rows)
+
+
 def pipeline_sim(runs: Named) -> list[str]:
     """The pipeline on a virtual clock (``benchmarks/pipeline_sim.py``): trees against
     chains with nothing but the paces and the link costing time."""
@@ -267,6 +282,7 @@ KINDS: dict[str, Callable[[Named], list[str]]] = {
     "e2e-points": e2e_points,
     "e2e-capacity": e2e_capacity,
     "pipeline-sim": pipeline_sim,
+    "e2e-clock": e2e_clock,
     "tree-coverage": tree_coverage,
     "e2e-uplink": e2e_uplink,
     "e2e-drafter": e2e_drafter,
