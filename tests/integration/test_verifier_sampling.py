@@ -4,8 +4,10 @@ The statistical test drives the pure ``DecodingSession`` with the real ``HFEngin
 the ``BatchedSampler`` on the tiny target (no gRPC, for speed), exactly as the scheduler
 does: every sampler call is a mixed batch, with a greedy session and another sampling
 session beside the one under test. It samples the first two answer tokens under many
-seeds with no drafts, with the target's greedy drafts and with plausible wrong drafts,
-and compares the empirical joint distribution of (token 1, token 2) with the exact one
+seeds with no drafts, with the target's greedy drafts, with plausible wrong drafts, and
+with a tree sent once before the prefill (two roots, each with a child, so a rejected
+first draft whose correction is the sibling continues down the sibling's branch at the
+next step without a new message: docs/trees.md), and compares the empirical joint distribution of (token 1, token 2) with the exact one
 computed from the target's logits (chi-square). The same test is shown to reject a
 sampler that resamples rejected drafts from p without removing the draft (the classic
 rejection-sampling bug), so it has the power to catch a wrong verifier (Leviathan et al.
@@ -32,7 +34,7 @@ from eventspec.cloud.sampler import BatchedSampler, SampleSpec, make_generator
 from eventspec.cloud.server import VerifierServer
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_target import build_tiny_random_target
-from eventspec.shared.contract.types import DraftTail, GenerationSettings
+from eventspec.shared.contract.types import ROOT, DraftNode, DraftTail, GenerationSettings
 from eventspec.shared.node.static.batch import StepBatch
 from tests.support import cloud_harness as h
 from tests.support.sampling import target_probs
@@ -108,10 +110,25 @@ def _mixed(sampler: BatchedSampler, rows: torch.Tensor, spec: SampleSpec,
     return verdict.accepted, verdict.tokens
 
 
+def _tree(s: Setup) -> tuple[DraftTail, dict[int, int]]:
+    """One message of four nodes: the two likeliest first tokens (rank 0 the likelier by
+    its draft log-prob, so it is verified first), under rank 0 the second token's rank 0
+    and under rank 1 its rank 1 (a branch whose child is often wrong). Returns the tail
+    and, per first token, the child drafted under it."""
+    r0, r1 = _ranked(s.p1, 0), _ranked(s.p1, 1)
+    under = {r0: _ranked(s.p2[r0], 0), r1: _ranked(s.p2[r1], 1)}
+    nodes = (DraftNode(0, ROOT, r0, -0.5), DraftNode(1, ROOT, r1, -1.5),
+             DraftNode(2, 0, under[r0], -0.7), DraftNode(3, 1, under[r1], -2.0))
+    return DraftTail(0, (), nodes=nodes), under
+
+
 def _sample_pairs(s: Setup, drafts: str, sampler: BatchedSampler,
-                  n: int = N_SAMPLES) -> Counter[Pair]:
-    """Sample (t1, t2) n times; ``drafts``: none, greedy (rank 0) or wrong (rank 1)."""
-    rank = {"none": None, "greedy": 0, "wrong": 1}[drafts]
+                  n: int = N_SAMPLES, branches: Counter[str] | None = None) -> Counter[Pair]:
+    """Sample (t1, t2) n times; ``drafts``: none, greedy (rank 0), wrong (rank 1) or tree
+    (:func:`_tree`, sent once before the prefill). ``branches`` counts, for the tree, the
+    second steps that verified the likelier branch, the sibling's, or nothing."""
+    rank = {"none": None, "greedy": 0, "wrong": 1, "tree": None}[drafts]
+    tree, under = _tree(s)
     counts: Counter[Pair] = Counter()
     noise = torch.randn(5, s.prefill_logits.shape[1], generator=torch.Generator().manual_seed(1))
     for seed in range(n):
@@ -125,6 +142,8 @@ def _sample_pairs(s: Setup, drafts: str, sampler: BatchedSampler,
         gen = make_generator(seed)
         if rank is not None:  # a hidden draft for token 1, verified against the prefill row
             assert session.offer_drafts(DraftTail(0, (_ranked(s.p1, rank),)))
+        elif drafts == "tree":
+            assert session.offer_drafts(tree)
         session.mark_prefilled(0.0)
         first = session.drafts_now()
         a, toks = _mixed(sampler, s.prefill_logits, SampleSpec(1, first, TEMPERATURE, TOP_P, gen),
@@ -135,7 +154,14 @@ def _sample_pairs(s: Setup, drafts: str, sampler: BatchedSampler,
                 t1 = session.committed[0]
                 assert session.offer_drafts(DraftTail(1, (_ranked(s.p2[t1], rank),)))
             step = session.step_input()
-            assert len(step.drafts) == (0 if rank is None else 1)
+            if drafts == "tree":  # no new message: the branch under t1, if any
+                t1 = session.committed[0]
+                assert list(step.drafts) == ([under[t1]] if t1 in under else [])
+                if branches is not None:
+                    branches["sibling" if t1 == _ranked(s.p1, 1)
+                             else "likelier" if t1 in under else "none"] += 1
+            else:
+                assert len(step.drafts) == (0 if rank is None else 1)
             batch = StepBatch((0,), (step.start_position,), (len(step.tokens),),
                               torch.tensor(step.tokens))
             rows = s.engine.step(batch)  # [1 + drafts, V]
@@ -185,11 +211,15 @@ def _tv(counts: Counter[object], exact: dict[object, float], n: int) -> float:
     return 0.5 * sum(abs(counts.get(k, 0) / n - exact.get(k, 0.0)) for k in keys)
 
 
-@pytest.mark.parametrize("drafts", ["none", "greedy", "wrong"])
+@pytest.mark.parametrize("drafts", ["none", "greedy", "wrong", "tree"])
 def test_first_two_tokens_follow_the_target_distribution(setup: Setup, drafts: str) -> None:
     joint = setup.joint()
     assert math.isclose(sum(joint.values()), 1.0, rel_tol=1e-6)
-    counts = _sample_pairs(setup, drafts, BatchedSampler(setup.target.text_vocab_size))
+    branches: Counter[str] = Counter()
+    counts = _sample_pairs(setup, drafts, BatchedSampler(setup.target.text_vocab_size),
+                           branches=branches)
+    if drafts == "tree":  # both branches were taken often enough to matter
+        assert branches["likelier"] > 50 and branches["sibling"] > 50, branches
     p_joint = _chi_square_p(counts, joint, N_SAMPLES)  # type: ignore[arg-type]
     second, second_exact = _second(counts), _second_exact(joint)
     p_second = _chi_square_p(second, second_exact, N_SAMPLES)  # type: ignore[arg-type]
@@ -206,8 +236,9 @@ class _ResamplesFromP(BatchedSampler):
         return dist
 
 
-def test_the_statistic_catches_a_wrong_rejection_sampler(setup: Setup) -> None:
-    counts = _sample_pairs(setup, "greedy", _ResamplesFromP(setup.target.text_vocab_size))
+@pytest.mark.parametrize("drafts", ["greedy", "tree"])
+def test_the_statistic_catches_a_wrong_rejection_sampler(setup: Setup, drafts: str) -> None:
+    counts = _sample_pairs(setup, drafts, _ResamplesFromP(setup.target.text_vocab_size))
     p = _chi_square_p(counts, setup.joint(), N_SAMPLES)  # type: ignore[arg-type]
     assert p < 1e-6, f"a wrong verifier passed the chi-square test (p={p:.2e})"
 
