@@ -29,7 +29,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -37,9 +37,6 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from eventspec.shared.contract.errors import FailedPrecondition, InvalidInput, NotFound
-
-if TYPE_CHECKING:
-    from eventspec.edge.vision_backend import Aligner
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter.safetensors"
@@ -82,6 +79,20 @@ class AdapterConfig:
     @property
     def dst(self) -> Geometry:
         return self.dst_frames, self.dst_tokens, self.dst_dim
+
+
+class Aligner(Protocol):
+    """The feature adapter: EventGPT's CLIP features -> the cloud's video features.
+
+    :class:`FeatureAdapter` is one (an ``nn.Module`` is callable);
+    ``config`` gives the geometry the cloud's is checked against.
+    """
+
+    config: AdapterConfig
+
+    def __call__(self, features: torch.Tensor) -> torch.Tensor:
+        """[F_s, T_s, D_s] -> [F_t, T_t, D_t]."""
+        ...
 
 
 class FeatureAdapter(nn.Module):

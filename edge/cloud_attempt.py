@@ -13,7 +13,8 @@ decisions are the ``EdgeSession``'s (``eventspec.edge.session``): an attempt wai
 the three things that can happen at any time (a cloud reply, the end of the draft
 prefill, a draft token) and carries out what the session asks. Kept apart from
 ``eventspec.edge.agent``, which checks the Ask, waits for the cloud and a place in line,
-and prepares the visual input before any attempt starts.
+and prepares the visual input before any attempt starts; the attempt sees that agent
+only as an ``AttemptHost`` (``eventspec.edge.attempt_host``), so it never imports it.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from eventspec.edge.attempt_host import AttemptHost
 from eventspec.edge.cloud_wait import first_reply
 from eventspec.edge.draft_only import decode_after
 from eventspec.edge.draft_tree import Key, TreeShape
@@ -63,9 +65,6 @@ from eventspec.shared.contract.types import (
 )
 from eventspec.shared.node.tracing import current_request_span
 
-if TYPE_CHECKING:
-    from eventspec.edge.agent import EdgeAgent
-
 
 class CloudAttempt:
     """One Generate call answering ``spec``, driving an ``EdgeSession``.
@@ -75,7 +74,7 @@ class CloudAttempt:
     drafter and the stream. :meth:`run` then streams the client's events.
     """
 
-    def __init__(self, agent: EdgeAgent, spec: AskSpec, info: ServerInfo,
+    def __init__(self, agent: AttemptHost, spec: AskSpec, info: ServerInfo,
                  prepared: PreparedVisual, request_id: str) -> None:
         assert agent.link is not None
         self.agent = agent

@@ -8,21 +8,24 @@ here, so the same drafts come from either runtime:
 
 - :class:`VisionBackend`: CLIP features and event tokens, held by the DraftModel
   (``draft.vision``);
-- :class:`Aligner`: the adapter, held by the agent in place of the torch module.
+- :class:`Aligner`: the adapter, held by the agent in place of the torch module
+  (defined beside the adapter and its config, :mod:`eventspec.edge.align`, and named
+  here too).
 
 The torch implementations wrap the loaded modules; the ONNX Runtime ones live in
-:mod:`eventspec.edge.onnx_vision`.
+:mod:`eventspec.edge.onnx_vision`. This module sits below the models it fronts:
+:class:`TorchVision` reads the model through :class:`VisionModel`, so
+:mod:`eventspec.edge.draft` can build one without this module importing it back.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from eventspec.edge.align import AdapterConfig
-    from eventspec.edge.draft import EventGPTForCausalLM
+from eventspec.edge.align import Aligner as Aligner
+
 
 class VisionBackend(Protocol):
     """EventGPT's vision path: CLIP, then projector + feature adaptor + pooling."""
@@ -40,17 +43,22 @@ class VisionBackend(Protocol):
         ...
 
 
-class Aligner(Protocol):
-    """The feature adapter: EventGPT's CLIP features -> the cloud's video features.
+class VisionModel(Protocol):
+    """What :class:`TorchVision` runs: EventGPT's model
+    (:class:`~eventspec.edge.draft.EventGPTForCausalLM`) is one."""
 
-    :class:`~eventspec.edge.align.FeatureAdapter` is one (an ``nn.Module`` is callable);
-    ``config`` gives the geometry the cloud's is checked against.
-    """
+    @property
+    def device(self) -> torch.device: ...
 
-    config: AdapterConfig
+    @property
+    def dtype(self) -> torch.dtype: ...
 
-    def __call__(self, features: torch.Tensor) -> torch.Tensor:
-        """[F_s, T_s, D_s] -> [F_t, T_t, D_t]."""
+    def clip_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """[N, 3, S, S] -> CLIP last layer [N, T, Dv]."""
+        ...
+
+    def event_tokens(self, clip_features: torch.Tensor) -> torch.Tensor:
+        """[F, T, Dv] on the model's device and dtype -> [F + T, H] event embeddings."""
         ...
 
 
@@ -59,7 +67,7 @@ class TorchVision:
 
     name = "torch"
 
-    def __init__(self, model: EventGPTForCausalLM) -> None:
+    def __init__(self, model: VisionModel) -> None:
         self.model = model
 
     def clip_features(self, pixel_values: torch.Tensor) -> torch.Tensor:

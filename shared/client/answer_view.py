@@ -1,6 +1,9 @@
-"""How an answer is shown: the live terminal view, plain streaming, the table, ``--json``.
+"""How an answer is shown: the live terminal view, plain streaming, the table, ``--json``,
+the ``--timeline`` picture.
 
-Used by ``eventspec ask`` and ``eventspec demo``. No torch, nothing of the demo world.
+Used by ``eventspec ask`` and ``eventspec demo``, which both import it and neither the
+other. No torch, nothing of the demo world; the plotting module (matplotlib) is loaded
+only when :func:`write_timeline` draws.
 
 The views are pure: each method takes an event and returns the text to write, so what
 a terminal receives is testable without one. :class:`LiveView` redraws the whole answer
@@ -15,8 +18,10 @@ import dataclasses
 import math
 import os
 import shutil
+import sys
 import unicodedata
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 import grpc
@@ -327,3 +332,21 @@ async def stream_answer(client: EdgeClient, spec: AskSpec, out: TextIO, view: An
     out.write(view.finish(final, suffix))
     out.flush()
     return final
+
+
+def write_timeline(final: FinalEvent, path: Path, *, title: str) -> int:
+    """Draw ``final``'s timeline to ``path`` (``--timeline``); 1 when it cannot be."""
+    from eventspec.shared.client.timeline_plot import TimelineUnavailable, draw
+
+    if final.timeline is None:
+        print("error: the edge sent no timeline (an edge older than this client?)",
+              file=sys.stderr)
+        return 1
+    try:
+        lanes = draw(final.timeline, path, title=title)
+    except (TimelineUnavailable, OSError, ValueError) as exc:
+        print(f"error: --timeline {path}: {exc}", file=sys.stderr)
+        return 1
+    print(f"timeline: {path} ({len(lanes)} lanes, {sum(lanes.values())} events)",
+          file=sys.stderr)
+    return 0

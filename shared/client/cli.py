@@ -32,6 +32,7 @@ from eventspec.shared.client.answer_view import (
     stream_answer,
     wants_colour,
     wants_live,
+    write_timeline,
 )
 from eventspec.shared.client.ask_args import (
     INT32_MAX,
@@ -48,7 +49,6 @@ from eventspec.shared.client.edge_client import AskError, EdgeClient
 from eventspec.shared.contract.types import (
     AskSpec,
     FeatureMode,
-    FinalEvent,
     GenerationSettings,
     Mode,
 )
@@ -156,24 +156,6 @@ async def _ask(args: argparse.Namespace, spec: AskSpec, view: AnswerView | None)
     if args.timeline is not None:
         return write_timeline(final, args.timeline, title=f"{spec.mode.name.lower()}: "
                                                           f"{spec.question[:80]!r}")
-    return 0
-
-
-def write_timeline(final: FinalEvent, path: Path, *, title: str) -> int:
-    """Draw ``final``'s timeline to ``path`` (``--timeline``); 1 when it cannot be."""
-    from eventspec.shared.client.timeline_plot import TimelineUnavailable, draw
-
-    if final.timeline is None:
-        print("error: the edge sent no timeline (an edge older than this client?)",
-              file=sys.stderr)
-        return 1
-    try:
-        lanes = draw(final.timeline, path, title=title)
-    except (TimelineUnavailable, OSError, ValueError) as exc:
-        print(f"error: --timeline {path}: {exc}", file=sys.stderr)
-        return 1
-    print(f"timeline: {path} ({len(lanes)} lanes, {sum(lanes.values())} events)",
-          file=sys.stderr)
     return 0
 
 

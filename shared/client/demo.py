@@ -34,6 +34,7 @@ from eventspec.shared.client.answer_view import (
     stream_answer,
     wants_colour,
     wants_live,
+    write_timeline,
 )
 from eventspec.shared.client.edge_client import AskError, EdgeClient
 from eventspec.shared.client.launch import start_node, stop_node, wait_for_port
@@ -196,12 +197,10 @@ def _report(args: argparse.Namespace, runs: DemoRuns) -> int:
         if truth is not None:
             out["truth"], out["correct"] = truth[1], correct
         print(json.dumps(out))
-        if runs.timeline is not None:
-            from eventspec.shared.client.cli import write_timeline
-
-            if write_timeline(runs.timeline, args.timeline,
-                              title=f"speculative: {args.question[:80]!r} (eventspec demo)"):
-                return 1
+        if runs.timeline is not None and write_timeline(
+                runs.timeline, args.timeline,
+                title=f"speculative: {args.question[:80]!r} (eventspec demo)"):
+            return 1
         return 0 if identical else 3
     print(f"question:     {args.question}")
     if truth is not None:
@@ -225,8 +224,6 @@ def _report(args: argparse.Namespace, runs: DemoRuns) -> int:
     print("median speculative run:")
     print(stats_table(spec_final))
     if runs.timeline is not None:
-        from eventspec.shared.client.cli import write_timeline
-
         if write_timeline(runs.timeline, args.timeline,
                           title=f"speculative: {args.question[:80]!r} (eventspec demo)"):
             return 1

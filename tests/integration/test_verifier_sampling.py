@@ -7,8 +7,9 @@ session beside the one under test. It samples the first two answer tokens under 
 seeds with no drafts, with the target's greedy drafts, with plausible wrong drafts, and
 with a tree sent once before the prefill (two roots, each with a child, so a rejected
 first draft whose correction is the sibling continues down the sibling's branch at the
-next step without a new message: docs/trees.md), and compares the empirical joint distribution of (token 1, token 2) with the exact one
-computed from the target's logits (chi-square). The same test is shown to reject a
+next step without a new message: docs/trees.md), and compares the empirical joint
+distribution of (token 1, token 2) with the exact one computed from the target's logits
+(chi-square). The same test is shown to reject a
 sampler that resamples rejected drafts from p without removing the draft (the classic
 rejection-sampling bug), so it has the power to catch a wrong verifier (Leviathan et al.
 2023, Alg. 1; Chen et al. 2023, Alg. 2).

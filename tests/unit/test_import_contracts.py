@@ -1,5 +1,6 @@
 """The import-linter contracts in pyproject.toml have teeth: they hold on the tree, and
-they fail when an upward import is planted in a copy of it (docs/layout.md's floors)."""
+they fail when an upward import is planted in a copy of it (docs/layout.md's floors).
+And no modules import each other in a circle, ``if TYPE_CHECKING:`` imports included."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -73,3 +75,80 @@ def test_contracts_hold_and_fail_on_planted_upward_imports(tmp_path: Path) -> No
             + planted.stdout[-3000:])
     kept = [ln for ln in planted.stdout.splitlines() if ln.endswith("KEPT")]
     assert not any(c in " ".join(kept) for _, _, c in PLANTED)
+
+
+def import_cycles(graph: Any) -> list[list[str]]:
+    """The graph's strongly connected components of more than one module (Tarjan's,
+    iterative): each is a set of modules that import each other in a circle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    for root in sorted(graph.modules):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append(
+                        (child, iter(sorted(graph.find_modules_directly_imported_by(child)))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
+def _describe(graph: Any, cycle: list[str]) -> str:
+    lines = [" <-> ".join(cycle)]
+    for importer in cycle:
+        for imported in cycle:
+            if graph.direct_import_exists(importer=importer, imported=imported):
+                for d in graph.get_import_details(importer=importer, imported=imported):
+                    lines.append(f"  {importer}:{d['line_number']}: {d['line_contents']}")
+    return "\n".join(lines)
+
+
+def test_import_cycles_finds_a_planted_circle() -> None:
+    grimp = pytest.importorskip("grimp")
+    graph = grimp.ImportGraph()
+    for name in ("a", "b", "c", "d"):
+        graph.add_module(name)
+    graph.add_import(importer="a", imported="b")
+    graph.add_import(importer="b", imported="c")
+    graph.add_import(importer="c", imported="a")
+    graph.add_import(importer="c", imported="d")
+    assert import_cycles(graph) == [["a", "b", "c"]]
+
+
+def test_no_import_cycles() -> None:
+    """Every module's imports point one way, type-only ones too: a circle means two
+    modules that cannot be understood, tested or moved apart (issue 37)."""
+    grimp = pytest.importorskip("grimp")
+    roots = PYPROJECT["tool"]["importlinter"]["root_packages"]
+    graph = grimp.build_graph(*roots, cache_dir=None)
+    assert len(graph.modules) > 100, sorted(graph.modules)  # the packages were found
+    cycles = import_cycles(graph)
+    assert not cycles, "import cycles:\n" + "\n".join(_describe(graph, c) for c in cycles)

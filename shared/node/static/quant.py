@@ -32,17 +32,24 @@ candidate; its int4 path needs a package that cannot be installed on these machi
 
 The LM head stays in the model's dtype: its logits decide every draft, and at 7B it is
 ~0.26 GB, under a tenth of the int4 decoder's bytes.
+
+The storage types (``Int8Weight``, ``Int4Weight``, ``Weight``) live in
+:mod:`.weight_formats`, below both this module and :mod:`.weights`, and are named from
+here too.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Final
 
 import torch
 
 from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.node.static.weight_formats import Int4Weight as Int4Weight
+from eventspec.shared.node.static.weight_formats import Int8Weight as Int8Weight
+from eventspec.shared.node.static.weight_formats import Weight as Weight
 from eventspec.shared.node.static.weights import LanguageWeights, LayerWeights
 
 #: int4 group sizes tried, largest first (128 is gpt-fast's and GPTQ's default).
@@ -65,61 +72,6 @@ class QuantMode(enum.Enum):
         except ValueError:
             choices = ", ".join(m.value for m in cls)
             raise InvalidInput(f"draft quantisation {value!r} is not one of {choices}") from None
-
-
-@dataclass(frozen=True)
-class Int8Weight:
-    """A linear weight [N, K] as int8 rows and one scale per row."""
-
-    q: torch.Tensor  # [N, K] int8
-    scales: torch.Tensor  # [N], the activations' dtype
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return int(self.q.shape[0]), int(self.q.shape[1])
-
-    @property
-    def nbytes(self) -> int:
-        return self.q.numel() + self.scales.numel() * self.scales.element_size()
-
-    def dequantize(self) -> torch.Tensor:
-        """[N, K] float32: what the kernels multiply by (the tests' reference)."""
-        return self.q.float() * self.scales.float()[:, None]
-
-
-@dataclass(frozen=True)
-class Int4Weight:
-    """A linear weight [N, K] in core's packed int4 layout for its device."""
-
-    packed: torch.Tensor  # device-specific packing of [N, K] 4-bit values
-    scales_and_zeros: torch.Tensor  # [K / g, N, 2], the activations' dtype
-    group_size: int
-    out_features: int
-    in_features: int
-    #: The unpacked 4-bit values [N, K] uint8, kept only when asked (tests' reference).
-    values: torch.Tensor | None = None
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.out_features, self.in_features
-
-    @property
-    def nbytes(self) -> int:
-        sz = self.scales_and_zeros
-        return self.packed.numel() * self.packed.element_size() + sz.numel() * sz.element_size()
-
-    def dequantize(self) -> torch.Tensor:
-        """[N, K] float32 from the kept values (quantise with ``keep_values=True``)."""
-        if self.values is None:
-            raise InvalidInput("this int4 weight was packed without its values")
-        n, k, g = self.out_features, self.in_features, self.group_size
-        sz = self.scales_and_zeros.float().transpose(0, 1)  # [N, K/g, 2]
-        q = self.values.float().view(n, k // g, g)  # [N, K/g, g]
-        return ((q - 8) * sz[..., :1] + sz[..., 1:]).view(n, k)
-
-
-Weight = torch.Tensor | Int8Weight | Int4Weight
-"""A linear weight as the runtime holds it: dense [N, K], or quantised."""
 
 
 def quantize_int8(w: torch.Tensor) -> Int8Weight:

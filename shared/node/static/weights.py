@@ -19,12 +19,11 @@ the cast: normalise in float32, cast back, then scale by the weight.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from eventspec.shared.node.static.quant import Weight
+from eventspec.shared.node.static.weight_formats import Weight
 
 #: Rope variants whose frequencies depend on the running sequence length: a table
 #: computed once cannot reproduce them.
@@ -34,7 +33,7 @@ _DYNAMIC_ROPE = ("dynamic", "longrope")
 @dataclass(frozen=True)
 class LayerWeights:
     """One decoder layer; every matrix is [out, in] as in ``nn.Linear``, dense or
-    weight-only quantised (:mod:`.quant`)."""
+    weight-only quantised (:mod:`.weight_formats`, :mod:`.quant`)."""
 
     ln_attn: torch.Tensor  # [H]
     wqkv: Weight  # [(Hq + 2 Hkv) D, H]
