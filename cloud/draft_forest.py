@@ -37,7 +37,7 @@ __all__ = ["KEEP_BEHIND", "DraftForest"]
 KEEP_BEHIND = 64
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Node:
     token: int  # -1 for the virtual parent of a base's roots
     pos: int  # position in the answer (C[pos] if on C)

@@ -28,6 +28,7 @@ late and may still be extending a node C went through (the cloud's tree decides)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from eventspec.cloud.draft_forest import KEEP_BEHIND
@@ -35,6 +36,21 @@ from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.contract.types import ROOT, DraftNode, DraftTail
 
 __all__ = ["TreeChecks"]
+
+
+#: A node's attribute -> its column in the wire's packed form (``Drafts.node_ids``...).
+_COLUMN = {"id": "node_ids", "parent": "node_parents", "token_id": "node_tokens",
+           "logprob": "node_logprobs"}
+
+
+def _node_name(i: int, attr: str) -> str:
+    """The field of node ``i`` sent as a ``DraftNode`` message (``attr`` "" for the node)."""
+    return f"Drafts.nodes[{i}]" + (f".{attr}" if attr else "")
+
+
+def _column_name(i: int, attr: str) -> str:
+    """The field of node ``i`` sent as the packed columns."""
+    return f"Drafts.{_COLUMN[attr]}[{i}]" if attr else f"Drafts.node_ids[{i}]'s node"
 
 
 @dataclass
@@ -64,8 +80,9 @@ class TreeChecks:
         if tail.nodes and tail.token_ids:
             raise InvalidInput("Drafts carries both token_ids (a chain) and nodes (a tree); "
                                "send one")
+        nodes_field = "Drafts.node_ids" if tail.columns else "Drafts.nodes"
         if len(tail.nodes) > self.max_per_message:
-            raise InvalidInput(f"Drafts.nodes: {len(tail.nodes)} nodes exceed the cap of "
+            raise InvalidInput(f"{nodes_field}: {len(tail.nodes)} nodes exceed the cap of "
                                f"{self.max_per_message} per message "
                                "(GetServerInfo.limits.max_draft_tokens)")
         self._forget_passed(committed_len)
@@ -73,35 +90,35 @@ class TreeChecks:
         late: set[int] = set()
         kept: list[DraftNode] = []
         last = self._last_id
+        name = _column_name if tail.columns else _node_name
         for i, node in enumerate(tail.nodes):
-            where = f"Drafts.nodes[{i}]"
             if node.id <= last:
-                raise InvalidInput(f"{where}.id {node.id} repeats or goes back: ids increase "
-                                   f"within a request (the last was {last})")
+                raise InvalidInput(f"{name(i, 'id')} {node.id} repeats or goes back: ids "
+                                   f"increase within a request (the last was {last})")
             last = node.id
             if not 0 <= node.token_id < self.text_vocab_size:
-                raise InvalidInput(f"{where}.token_id {node.token_id} is outside the shared "
-                                   f"text vocabulary [0, {self.text_vocab_size})")
+                raise InvalidInput(f"{name(i, 'token_id')} {node.token_id} is outside the "
+                                   f"shared text vocabulary [0, {self.text_vocab_size})")
             if node.logprob != node.logprob or node.logprob > 0:  # NaN, or a probability > 1
-                raise InvalidInput(f"{where}.logprob {node.logprob} is not a log-probability "
-                                   "(<= 0)")
+                raise InvalidInput(f"{name(i, 'logprob')} {node.logprob} is not a "
+                                   "log-probability (<= 0)")
             if node.parent in late:  # its parent was late: so is it
                 late.add(node.id)
                 continue
-            place = self._place(node, tail.base, added, where)
+            place = self._place(node, tail.base, added, name, i)
             if place is None:
                 late.add(node.id)
                 continue
             below = place[0] - (committed_len - 1)
             if below > self.max_depth:
-                raise InvalidInput(f"{where} sits {below} below the committed answer's end, "
+                raise InvalidInput(f"{name(i, '')} sits {below} below the committed answer's end, "
                                    f"deeper than {self.max_depth} "
                                    "(GetServerInfo.limits.max_tree_depth)")
             added[node.id] = place
             kept.append(node)
         live = self.live + sum(pos >= committed_len - 1 for pos, _ in added.values())
         if live > self.max_nodes:
-            raise InvalidInput(f"Drafts.nodes: {live} live nodes exceed the cap of "
+            raise InvalidInput(f"{nodes_field}: {live} live nodes exceed the cap of "
                                f"{self.max_nodes} per request "
                                "(GetServerInfo.limits.max_tree_nodes)")
         self._last_id = last
@@ -112,18 +129,19 @@ class TreeChecks:
         return replace(tail, nodes=tuple(kept)) if late else tail
 
     def _place(self, node: DraftNode, base: int, added: dict[int, tuple[int, int]],
-               where: str) -> tuple[int, int] | None:
+               name: Callable[[int, str], str], i: int) -> tuple[int, int] | None:
         """(position, depth) of ``node``; None when its parent is late (passed)."""
         if node.parent == ROOT:
             return base, 1
         if node.parent >= node.id:
-            raise InvalidInput(f"{where}.parent {node.parent} is not an earlier node: a "
-                               f"parent is sent before its children (node {node.id})")
+            raise InvalidInput(f"{name(i, 'parent')} {node.parent} is not an earlier node: "
+                               f"a parent is sent before its children (node {node.id})")
         parent = added.get(node.parent) or self._live.get(node.parent)
         if parent is not None:
             return parent[0] + 1, parent[1] + 1
         if node.parent > self._last_id and node.parent not in added:
-            raise InvalidInput(f"{where}.parent {node.parent} is no node of this request")
+            raise InvalidInput(f"{name(i, 'parent')} {node.parent} is no node of this "
+                               "request")
         return None  # sent earlier and passed by the committed answer: late
 
     def _forget_passed(self, committed_len: int) -> None:

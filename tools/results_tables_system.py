@@ -113,6 +113,19 @@ def tree_coverage(runs: Named) -> list[str]:
                   "q at k = 8", "tokens / step, chains", "tokens / step, trees"], rows)
 
 
+def tree_nodes(runs: Named) -> list[str]:
+    """A tree node's host cost per stage and wire form (``benchmarks/bench_tree_nodes.py``)."""
+    rows = []
+    for name, r in runs:
+        # a run without the key predates the columns: its "columns" were messages too
+        for form in ("messages", "columns") if r.get("columns_on_wire") else ("messages",):
+            rows.append((name, form, f"{r['bytes_per_node'][form]:.1f}",
+                         f"{r['decode_us_per_node'][form]:.2f}",
+                         f"{r['check_us_per_node']:.2f}", f"{r['place_us_per_node']:.2f}"))
+    return table(["run", "wire form", "bytes / node", "decode µs / node", "check µs / node",
+                  "place µs / node"], rows)
+
+
 def e2e_uplink(runs: Named) -> list[str]:
     """One Ask per feature mode through a shaped uplink: what was sent and what it cost."""
     (_, r), = runs
@@ -284,6 +297,7 @@ KINDS: dict[str, Callable[[Named], list[str]]] = {
     "pipeline-sim": pipeline_sim,
     "e2e-clock": e2e_clock,
     "tree-coverage": tree_coverage,
+    "tree-nodes": tree_nodes,
     "e2e-uplink": e2e_uplink,
     "e2e-drafter": e2e_drafter,
     "token-adapter": token_adapter,

@@ -151,16 +151,40 @@ def open_from_pb(m: verifier_pb2.Open) -> OpenRequest:
 
 
 def drafts_to_pb(d: DraftTail) -> verifier_pb2.Drafts:
-    return verifier_pb2.Drafts(
-        base=d.base, token_ids=list(d.token_ids), sent_at_ms=d.sent_at_ms,
-        nodes=[verifier_pb2.DraftNode(id=n.id, parent=n.parent, token_id=n.token_id,
-                                      logprob=n.logprob) for n in d.nodes])
+    """A chain as ``token_ids``; a tree's nodes as the parallel columns, which the cloud
+    decodes in a few array copies instead of a message per node."""
+    if not d.nodes:
+        return verifier_pb2.Drafts(base=d.base, token_ids=list(d.token_ids),
+                                   sent_at_ms=d.sent_at_ms)
+    ids, parents, tokens, logprobs = zip(*d.nodes, strict=True)
+    return verifier_pb2.Drafts(base=d.base, token_ids=list(d.token_ids),
+                               sent_at_ms=d.sent_at_ms, node_ids=ids, node_parents=parents,
+                               node_tokens=tokens, node_logprobs=logprobs)
+
+
+#: The columns of a packed tree, in ``DraftNode`` field order.
+_COLUMNS = ("node_ids", "node_parents", "node_tokens", "node_logprobs")
 
 
 def drafts_from_pb(m: verifier_pb2.Drafts) -> DraftTail:
+    """Either form of a tree becomes ``DraftNode`` tuples; columns of unequal length, or
+    both forms in one message, are InvalidInput naming the fields."""
+    if not m.node_ids and not m.node_parents and not m.node_tokens and not m.node_logprobs:
+        return DraftTail(base=m.base, token_ids=tuple(m.token_ids), sent_at_ms=m.sent_at_ms,
+                         nodes=tuple(DraftNode(n.id, n.parent, n.token_id, n.logprob)
+                                     for n in m.nodes))
+    if m.nodes:
+        raise InvalidInput("Drafts carries both nodes and the node_ids columns; send one")
+    n = len(m.node_ids)
+    logprobs = m.node_logprobs if len(m.node_logprobs) else [0.0] * n
+    for name in _COLUMNS:
+        got = len(getattr(m, name)) if name != "node_logprobs" else len(logprobs)
+        if got != n:
+            raise InvalidInput(f"Drafts.{name} has {got} entries, Drafts.node_ids {n}: the "
+                               "columns of a tree have one entry per node")
     return DraftTail(base=m.base, token_ids=tuple(m.token_ids), sent_at_ms=m.sent_at_ms,
-                     nodes=tuple(DraftNode(n.id, n.parent, n.token_id, n.logprob)
-                                 for n in m.nodes))
+                     nodes=tuple(map(DraftNode, m.node_ids, m.node_parents, m.node_tokens,
+                                     logprobs)), columns=True)
 
 
 def commit_to_pb(c: CommitEvent) -> verifier_pb2.Commit:

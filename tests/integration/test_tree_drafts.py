@@ -49,7 +49,22 @@ async def test_a_drafted_correction_pays_and_a_bad_tree_names_its_field() -> Non
             await h.run_generate(server.port, h.open_msg(Q, frames, max_new_tokens=N),
                                  extra=[bad])
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "Drafts.node_parents[1] 5" in (err.value.details() or "")
+        as_messages = verifier_pb2.EdgeMessage(drafts=verifier_pb2.Drafts(base=0, nodes=[
+            verifier_pb2.DraftNode(id=0, parent=ROOT, token_id=truth[0]),
+            verifier_pb2.DraftNode(id=1, parent=5, token_id=truth[1])]))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await h.run_generate(server.port, h.open_msg(Q, frames, max_new_tokens=N),
+                                 extra=[as_messages])
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "Drafts.nodes[1].parent 5" in (err.value.details() or "")
+        ragged = tree_msg(DraftNode(0, ROOT, truth[0]), DraftNode(1, 0, truth[1]))
+        ragged.drafts.node_tokens.pop()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await h.run_generate(server.port, h.open_msg(Q, frames, max_new_tokens=N),
+                                 extra=[ragged])
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "Drafts.node_tokens has 1 entries" in (err.value.details() or "")
         again = await h.run_generate(server.port, h.open_msg(Q, frames, max_new_tokens=N))
         assert again.tokens == truth
     finally:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from eventspec.shared.contract import convert, convert_ask, convert_verifier
 from eventspec.shared.contract.codec import encode_tensor
@@ -16,6 +18,7 @@ from eventspec.shared.contract.types import (
     CommitEvent,
     CommittedEvent,
     DoneEvent,
+    DraftNode,
     DraftTail,
     FeatureMode,
     FinalEvent,
@@ -153,3 +156,44 @@ def test_generation_settings_validation() -> None:
         GenerationSettings(temperature=-1).validated(100)
     with pytest.raises(InvalidInput, match="top_p"):
         GenerationSettings(top_p=2).validated(100)
+
+
+# -- trees: the packed columns and the per-node messages --------------------------------
+
+_NODES = st.lists(st.tuples(st.integers(0, 2**40), st.integers(-1, 2**40),
+                            st.integers(0, 2**31), st.floats(-50.0, 0.0, width=32)),
+                  min_size=1, max_size=40)
+
+
+@settings(max_examples=100, deadline=None)
+@given(nodes=_NODES, base=st.integers(0, 10**6))
+def test_a_tree_travels_as_columns_and_either_form_reads_back(
+        nodes: list[tuple[int, int, int, float]], base: int) -> None:
+    """The sender packs columns; the reader takes columns or messages, to the same nodes."""
+    tail = DraftTail(base, (), 1.5, tuple(DraftNode(*n) for n in nodes))
+    packed = convert_verifier.drafts_to_pb(tail)
+    assert len(packed.nodes) == 0 and list(packed.node_ids) == [n[0] for n in nodes]
+    back = convert_verifier.drafts_from_pb(verifier_pb2.Drafts.FromString(
+        packed.SerializeToString()))
+    assert back.nodes == tail.nodes and back.columns and back.base == base
+    as_messages = verifier_pb2.Drafts(base=base, nodes=[
+        verifier_pb2.DraftNode(id=i, parent=p, token_id=t, logprob=lp) for i, p, t, lp in nodes])
+    plain = convert_verifier.drafts_from_pb(as_messages)
+    assert plain.nodes == tail.nodes and not plain.columns
+
+
+@pytest.mark.parametrize("short", ["node_parents", "node_tokens", "node_logprobs"])
+def test_columns_of_unequal_length_name_the_column(short: str) -> None:
+    m = verifier_pb2.Drafts(base=0, node_ids=[0, 1], node_parents=[-1, 0],
+                            node_tokens=[5, 6], node_logprobs=[-0.1, -0.2])
+    getattr(m, short).pop()
+    with pytest.raises(InvalidInput, match=rf"Drafts\.{short} has 1 entries, Drafts\.node_ids 2"):
+        convert_verifier.drafts_from_pb(m)
+
+
+def test_missing_logprobs_are_zero_and_both_forms_at_once_are_refused() -> None:
+    m = verifier_pb2.Drafts(base=0, node_ids=[0], node_parents=[-1], node_tokens=[5])
+    assert convert_verifier.drafts_from_pb(m).nodes == (DraftNode(0, -1, 5, 0.0),)
+    m.nodes.append(verifier_pb2.DraftNode(id=1, parent=-1, token_id=6))
+    with pytest.raises(InvalidInput, match="both nodes and the node_ids columns"):
+        convert_verifier.drafts_from_pb(m)

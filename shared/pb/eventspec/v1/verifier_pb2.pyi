@@ -508,6 +508,10 @@ class Drafts(_message.Message):
     TOKEN_IDS_FIELD_NUMBER: _builtins.int
     SENT_AT_MS_FIELD_NUMBER: _builtins.int
     NODES_FIELD_NUMBER: _builtins.int
+    NODE_IDS_FIELD_NUMBER: _builtins.int
+    NODE_PARENTS_FIELD_NUMBER: _builtins.int
+    NODE_TOKENS_FIELD_NUMBER: _builtins.int
+    NODE_LOGPROBS_FIELD_NUMBER: _builtins.int
     base: _builtins.int
     """Length of the committed answer the edge has seen."""
     sent_at_ms: _builtins.float
@@ -525,6 +529,20 @@ class Drafts(_message.Message):
         verifies its likeliest path that extends the committed answer. docs/trees.md.
         """
 
+    @_builtins.property
+    def node_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The same nodes as parallel columns, which cost the cloud far less to decode than a
+        message per node (the edge sends these): node i is (node_ids[i], node_parents[i],
+        node_tokens[i], node_logprobs[i]), the columns of equal length (node_logprobs may
+        be empty: all 0). Send either `nodes` or the columns, not both.
+        """
+
+    @_builtins.property
+    def node_parents(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def node_tokens(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def node_logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
     def __init__(
         self,
         *,
@@ -532,10 +550,14 @@ class Drafts(_message.Message):
         token_ids: _abc.Iterable[_builtins.int] | None = ...,
         sent_at_ms: _builtins.float = ...,
         nodes: _abc.Iterable[Global___DraftNode] | None = ...,
+        node_ids: _abc.Iterable[_builtins.int] | None = ...,
+        node_parents: _abc.Iterable[_builtins.int] | None = ...,
+        node_tokens: _abc.Iterable[_builtins.int] | None = ...,
+        node_logprobs: _abc.Iterable[_builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base", b"base", "nodes", b"nodes", "sent_at_ms", b"sent_at_ms", "token_ids", b"token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base", b"base", "node_ids", b"node_ids", "node_logprobs", b"node_logprobs", "node_parents", b"node_parents", "node_tokens", b"node_tokens", "nodes", b"nodes", "sent_at_ms", b"sent_at_ms", "token_ids", b"token_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
