@@ -42,7 +42,8 @@ async def _client_asks(address: str, questions: Sequence[Question], mode: Mode,
                          "accepted": s.accepted, "offered": s.drafts_on_offer,
                          "dry_steps": s.dry_steps, "nodes_sent": s.tree_nodes_sent,
                          "nodes_pruned": s.tree_nodes_pruned,
-                         "draft_forward_ms": s.draft_forward_ms})
+                         "draft_forward_ms": s.draft_forward_ms,
+                         "plans_sent": s.plans_sent})
     return rows
 
 
@@ -83,7 +84,7 @@ def offer_stats(rows: Sequence[dict[str, Any]], tokens: int, verify_steps: int
     if verify_steps <= 0:
         return {"offered_per_step": None, "dry_step_share": None,
                 "nodes_sent_per_token": None, "nodes_pruned_per_token": None,
-                "draft_ms_per_step": None}
+                "draft_ms_per_step": None, "replans_per_request": None}
     sent = sum(r.get("nodes_sent", 0) for r in rows)
     return {
         "offered_per_step": sum(r.get("offered", 0) for r in rows) / verify_steps,
@@ -92,6 +93,7 @@ def offer_stats(rows: Sequence[dict[str, Any]], tokens: int, verify_steps: int
         "nodes_pruned_per_token": (sum(r.get("nodes_pruned", 0) for r in rows) / tokens
                                    if sent and tokens else None),
         "draft_ms_per_step": sum(r.get("draft_forward_ms", 0.0) for r in rows) / verify_steps,
+        "replans_per_request": sum(r.get("plans_sent", 0) for r in rows) / max(1, len(rows)),
     }
 
 

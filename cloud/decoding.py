@@ -97,6 +97,8 @@ class Counters:
     #: steps with none: how well the edge kept ahead (issue 36).
     offered: int = 0
     dry_steps: int = 0
+    #: Plans sent after the first (cloud/replanning.py).
+    plans_sent: int = 0
     stage_ms: dict[str, float] = field(default_factory=dict)
 
     def add_stage(self, name: str, ms: float) -> None:
@@ -312,4 +314,5 @@ class DecodingSession:
             prefix_cache=self.prefix_cache,
             drafts_on_offer=c.offered,
             dry_steps=c.dry_steps,
+            plans_sent=c.plans_sent,
         )

@@ -23,6 +23,7 @@ from eventspec.cloud.decoding import Committed, DecodingSession
 from eventspec.cloud.inbox import Inbox, visual_input
 from eventspec.cloud.open_request import clamp_to_context, first_message, validate_open
 from eventspec.cloud.prefix_cache import visual_key
+from eventspec.cloud.replanning import Replanner
 from eventspec.cloud.request_log import RequestRecord
 from eventspec.cloud.request_timeline import CloudTimeline
 from eventspec.cloud.runtime import VerifierRuntime
@@ -115,9 +116,12 @@ async def _serve(
 
         results = _Results(rt, ticket, inbox, record, probe, timeline)
         await results.prefill(open_req, prompt_ids)
+        replanner = Replanner(plan, plan_inputs) if plan_inputs is not None else None
         async with contextlib.aclosing(results.commits()) as commits:
             async for commit in commits:
                 yield commit
+                if replanner is not None and (fresh := results.replan(replanner)) is not None:
+                    yield fresh
         yield results.done(open_req, plan, plan_inputs, counter, len(prompt_ids))
         # Keep the stream open until the edge half-closes (bounded), so a Drafts message
         # it wrote while Done was in flight is drained here instead of failing its write
@@ -265,6 +269,17 @@ class _Results:
             pending = ticket.events.get_nowait()
             if isinstance(pending, Failure):
                 raise pending.error
+
+    def replan(self, replanner: Replanner) -> TimingPlan | None:
+        """A Plan for the load and acceptance now, when the edge should act otherwise."""
+        session = self.ticket.session
+        c = session.counters
+        fresh = replanner.after_commit(len(self.received), self.rt.scheduler.live,
+                                       c.accepted, c.drafted, c.rejections)
+        if fresh is not None:
+            c.plans_sent = replanner.sent
+            log.debug("request %s re-planned: %s", self.record.request_id, fresh.reason)
+        return fresh
 
     def _commit(self, event: Committed) -> CommitEvent:
         """Take in one result's tokens and say so in the log, metrics and timeline."""

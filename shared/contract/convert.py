@@ -116,6 +116,7 @@ def stats_to_pb(s: RequestStats) -> common_pb2.Stats:
         tree_nodes_pruned=s.tree_nodes_pruned,
         tree_branch_hits=s.tree_branch_hits,
         draft_forward_ms=s.draft_forward_ms,
+        plans_sent=s.plans_sent,
     )
 
 
@@ -141,6 +142,7 @@ def stats_from_pb(m: common_pb2.Stats) -> RequestStats:
         tree_nodes_pruned=m.tree_nodes_pruned,
         tree_branch_hits=m.tree_branch_hits,
         draft_forward_ms=m.draft_forward_ms,
+        plans_sent=m.plans_sent,
     )
 
 

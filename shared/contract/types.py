@@ -337,6 +337,8 @@ class RequestStats:
     tree_branch_hits: int = 0
     #: Edge: time its draft forwards took, ms (after the draft prefill).
     draft_forward_ms: float = 0.0
+    #: Cloud: Plans sent after the first, re-planned while the answer decoded.
+    plans_sent: int = 0
 
     @property
     def acceptance_rate(self) -> float:

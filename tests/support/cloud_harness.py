@@ -19,7 +19,7 @@ from eventspec.cloud.server import VerifierServer
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_target import build_tiny_random_target
 from eventspec.shared.contract import convert_verifier
-from eventspec.shared.contract.timing import CloudCost
+from eventspec.shared.contract.timing import CloudCost, TimingPlan
 from eventspec.shared.contract.types import (
     CommitEvent,
     DoneEvent,
@@ -136,6 +136,8 @@ class Outcome:
     tokens: list[int]
     done: DoneEvent
     commits: list[CommitEvent] = field(default_factory=list)
+    #: Plans after the first: the cloud re-planned while the answer decoded.
+    replans: list[TimingPlan] = field(default_factory=list)
 
 
 async def run_generate(
@@ -158,12 +160,16 @@ async def run_generate(
             await call.write(drafts_msg(0, hidden))
         committed: list[int] = []
         commits: list[CommitEvent] = []
+        plans: list[TimingPlan] = []
         while True:
             msg = await call.read()
             assert msg is not aio.EOF, "stream ended without Done"
             event = convert_verifier.cloud_message_from_pb(msg)
             if isinstance(event, DoneEvent):
                 break
+            if isinstance(event, TimingPlan):
+                assert not plans or commits, "a second Plan before any Commit"
+                plans.append(event)
             if isinstance(event, CommitEvent):
                 assert event.start == len(committed)
                 committed.extend(event.token_ids)
@@ -176,7 +182,7 @@ async def run_generate(
                             await call.write(drafts_msg(base, tail))
         await call.done_writing()
         assert list(event.token_ids) == committed
-        return Outcome(committed, event, commits)
+        return Outcome(committed, event, commits, plans[1:])
 
 
 # -- draft policies over a known target answer ----------------------------------------------

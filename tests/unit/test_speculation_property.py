@@ -9,6 +9,7 @@ finish reason, stop strings included), and the edge must end mirroring it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections import deque
 from collections.abc import Sequence
@@ -118,10 +119,16 @@ def plan(hidden: int, lookahead: int, cadence: int) -> TimingPlan:
     return TimingPlan(True, hidden, lookahead, cadence, False, 0.8, 10.0, 1.0, 1.5, "test")
 
 
+#: What a cloud re-planning mid-answer may send (cloud/replanning.py), in turn: stop
+#: drafting, draft 2 ahead, draft 8 ahead two tokens a message, draft 1 ahead.
+REPLANS = (dataclasses.replace(plan(0, 0, 1), speculate=False), plan(0, 2, 1), plan(0, 8, 2),
+           plan(0, 1, 1))
+
+
 @dataclass
 class Link:
     up: deque[DraftTail] = field(default_factory=deque)
-    down: deque[CommitEvent | DoneEvent] = field(default_factory=deque)
+    down: deque[CommitEvent | DoneEvent | TimingPlan] = field(default_factory=deque)
 
 
 def run_speculative(gen: GenerationSettings, salt: int, error_pct: int, schedule: list[int],
@@ -144,6 +151,7 @@ def run_speculative(gen: GenerationSettings, salt: int, error_pct: int, schedule
     checks = TreeChecks(max_nodes=512, max_depth=64, max_per_message=32,
                         text_vocab_size=VOCAB)
     sent = [0]  # committed tokens the cloud has sent down (the stream's count)
+    replans = [0]  # plans sent after the first
 
     def children(ctx: Sequence[int]) -> list[tuple[int, float]]:
         right, top = target_next(ctx, salt), draft(ctx)
@@ -191,10 +199,15 @@ def run_speculative(gen: GenerationSettings, salt: int, error_pct: int, schedule
             msg = link.down.popleft()
             if isinstance(msg, DoneEvent):
                 edge.on_done(msg)
+            elif isinstance(msg, TimingPlan):
+                edge.on_plan(msg)
             else:
                 edge.on_commit(msg)
         elif choice == 4:
             cloud_step()
+        elif choice == 5 and sent[0] and cloud.finish_reason is None:  # between Commits
+            link.down.append(REPLANS[replans[0] % len(REPLANS)])
+            replans[0] += 1
 
     for choice in schedule:
         edge_event(choice)
@@ -255,6 +268,44 @@ def test_any_interleaving_with_trees_equals_target_only(
     assert cloud.text() == reference.text()
     assert cloud.finish_reason == reference.finish_reason
     assert edge.committed == cloud.committed
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), salt=st.integers(0, 255), error_pct=st.sampled_from([0, 20, 60, 100]),
+       coverage_pct=st.sampled_from([None, 0, 100]),
+       schedule=st.lists(st.integers(0, 5), min_size=10, max_size=120), hidden=st.integers(0, 12),
+       lookahead=st.integers(0, 8), cadence=st.integers(1, 4))
+def test_plans_changed_mid_answer_keep_it_target_only(
+    data: st.DataObject, salt: int, error_pct: int, coverage_pct: int | None,
+    schedule: list[int], hidden: int, lookahead: int, cadence: int,
+) -> None:
+    """Re-plans arriving between Commits (drafting stopped, resumed, deeper, shallower),
+    chains or trees: the answer, its text and its end are still target-only's."""
+    gen = data.draw(generation(salt))
+    reference = target_only(gen, salt)
+    cloud, edge = run_speculative(gen, salt, error_pct, schedule, hidden, lookahead, cadence,
+                                  coverage_pct)
+    assert cloud.committed == reference.committed
+    assert cloud.text() == reference.text()
+    assert cloud.finish_reason == reference.finish_reason
+    assert edge.committed == cloud.committed
+
+
+def test_a_stop_plan_mid_answer_stops_drafting() -> None:
+    """A re-plan that says not to speculate ends drafting at once; one that says to
+    resumes it (the edge's draft prefill is already done)."""
+    edge = EdgeSession(plan=plan(0, 4, 1), max_new_tokens=64, eos_token_id=EOS,
+                       speculative=True)
+    edge.on_prefill_done()
+    edge.on_commit(CommitEvent(0, (5,), 0, 0, "", 0.0))
+    assert edge.wants_draft()
+    edge.on_plan(REPLANS[0])
+    assert not edge.wants_draft()
+    edge.on_plan(REPLANS[1])
+    assert edge.wants_draft()
+    for _ in range(2):
+        edge.on_draft(edge.draft_context(), 7)
+    assert not edge.wants_draft(), "two ahead is the new plan's depth"
 
 
 def test_a_drafted_branch_saves_steps_end_to_end() -> None:

@@ -430,6 +430,7 @@ class Stats(_message.Message):
     TREE_NODES_PRUNED_FIELD_NUMBER: _builtins.int
     TREE_BRANCH_HITS_FIELD_NUMBER: _builtins.int
     DRAFT_FORWARD_MS_FIELD_NUMBER: _builtins.int
+    PLANS_SENT_FIELD_NUMBER: _builtins.int
     drafted: _builtins.int
     """Draft tokens the cloud verified."""
     accepted: _builtins.int
@@ -475,6 +476,10 @@ class Stats(_message.Message):
     tree_branch_hits: _builtins.int
     draft_forward_ms: _builtins.float
     """Edge: time its draft forwards took, ms (after the draft prefill)."""
+    plans_sent: _builtins.int
+    """Cloud: Plans sent after the first, as the load and the request's acceptance changed
+    while it decoded (cloud/replanning.py).
+    """
     @_builtins.property
     def stage_ms(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """Per-stage wall time in ms, e.g. "prefill", "verify", "upload", "draft_prefill"."""
@@ -504,10 +509,11 @@ class Stats(_message.Message):
         tree_nodes_pruned: _builtins.int = ...,
         tree_branch_hits: _builtins.int = ...,
         draft_forward_ms: _builtins.float = ...,
+        plans_sent: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_rate", b"acceptance_rate", "accepted", b"accepted", "downlink_bytes", b"downlink_bytes", "draft_forward_ms", b"draft_forward_ms", "drafted", b"drafted", "drafts_on_offer", b"drafts_on_offer", "dry_steps", b"dry_steps", "hidden_accepted", b"hidden_accepted", "hidden_drafted", b"hidden_drafted", "mean_accepted_length", b"mean_accepted_length", "new_tokens", b"new_tokens", "prefix_cache", b"prefix_cache", "prefix_reused_tokens", b"prefix_reused_tokens", "stage_ms", b"stage_ms", "stale_drafts", b"stale_drafts", "target_steps", b"target_steps", "total_ms", b"total_ms", "tree_branch_hits", b"tree_branch_hits", "tree_nodes_pruned", b"tree_nodes_pruned", "tree_nodes_sent", b"tree_nodes_sent", "ttft_ms", b"ttft_ms", "uplink_bytes", b"uplink_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_rate", b"acceptance_rate", "accepted", b"accepted", "downlink_bytes", b"downlink_bytes", "draft_forward_ms", b"draft_forward_ms", "drafted", b"drafted", "drafts_on_offer", b"drafts_on_offer", "dry_steps", b"dry_steps", "hidden_accepted", b"hidden_accepted", "hidden_drafted", b"hidden_drafted", "mean_accepted_length", b"mean_accepted_length", "new_tokens", b"new_tokens", "plans_sent", b"plans_sent", "prefix_cache", b"prefix_cache", "prefix_reused_tokens", b"prefix_reused_tokens", "stage_ms", b"stage_ms", "stale_drafts", b"stale_drafts", "target_steps", b"target_steps", "total_ms", b"total_ms", "tree_branch_hits", b"tree_branch_hits", "tree_nodes_pruned", b"tree_nodes_pruned", "tree_nodes_sent", b"tree_nodes_sent", "ttft_ms", b"ttft_ms", "uplink_bytes", b"uplink_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -757,6 +757,8 @@ Global___Done: _TypeAlias = Done  # noqa: Y015
 
 @_typing.final
 class CloudMessage(_message.Message):
+    """Plan first; later Plans re-plan the request while it decodes (cloud/replanning.py)."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     PLAN_FIELD_NUMBER: _builtins.int

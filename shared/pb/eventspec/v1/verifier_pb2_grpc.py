@@ -63,7 +63,9 @@ class VerifierServicer:
 
     def Generate(self, request_iterator, context):
         """One bidirectional stream per request: Open, tensors, Drafts, Cancel in;
-        Plan, Commit..., Done out. Errors end the stream with a gRPC status.
+        Plan, Commit..., Done out; between Commits the cloud may send another Plan when
+        its load or the request's acceptance changed what the edge should do (the latest
+        Plan wins). Errors end the stream with a gRPC status.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

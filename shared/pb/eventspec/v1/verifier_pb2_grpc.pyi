@@ -35,7 +35,9 @@ class VerifierStub:
     """Model identity, vocabulary, visual geometry, cost model and limits."""
     Generate: _grpc.StreamStreamMultiCallable[_verifier_pb2.EdgeMessage, _verifier_pb2.CloudMessage]
     """One bidirectional stream per request: Open, tensors, Drafts, Cancel in;
-    Plan, Commit..., Done out. Errors end the stream with a gRPC status.
+    Plan, Commit..., Done out; between Commits the cloud may send another Plan when
+    its load or the request's acceptance changed what the edge should do (the latest
+    Plan wins). Errors end the stream with a gRPC status.
     """
     GetStats: _grpc.UnaryUnaryMultiCallable[_verifier_pb2.GetStatsRequest, _verifier_pb2.VerifierStats]
     """Live load: sessions, KV slots, queued prefills, acceptance (eventspec status)."""
@@ -47,7 +49,9 @@ class VerifierAsyncStub(VerifierStub):
     """Model identity, vocabulary, visual geometry, cost model and limits."""
     Generate: _aio.StreamStreamMultiCallable[_verifier_pb2.EdgeMessage, _verifier_pb2.CloudMessage]  # type: ignore[assignment]
     """One bidirectional stream per request: Open, tensors, Drafts, Cancel in;
-    Plan, Commit..., Done out. Errors end the stream with a gRPC status.
+    Plan, Commit..., Done out; between Commits the cloud may send another Plan when
+    its load or the request's acceptance changed what the edge should do (the latest
+    Plan wins). Errors end the stream with a gRPC status.
     """
     GetStats: _aio.UnaryUnaryMultiCallable[_verifier_pb2.GetStatsRequest, _verifier_pb2.VerifierStats]  # type: ignore[assignment]
     """Live load: sessions, KV slots, queued prefills, acceptance (eventspec status)."""
@@ -68,7 +72,9 @@ class VerifierServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_verifier_pb2.CloudMessage], _abc.AsyncIterator[_verifier_pb2.CloudMessage]]:
         """One bidirectional stream per request: Open, tensors, Drafts, Cancel in;
-        Plan, Commit..., Done out. Errors end the stream with a gRPC status.
+        Plan, Commit..., Done out; between Commits the cloud may send another Plan when
+        its load or the request's acceptance changed what the edge should do (the latest
+        Plan wins). Errors end the stream with a gRPC status.
         """
 
     @_abc_1.abstractmethod

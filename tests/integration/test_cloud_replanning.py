@@ -1,0 +1,44 @@
+"""Re-planning while a request decodes, over real gRPC (issue 36 item 5): a request whose
+drafts keep failing is sent a new Plan between Commits, counted in its stats, and its
+answer is still the target's own."""
+
+from __future__ import annotations
+
+import pytest
+
+from eventspec.cloud.replanning import EVERY_TOKENS
+from eventspec.demoworld.tiny_target import build_tiny_random_target
+from tests.support import cloud_harness as h
+
+pytestmark = pytest.mark.asyncio
+
+Q, N = "What is moving?", 4 * EVERY_TOKENS
+
+
+async def test_failing_drafts_get_a_new_plan_and_the_same_answer() -> None:
+    target = build_tiny_random_target(seed=0)
+    server = await h.start_verifier(target)
+    try:
+        frames = h.make_frames(3)
+        truth = h.target_greedy(target, Q, frames, N)
+
+        def mostly_wrong(base: int, _committed: list[int]) -> list[int]:
+            """Two right tokens, then wrong ones: a tail that lands a step or two late
+            (the tiny target steps in milliseconds) is still verified past what the
+            cloud decoded meanwhile, and rejected there."""
+            return [*truth[base: base + 2], *((t + 1) % 500 for t in truth[base + 2: base + 6])]
+
+        out = await h.run_generate(server.port, h.open_msg(Q, frames, max_new_tokens=N),
+                                   policy=mostly_wrong)
+        assert out.tokens == truth
+        stats = out.done.stats
+        assert stats.drafted >= 8 and stats.accepted < 0.5 * stats.drafted, stats
+        assert out.replans, "no Plan after the first"
+        assert stats.plans_sent == len(out.replans)
+        assert all(p.hidden_draft_budget == 0 and p.max_new_tokens == N for p in out.replans)
+        steady = await h.run_generate(server.port, h.open_msg(Q, frames, max_new_tokens=N),
+                                      policy=h.perfect(truth))
+        assert steady.tokens == truth  # right drafts may deepen the plan, never stop it
+        assert all(p.speculate for p in steady.replans), steady.replans
+    finally:
+        await server.stop()
