@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from eventspec.cloud.prefill_chunking import ChunkPolicy
@@ -20,16 +20,24 @@ from eventspec.cloud.timeouts import (
     FIRST_MESSAGE_TIMEOUT_S,
 )
 from eventspec.shared.contract.types import ServerLimits
-from eventspec.shared.node.metric_principals import PRINCIPAL_LABELS
 from eventspec.shared.node.node_cli import (
-    Env,
     SettingsError,
-    require_choice,
+    health_port_setting,
+    metrics_host_setting,
+    metrics_port_setting,
+    metrics_principals_setting,
     require_fraction,
     require_int,
     require_seconds,
 )
 from eventspec.shared.node.serving import MODEL_DTYPES
+from eventspec.shared.node.settings_fields import (
+    Setting,
+    check_choices,
+    nested,
+    setting,
+    settings_from_env,
+)
 from eventspec.shared.wire.security import ServerSecurity
 
 __all__ = ["ENV_PREFIX", "CloudSettings", "SettingsError"]
@@ -39,179 +47,186 @@ __all__ = ["ENV_PREFIX", "CloudSettings", "SettingsError"]
 ENV_PREFIX = "EVENTSPEC_CLOUD_"
 #: ``--engine`` choices.
 ENGINES = ("auto", "static", "hf")
+#: ``--verify-width`` choices.
+VERIFY_WIDTHS = ("auto", "all")
+#: ``--kv-layout`` choices.
+KV_LAYOUTS = ("by-length", "slots")
 #: The wire's ``GenerationConfig.max_new_tokens`` is an int32.
 _INT32_MAX = 2**31 - 1
 #: ``--seed`` spans what ``torch.manual_seed`` takes.
 SEED_MAX = 2**64 - 1
 
 
-#: ``--verify-width`` choices.
-VERIFY_WIDTHS = ("auto", "all")
-#: ``--kv-layout`` choices.
-KV_LAYOUTS = ("by-length", "slots")
-
-
-def _env_sessions(env: Env, default: int) -> int:
-    """``EVENTSPEC_CLOUD_MAX_SESSIONS``: auto or an integer, SettingsError naming it."""
-    text = env.text("MAX_SESSIONS", "")
-    if not text:
-        return default
-    try:
-        return parse_max_sessions(text)
-    except ValueError as exc:
-        raise SettingsError(f"{ENV_PREFIX}MAX_SESSIONS: {exc}") from None
-
-
 @dataclass(frozen=True)
 class CloudSettings:
-    """Everything the verifier needs to start; see ``eventspec-cloud serve --help``."""
+    """Everything the verifier needs to start; see ``eventspec-cloud serve --help``.
 
-    model: str = "toy"
-    host: str = "127.0.0.1"
-    port: int = 50061
-    #: grpc.health.v1 alone on its own plaintext port (None: off), for probes.
-    health_port: int | None = None
-    device: str = "cpu"
-    dtype: str = "float32"
+    Each setting is declared once, here: its field's ``setting`` is its flag, its
+    ``EVENTSPEC_CLOUD_*`` variable and its help (``eventspec.shared.node.settings_fields``).
+    """
+
+    model: str = setting(
+        "toy", help="a local Video-LLaVA-7B-hf directory, toy (the embedded toy-world "
+                    "model) or tiny-random")
+    host: str = setting("127.0.0.1", help="bind address")
+    port: int = setting(50061, help="port, 1..65535; 0 picks a free one")
+    device: str = setting("cpu", help="cpu, cuda or cuda:N")
+    dtype: str = setting("float32", choices=MODEL_DTYPES, help="the model's weights")
     #: ``limits.max_sessions`` 0 is ``--max-sessions auto`` (``eventspec.cloud.session_capacity``).
-    limits: ServerLimits = field(
-        default_factory=lambda: ServerLimits(max_sessions=AUTO_SESSIONS))
-    #: KV memory budget in GiB (None: a fraction of free device memory, or a CPU default).
-    kv_cache_gb: float | None = None
-    #: Fraction of free device memory reserved for KV when ``kv_cache_gb`` is None (CUDA).
-    kv_memory_fraction: float = 0.9
-    #: Positions per KV slot (prompt + answer); None = the prompt, 256 question tokens and
-    #: the answer cap, at most the model's (``eventspec.cloud.engine.kv.auto_max_seq_len``).
-    max_seq_len: int | None = None
+    limits: ServerLimits = nested(
+        lambda: ServerLimits(max_sessions=AUTO_SESSIONS),
+        max_sessions=Setting(
+            parse=parse_max_sessions,
+            help="concurrent Generate streams; more get RESOURCE_EXHAUSTED. auto (0): as many "
+                 "as run at once (on a GPU what the KV holds at the default answer cap, at "
+                 "most 64; on a CPU 8) plus --kv-queue waiting for KV"),
+        max_new_tokens=Setting(
+            help="cap on a request's max_new_tokens (>= 1; a request's 0 means min(64, this "
+                 "cap))"))
+    #: 0: all but one of ``limits.max_sessions`` (at least 1), so one caller always leaves
+    #: a slot free.
+    max_sessions_per_principal: int = setting(
+        0, help="concurrent Generate streams one authenticated caller (token name or "
+                "certificate) may hold; more get RESOURCE_EXHAUSTED. 0: all but one of "
+                "--max-sessions, so one caller always leaves a slot free")
+    #: None: a fraction of free device memory, or a CPU default.
+    kv_cache_gb: float | None = setting(
+        None, help="KV memory budget in GiB: by length, an arena of budget / (KV bytes per "
+                   "token) positions less one --max-seq-len for padding; with slots, budget "
+                   "/ (max-seq-len x KV bytes per token) slots, at most --max-sessions "
+                   "(default: --kv-memory-fraction of free GPU memory, or 2 GiB on CPU)")
     #: "by-length": each request takes KV for its own prompt plus its answer cap from one
     #: arena (``eventspec.cloud.kv_arena``; the static engine); "slots": every request a
     #: slot of ``max_seq_len`` positions (the HF engine always).
-    kv_layout: str = "by-length"
-    #: Target engine: "static" (static KV slots, CUDA graphs), "hf" (the HF eager
-    #: reference), or "auto" (static on CUDA, hf on CPU).
-    engine: str = "auto"
-    #: Widest verify forward: C[-1] plus up to this many minus one drafts.
-    max_verify_tokens: int = 33
-    #: "auto": each step verifies, per session, the drafts that maximise the batch's
-    #: expected tokens per ms under the cost model (eventspec.shared.contract.verify_width);
-    #: "all": every valid draft up to --max-verify-tokens.
-    verify_width: str = "auto"
-    #: Chunked prefill, decode first (``eventspec.cloud.prefill_chunking``): "off" (whole
-    #: prompts), "auto" (a chunk costs about one step, from the cost model) or a number of
-    #: tokens per iteration. The static engine only. 512: on an H100, 512-token chunks
-    #: riding graphed mixed steps kept ITL p99 under 50 ms up to 8 requests/s, where
-    #: whole prompts missed it at every rate (``load-h100-graphed-capacity.json``).
-    prefill_chunk: str = "512"
-    #: With chunking, the chunks ride the running sessions' step in one forward (mixed
-    #: steps) where the engine can; False runs each chunk in a call of its own.
-    mixed_steps: bool = True
-    #: GiB of device memory for saved prompt prefixes (``eventspec.cloud.prefix_cache``):
-    #: a clip asked about again skips its video prefill. 0 = off. Static engine only;
-    #: taken out of the KV budget.
-    prefix_cache_gb: float = 0.0
-    #: Batch-invariant arithmetic (``eventspec.shared.node.static.invariant``): a greedy
-    #: answer's logits do not depend on who else is in the batch. Static engine only;
-    #: unfused and without CUDA graphs, so slow on a GPU (not measured there yet).
-    batch_invariant: bool = False
-    #: The interpreter's thread switch interval while the engine loop runs, in ms (0: leave
-    #: Python's 5 ms). The engine thread gives up the GIL at every torch call and waits up
-    #: to this long to get it back from the gRPC event loop (``eventspec.cloud.scheduler``).
-    gil_switch_interval_ms: float = 0.1
-    #: Freeze the garbage collector's view of the heap once warm (``eventspec.cloud.gc_freeze``):
-    #: its full passes then skip the model and the engine, and stop pausing the loop.
-    gc_freeze: bool = True
-    #: Requests that may wait for a KV slot when all are taken (FIFO); 0 refuses at once.
-    kv_queue: int = 64
-    #: The longest a request waits in that queue (its own deadline may be sooner).
-    kv_wait_s: float = 30.0
-    #: Sessions older than this are released by the sweeper (a leak guard).
-    session_ttl_s: float = 600.0
-    #: How long a Generate call may take to send its Open (``eventspec.cloud.timeouts``).
-    first_message_timeout_s: float = FIRST_MESSAGE_TIMEOUT_S
-    #: Aligned features get this long plus their declared size over the edge's measured
-    #: uplink (``eventspec.cloud.timeouts.features_timeout_s``) ...
-    features_base_timeout_s: float = FEATURES_BASE_TIMEOUT_S
-    #: ... but never longer than this after Open.
-    input_timeout_s: float = FEATURES_MAX_TIMEOUT_S
-    #: Concurrent Generate streams one principal may hold; 0 = all but one of
-    #: ``limits.max_sessions`` (at least 1), so one caller always leaves a slot free.
-    max_sessions_per_principal: int = 0
-    #: Calibration profile file; None = under ~/.cache/eventspec.
-    profile_path: Path | None = None
-    #: Measure the cost model afresh even when a matching profile exists.
-    recalibrate: bool = False
-    #: Pace each prefill / step to at least this long (0 = off), to rehearse a slower
-    #: cloud; see cloud/engine/paced.py.
-    emulate_prefill_ms: float = 0.0
-    emulate_step_ms: float = 0.0
-    grace_s: float = 5.0
-    #: After Done, how long to wait for the edge to half-close the stream.
-    drain_timeout_s: float = 2.0
-    seed: int = 0
+    kv_layout: str = setting(
+        "by-length", choices=KV_LAYOUTS,
+        help="by-length: a request takes KV for its own prompt plus its answer cap, so "
+             "short requests leave room for more (static engine); slots: every request a "
+             "slot of --max-seq-len positions (the HF engine always)")
+    #: Fraction of free device memory reserved for KV when ``kv_cache_gb`` is None (CUDA).
+    kv_memory_fraction: float = setting(
+        0.9, help="without --kv-cache-gb, the share of free GPU memory the KV budget takes, "
+                  "in (0, 1]")
+    #: None = the prompt, 256 question tokens and the answer cap, at most the model's
+    #: (``eventspec.cloud.engine.kv.auto_max_seq_len``).
+    max_seq_len: int | None = setting(
+        None, help="positions per KV slot, prompt plus answer (default: the prompt's template "
+                   "and video rows, 256 question tokens and --max-new-tokens, at most the "
+                   "model's; a longer question gets a smaller answer cap, stated in its Plan)")
+    engine: str = setting(
+        "auto", choices=ENGINES,
+        help="static: static KV slots + CUDA graphs; hf: the HF eager reference; auto: "
+             "static on CUDA, hf on CPU; a model the static engine cannot serve falls back "
+             "to hf, logged")
+    max_verify_tokens: int = setting(
+        33, help="widest verify step of one request: the last committed token plus up to "
+                 "this many minus one drafts (advertised to the edge, which drafts no "
+                 "further ahead)")
+    #: "auto" prices drafts with eventspec.shared.contract.verify_width's cost model.
+    verify_width: str = setting(
+        "auto", choices=VERIFY_WIDTHS,
+        help="auto: each step verifies, per session, the drafts that maximise the batch's "
+             "expected tokens per ms under the cost model and the measured acceptance; "
+             "all: every valid draft up to --max-verify-tokens")
+    #: Chunked prefill, decode first (``eventspec.cloud.prefill_chunking``). 512: on an
+    #: H100, 512-token chunks riding graphed mixed steps kept ITL p99 under 50 ms up to 8
+    #: requests/s, where whole prompts missed it at every rate
+    #: (``load-h100-graphed-capacity.json``).
+    prefill_chunk: str = setting(
+        "512", help="chunked prefill, decode first (static engine): off (whole prompts), auto "
+                    "(each iteration prefills about one step's worth of prompt tokens, from "
+                    "the cost model, at least 1,024) or a number of tokens per iteration; on "
+                    "a GPU a number gets CUDA graphs of the step with its chunks (auto runs "
+                    "them eagerly); with --batch-invariant the chunks run in calls of their "
+                    "own, and off is faster")
+    #: Saved prompt prefixes (``eventspec.cloud.prefix_cache``); taken out of the KV budget.
+    prefix_cache_gb: float = setting(
+        0.0, help="GiB of device memory for saved prompt prefixes, taken out of the KV "
+                  "budget: a question about a clip already asked about skips the video "
+                  "prefill (static engine; 0: off)")
+    mixed_steps: bool = setting(
+        True, on_off=True,
+        help="with --prefill-chunk, run the chunks inside the decoding sessions' step (one "
+             "forward, static engine; not with --batch-invariant); off: a call of their own")
+    #: ``eventspec.shared.node.static.invariant``: unfused and without CUDA graphs, so slow
+    #: on a GPU (not measured there yet).
+    batch_invariant: bool = setting(
+        False, help="batch-invariant arithmetic: a greedy answer's logits do not depend on "
+                    "who else is in the batch, so speculative equals target-only at any load "
+                    "(static engine; on CUDA, batch-invariant Triton kernels with CUDA graphs)")
+    #: The engine thread gives up the GIL at every torch call and waits up to this long to
+    #: get it back from the gRPC event loop (``eventspec.cloud.scheduler``).
+    gil_switch_interval_ms: float = setting(
+        0.1, help="the interpreter's thread switch interval while serving (0: Python's 5 ms); "
+                  "the engine thread waits up to this long for the GIL after each torch call "
+                  "while gRPC work holds it")
+    #: ``eventspec.cloud.gc_freeze``.
+    gc_freeze: bool = setting(
+        True, on_off=True,
+        help="once warm, freeze the garbage collector's view of the heap (gc.freeze), so its "
+             "full passes skip the model and the engine instead of pausing the loop")
+    kv_queue: int = setting(
+        64, help="requests that may wait, first come first served, for a KV slot when all "
+                 "are taken (0: refuse at once with RESOURCE_EXHAUSTED)")
+    kv_wait_s: float = setting(
+        30.0, help="the longest a request waits in that queue; its own deadline may end the "
+                   "wait sooner (RESOURCE_EXHAUSTED then says so)")
+    #: None = under ~/.cache/eventspec (``resolved_profile_path``).
+    profile_path: Path | None = setting(
+        None, flag="--profile",
+        help="calibration profile file: reused at the next start when it matches the model "
+             "and device, which skips calibration (default: ~/.cache/eventspec/...)")
+    recalibrate: bool = setting(
+        False, help="measure the cost model afresh even if a saved profile matches")
+    #: Pacing (0 = off) to rehearse a slower cloud; see cloud/engine/paced.py.
+    emulate_prefill_ms: float = setting(
+        0.0, help="pace each prefill to at least this long, to rehearse a slower cloud (e.g. "
+                  "200); output is unchanged")
+    emulate_step_ms: float = setting(
+        0.0, help="pace each decode/verify step to at least this long (e.g. 30, an A100-class "
+                  "7B step)")
+    #: Released by the sweeper.
+    session_ttl_s: float = setting(
+        600.0, help="a session older than this is released (a leak guard; longer than any "
+                    "request should take)")
+    #: ``eventspec.cloud.timeouts`` (and ``features_timeout_s`` for the next two).
+    first_message_timeout_s: float = setting(
+        FIRST_MESSAGE_TIMEOUT_S,
+        help="a Generate call that sends no Open this long after it starts ends with "
+             "DEADLINE_EXCEEDED")
+    features_base_timeout_s: float = setting(
+        FEATURES_BASE_TIMEOUT_S,
+        help="aligned features must arrive within this plus the time their declared size "
+             "takes over the edge's measured uplink (4x slack), and within "
+             "--input-timeout-s of Open")
+    input_timeout_s: float = setting(
+        FEATURES_MAX_TIMEOUT_S,
+        help="no aligned-features upload may take longer than this after Open, whatever it "
+             "declares")
+    drain_timeout_s: float = setting(
+        2.0, help="after Done, how long to wait for the edge to close its side of the stream")
+    grace_s: float = setting(
+        5.0, help="on SIGTERM, how long requests in flight may finish before they are "
+                  "cancelled")
+    seed: int = setting(0, help="seed of --model tiny-random's random weights")
+    #: grpc.health.v1 alone on its own plaintext port (None: off), for probes.
+    health_port: int | None = health_port_setting()
+    #: Prometheus ``/metrics`` over HTTP on this port (0 picks one); None: off.
+    metrics_port: int | None = metrics_port_setting()
+    metrics_host: str = metrics_host_setting()
+    #: How the per-edge series name callers on the unauthenticated /metrics.
+    metrics_principals: str = metrics_principals_setting()
     #: TLS, tokens, allowed principals, --insecure, reflection (``eventspec.shared.wire.flags``).
     security: ServerSecurity = field(default_factory=ServerSecurity)
-    #: Prometheus ``/metrics`` over HTTP on this port (0 picks one); None: off.
-    metrics_port: int | None = None
-    #: Address the metrics endpoint binds (loopback unless told otherwise).
-    metrics_host: str = "127.0.0.1"
-    #: How the per-edge series name callers on the unauthenticated /metrics: "name",
-    #: "hash" (a stable short SHA-256 digest) or "none" (one shared label); why the
-    #: default is "name": ``eventspec.shared.node.metric_principals``.
-    metrics_principals: str = "name"
 
     @staticmethod
     def from_env() -> CloudSettings:
         """Defaults overridden by EVENTSPEC_CLOUD_* environment variables, one per flag
-        (``--session-ttl-s``: ``EVENTSPEC_CLOUD_SESSION_TTL_S``; the security ones are
-        read by ``eventspec.shared.wire.flags``).
+        (the security ones are read by ``eventspec.shared.wire.flags``).
 
         Raises SettingsError naming the variable when one does not parse.
         """
-        e, d = Env(ENV_PREFIX), CloudSettings()
-        return CloudSettings(
-            model=e.text("MODEL", d.model),
-            host=e.text("HOST", d.host),
-            port=e.integer("PORT", d.port),
-            health_port=e.optional_integer("HEALTH_PORT"),
-            device=e.text("DEVICE", d.device),
-            dtype=e.text("DTYPE", d.dtype),
-            limits=replace(d.limits,
-                           max_sessions=_env_sessions(e, d.limits.max_sessions),
-                           max_new_tokens=e.integer("MAX_NEW_TOKENS", d.limits.max_new_tokens)),
-            kv_cache_gb=e.optional_number("KV_CACHE_GB"),
-            kv_memory_fraction=e.number("KV_MEMORY_FRACTION", d.kv_memory_fraction),
-            max_seq_len=e.optional_integer("MAX_SEQ_LEN"),
-            kv_layout=e.text("KV_LAYOUT", d.kv_layout),
-            engine=e.text("ENGINE", d.engine),
-            max_verify_tokens=e.integer("MAX_VERIFY_TOKENS", d.max_verify_tokens),
-            verify_width=e.text("VERIFY_WIDTH", d.verify_width),
-            prefill_chunk=e.text("PREFILL_CHUNK", d.prefill_chunk),
-            mixed_steps=e.switch("MIXED_STEPS", d.mixed_steps),
-            prefix_cache_gb=e.number("PREFIX_CACHE_GB", d.prefix_cache_gb),
-            batch_invariant=e.switch("BATCH_INVARIANT", d.batch_invariant),
-            gil_switch_interval_ms=e.number("GIL_SWITCH_INTERVAL_MS", d.gil_switch_interval_ms),
-            gc_freeze=e.switch("GC_FREEZE", d.gc_freeze),
-            kv_queue=e.integer("KV_QUEUE", d.kv_queue),
-            kv_wait_s=e.number("KV_WAIT_S", d.kv_wait_s),
-            session_ttl_s=e.number("SESSION_TTL_S", d.session_ttl_s),
-            first_message_timeout_s=e.number("FIRST_MESSAGE_TIMEOUT_S",
-                                             d.first_message_timeout_s),
-            features_base_timeout_s=e.number("FEATURES_BASE_TIMEOUT_S",
-                                             d.features_base_timeout_s),
-            input_timeout_s=e.number("INPUT_TIMEOUT_S", d.input_timeout_s),
-            max_sessions_per_principal=e.integer("MAX_SESSIONS_PER_PRINCIPAL",
-                                                 d.max_sessions_per_principal),
-            profile_path=e.path("PROFILE"),
-            recalibrate=e.switch("RECALIBRATE", d.recalibrate),
-            emulate_prefill_ms=e.number("EMULATE_PREFILL_MS", d.emulate_prefill_ms),
-            emulate_step_ms=e.number("EMULATE_STEP_MS", d.emulate_step_ms),
-            grace_s=e.number("GRACE_S", d.grace_s),
-            drain_timeout_s=e.number("DRAIN_TIMEOUT_S", d.drain_timeout_s),
-            seed=e.integer("SEED", d.seed),
-            metrics_port=e.optional_integer("METRICS_PORT"),
-            metrics_host=e.text("METRICS_HOST", d.metrics_host),
-            metrics_principals=e.text("METRICS_PRINCIPALS", d.metrics_principals),
-        )
+        return settings_from_env(CloudSettings, ENV_PREFIX)
 
     def check(self) -> None:
         """Refuse at start-up what would otherwise fail every request later.
@@ -220,14 +235,12 @@ class CloudSettings:
         0 ("the server's default") stays a request-side meaning, never a cap. Raises
         SettingsError naming the flag.
         """
+        check_choices(self)
         require_int("--port", self.port, 0, 65535, "0 picks one")
         if self.health_port is not None:
             require_int("--health-port", self.health_port, 0, 65535, "0 picks one")
         if self.metrics_port is not None:
             require_int("--metrics-port", self.metrics_port, 0, 65535, "0 picks one")
-        require_choice("--metrics-principals", self.metrics_principals, PRINCIPAL_LABELS)
-        require_choice("--dtype", self.dtype, MODEL_DTYPES)
-        require_choice("--engine", self.engine, ENGINES)
         lim = self.limits
         require_int("--max-new-tokens", lim.max_new_tokens, 1, _INT32_MAX)
         require_int("--max-sessions", lim.max_sessions, 0, note="0: auto")
@@ -241,8 +254,6 @@ class CloudSettings:
             require_int("--max-seq-len", self.max_seq_len, 2)
         require_int("--max-verify-tokens", self.max_verify_tokens, 1,
                     lim.max_draft_tokens + 1, "the drafts cap plus one")
-        require_choice("--verify-width", self.verify_width, VERIFY_WIDTHS)
-        require_choice("--kv-layout", self.kv_layout, KV_LAYOUTS)
         if not (math.isfinite(self.prefix_cache_gb) and self.prefix_cache_gb >= 0):
             raise SettingsError(f"--prefix-cache-gb must be >= 0 (0: off), "
                                 f"got {self.prefix_cache_gb:g}")

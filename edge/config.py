@@ -8,14 +8,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eventspec.shared.node.node_cli import (
-    Env,
     SettingsError,
-    require_choice,
+    health_port_setting,
+    metrics_host_setting,
+    metrics_port_setting,
     require_fraction,
     require_int,
     require_seconds,
 )
 from eventspec.shared.node.serving import MODEL_DTYPES
+from eventspec.shared.node.settings_fields import check_choices, setting, settings_from_env
+from eventspec.shared.wire.options import SMALL_REQUEST_BYTES
 from eventspec.shared.wire.security import ClientSecurity, ServerSecurity
 
 __all__ = ["ENV_PREFIX", "EdgeSettings", "SettingsError", "check_cloud_address"]
@@ -46,181 +49,208 @@ DEFAULT_MAX_SOURCE_EVENTS = 10_000_000
 DEFAULT_MAX_SOURCE_BYTES = 512 << 20
 
 
+def _sensor_size(text: str) -> tuple[int, int]:
+    """``--sensor-size`` / its variable: ``WxH``; ValueError naming the form otherwise.
+    The parser is imported here, when one is given, so the settings import no numpy."""
+    from eventspec.edge.events.sources import parse_sensor_size
+    from eventspec.shared.contract.errors import InvalidInput
+
+    try:
+        return parse_sensor_size(text)
+    except InvalidInput as exc:
+        raise ValueError(str(exc)) from None
+
+
 @dataclass(frozen=True)
 class EdgeSettings:
-    """Everything the edge agent needs; see ``eventspec-edge serve --help``."""
+    """Everything the edge agent needs; see ``eventspec-edge serve --help``.
 
-    cloud: str | None = None
-    source: str = "toy"
-    allow_pickle: bool = False
+    Each setting is declared once, here: its field's ``setting`` is its flag, its
+    ``EVENTSPEC_EDGE_*`` variable and its help (``eventspec.shared.node.settings_fields``).
+    """
+
+    cloud: str | None = setting(
+        None, help="the cloud verifier: HOST:PORT, dns:///NAME:PORT (every replica the name "
+                   "resolves to) or IP:PORT,IP:PORT,... (replicas, balanced round_robin with "
+                   "health checks); omit for draft_only")
+    source: str = setting(
+        "toy", help="PATH (format detected from its header/extension) | KIND:PATH with KIND "
+                    "aedat4, raw, evt2, evt3, dat, bin, txt, dsec, npy, npz | dv-net:HOST:PORT "
+                    "| dv-camera[:SERIAL] | prophesee-camera[:SERIAL] | toy[:SEED|:A-B] (A-B: "
+                    "scenes A..B-1) | synthetic[:SEED]; see docs/input-formats.md")
     #: (width, height) for files that do not state their sensor size (RAW without a
     #: geometry or known plugin, DAT, bin, txt, npz) and for live streams.
-    sensor_size: tuple[int, int] | None = None
+    sensor_size: tuple[int, int] | None = setting(
+        None, parse=_sensor_size, metavar="WxH",
+        help="sensor size for files that do not state it (e.g. 640x480); a size in the "
+             "file's header wins")
+    allow_pickle: bool = setting(
+        False, help="allow EventGPT's pickled .npy files (loading a pickle runs code from the "
+                    "file: only for files you trust)")
     #: The most events, and decoded bytes, a source read whole (npz, npy, txt, bin) may
     #: bring into memory: checked against what the file declares (headers, a zip
     #: member's size) before reading, and for text while parsing, so a small compressed
     #: file cannot decode into GBs (issue 38: a 1.7 MB .npz reached 5.9 GB).
-    max_source_events: int = DEFAULT_MAX_SOURCE_EVENTS
-    max_source_bytes: int = DEFAULT_MAX_SOURCE_BYTES
-    model: str = "toy"
-    adapter: Path | None = None
-    host: str = "127.0.0.1"
-    port: int = 50062
-    #: grpc.health.v1 alone on its own plaintext port (None: off), for probes.
-    health_port: int | None = None
-    device: str = "cpu"
-    dtype: str = "float32"
-    default_jpeg_quality: int = 90
+    max_source_events: int = setting(
+        DEFAULT_MAX_SOURCE_EVENTS,
+        help="the most events a source read whole (npz, npy, txt, bin) may hold, checked "
+             "against what the file declares before it is read (text: while parsed); about "
+             "13 bytes of memory each")
+    max_source_bytes: int = setting(
+        DEFAULT_MAX_SOURCE_BYTES,
+        help="the most bytes such a source may decode: a zip member's uncompressed size, the "
+             "arrays an .npy/.npz header declares, a text, .bin or pickled file's size")
+    model: str = setting(
+        "toy", help="a local EventGPT-7b directory, toy (the embedded toy-world model, with "
+                    "its adapter), toy-misaligned (the toy drafter on other wording: low "
+                    "acceptance, for --draft-head) or tiny-random")
+    adapter: Path | None = setting(
+        None, help="feature adapter directory, or toy (enables the aligned feature mode)")
+    host: str = setting("127.0.0.1", help="bind address")
+    port: int = setting(50062, help="port, 1..65535; 0 picks a free one")
+    device: str = setting("cpu", help="cpu, cuda or cuda:N")
+    dtype: str = setting("float32", choices=MODEL_DTYPES, help="the draft model's weights")
+    default_jpeg_quality: int = setting(
+        90, flag="--jpeg-quality", help="JPEG quality of frames sent to the cloud, 1..100")
     #: Deadline for one request's Generate stream to the cloud.
-    request_timeout_s: float = 120.0
-    #: Deadline for GetServerInfo and other unary calls.
-    rpc_timeout_s: float = 5.0
-    #: How long an Ask waits for a cloud that is warming up or briefly unreachable
-    #: (never past the Ask's own deadline).
-    cloud_wait_s: float = 60.0
-    #: A cloud replica that sends nothing (not even its Plan) this long after an Open is
-    #: taken for hung: the request moves to another replica if nothing was committed.
-    cloud_first_reply_s: float = 5.0
-    #: A replica taken for hung rests this long, then is probed out of band and takes
-    #: requests again only once a probe answers (issue 38).
-    cloud_rest_s: float = 30.0
-    #: Asks that may wait for a cloud slot (beyond those in flight) before more are
-    #: refused with RESOURCE_EXHAUSTED.
-    max_queued_asks: int = 256
-    #: Acceptance prior before any request has been observed.
-    acceptance_prior: float = 0.5
-    #: Send a Preview to the client every N drafted tokens.
-    preview_every: int = 4
-    #: Draft trees (issue 36), where the drafter expands several nodes in one forward and
-    #: the cloud keeps trees: live nodes per request at most (0: chains only), children
-    #: per expanded node on the likeliest path, nodes expanded per forward, and children
-    #: per expanded node off the likeliest path (the defaults: docs/trees.md).
-    tree_nodes: int = 128
-    tree_top_k: int = 4
-    tree_per_forward: int = 8
-    tree_branch_top_k: int = 1
-    #: Draft forwards (chains: tokens) per Drafts message at least; the plan's cadence
-    #: where that is more. Fewer, larger messages spare the cloud's host.
-    drafts_every: int = 1
-    #: "auto": draft when the shared timing plan says it pays; "always": draft anyway
-    #: (to measure acceptance, or when the cost model is known to be wrong).
-    speculation: str = "auto"
-    #: What drafts: "static" (the static-KV runtime the cloud's engine uses: one KV slot,
-    #: CUDA graphs, rollback as a length change), "hf" (the HF eager reference), or
-    #: "auto" (static on CUDA when the model is a plain LLaMA decoder, hf otherwise).
-    draft_engine: str = "auto"
-    #: The static drafter's decoder weights: "none" (the model dtype), "int8" (one scale
-    #: per output channel) or "int4" (groups of 128 inputs at 7B); weight-only, the
-    #: activations stay in the model dtype.
-    draft_quant: str = "none"
-    #: KV slots of the static drafter: requests drafting at once beyond this take turns
-    #: (the least recently used slot is rebuilt from its request's prompt and tokens).
-    draft_slots: int = 2
-    #: ``--draft-engine oracle`` (benchmarks only): JSON question -> the target-only
-    #: answer's token ids, which the oracle drafts, each wrong with probability
-    #: 1 - ``oracle_alpha``, at ``oracle_ms_per_token`` per forward after a prefill of
-    #: ``oracle_prefill_ms`` (defaults: the static bf16 drafter measured on an H200).
-    oracle_answers: Path | None = None
-    oracle_alpha: float = 0.8
-    oracle_ms_per_token: float = 4.68
-    oracle_prefill_ms: float = 36.1
-    oracle_seed: int = 0
-    #: The oracle's tree coverage q (issue 36): where its top-1 is wrong, the true token is
-    #: among its other top-k children with this probability. 0: chains.
-    oracle_coverage: float = 0.0
-    #: A token adapter or distilled draft head (``eventspec-edge train-adapter``): the
-    #: edge drafts its argmax (the target's predicted next token) from the HF drafter's
-    #: hidden states instead of the drafter's own (``eventspec.edge.headed_draft``).
-    draft_head: Path | None = None
-    #: Where to log what a draft head learns from (the drafter's hidden states at
-    #: committed positions and the committed token ids, never events); None: off.
-    commit_log: Path | None = None
-    #: The commit log's bound, MiB: once reached, nothing more is logged.
-    commit_log_max_mb: int = 256
-    #: The edge's calibration profile (vision, prefill and per-token draft costs for
-    #: this drafter): reused at the next start after a spot check; None: the default
-    #: file under ~/.cache/eventspec (``resolved_profile_path``).
-    profile_path: Path | None = None
-    #: Measure the draft costs afresh even if a saved profile matches.
-    recalibrate: bool = False
-    #: What runs the vision path (CLIP, projector, adaptor, adapter): "torch", or "onnx"
-    #: (ONNX Runtime over the export in ``onnx_dir``: CUDA execution provider in fp16
-    #: when onnxruntime-gpu is installed and the draft runs on CUDA, else CPU in fp32).
-    vision_backend: str = "torch"
-    #: An export made by ``eventspec-edge export-onnx`` (needed by ``--vision-backend onnx``).
-    onnx_dir: Path | None = None
-    grace_s: float = 5.0
-    seed: int = 0
-    max_message_bytes: int = 8 << 20
+    request_timeout_s: float = setting(
+        120.0, flag="--request-timeout",
+        help="deadline of one request's stream to the cloud, seconds")
+    rpc_timeout_s: float = setting(
+        5.0, help="deadline of GetServerInfo and the other single calls to the cloud")
+    cloud_wait_s: float = setting(
+        60.0, help="how long an Ask waits for a cloud verifier that is warming up or briefly "
+                   "unreachable, streaming progress, before it fails (never past the Ask's "
+                   "deadline)")
+    #: "Hung" means nothing at all, not even its Plan.
+    cloud_first_reply_s: float = setting(
+        5.0, help="a cloud replica that sends no Plan this long after a request's Open is "
+                  "taken for hung, and the request moves to another replica if nothing was "
+                  "committed")
+    #: Issue 38.
+    cloud_rest_s: float = setting(
+        30.0, help="a replica taken for hung rests this long, then is probed out of band and "
+                   "takes requests again only once a probe answers")
+    #: Beyond those in flight.
+    max_queued_asks: int = setting(
+        256, help="Asks that may wait in line for a cloud slot (the edge keeps to the "
+                  "sessions its cloud advertises); more are refused with RESOURCE_EXHAUSTED")
+    #: "always" also serves when the cost model is known to be wrong.
+    speculation: str = setting(
+        "auto", choices=SPECULATION_MODES,
+        help="auto: draft when the timing plan says it pays (default); always: draft "
+             "regardless, e.g. to measure acceptance")
+    #: "static" is the static-KV runtime the cloud's engine uses (rollback as a length
+    #: change); "auto" takes it on CUDA when the model is a plain LLaMA decoder.
+    draft_engine: str = setting(
+        "auto", choices=DRAFT_ENGINES,
+        help="static: EventGPT's LLM on the static-KV runtime (one KV slot, CUDA graphs); "
+             "hf: the HF eager reference; auto: static on CUDA, hf on CPU; oracle: "
+             "BENCHMARKS ONLY, drafts the --oracle-answers with --oracle-alpha")
+    #: Weight-only: the activations stay in the model dtype.
+    draft_quant: str = setting(
+        "none", choices=DRAFT_QUANTS,
+        help="the static drafter's decoder weights: none (the model dtype), int8 (per output "
+             "channel) or int4 (groups of 128 inputs at 7B); weight-only")
+    #: ``--draft-engine oracle`` (benchmarks only) drafts each answer's token ids, each
+    #: wrong with probability 1 - ``oracle_alpha``, at ``oracle_ms_per_token`` per forward
+    #: after a prefill of ``oracle_prefill_ms`` (defaults: the static bf16 drafter
+    #: measured on an H200).
+    oracle_answers: Path | None = setting(
+        None, help="--draft-engine oracle (benchmarks only): JSON object, question -> the "
+                   "target-only answer's token ids; a question it lacks drafts arbitrary ids "
+                   "(logged)")
+    oracle_alpha: float = setting(
+        0.8, help="the oracle's chance that each draft is the answer's token, 0..1")
+    oracle_ms_per_token: float = setting(
+        4.68, help="the oracle's pace: ms per draft forward (default: the static bf16 drafter "
+                   "on an H200; int8 3.39, int4 2.96)")
+    oracle_prefill_ms: float = setting(
+        36.1, help="the oracle's prefill pace, ms (default: the static bf16 drafter's "
+                   "737-token prefill on an H200)")
+    oracle_seed: int = setting(
+        0, help="seed of the oracle's right/wrong draws (per question and position)")
+    #: Issue 36.
+    oracle_coverage: float = setting(
+        0.0, help="benchmarks only: the oracle drafts trees; where its top-1 is wrong the "
+                  "true token is among its other top-k with this probability q (0: chains)")
+    #: ``eventspec.edge.headed_draft``: drafted instead of the drafter's own argmax.
+    draft_head: Path | None = setting(
+        None, help="a token adapter or draft head directory (eventspec-edge train-adapter): "
+                   "drafts its argmax, the target's predicted next token, from the HF "
+                   "drafter's hidden states")
+    commit_log: Path | None = setting(
+        None, help="log the drafter's hidden states at committed positions and the committed "
+                   "token ids (never events) to this directory, for train-adapter; off unless "
+                   "given")
+    commit_log_max_mb: int = setting(
+        256, help="the commit log's bound in MiB: once reached, nothing more is logged")
+    #: Beyond this, the least recently used slot is rebuilt from its request's prompt and
+    #: tokens.
+    draft_slots: int = setting(
+        2, help="KV slots of the static drafter, one per request drafting at once; more "
+                "requests take turns, rebuilding an evicted slot (a full-size slot of 2,048 "
+                "positions is about 1 GiB in bf16)")
+    #: None: the default file under ~/.cache/eventspec (``resolved_profile_path``).
+    profile_path: Path | None = setting(
+        None, flag="--profile",
+        help="calibration profile file (vision, prefill and per-token draft costs of this "
+             "drafter): reused at the next start when a warm-up agrees with it (default: "
+             "~/.cache/eventspec/edge-...)")
+    recalibrate: bool = setting(
+        False, help="measure the draft costs afresh even if a saved profile matches")
+    vision_backend: str = setting(
+        "torch", choices=VISION_BACKENDS,
+        help="what runs the vision path (CLIP, projector, adaptor, adapter): torch, or onnx: "
+             "ONNX Runtime over the --onnx-dir export (CUDA execution provider in fp16 with "
+             "onnxruntime-gpu and a CUDA --device, else CPU in fp32)")
+    onnx_dir: Path | None = setting(
+        None, help="an export of --model (and --adapter) made by `eventspec-edge export-onnx`, "
+                   "for --vision-backend onnx; a stale one is refused")
+    acceptance_prior: float = setting(
+        0.5, help="the share of drafts the plan expects the cloud to accept before any "
+                  "request has been observed, 0..1")
+    preview_every: int = setting(
+        4, help="send the client a preview of the unverified answer every N drafted tokens "
+                "(>= 1)")
+    #: Draft trees (issue 36; the defaults: docs/trees.md).
+    tree_nodes: int = setting(
+        128, help="draft trees where the drafter expands several nodes in one forward and the "
+                  "cloud keeps trees: live nodes per request at most (0: chains only)")
+    tree_top_k: int = setting(
+        4, help="children per expanded tree node on the likeliest path (the drafter's top k)")
+    tree_per_forward: int = setting(
+        8, help="tree nodes expanded per draft forward, likeliest path first")
+    tree_branch_top_k: int = setting(
+        1, help="children per expanded tree node off the likeliest path (<= --tree-top-k)")
+    drafts_every: int = setting(
+        1, help="draft forwards (chains: tokens) per Drafts message at least, 1..64 (the "
+                "plan's cadence where that is more); fewer messages spare the cloud's host")
+    max_message_bytes: int = setting(
+        8 << 20, help=f"largest gRPC message to clients and to and from the cloud, "
+                      f"{MIN_MESSAGE_BYTES}..{MAX_MESSAGE_BYTES} (a client's request: at most "
+                      f"{SMALL_REQUEST_BYTES >> 20} MiB)")
+    grace_s: float = setting(
+        5.0, help="on SIGTERM, how long Asks in flight may finish before they are cancelled")
+    seed: int = setting(0, help="seed of --model tiny-random's random weights")
+    #: grpc.health.v1 alone on its own plaintext port (None: off), for probes.
+    health_port: int | None = health_port_setting()
+    #: Prometheus ``/metrics`` over HTTP on this port (0 picks one); None: off.
+    metrics_port: int | None = metrics_port_setting()
+    metrics_host: str = metrics_host_setting()
     #: How clients reach this edge: TLS, tokens, --insecure, reflection.
     security: ServerSecurity = field(default_factory=ServerSecurity)
     #: How this edge reaches the cloud: TLS / mutual TLS and its bearer token.
     cloud_security: ClientSecurity | None = None
-    #: Prometheus ``/metrics`` over HTTP on this port (0 picks one); None: off.
-    metrics_port: int | None = None
-    #: Address the metrics endpoint binds (loopback unless told otherwise).
-    metrics_host: str = "127.0.0.1"
 
     @staticmethod
     def from_env() -> EdgeSettings:
         """Defaults overridden by EVENTSPEC_EDGE_* environment variables, one per flag
-        (``--cloud-wait-s``: ``EVENTSPEC_EDGE_CLOUD_WAIT_S``; the security ones are read
-        by ``eventspec.shared.wire.flags``).
+        (the security ones are read by ``eventspec.shared.wire.flags``).
 
         Raises SettingsError naming the variable when one does not parse.
         """
-        e, d = Env(ENV_PREFIX), EdgeSettings()
-        return EdgeSettings(
-            cloud=e.optional_text("CLOUD"),
-            source=e.text("SOURCE", d.source),
-            allow_pickle=e.switch("ALLOW_PICKLE", d.allow_pickle),
-            sensor_size=_env_sensor_size(e),
-            max_source_events=e.integer("MAX_SOURCE_EVENTS", d.max_source_events),
-            max_source_bytes=e.integer("MAX_SOURCE_BYTES", d.max_source_bytes),
-            model=e.text("MODEL", d.model),
-            adapter=e.path("ADAPTER"),
-            host=e.text("HOST", d.host),
-            port=e.integer("PORT", d.port),
-            health_port=e.optional_integer("HEALTH_PORT"),
-            device=e.text("DEVICE", d.device),
-            dtype=e.text("DTYPE", d.dtype),
-            default_jpeg_quality=e.integer("JPEG_QUALITY", d.default_jpeg_quality),
-            request_timeout_s=e.number("REQUEST_TIMEOUT", d.request_timeout_s),
-            rpc_timeout_s=e.number("RPC_TIMEOUT_S", d.rpc_timeout_s),
-            cloud_wait_s=e.number("CLOUD_WAIT_S", d.cloud_wait_s),
-            cloud_first_reply_s=e.number("CLOUD_FIRST_REPLY_S", d.cloud_first_reply_s),
-            cloud_rest_s=e.number("CLOUD_REST_S", d.cloud_rest_s),
-            max_queued_asks=e.integer("MAX_QUEUED_ASKS", d.max_queued_asks),
-            acceptance_prior=e.number("ACCEPTANCE_PRIOR", d.acceptance_prior),
-            preview_every=e.integer("PREVIEW_EVERY", d.preview_every),
-            tree_nodes=e.integer("TREE_NODES", d.tree_nodes),
-            tree_top_k=e.integer("TREE_TOP_K", d.tree_top_k),
-            tree_per_forward=e.integer("TREE_PER_FORWARD", d.tree_per_forward),
-            tree_branch_top_k=e.integer("TREE_BRANCH_TOP_K", d.tree_branch_top_k),
-            drafts_every=e.integer("DRAFTS_EVERY", d.drafts_every),
-            speculation=e.text("SPECULATION", d.speculation),
-            draft_engine=e.text("DRAFT_ENGINE", d.draft_engine),
-            draft_quant=e.text("DRAFT_QUANT", d.draft_quant),
-            draft_slots=e.integer("DRAFT_SLOTS", d.draft_slots),
-            oracle_answers=e.path("ORACLE_ANSWERS"),
-            oracle_alpha=e.number("ORACLE_ALPHA", d.oracle_alpha),
-            oracle_ms_per_token=e.number("ORACLE_MS_PER_TOKEN", d.oracle_ms_per_token),
-            oracle_prefill_ms=e.number("ORACLE_PREFILL_MS", d.oracle_prefill_ms),
-            oracle_seed=e.integer("ORACLE_SEED", d.oracle_seed),
-            oracle_coverage=e.number("ORACLE_COVERAGE", d.oracle_coverage),
-            draft_head=e.path("DRAFT_HEAD"),
-            commit_log=e.path("COMMIT_LOG"),
-            commit_log_max_mb=e.integer("COMMIT_LOG_MAX_MB", d.commit_log_max_mb),
-            profile_path=e.path("PROFILE"),
-            recalibrate=e.switch("RECALIBRATE", d.recalibrate),
-            vision_backend=e.text("VISION_BACKEND", d.vision_backend),
-            onnx_dir=e.path("ONNX_DIR"),
-            grace_s=e.number("GRACE_S", d.grace_s),
-            seed=e.integer("SEED", d.seed),
-            max_message_bytes=e.integer("MAX_MESSAGE_BYTES", d.max_message_bytes),
-            metrics_port=e.optional_integer("METRICS_PORT"),
-            metrics_host=e.text("METRICS_HOST", d.metrics_host),
-        )
+        return settings_from_env(EdgeSettings, ENV_PREFIX)
 
     def resolved_profile_path(self, model_id: str) -> Path:
         """``--profile``, or one file per model, device, dtype, drafter and quantisation
@@ -239,15 +269,12 @@ class EdgeSettings:
         A negative request timeout, for one, was accepted and then expired every
         request's cloud stream at once. Raises SettingsError naming the flag.
         """
+        check_choices(self)
         require_int("--port", self.port, 0, 65535, "0 picks one")
         if self.health_port is not None:
             require_int("--health-port", self.health_port, 0, 65535, "0 picks one")
         if self.metrics_port is not None:
             require_int("--metrics-port", self.metrics_port, 0, 65535, "0 picks one")
-        require_choice("--dtype", self.dtype, MODEL_DTYPES)
-        require_choice("--speculation", self.speculation, SPECULATION_MODES)
-        require_choice("--draft-engine", self.draft_engine, DRAFT_ENGINES)
-        require_choice("--draft-quant", self.draft_quant, DRAFT_QUANTS)
         require_int("--draft-slots", self.draft_slots, 1, 1024)
         if self.draft_quant != "none" and self.draft_engine == "hf":
             raise SettingsError(
@@ -256,7 +283,6 @@ class EdgeSettings:
             )
         self._check_oracle()
         self._check_draft_head()
-        require_choice("--vision-backend", self.vision_backend, VISION_BACKENDS)
         require_seconds("--request-timeout", self.request_timeout_s, zero_ok=False)
         require_seconds("--rpc-timeout-s", self.rpc_timeout_s, zero_ok=False)
         require_seconds("--cloud-wait-s", self.cloud_wait_s, zero_ok=True)
@@ -306,19 +332,6 @@ class EdgeSettings:
                 raise SettingsError(f"{flag} must be >= 0 ms, got {ms:g}")
         require_int("--oracle-seed", self.oracle_seed, 0, SEED_MAX)
         require_fraction("--oracle-coverage", self.oracle_coverage, zero_ok=True)
-
-
-def _env_sensor_size(e: Env) -> tuple[int, int] | None:
-    text = e.optional_text("SENSOR_SIZE")
-    if text is None:
-        return None
-    from eventspec.edge.events.sources import parse_sensor_size
-    from eventspec.shared.contract.errors import InvalidInput
-
-    try:
-        return parse_sensor_size(text)
-    except InvalidInput as exc:
-        raise SettingsError(f"${ENV_PREFIX}SENSOR_SIZE={text!r}: {exc}") from None
 
 
 #: Cloud addresses with one of these schemes go to gRPC's resolver as they are.

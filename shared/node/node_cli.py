@@ -1,6 +1,7 @@
-"""What ``eventspec-edge`` and ``eventspec-cloud`` share as commands: settings errors and
-how they are refused, reading ``EVENTSPEC_EDGE_*`` / ``EVENTSPEC_CLOUD_*`` variables, flags
-that default to their variable, the value checks, and ``serve``'s run.
+"""What ``eventspec-edge`` and ``eventspec-cloud`` share as commands: how a bad setting is
+refused, the flags of ``serve`` (each node's settings, declared once on its settings
+dataclass through ``eventspec.shared.node.settings_fields``, and the endpoint settings
+both declare alike), the value checks, and ``serve``'s run.
 
 The convention both nodes follow: every setting ``--some-flag`` has the environment
 variable ``<PREFIX>SOME_FLAG`` (``EVENTSPEC_CLOUD_SESSION_TTL_S`` for ``--session-ttl-s``),
@@ -21,11 +22,10 @@ import dataclasses
 import errno
 import logging
 import math
-import os
 import socket
 import sys
 import tempfile
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, NoReturn, Protocol, TypeVar
 
@@ -36,6 +36,10 @@ from eventspec.shared.node.serving import (
     quiet_progress_bars,
     run_node,
 )
+from eventspec.shared.node.settings_fields import SettingsError as SettingsError
+from eventspec.shared.node.settings_fields import add_setting_flags, setting
+from eventspec.shared.node.settings_fields import env_name as env_name
+from eventspec.shared.wire.flags import add_server_security_args
 from eventspec.shared.wire.security import (
     SecurityConfigError,
     ServerSecurity,
@@ -48,98 +52,11 @@ EXIT_USAGE = 2
 #: ``--log-level`` names (``logging`` refuses others with a traceback).
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
-#: Spellings of a switch variable (``EVENTSPEC_EDGE_ALLOW_PICKLE=1``).
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
-
-
-class SettingsError(ValueError):
-    """A flag or environment value the node cannot run with; the message names it."""
-
-    def in_environment(self, env_prefix: str) -> str:
-        """The message for a value that came from the environment: a leading ``--flag``
-        becomes ``$<PREFIX>FLAG (--flag)``, so the line names what to fix."""
-        text = str(self)
-        flag, sep, rest = text.partition(" ")
-        if flag.startswith("--") and sep:
-            return f"${env_name(env_prefix, flag)} ({flag}) {rest}"
-        return text
-
-
-def env_name(env_prefix: str, flag: str) -> str:
-    """``--session-ttl-s`` -> ``EVENTSPEC_CLOUD_SESSION_TTL_S`` (for that prefix)."""
-    return env_prefix + flag.removeprefix("--").upper().replace("-", "_")
-
 
 def refuse(prog: str, message: str) -> NoReturn:
     """One line on stderr naming the flag or variable, then exit 2 (nothing started)."""
     print(f"{prog}: error: {message}", file=sys.stderr)
     raise SystemExit(EXIT_USAGE)
-
-
-class Env:
-    """One node's ``<PREFIX>NAME`` variables; unset or empty means the default.
-
-    A value that does not parse raises SettingsError naming the variable and the value.
-    """
-
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-
-    def _raw(self, name: str) -> str | None:
-        text = os.environ.get(self.prefix + name)
-        return None if text is None or text == "" else text
-
-    def _bad(self, name: str, text: str, what: str) -> SettingsError:
-        return SettingsError(f"${self.prefix}{name}={text!r} is not {what}")
-
-    def text(self, name: str, default: str) -> str:
-        text = self._raw(name)
-        return default if text is None else text
-
-    def optional_text(self, name: str, default: str | None = None) -> str | None:
-        text = self._raw(name)
-        return default if text is None else text
-
-    def integer(self, name: str, default: int) -> int:
-        value = self.optional_integer(name)
-        return default if value is None else value
-
-    def optional_integer(self, name: str) -> int | None:
-        text = self._raw(name)
-        if text is None:
-            return None
-        try:
-            return int(text)
-        except ValueError:
-            raise self._bad(name, text, "an integer") from None
-
-    def number(self, name: str, default: float) -> float:
-        value = self.optional_number(name)
-        return default if value is None else value
-
-    def optional_number(self, name: str) -> float | None:
-        text = self._raw(name)
-        if text is None:
-            return None
-        try:
-            return float(text)
-        except ValueError:
-            raise self._bad(name, text, "a number") from None
-
-    def switch(self, name: str, default: bool = False) -> bool:
-        text = self._raw(name)
-        if text is None:
-            return default
-        if text.strip().lower() in _TRUE:
-            return True
-        if text.strip().lower() in _FALSE:
-            return False
-        raise self._bad(name, text, "a switch (1 or 0)")
-
-    def path(self, name: str) -> Path | None:
-        text = self._raw(name)
-        return None if text is None else Path(text)
 
 
 class CheckedSettings(Protocol):
@@ -204,16 +121,6 @@ def checked(prog: str, settings: S) -> S:
     return settings
 
 
-def add_setting(parser: argparse.ArgumentParser | argparse._ArgumentGroup, env_prefix: str,
-                flag: str, *, default: Any, help: str, **kwargs: Any) -> None:
-    """``flag``, defaulting to its environment variable's value (read into ``default`` by
-    the node's ``from_env``), with the variable named at the end of its help."""
-    name = env_name(env_prefix, flag)
-    switch = kwargs.get("action") == "store_true"
-    parser.add_argument(flag, default=default,
-                        help=f"{help} (${name}{'=1' if switch else ''})", **kwargs)
-
-
 def add_run_args(parser: argparse.ArgumentParser, node: str) -> None:
     """``--port-file`` and ``--log-level``: how the process runs, not a setting."""
     parser.add_argument("--port-file", type=Path, default=None,
@@ -223,28 +130,51 @@ def add_run_args(parser: argparse.ArgumentParser, node: str) -> None:
                         type=str.upper, help="log threshold")
 
 
-def add_metrics_args(parser: argparse.ArgumentParser, env_prefix: str, *,
-                     port: int | None, host: str, principals: str | None = None) -> None:
-    """``--metrics-port`` / ``--metrics-host``, the same on both nodes
-    (eventspec.shared.node.metrics); ``port`` and ``host`` are the environment's.
+def add_serve_flags(parser: argparse.ArgumentParser, defaults: CheckedSettings,
+                    env_prefix: str, node: str) -> None:
+    """``serve``'s flags, in the order both nodes list them: one per setting its settings
+    class declares, defaulting to ``defaults`` (the environment's), then ``--port-file``
+    and ``--log-level``, the endpoints' (health, metrics), and the security flags."""
+    add_setting_flags(parser, defaults, env_prefix, endpoints=False)
+    add_run_args(parser, node)
+    add_setting_flags(parser, defaults, env_prefix, endpoints=True)
+    add_server_security_args(parser, env_prefix)
 
-    ``principals`` (the environment's) adds ``--metrics-principals``, for a node whose
-    series carry callers' principals: only the cloud's do (its per-edge series), so only
-    it passes one; the edge's metrics name no caller, and a flag there would change
-    nothing (``eventspec.shared.node.metric_principals``)."""
-    add_setting(parser, env_prefix, "--metrics-port", type=int, default=port,
-                help="serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a "
-                     "free port, logged; default: off)")
-    add_setting(parser, env_prefix, "--metrics-host", default=host,
-                help="bind address of the metrics endpoint (it has no authentication: a "
-                     "non-loopback address is logged as a warning)")
-    if principals is not None:
-        add_setting(parser, env_prefix, "--metrics-principals", default=principals,
-                    choices=PRINCIPAL_LABELS,
-                    help="how /metrics' per-edge series show the authenticated caller: "
-                         "its name; hash: the first 12 hex digits of the name's SHA-256 "
-                         "(stable across restarts and replicas); none: every caller as "
-                         "'redacted'")
+
+# -- the endpoint settings, declared alike by both nodes -------------------------------
+
+def health_port_setting() -> Any:
+    """``--health-port``: grpc.health.v1 alone on its own plaintext port, for probes."""
+    return setting(None, endpoint=True,
+                   help="also serve grpc.health.v1 (only) on this port, plaintext and without "
+                        "credentials, for Kubernetes probes: its own server, which no load or "
+                        "stalled stream on the main port can exhaust; 0 picks one")
+
+
+def metrics_port_setting() -> Any:
+    """``--metrics-port`` (eventspec.shared.node.metrics); default off."""
+    return setting(None, endpoint=True,
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a "
+                        "free port, logged; default: off)")
+
+
+def metrics_host_setting() -> Any:
+    """``--metrics-host``: loopback unless told otherwise."""
+    return setting("127.0.0.1", endpoint=True,
+                   help="bind address of the metrics endpoint (it has no authentication: a "
+                        "non-loopback address is logged as a warning)")
+
+
+def metrics_principals_setting() -> Any:
+    """``--metrics-principals``, for a node whose series carry callers' principals: only
+    the cloud's do (its per-edge series), so only it declares one; the edge's metrics name
+    no caller, and a flag there would change nothing
+    (``eventspec.shared.node.metric_principals``, which says why the default is name)."""
+    return setting("name", endpoint=True, choices=PRINCIPAL_LABELS,
+                   help="how /metrics' per-edge series show the authenticated caller: "
+                        "its name; hash: the first 12 hex digits of the name's SHA-256 "
+                        "(stable across restarts and replicas); none: every caller as "
+                        "'redacted'")
 
 
 # -- value checks: SettingsError naming the flag --------------------------------------
@@ -269,12 +199,6 @@ def require_fraction(flag: str, value: float, *, zero_ok: bool) -> None:
     if math.isfinite(value) and value <= 1 and (value > 0 or (zero_ok and value == 0)):
         return
     raise SettingsError(f"{flag} must be in {'[' if zero_ok else '('}0, 1], got {value:g}")
-
-
-def require_choice(flag: str, value: str, choices: Collection[str]) -> None:
-    """One of ``choices`` (argparse checks a flag's; this checks a variable's too)."""
-    if value not in choices:
-        raise SettingsError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
 
 
 # -- serve ----------------------------------------------------------------------------

@@ -61,20 +61,6 @@ def add_server_security_args(parser: argparse.ArgumentParser, env_prefix: str) -
                    help=f"do not serve gRPC server reflection (${p}REFLECTION=0)")
 
 
-def add_health_port_arg(parser: argparse.ArgumentParser, env_prefix: str,
-                        default: int | None) -> None:
-    """``--health-port``: grpc.health.v1 alone on its own plaintext port, for probes.
-
-    ``default`` is ``$<env_prefix>HEALTH_PORT`` as the node's settings read it (a value
-    that is not a port is refused there, naming the variable).
-    """
-    parser.add_argument(
-        "--health-port", type=int, default=default,
-        help="also serve grpc.health.v1 (only) on this port, plaintext and without "
-             "credentials, for Kubernetes probes: its own server, which no load or stalled "
-             f"stream on the main port can exhaust; 0 picks one (${env_prefix}HEALTH_PORT)")
-
-
 def server_security_from_args(args: argparse.Namespace, env_prefix: str) -> ServerSecurity:
     """The ``ServerSecurity`` those flags describe; errors name the flag."""
     if (args.tls_cert is None) != (args.tls_key is None):
