@@ -37,6 +37,7 @@ from eventspec.edge.cloud_attempt import CloudAttempt
 from eventspec.edge.cloud_wait import cloud_info_when_ready
 from eventspec.edge.cost_meter import EdgeCostMeter
 from eventspec.edge.draft import DraftModel
+from eventspec.edge.draft_batcher import DraftBatcher
 from eventspec.edge.draft_only import answer_draft_only
 from eventspec.edge.draft_tree import TreeShape
 from eventspec.edge.drafter import DraftBackend
@@ -114,6 +115,8 @@ class EdgeAgent:
         self.link = link
         self.adapter = adapter
         self.worker = worker or ModelWorker("edge-model")
+        #: Draft forwards of all this edge's sessions, batched on ``worker`` (issue 36).
+        self.drafting = DraftBatcher(self.worker)
         self.acceptance = AcceptanceEstimator(prior=acceptance_prior)
         self.costs = EdgeCostMeter()
         self.uplink = ThroughputEstimator()

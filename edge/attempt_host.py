@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from eventspec.edge.cost_meter import EdgeCostMeter
 from eventspec.edge.draft import DraftModel
+from eventspec.edge.draft_batcher import DraftBatcher
 from eventspec.edge.draft_tree import TreeShape
 from eventspec.edge.drafter import DraftBackend
 from eventspec.edge.link import VerifierLink
@@ -37,6 +38,7 @@ class AttemptHost(Protocol):
     #: Prompts, EOS and decoding of the drafts' text.
     draft: DraftModel
     worker: ModelWorker
+    drafting: DraftBatcher
     force_speculation: bool
     preview_every: int
     tree_shape: TreeShape | None

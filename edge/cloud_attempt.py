@@ -205,18 +205,18 @@ class CloudAttempt:
                     self.spec.question, prepared.event_pixels, prepared.clip_features
                 )
             ))
+        drafting = self.agent.drafting  # with the edge's other sessions, in one forward
         if "draft" not in self.tasks and self.session.tree is not None:
             if self.session.wants_draft():  # the likeliest leaves, in one forward
                 wanted = self.session.expansion()
                 self.expanding = [key for key, _ in wanted]
                 contexts, k = [ctx for _, ctx in wanted], self.session.tree.top_k
-                self.tasks["draft"] = asyncio.ensure_future(worker.run(
-                    lambda: drafter.expand(contexts, k)))
+                self.tasks["draft"] = asyncio.ensure_future(
+                    drafting.expand(drafter, contexts, k))
         elif "draft" not in self.tasks and self.session.wants_draft():
             self.draft_context = self.session.draft_context()
-            self.tasks["draft"] = asyncio.ensure_future(worker.run(
-                lambda ctx=self.draft_context: drafter.draft_next(ctx)  # type: ignore[misc]
-            ))
+            self.tasks["draft"] = asyncio.ensure_future(
+                drafting.draft(drafter, self.draft_context))
 
     def _drafted(self) -> list[Action]:
         """The session's actions for a draft token that is ready (none while drafting)."""

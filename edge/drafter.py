@@ -94,19 +94,23 @@ class Drafter:
         if self._state is None or self._prefill_logits is None:
             raise RuntimeError("draft before prefill")
         t0 = time.perf_counter()
-        ctx = [int(t) for t in context]
-        if ctx != self._fed or self.last_logits is None:
-            self.last_logits = self._sync(ctx)
-        token = self.backend.greedy_next(self.last_logits)
-        t1 = time.perf_counter()
-        self.draft_ms_total += (t1 - t0) * 1e3
-        self.drafted_total += 1
-        if self.spans is not None and len(self.spans) < MAX_SPANS:
-            self.spans.append((t0, t1))
+        token = self.backend.greedy_next(self._sync([int(t) for t in context]))
+        self._count(t0, time.perf_counter(), 1)
         return token
 
     def _sync(self, ctx: list[int]) -> torch.Tensor:
         """Make the cache hold ``prompt + ctx``; return the logits after it [V]."""
+        feed = self._crop_for(ctx)
+        if feed:
+            self._took(ctx, self.backend.step(self._state, feed))  # [len(feed), V]
+        assert self.last_logits is not None
+        return self.last_logits
+
+    def _crop_for(self, ctx: list[int]) -> list[int]:
+        """Crop the cache to what ``ctx`` shares with it and return the tokens still to
+        feed (none: ``last_logits`` already follows ``ctx``)."""
+        if ctx == self._fed and self.last_logits is not None:
+            return []
         shared = 0
         while shared < min(len(ctx), len(self._fed)) and ctx[shared] == self._fed[shared]:
             shared += 1
@@ -117,11 +121,20 @@ class Drafter:
             self.rollbacks += 1
         self._fed = ctx[:keep]
         if not ctx:
-            assert self._prefill_logits is not None
-            return self._prefill_logits
-        rows = self.backend.step(self._state, ctx[keep:])  # [len(ctx) - keep, V]
+            self.last_logits = self._prefill_logits
+            return []
+        return ctx[keep:]
+
+    def _took(self, ctx: list[int], rows: torch.Tensor) -> None:
+        """The cache now holds ``prompt + ctx``; ``rows`` [k, V] end with its logits."""
         self._fed = ctx
-        return rows[-1]
+        self.last_logits = rows[-1]
+
+    def _count(self, t0: float, t1: float, forwards: int) -> None:
+        self.draft_ms_total += (t1 - t0) * 1e3
+        self.drafted_total += forwards
+        if self.spans is not None and len(self.spans) < MAX_SPANS:
+            self.spans.append((t0, t1))
 
     @property
     def expands_in_one_forward(self) -> bool:
@@ -141,17 +154,9 @@ class Drafter:
         if callable(batched):
             out: list[list[tuple[int, float]]] = batched(self._state, contexts, k)
         else:
-            out = []
-            for context in contexts:
-                ctx = [int(t) for t in context]
-                if ctx != self._fed or self.last_logits is None:
-                    self.last_logits = self._sync(ctx)
-                out.append(top_k(self.last_logits, self.backend.text_vocab_size, k))
-        t1 = time.perf_counter()
-        self.draft_ms_total += (t1 - t0) * 1e3
-        self.drafted_total += 1 if callable(batched) else max(1, len(contexts))  # forwards
-        if self.spans is not None and len(self.spans) < MAX_SPANS:
-            self.spans.append((t0, t1))
+            out = [top_k(self._sync([int(t) for t in context]), self.backend.text_vocab_size, k)
+                   for context in contexts]
+        self._count(t0, time.perf_counter(), 1 if callable(batched) else max(1, len(contexts)))
         return out
 
     @property
@@ -161,6 +166,73 @@ class Drafter:
     def cached_len(self) -> int:
         """Positions the draft cache holds (prompt + fed tokens)."""
         return int(self.backend.seq_len(self._state)) if self._state is not None else 0
+
+
+def draft_many(requests: Sequence[tuple[Drafter, Sequence[int]]]) -> list[int]:
+    """The greedy token after each ``(drafter, context)``: the drafters of one backend that
+    steps several sessions together (``step_many``) feed in one forward; any other in
+    its own (issue 36: an edge's sessions no longer take turns at the model).
+
+    Each drafter's time counts the whole forward it shared."""
+    t0 = time.perf_counter()
+    for d, _ in requests:
+        if d._state is None or d._prefill_logits is None:
+            raise RuntimeError("draft before prefill")
+    contexts = [[int(t) for t in ctx] for _, ctx in requests]
+    feeds = [d._crop_for(ctx) for (d, _), ctx in zip(requests, contexts, strict=True)]
+    pending = [i for i, f in enumerate(feeds) if f]
+    for group in _by_backend([requests[i][0] for i in pending], pending):
+        backend = requests[group[0]][0].backend
+        step_many = getattr(backend, "step_many", None)
+        if callable(step_many) and len(group) > 1:
+            rows = step_many([(requests[i][0]._state, feeds[i]) for i in group])
+        else:
+            rows = [backend.step(requests[i][0]._state, feeds[i]) for i in group]
+        for i, r in zip(group, rows, strict=True):
+            requests[i][0]._took(contexts[i], r)
+    tokens = []
+    t1 = time.perf_counter()
+    for d, _ in requests:
+        assert d.last_logits is not None
+        tokens.append(d.backend.greedy_next(d.last_logits))
+        d._count(t0, t1, 1)
+    return tokens
+
+
+def expand_many(requests: Sequence[tuple[Drafter, Sequence[Sequence[int]], int]]
+                ) -> list[list[list[tuple[int, float]]]]:
+    """:meth:`Drafter.expand` for several sessions: in one forward where their backend
+    expands several sessions' trees together (``expand_many``), else each in its own."""
+    out: list[list[list[tuple[int, float]]] | None] = [None] * len(requests)
+    index = list(range(len(requests)))
+    for group in _by_backend([d for d, _, _ in requests], index):
+        first = requests[group[0]][0]
+        many = getattr(first.backend, "expand_many", None)
+        if callable(many) and len(group) > 1 and all(
+                requests[i][0].expands_in_one_forward for i in group):
+            t0 = time.perf_counter()
+            for i in group:
+                if requests[i][0]._state is None:
+                    raise RuntimeError("draft before prefill")
+            results = many([(requests[i][0]._state, requests[i][1], requests[i][2])
+                            for i in group])
+            t1 = time.perf_counter()
+            for i, r in zip(group, results, strict=True):
+                out[i] = r
+                requests[i][0]._count(t0, t1, 1)
+        else:
+            for i in group:
+                d, contexts, k = requests[i]
+                out[i] = d.expand(contexts, k)
+    return [r for r in out if r is not None]
+
+
+def _by_backend(drafters: Sequence[Drafter], index: Sequence[int]) -> list[list[int]]:
+    """``index`` grouped by the drafters' backend object, in first-seen order."""
+    groups: dict[int, list[int]] = {}
+    for d, i in zip(drafters, index, strict=True):
+        groups.setdefault(id(d.backend), []).append(i)
+    return list(groups.values())
 
 
 def top_k(logits: torch.Tensor, text_vocab_size: int, k: int) -> list[tuple[int, float]]:

@@ -6,7 +6,7 @@ request (precomputed by the benchmark, asking the same stack with mode target_on
 each token wrong with probability 1 - α, at a given pace: the real drafter's measured
 ms per token (bf16 / int8 / int4, README "The edge's drafter on a GPU") or any c. Then
 the achieved speedup can be held against the reference model
-(``benchmarks/spec_model.py``), whose drafts are exactly this: right i.i.d. with
+(``tests/support/spec_model.py``), whose drafts are exactly this: right i.i.d. with
 probability α against one fixed true answer.
 
 How it knows the request: by the question text given to ``prefill``. The benchmark asks
@@ -177,6 +177,21 @@ class OracleDraftBackend:
         _pace(start, self.settings.ms_per_token)
         return rows
 
+    def step_many(self, items: Sequence[tuple[OracleState, Sequence[int]]]
+                  ) -> list[torch.Tensor]:
+        """:meth:`step` for several sessions in one forward, paced once: a memory-bound
+        drafter reads its weights once for every session's rows (issue 36)."""
+        start = time.perf_counter()
+        out = []
+        for state, tokens in items:
+            if not tokens:
+                raise InvalidInput("step needs at least one token")
+            out.append(torch.stack([self._row(self.draft_token(state, state.fed + j + 1))
+                                    for j in range(len(tokens))]))  # [k, V]
+            state.fed += len(tokens)
+        _pace(start, self.settings.ms_per_token)
+        return out
+
     def rollback(self, state: OracleState, keep_len: int) -> None:
         if not state.prompt_len <= keep_len <= state.prompt_len + state.fed:
             raise InvalidInput(f"rollback to {keep_len} outside {state.prompt_len}.."
@@ -227,6 +242,20 @@ class OracleDraftBackend:
         lp_top, lp_other = math.log(alpha), math.log((1 - alpha) / max(k - 1, 1))
         out = [self._children(state, [int(t) for t in ctx], k, lp_top, lp_other)
                for ctx in contexts]
+        _pace(start, self.settings.ms_per_token)
+        return out
+
+    def expand_many(self, items: Sequence[tuple[OracleState, Sequence[Sequence[int]], int]]
+                    ) -> list[list[list[tuple[int, float]]]]:
+        """:meth:`expand` for several sessions' trees in one paced forward."""
+        start = time.perf_counter()
+        alpha = min(max(self.settings.alpha, 1e-6), 1 - 1e-6)
+        out = []
+        for state, contexts, k in items:
+            k = max(1, k)
+            lp_top, lp_other = math.log(alpha), math.log((1 - alpha) / max(k - 1, 1))
+            out.append([self._children(state, [int(t) for t in ctx], k, lp_top, lp_other)
+                        for ctx in contexts])
         _pace(start, self.settings.ms_per_token)
         return out
 

@@ -46,6 +46,18 @@ DRAFT_TOKEN_BUCKETS = (1, 2, 4, 8, 16)
 DRAFT_SLOTS = 2
 
 
+def draft_session_buckets(num_slots: int) -> tuple[int, ...]:
+    """Requests one draft step holds, per captured graph: 1, and powers of two up to the
+    slots (sessions drafting together in one forward, :meth:`StaticDraftBackend.step_many`)."""
+    out, b = [1], 2
+    while b <= num_slots:
+        out.append(b)
+        b *= 2
+    if out[-1] != num_slots:
+        out.append(num_slots)
+    return tuple(out)
+
+
 @dataclass(eq=False)
 class StaticDraftState:
     """One request's draft: ``slot`` holds ``length`` positions (while this state owns
@@ -107,7 +119,7 @@ class StaticDraftBackend:
         self.runtime = StaticRuntime(
             weights, cos, sin, num_slots=num_slots,
             max_seq_len=positions, use_graphs=use_graphs, compile_layers=compile_layers,
-            session_buckets=(1,), token_buckets=token_buckets,
+            session_buckets=draft_session_buckets(num_slots), token_buckets=token_buckets,
         )
         self._owners: list[StaticDraftState | None] = [None] * num_slots
         self._last_use = [0] * num_slots
@@ -162,6 +174,41 @@ class StaticDraftBackend:
         rows = self._feed(state, toks)
         state.tokens.extend(toks)
         return rows  # [k, V]
+
+    def step_many(self, items: Sequence[tuple[StaticDraftState, Sequence[int]]]
+                  ) -> list[torch.Tensor]:
+        """:meth:`step` for several requests in one batched forward over their slots
+        (issue 36: an edge's sessions draft together, as the cloud's verify together).
+        Requests sharing a slot, or feeding more than the largest token bucket, go one
+        at a time (:meth:`step`); so do all of them with fewer slots than requests."""
+        toks = [[int(t) for t in tokens] for _, tokens in items]
+        cap = max(self.runtime.token_buckets)
+        if (len(items) > len(self._owners) or any(not t or len(t) > cap for t in toks)):
+            return [self.step(state, t) for (state, _), t in zip(items, toks, strict=True)]
+        vocab = self.runtime.weights.vocab
+        for t in toks:
+            bad = [x for x in t if not 0 <= x < vocab]
+            if bad:
+                raise InvalidInput(f"token ids out of range: {bad[:5]}")
+        states = [state for state, _ in items]
+        for state in states:
+            if self._owners[state.slot] is not state:  # another request took the slot
+                self._load(state)
+                self.rebuilds += 1
+        if len({s.slot for s in states}) < len(states):  # reloads still collided
+            return [self.step(state, t) for state, t in zip(states, toks, strict=True)]
+        for state in states:
+            self._touch(state.slot)
+        ids = torch.tensor([x for t in toks for x in t], dtype=torch.long,
+                           device=self.runtime.device)  # [sum k]
+        rows = self.runtime.step(StepBatch(tuple(s.slot for s in states),
+                                           tuple(s.length for s in states),
+                                           tuple(len(t) for t in toks), ids))  # [sum k, V]
+        out = list(torch.split(rows, [len(t) for t in toks]))
+        for state, t in zip(states, toks, strict=True):
+            state.length += len(t)
+            state.tokens.extend(t)
+        return out
 
     def _touch(self, slot: int) -> None:
         self._uses += 1

@@ -5,6 +5,7 @@ the nodes it sent and pruned."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -75,6 +76,48 @@ async def test_speculation_with_the_oracle_is_lossless_at_any_alpha(tmp_path: Pa
                 assert accepted == 0
             if alpha == 1.0:
                 assert accepted == drafted, (accepted, drafted)
+    finally:
+        for edge in edges:
+            await edge.stop(0)
+        await cloud.stop(0)
+
+
+async def test_an_edges_sessions_draft_together_and_stay_lossless(tmp_path: Path) -> None:
+    """Three Asks at once on one edge (issue 36): the cloud commits to all of them in the
+    same steps, so their next drafts are wanted together and go in one forward; chains
+    and trees alike, every answer is still target-only's."""
+    target = toy_target()
+    engine = PacedEngine(HFEngine(target), prefill_ms=300, step_ms=30)
+    cloud = VerifierServer(ch.settings(max_sessions=4), target=target, engine=engine,
+                           cost=slow_cost(0.3, 0.03))
+    await cloud.start()
+    base = replace(EdgeSettings(), cloud=f"127.0.0.1:{cloud.port}", port=0, model="toy",
+                   speculation="always", profile_path=tmp_path / "edge.msgpack")
+    answers = tmp_path / "answers.json"
+    answers.write_text("{}")
+    edges: list[EdgeServer] = []
+    try:
+        first = EdgeServer(replace(base, draft_engine="oracle", oracle_answers=answers),
+                           source=ToySource([0]))
+        edges.append(first)
+        await first.start()
+        address = f"127.0.0.1:{first.port}"
+        truth = {q: await ask(address, q, Mode.TARGET_ONLY, max_new=MAX_NEW)
+                 for q in QUESTIONS}
+        answers.write_text(json.dumps({q: list(f.token_ids) for q, f in truth.items()}))
+        for q in (0.0, 0.75):
+            edge = EdgeServer(replace(base, draft_engine="oracle", oracle_answers=answers,
+                                      oracle_alpha=0.5, oracle_ms_per_token=2.0,
+                                      oracle_prefill_ms=20.0, oracle_coverage=q),
+                              source=ToySource([0]))
+            edges.append(edge)
+            await edge.start()
+            address = f"127.0.0.1:{edge.port}"
+            finals = await asyncio.gather(*(ask(address, question, Mode.SPECULATIVE,
+                                                max_new=MAX_NEW) for question in QUESTIONS))
+            for question, final in zip(QUESTIONS, finals, strict=True):
+                assert final.token_ids == truth[question].token_ids, (q, final.stats)
+            assert edge.agent.drafting.stats.largest >= 2, edge.agent.drafting.stats
     finally:
         for edge in edges:
             await edge.stop(0)

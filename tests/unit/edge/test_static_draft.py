@@ -22,9 +22,14 @@ from hypothesis import strategies as st
 from eventspec.demoworld.tiny_draft import build_tiny_random_draft
 from eventspec.edge.draft import DraftModel
 from eventspec.edge.draft_checkpoint import load_draft
-from eventspec.edge.drafter import Drafter
+from eventspec.edge.drafter import Drafter, draft_many
 from eventspec.edge.model_dirs import TOY_DRAFT_DIR
-from eventspec.edge.static_draft import StaticDraftBackend, draft_backend_for, draft_engine_name
+from eventspec.edge.static_draft import (
+    StaticDraftBackend,
+    draft_backend_for,
+    draft_engine_name,
+    draft_session_buckets,
+)
 from eventspec.shared.contract.errors import FailedPrecondition, InvalidInput
 from eventspec.shared.node.static.quant import QuantMode, dequantized_weights
 from eventspec.shared.node.static.weights import fuse_llama_weights
@@ -211,3 +216,50 @@ def test_requests_drafting_at_once_never_read_each_others_cache(num_slots: int) 
         assert static.rebuilds > 0
     else:
         assert static.rebuilds == 0
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 10_000), num_slots=st.sampled_from([1, 2, 3, 4]))
+def test_sessions_drafting_in_one_forward_draft_what_each_drafts_alone(
+        seed: int, num_slots: int) -> None:
+    """Issue 36: an edge's sessions step together (``draft_many`` over ``step_many``).
+    Three sessions' random contexts (drafts, cut tails, corrections) drafted in batches of
+    any subset give the tokens and logits each one's HF reference gives alone, with
+    slots for all of them (one batched forward) or fewer (taking turns, rebuilt)."""
+    draft = build_tiny_random_draft(seed=3)
+    static = StaticDraftBackend(draft, num_slots=num_slots)
+    widths: list[int] = []  # sessions in each forward of the runtime
+    step = static.runtime.step
+    static.runtime.step = lambda b: (widths.append(len(b.slots)), step(b))[1]  # type: ignore[method-assign]
+    rng = random.Random(seed)
+    refs, fasts, contexts = [], [], []
+    for i in range(3):
+        pixels = _pixels(draft, 20 + i)
+        ref, fast = Drafter(draft), Drafter(static)
+        ref.prefill(QUESTIONS[i], pixels)
+        fast.prefill(QUESTIONS[i], pixels)
+        refs.append(ref)
+        fasts.append(fast)
+        contexts.append([])
+    for _ in range(10):
+        chosen = [i for i in range(3) if rng.random() < 0.7] or [0]
+        for i in chosen:
+            if contexts[i] and rng.random() < 0.3:  # a Commit that cuts the tail
+                del contexts[i][rng.randrange(len(contexts[i])):]
+                contexts[i] += [rng.randrange(3, draft.text_vocab_size)
+                                for _ in range(rng.choice([1, 2]))]
+        got = draft_many([(fasts[i], list(contexts[i])) for i in chosen])
+        for i, token in zip(chosen, got, strict=True):
+            assert token == refs[i].draft_next(contexts[i]), (seed, i, contexts[i])
+            assert fasts[i].last_logits is not None and refs[i].last_logits is not None
+            torch.testing.assert_close(fasts[i].last_logits, refs[i].last_logits,
+                                       rtol=1e-4, atol=1e-4)
+            contexts[i].append(token)
+    assert (max(widths) > 1) == (num_slots > 1), widths
+
+
+def test_draft_steps_capture_a_graph_per_batch_of_sessions() -> None:
+    assert draft_session_buckets(1) == (1,)
+    assert draft_session_buckets(2) == (1, 2)
+    assert draft_session_buckets(3) == (1, 2, 3)
+    assert draft_session_buckets(8) == (1, 2, 4, 8)
