@@ -29,7 +29,7 @@ from eventspec.cloud.request_timeline import CloudTimeline
 from eventspec.cloud.runtime import VerifierRuntime
 from eventspec.cloud.tickets import Failure, Ticket
 from eventspec.shared.contract.convert_verifier import CloudOutbound, EdgeInbound
-from eventspec.shared.contract.errors import EventSpecError
+from eventspec.shared.contract.errors import EventSpecError, InvalidInput
 from eventspec.shared.contract.principal import current_principal
 from eventspec.shared.contract.timing import PlanInputs, TimingPlan
 from eventspec.shared.contract.types import (
@@ -274,8 +274,13 @@ class _Results:
         """A Plan for the load and acceptance now, when the edge should act otherwise."""
         session = self.ticket.session
         c = session.counters
-        fresh = replanner.after_commit(len(self.received), self.rt.scheduler.live,
-                                       c.accepted, c.drafted, c.rejections)
+        try:
+            fresh = replanner.after_commit(len(self.received), self.rt.scheduler.live,
+                                           c.accepted, c.drafted, c.rejections)
+        except InvalidInput as exc:  # a re-plan is advice: it never fails the answer
+            log.warning("request %s: re-planning stopped: %s", self.record.request_id, exc)
+            replanner.stop()
+            return None
         if fresh is not None:
             c.plans_sent = replanner.sent
             log.debug("request %s re-planned: %s", self.record.request_id, fresh.reason)

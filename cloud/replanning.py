@@ -55,6 +55,11 @@ class Replanner:
         self._at_tokens = 0
         #: Plans sent after the first.
         self.sent = 0
+        self._stopped = False
+
+    def stop(self) -> None:
+        """No more re-plans for this request (its plan could not be re-run)."""
+        self._stopped = True
 
     def after_commit(self, committed: int, live_sessions: int, accepted: int,
                      verified: int, rejections: int) -> TimingPlan | None:
@@ -63,7 +68,7 @@ class Replanner:
         ``live_sessions``: the sessions the cloud steps now (this one included);
         ``accepted`` / ``verified`` / ``rejections``: the request's drafts so far."""
         left = self.inputs.max_new_tokens - committed
-        if left <= self.every_tokens:
+        if self._stopped or left <= self.every_tokens:
             return None
         load = float(max(1, live_sessions))
         moved = abs(load - self._load) >= self.load_change * self._load
@@ -75,9 +80,10 @@ class Replanner:
             observed = AcceptanceEstimator(prior=alpha)
             observed.observe(accepted, verified, rejections=rejections)
             alpha = observed.value
-        inputs = dataclasses.replace(  # the prompt and its upload are behind us
+        # The prompt's prefill and upload stay in: both sides of the predicted speedup pay
+        # them, which dilutes it a little, and a prompt of 0 tokens is not a valid input.
+        inputs = dataclasses.replace(
             self.inputs, alpha=alpha, max_new_tokens=left, max_hidden_drafts=0,
-            visual_tokens=0, text_tokens=0, aligned_payload_bytes=0, frames_payload_bytes=0,
             cloud=dataclasses.replace(self.inputs.cloud, load_sessions=load))
         fresh = dataclasses.replace(run_plan(inputs), hidden_draft_budget=0,
                                     max_new_tokens=self.last.max_new_tokens)

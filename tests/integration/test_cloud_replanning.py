@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from eventspec.cloud.replanning import EVERY_TOKENS
+from eventspec.cloud.replanning import EVERY_TOKENS, Replanner
 from eventspec.demoworld.tiny_target import build_tiny_random_target
+from eventspec.shared.contract.errors import InvalidInput
 from tests.support import cloud_harness as h
 
 pytestmark = pytest.mark.asyncio
@@ -40,5 +41,24 @@ async def test_failing_drafts_get_a_new_plan_and_the_same_answer() -> None:
                                       policy=h.perfect(truth))
         assert steady.tokens == truth  # right drafts may deepen the plan, never stop it
         assert all(p.speculate for p in steady.replans), steady.replans
+    finally:
+        await server.stop()
+
+
+async def test_a_plan_that_cannot_be_rerun_never_fails_the_answer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A re-plan is advice: one that raises stops re-planning for that request only."""
+    def broken(*_args: object, **_kw: object) -> None:
+        raise InvalidInput("CloudCost.prefill_base_ms: predicted prefill is 0 ms")
+
+    monkeypatch.setattr(Replanner, "after_commit", broken)
+    target = build_tiny_random_target(seed=0)
+    server = await h.start_verifier(target)
+    try:
+        frames = h.make_frames(3)
+        truth = h.target_greedy(target, Q, frames, N)
+        out = await h.run_generate(server.port, h.open_msg(Q, frames, max_new_tokens=N),
+                                   policy=h.perfect(truth))
+        assert out.tokens == truth and not out.replans and out.done.stats.plans_sent == 0
     finally:
         await server.stop()

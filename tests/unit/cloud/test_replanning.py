@@ -81,6 +81,15 @@ def test_no_replan_near_the_end() -> None:
     assert r.after_commit(512 - EVERY_TOKENS, 64, 0, 0, 0) is None
 
 
+def test_a_profile_with_no_fixed_prefill_cost_replans() -> None:
+    """GPU profiles fit the prefill as per-token costs alone (prefill_base_ms 0): the
+    re-plan must still be a valid plan (it once priced a prompt of 0 tokens, which
+    PlanInputs refuses, and the request failed INVALID_ARGUMENT mid-answer)."""
+    gpu_like = dataclasses.replace(INPUTS, cloud=dataclasses.replace(CLOUD, prefill_base_ms=0.0))
+    r = _opened(inputs=gpu_like)
+    assert r.after_commit(2, 64, 0, 0, 0) is not None
+
+
 @settings(max_examples=200, deadline=None)
 @given(steps=st.lists(st.tuples(st.integers(1, 8), st.integers(1, 80), st.integers(0, 6),
                                 st.floats(0.0, 1.0)), min_size=1, max_size=80),
