@@ -9,7 +9,7 @@ system makes of drafts of a known quality, not what EventGPT drafts.
 Layout: one ``eventspec-cloud serve`` process (the toy target on CPU, paced with
 ``--emulate-prefill-ms/--emulate-step-ms``; or ``--cloud HOST:PORT``, a cloud started
 elsewhere, e.g. full size on a GPU), N ``eventspec-edge serve`` processes each reaching
-the cloud through its own :class:`~benchmarks.delay_proxy.DelayProxy` in this process
+the cloud through its own :class:`~tests.support.delay_proxy.DelayProxy` in this process
 (RTT/2 each way), and N clients, one per edge, asking over gRPC at the same time.
 
 1. An oracle edge that knows no answers, straight to the cloud, asks every question of
@@ -23,7 +23,7 @@ the cloud through its own :class:`~benchmarks.delay_proxy.DelayProxy` in this pr
 3. Per point: the median and p10 of per-request speedup (client wall time of
    target-only ÷ speculative), the share of requests more than 3% slower than
    target-only, tokens per target step after the prefill ((new tokens - 1) / steps),
-   the acceptance, and ``benchmarks.spec_model.simulate`` from the same run's inputs: the
+   the acceptance, and ``tests.support.spec_model.simulate`` from the same run's inputs: the
    cloud's prefill and step costs (its advertised cost model; the paced values), the
    oracle's pace, the proxy's RTT, α, the median answer length, N as the batch, and the
    plans' draft depth; then achieved ÷ predicted (medians).
@@ -57,7 +57,6 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.delay_proxy import DelayProxy, LinkShape
 from benchmarks.e2e_capacity import capacity_point, capacity_table
 from benchmarks.e2e_nodes import (
     Drafter,
@@ -76,10 +75,11 @@ from benchmarks.e2e_pool import (
     uplink_rows,
 )
 from benchmarks.e2e_report import plot, table
-from benchmarks.spec_model import SpecInputs, cloud_step_cost, simulate
 from benchmarks.stamp import write_result
 from eventspec.shared.client.edge_client import EdgeClient
 from eventspec.shared.contract.types import ServerInfo
+from tests.support.delay_proxy import DelayProxy, LinkShape
+from tests.support.spec_model import SpecInputs, cloud_step_cost, simulate
 
 log = logging.getLogger("benchmarks.bench_e2e")
 

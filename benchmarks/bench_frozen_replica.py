@@ -9,7 +9,7 @@ several of the edge's rests (``--cloud-rest-s``, 30 s by default). Two kinds of 
 - ``--freeze sigstop``: B's process is SIGSTOPped. It keeps its socket (the kernel
   still accepts connections) and answers nothing, keepalive pings included, so the
   edge's keepalive drops its connection within 15 s;
-- ``--freeze hang``: B is reached through ``benchmarks.frozen_replica`` in this process,
+- ``--freeze hang``: B is reached through ``tests.support.frozen_replica`` in this process,
   whose Verifier handlers stop answering while its health still says SERVING and its
   connection answers keepalive: a hung servicer, which keepalive never drops.
 
@@ -37,9 +37,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.bench_hardening import Nodes, nodes, timed_ask
-from benchmarks.frozen_replica import FreezableReplica
 from benchmarks.stamp import write_result
 from eventspec.shared.client.edge_client import EdgeClient
+from tests.support.frozen_replica import FreezableReplica
 
 #: The edge's --cloud-first-reply-s (its default): an Ask this slow met the frozen replica.
 FIRST_REPLY_S = 5.0

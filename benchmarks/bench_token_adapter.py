@@ -10,7 +10,7 @@ toy target's answers on held-out scenes (seeds >= 2,000,000) for each backend:
 top-1 acceptance (the seed work's metric: the draft is the target's token, given the
 target's prefix), acceptance rate and per-position acceptance with ``--depth`` drafts
 per step, and τ (tokens committed per target step). Each acceptance then goes into the
-reference model (``benchmarks/spec_model.py``) at the issue's anchor (22 ms steps, 5 ms
+reference model (``tests/support/spec_model.py``) at the issue's anchor (22 ms steps, 5 ms
 drafts, RTT 20 ms, 128 tokens, depth 8, width 4) for the speedup it buys.
 
     python -m benchmarks.bench_token_adapter [--train-scenes 300 --eval-scenes 60]
@@ -31,7 +31,6 @@ from typing import Any
 import torch
 
 from benchmarks.device_timing import times_ms
-from benchmarks.spec_model import LinearStepCost, SpecInputs, simulate
 from benchmarks.stamp import write_result
 from eventspec.cloud.model_dirs import TOY_TARGET_DIR
 from eventspec.cloud.target import load_target
@@ -54,6 +53,7 @@ from eventspec.edge.token_heads import (
     macs_per_token,
 )
 from eventspec.edge.train_heads import train_from_log
+from tests.support.spec_model import LinearStepCost, SpecInputs, simulate
 
 EVAL_FIRST_SEED = 2_002_000
 ANCHOR = {"step_ms": 22.0, "draft_ms": 5.0, "rtt_ms": 20.0, "tokens": 128, "depth": 8,

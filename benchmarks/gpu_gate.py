@@ -48,13 +48,13 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from benchmarks.delay_proxy import DelayProxy
 from benchmarks.stamp import scrub_paths, stamp
 from eventspec.shared.client.edge_client import EdgeClient
 from eventspec.shared.client.launch import stop_node, wait_for_port
 from eventspec.shared.contract.types import AskSpec, FeatureMode, GenerationSettings, Mode
 from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from eventspec.shared.wire.health import wait_for_serving
+from tests.support.delay_proxy import DelayProxy
 
 QUESTION = "What is moving?"
 #: A node's start, warm-up included (the full-size cloud captures graphs and calibrates).

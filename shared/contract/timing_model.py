@@ -41,7 +41,7 @@ c = d / t1, E(g) = (1 - a^(g+1)) / (1 - a), Leviathan et al. 2023):
   within the cap on a drafts message: a deeper tail would be refused). With depth g
   alone, every draft of a fast cloud at B = 1 landed after its step had begun: 1.00
   tokens per step on an H200 at RTT 1 ms, where the Monte-Carlo of
-  ``benchmarks/spec_model.py`` gives 1.10x for depth 3
+  ``tests/support/spec_model.py`` gives 1.10x for depth 3
   (``benchmarks/results/e2e-h200-b.json``).
 * **Speedup** over target-only on the same stack for N = max_new_tokens:
   ``base = rtt + U + P + (N-1)*t1``; ``spec = rtt + U + P + T(k) + (N-1-E(k))/r``

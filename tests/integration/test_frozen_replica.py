@@ -17,13 +17,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from benchmarks.frozen_replica import FreezableReplica
 from eventspec.edge.cloud_link import CloudLink
 from eventspec.shared.client.edge_client import EdgeClient
 from eventspec.shared.contract.errors import DeadlineExceeded
 from eventspec.shared.contract.types import AskSpec, GenerationSettings, Mode
 from tests.support import cloud_harness as ch
 from tests.support.edge_harness import edge_to, shared_models
+from tests.support.frozen_replica import FreezableReplica
 from tests.support.waiting import until
 
 ASK = AskSpec(question="What is moving?", mode=Mode.TARGET_ONLY,

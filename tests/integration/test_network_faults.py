@@ -1,4 +1,4 @@
-"""Edge and cloud through the delay proxy (``benchmarks/delay_proxy.py``) on loopback: a
+"""Edge and cloud through the delay proxy (``tests/support/delay_proxy.py``) on loopback: a
 real round trip, and connections cut at the worst moments.
 
 - With 20 ms of RTT the speculative answer is still the target's, and the edge's RTT
@@ -21,7 +21,6 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from benchmarks.delay_proxy import DelayProxy, LinkShape
 from eventspec.cloud.engine.hf import HFEngine
 from eventspec.cloud.engine.paced import PacedEngine
 from eventspec.cloud.server import VerifierServer
@@ -40,6 +39,7 @@ from eventspec.shared.contract.types import (
     Mode,
 )
 from tests.support import cloud_harness as ch
+from tests.support.delay_proxy import DelayProxy, LinkShape
 from tests.support.edge_harness import slow_cost, toy_target
 from tests.support.waiting import until
 

@@ -8,12 +8,23 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.e2e_nodes import server_info
+import grpc
+
 from eventspec.demoworld.tiny_target import TINY_TARGET_ID
 from eventspec.shared.client.launch import stop_node, wait_for_port
+from eventspec.shared.contract.convert_verifier import server_info_from_pb
+from eventspec.shared.contract.types import ServerInfo
+from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from eventspec.shared.wire.health import wait_for_serving
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+async def server_info(address: str) -> ServerInfo:
+    async with grpc.aio.insecure_channel(address) as channel:
+        reply = await verifier_pb2_grpc.VerifierStub(channel).GetServerInfo(
+            verifier_pb2.GetServerInfoRequest(), timeout=30)
+    return server_info_from_pb(reply)
 
 
 async def test_a_random_target_serves_with_the_serve_flags(tmp_path: Path) -> None:

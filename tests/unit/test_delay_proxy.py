@@ -1,4 +1,4 @@
-"""The loopback delay proxy (``benchmarks/delay_proxy.py``): delay, order under jitter,
+"""The loopback delay proxy (``tests/support/delay_proxy.py``): delay, order under jitter,
 bandwidth, cuts and statistics, over raw sockets and a real gRPC call.
 
 Timing is asserted as lower bounds only (a busy CI box can only make things slower),
@@ -21,7 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.delay_proxy import (
+from tests.support.delay_proxy import (
     READ_BYTES,
     DelayProxy,
     LinkShape,

@@ -1,4 +1,4 @@
-"""The reference model of ideal speculation (``benchmarks/spec_model.py``) on closed cases.
+"""The reference model of ideal speculation (``tests/support/spec_model.py``) on closed cases.
 
 - α = 0 gives no gain: one token per step, target-only's latency (and a low α with a
   verify cost is slower: the model says when speculation does not pay);
@@ -24,7 +24,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.spec_model import (
+from eventspec.shared.contract.timing import CloudCost
+from tests.support.spec_model import (
     ANCHOR_CLOUD_PREFILL_MS,
     ANCHOR_EDGE_PREFILL_MS,
     LinearStepCost,
@@ -35,7 +36,6 @@ from benchmarks.spec_model import (
     simulate,
     target_only_ms,
 )
-from eventspec.shared.contract.timing import CloudCost
 
 
 def anchor_inputs(step_ms: float, draft_ms: float, rtt_ms: float, **kw: object) -> SpecInputs:

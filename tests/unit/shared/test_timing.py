@@ -148,8 +148,8 @@ def test_the_edge_drafts_ahead_by_what_the_round_trip_hides(rtt: float, load: fl
     """With depth = lookahead alone the H200 run got 1.00 tokens per step at N = 1 and
     RTT 1 ms: each draft landed after its step had begun. The depth now covers the
     tokens the cloud commits while a commit travels to the edge and a draft comes
-    back, and the reference model (``benchmarks/spec_model.py``) agrees it is no worse."""
-    from benchmarks.spec_model import SpecInputs, cloud_step_cost, simulate
+    back, and the reference model (``tests/support/spec_model.py``) agrees it is no worse."""
+    from tests.support.spec_model import SpecInputs, cloud_step_cost, simulate
 
     cloud = dataclasses.replace(E2E_H200, load_sessions=load)
     inp = PlanInputs(cloud, _edge(d=3.39, rtt=rtt, prefill=45.0), 2056, 40, 0.8,
