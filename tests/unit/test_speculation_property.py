@@ -219,6 +219,19 @@ def run_speculative(gen: GenerationSettings, salt: int, error_pct: int, schedule
     return cloud, edge
 
 
+def _assert_target_only(gen: GenerationSettings, salt: int, error_pct: int,
+                        schedule: list[int], hidden: int, lookahead: int, cadence: int,
+                        coverage_pct: int | None) -> None:
+    """The answer, its text and its end are target-only's, and the edge mirrors C."""
+    reference = target_only(gen, salt)
+    cloud, edge = run_speculative(gen, salt, error_pct, schedule, hidden, lookahead, cadence,
+                                  coverage_pct)
+    assert cloud.committed == reference.committed
+    assert cloud.text() == reference.text()
+    assert cloud.finish_reason == reference.finish_reason
+    assert edge.committed == cloud.committed
+
+
 @st.composite
 def generation(draw: st.DrawFn, salt: int) -> GenerationSettings:
     """Settings whose stop string, when there is one, occurs in the target's answer."""
@@ -260,14 +273,8 @@ def test_any_interleaving_with_trees_equals_target_only(
 ) -> None:
     """The same with an edge that sends trees: every message passes the stream's checks
     (none raises), and the answer, its text and its end are target-only's."""
-    gen = data.draw(generation(salt))
-    reference = target_only(gen, salt)
-    cloud, edge = run_speculative(gen, salt, error_pct, schedule, hidden, lookahead, cadence,
-                                  coverage_pct)
-    assert cloud.committed == reference.committed
-    assert cloud.text() == reference.text()
-    assert cloud.finish_reason == reference.finish_reason
-    assert edge.committed == cloud.committed
+    _assert_target_only(data.draw(generation(salt)), salt, error_pct, schedule, hidden,
+                        lookahead, cadence, coverage_pct)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -281,14 +288,8 @@ def test_plans_changed_mid_answer_keep_it_target_only(
 ) -> None:
     """Re-plans arriving between Commits (drafting stopped, resumed, deeper, shallower),
     chains or trees: the answer, its text and its end are still target-only's."""
-    gen = data.draw(generation(salt))
-    reference = target_only(gen, salt)
-    cloud, edge = run_speculative(gen, salt, error_pct, schedule, hidden, lookahead, cadence,
-                                  coverage_pct)
-    assert cloud.committed == reference.committed
-    assert cloud.text() == reference.text()
-    assert cloud.finish_reason == reference.finish_reason
-    assert edge.committed == cloud.committed
+    _assert_target_only(data.draw(generation(salt)), salt, error_pct, schedule, hidden,
+                        lookahead, cadence, coverage_pct)
 
 
 def test_a_stop_plan_mid_answer_stops_drafting() -> None:
