@@ -14,6 +14,8 @@ Two implementations of that one function:
   (session, head, split) and walks only ``[lo, hi)`` of that session's keys, so the
   bytes read scale with the live KV, not with the slot size; a second kernel merges
   the splits by their log-sum-exp. Splits keep the GPU full when few sessions step.
+  The loop and the merge are :mod:`.split_softmax`'s, shared with the batch-invariant
+  kernel of :mod:`.invariant_kernels`.
 - :func:`reference_attention`, dense masked SDPA over whole slots: the CPU path and
   the oracle the kernel is checked against.
 
@@ -28,13 +30,15 @@ from typing import Any
 
 import torch
 
-try:  # Triton exists where CUDA does; CPU-only installs run the reference path.
+from eventspec.shared.node.static.split_softmax import HAVE_TRITON
+
+__all__ = ["HAVE_TRITON", "num_splits_for", "reference_attention", "splitkv_attention"]
+
+if HAVE_TRITON:  # Triton exists where CUDA does; CPU-only installs run the reference path.
     import triton
     import triton.language as tl
 
-    HAVE_TRITON = True
-except ImportError:  # pragma: no cover - depends on the install
-    HAVE_TRITON = False
+    from eventspec.shared.node.static.split_softmax import merge_splits, online_softmax_split
 
 
 def reference_attention(
@@ -109,38 +113,17 @@ if HAVE_TRITON:
 
         offs_m = tl.arange(0, BLOCK_M)  # query rows of this session
         offs_d = tl.arange(0, HEAD_DIM)
-        offs_n = tl.arange(0, BLOCK_N)
         q_ptrs = Q + b * sq_b + offs_m[:, None] * sq_m + h * sq_h + offs_d[None, :]
         q = tl.load(q_ptrs, mask=offs_m[:, None] < NUM_Q, other=0.0)  # [BM, D]
         q_pos = start + offs_m  # [BM]
         kvh = h // GROUPS
         k_base = K + slot * sk_s + kvh * sk_h
         v_base = V + slot * sv_s + kvh * sv_h
-
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-        for n0 in range(lo, hi, BLOCK_N):
-            kv = n0 + offs_n  # [BN]
-            in_len = kv < hi
-            k = tl.load(k_base + kv[:, None] * sk_t + offs_d[None, :],
-                        mask=in_len[:, None], other=0.0)  # fmt: skip
-            v = tl.load(v_base + kv[:, None] * sv_t + offs_d[None, :],
-                        mask=in_len[:, None], other=0.0)  # fmt: skip
-            scores = tl.dot(q, tl.trans(k)) * qk_scale  # [BM, BN], log2 units
-            ok = in_len[None, :] & (kv[None, :] <= q_pos[:, None])
-            scores = tl.where(ok, scores, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(scores, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(scores - m_safe[:, None])  # [BM, BN]
-            alpha = tl.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
-
-        has = l_i > 0.0
-        out = acc / tl.where(has, l_i, 1.0)[:, None]
-        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+        out, lse = online_softmax_split(
+            q, k_base, v_base, sk_t, sv_t, lo, hi, q_pos, qk_scale,
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, PRECISION="default",
+            KEEP_UNSEEN=False, WIDE_OFFSETS=False,
+        )  # fmt: skip
         row_ok = offs_m < NUM_Q
         o_ptrs = O_part + b * so_b + s * so_s + offs_m[:, None] * so_m + h * so_h + offs_d[None, :]
         tl.store(o_ptrs, out, mask=row_ok[:, None])
@@ -162,11 +145,9 @@ if HAVE_TRITON:
         offs_s = tl.arange(0, NUM_SPLITS)
         offs_d = tl.arange(0, HEAD_DIM)
         lse = tl.load(LSE_part + b * sl_b + offs_s * sl_s + m * sl_m + h)  # [NS]
-        top = tl.max(lse, 0)
-        w = tl.exp2(lse - top)  # [NS]; empty splits weigh 0
         parts = tl.load(O_part + b * so_b + offs_s[:, None] * so_s + m * so_m + h * so_h
                         + offs_d[None, :])  # fmt: skip
-        out = tl.sum(parts * w[:, None], 0) / tl.sum(w, 0)  # [D]
+        out = merge_splits(lse, parts, EMPTY_SAFE=False)  # [D]; empty splits weigh 0
         tl.store(Out + b * sout_b + m * sout_m + h * sout_h + offs_d,
                  out.to(Out.dtype.element_ty))  # fmt: skip
 

@@ -19,7 +19,9 @@ every reduction is fixed by the row alone:
   "Flash-Decoding for long-context inference", 2023) with a fixed split *size*
   (``SPLIT`` key positions counted from position 0) instead of a split *count*
   chosen from the batch, 16-row query tiles for every Q, and a combine over a number
-  of splits fixed by the slot size.
+  of splits fixed by the slot size. The online-softmax loop and the merge are
+  :mod:`.split_softmax`'s (shared with :mod:`.attention`'s kernel), with the switches
+  this kernel's bits need.
 - :func:`prefill_fixed_split_attention`: a prompt piece cut into pseudo-sessions of 16
   queries run through the same kernel, so a prompt row is computed exactly as a
   verify or decode row at its position.
@@ -96,6 +98,8 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
+    from eventspec.shared.node.static.split_softmax import merge_splits, online_softmax_split
+
     @triton.jit(do_not_specialize=["M"])  # type: ignore[untyped-decorator]
     def _invariant_mm_kernel(  # type: ignore[no-untyped-def]
         X, W, Out, M, N, K, s_wn,
@@ -157,40 +161,18 @@ if HAVE_TRITON:
             row_ok = rows < num_q
             r = (b * num_q + rows).to(tl.int64)  # [BM] rows of the flat [B Q] step
             offs_d = tl.arange(0, HEAD_DIM)
-            offs_n = tl.arange(0, BLOCK_N)
             q = tl.load(Q + r[:, None] * sq_r + h * sq_h + offs_d[None, :],
                         mask=row_ok[:, None], other=0.0)  # [BM, D]
             q_pos = start + rows  # [BM]
             kvh = h // GROUPS
             k_base = K + slot * sk_s + kvh * sk_h
             v_base = V + slot * sv_s + kvh * sv_h
-            m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-            acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
             hi = tl.minimum(lo + SPLIT, limit)
-            for n0 in range(lo, hi, BLOCK_N):
-                kv = n0 + offs_n  # [BN] key positions
-                in_len = kv < hi
-                k = tl.load(k_base + kv[:, None].to(tl.int64) * sk_t + offs_d[None, :],
-                            mask=in_len[:, None], other=0.0)  # [BN, D]
-                v = tl.load(v_base + kv[:, None].to(tl.int64) * sv_t + offs_d[None, :],
-                            mask=in_len[:, None], other=0.0)  # [BN, D]
-                scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BM, BN]
-                ok = in_len[None, :] & (kv[None, :] <= q_pos[:, None])  # [BM, BN]
-                scores = tl.where(ok, scores, float("-inf"))
-                m_blk = tl.max(scores, 1)  # [BM]
-                seen = m_blk > float("-inf")  # [BM] rows that see a key of this block
-                m_new = tl.maximum(m_i, m_blk)
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                p = tl.exp2(scores - m_safe[:, None])  # [BM, BN]; masked keys: +0
-                alpha = tl.exp2(m_i - m_safe)  # [BM]
-                pv = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # [BM, D]
-                l_i = tl.where(seen, l_i * alpha + tl.sum(p, 1), l_i)
-                acc = tl.where(seen[:, None], acc * alpha[:, None] + pv, acc)
-                m_i = tl.where(seen, m_new, m_i)
-            has = l_i > 0.0
-            out = acc / tl.where(has, l_i, 1.0)[:, None]  # [BM, D]
-            lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+            out, lse = online_softmax_split(
+                q, k_base, v_base, sk_t, sv_t, lo, hi, q_pos, qk_scale,
+                BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, PRECISION=PRECISION,
+                KEEP_UNSEEN=True, WIDE_OFFSETS=True,
+            )  # fmt: skip
             tl.store(O_part + r[:, None] * so_r + s * so_s + h * so_h + offs_d[None, :],
                      out, mask=row_ok[:, None])  # fmt: skip
             tl.store(LSE_part + r * sl_r + s * sl_s + h, lse, mask=row_ok)
@@ -215,12 +197,9 @@ if HAVE_TRITON:
         written = (offs_s < num_alloc) & (offs_s * SPLIT < limit)  # [NS]
         lse = tl.load(LSE_part + r * sl_r + offs_s * sl_s + h, mask=written,
                       other=float("-inf"))  # [NS]
-        top = tl.max(lse, 0)
-        w = tl.exp2(lse - tl.where(top == float("-inf"), 0.0, top))  # [NS]; empty: 0
         parts = tl.load(O_part + r * so_r + offs_s[:, None] * so_s + h * so_h
                         + offs_d[None, :], mask=written[:, None], other=0.0)  # [NS, D]
-        den = tl.sum(w, 0)
-        out = tl.sum(parts * w[:, None], 0) / tl.where(den > 0.0, den, 1.0)  # [D]
+        out = merge_splits(lse, parts, EMPTY_SAFE=True)  # [D]; empty splits weigh 0
         tl.store(Out + r * sout_r + h * sout_h + offs_d, out.to(Out.dtype.element_ty))
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.node.static.slot_occupancy import SlotOccupancy
 
 
 def kv_tensor(*, layers: int, slots: int, kv_heads: int, positions: int, head_dim: int,
@@ -48,3 +49,31 @@ def rows_of(cache: torch.Tensor) -> torch.Tensor:
     d = cache.shape[-1]
     last = sum((n - 1) * st for n, st in zip(cache.shape, cache.stride(), strict=True))
     return cache.as_strided((last // d + 1, d), (d, 1))
+
+
+def save_prefix(k_cache: torch.Tensor, v_cache: torch.Tensor, occupancy: SlotOccupancy,
+                slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A copy of the first ``length`` positions of ``slot``'s K and V, each
+    [layers, Hkv, length, D], for :func:`load_prefix` into another slot later."""
+    occupancy.check_slot(slot)
+    if not 0 < length <= occupancy.filled(slot):
+        raise InvalidInput(f"slot {slot} holds {occupancy.filled(slot)} prompt "
+                           f"positions; cannot save {length}")
+    return (k_cache[:, slot, :, :length].clone(),
+            v_cache[:, slot, :, :length].clone())
+
+
+def load_prefix(k_cache: torch.Tensor, v_cache: torch.Tensor, occupancy: SlotOccupancy,
+                slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Copy a saved prefix (:func:`save_prefix`) into positions 0.. of ``slot`` (K and V
+    memory [L, S+1, Hkv, T, D]); a prefill of the rest continues from its length."""
+    occupancy.check_slot(slot)
+    n = int(k.shape[2]) if k.dim() == 4 else 0
+    want = (k_cache.shape[0], k_cache.shape[2], n, k_cache.shape[4])
+    room = occupancy.room(slot)
+    if tuple(k.shape) != want or tuple(v.shape) != want or not 0 < n < room:
+        raise InvalidInput(f"a prefix must be K and V of {list(want)} with 0 < length < "
+                           f"{room}, got {list(k.shape)} and {list(v.shape)}")
+    k_cache[:, slot, :, :n].copy_(k)
+    v_cache[:, slot, :, :n].copy_(v)
+    occupancy.prompt_written_to(slot, n)

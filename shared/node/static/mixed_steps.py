@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,7 +30,11 @@ from eventspec.shared.node.static.chunk_staging import (
     chunk_rows_for,
     chunk_split,
 )
+from eventspec.shared.node.static.graph_capture import capture_graph
 from eventspec.shared.node.static.invariant_kernels import fixed_split_attention
+from eventspec.shared.node.static.kernel_choice import KernelChoice, PieceAttention
+from eventspec.shared.node.static.layer_forward import Attend, LayerFunctions
+from eventspec.shared.node.static.pieces import PromptPieces, check_pieces, lay_out
 from eventspec.shared.node.static.slot_occupancy import SlotOccupancy
 from eventspec.shared.node.static.staging import StepStaging
 from eventspec.shared.node.static.weights import LanguageWeights
@@ -47,17 +52,18 @@ class PromptRowsInSteps:
     """Prompt rows inside steps (see the module docstring)."""
 
     device: torch.device
+    dtype: torch.dtype
     weights: LanguageWeights
     cos: torch.Tensor
     sin: torch.Tensor
     k_cache: torch.Tensor
     v_cache: torch.Tensor
+    kernels: KernelChoice
     use_graphs: bool
     session_buckets: tuple[int, ...]
     token_buckets: tuple[int, ...]
     chunk_buckets: tuple[int, ...]
-    _fused: bool
-    _norm: Callable[..., Any]
+    _fns: LayerFunctions
     _staging: StepStaging
     _chunk_staging: ChunkStaging
     _logits: torch.Tensor
@@ -67,11 +73,12 @@ class PromptRowsInSteps:
 
     if TYPE_CHECKING:
         def step(self, batch: StepBatch) -> torch.Tensor: ...
-        def _step_attention(self, inp: StepInputs
-                            ) -> Callable[[int, torch.Tensor], torch.Tensor]: ...
+        def _step_attention(self, inp: StepInputs) -> Attend: ...
+        def _prompt_attention(self, pieces: PromptPieces) -> Attend: ...
+        def _mark_filled(self, pieces: PromptPieces) -> None: ...
         def _layer(self, i: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    write_slot: torch.Tensor, write_pos: torch.Tensor,
-                   attend: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor: ...
+                   attend: Attend) -> torch.Tensor: ...
 
     def fits_a_step(self, starts: Sequence[int], lengths: Sequence[int]) -> bool:
         """Whether prompt pieces at ``starts`` of ``lengths`` rows can run as one step
@@ -118,6 +125,62 @@ class PromptRowsInSteps:
         self.occupancy.fill(slots, starts, lengths)
         ends = torch.tensor(lengths, device=logits.device).cumsum(0) - 1  # [R]
         return logits.index_select(0, ends)  # [R, V]
+
+    @torch.inference_mode()
+    def step_with_pieces(
+        self, batch: StepBatch, slots: Sequence[int], embeds: Sequence[torch.Tensor],
+        starts: Sequence[int],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A mixed step: ``batch``'s decode and verify tokens and prompt pieces (as in
+        :meth:`prefill_embeds`) in one forward. Returns ([N, V] step logits, [R, V]
+        logits of each piece's last position), float32.
+
+        Sarathi-Serve's stall-free batching (Agrawal et al., OSDI 2024): the pieces'
+        rows ride the step's GEMMs, so the weights are read once for both and a chunk
+        adds its arithmetic to the step instead of a call of its own (a separate eager
+        chunk call cost about 9 ms of launches on an H200 whatever its size). When the
+        pieces fit a ``chunk_buckets`` bucket (in whole 64-row tiles, at most
+        :data:`.chunk_staging.MAX_PIECES`) and the step a bucket of at most
+        :data:`MIXED_MAX_TOKENS` tokens, the step and the padded pieces run at fixed
+        shapes (:mod:`.chunk_staging`), replayed from a graph captured at warm-up
+        (eager on CPU); otherwise eagerly at exact shapes, decode rows attending as in
+        :meth:`step` and piece rows as in :meth:`prefill_embeds`. Not with
+        ``batch_invariant``: the rows' GEMM shapes would follow the chunk. Checked
+        before any model work.
+        """
+        if not self.kernels.mixed_steps:
+            raise InvalidInput("mixed steps are not batch-invariant; step and prefill apart")
+        self.occupancy.check_step(batch)
+        starts = [int(st) for st in starts]
+        check_pieces(self.occupancy, self.weights.hidden, slots, embeds, starts)
+        if set(slots) & set(batch.slots):
+            raise InvalidInput("a slot both steps and prefills in one mixed step")
+        shape = self._mixed_shape(batch, [int(e.shape[0]) for e in embeds])
+        if shape is not None:
+            return self._fixed_mixed_step(batch, slots, embeds, starts, shape)
+        pieces = lay_out(slots, embeds, starts, self.dtype, self.device)
+        w = self.weights
+        b, q_max = len(batch.slots), max(batch.counts)
+        inp, dest = self._staging.load(batch, b, q_max)  # exact shape: eager
+        m = b * q_max
+        h = torch.cat([w.embed.index_select(0, inp.ids), pieces.h])  # [m + Mp, H]
+        pos = torch.cat([inp.pos, pieces.pos])  # [m + Mp]
+        cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)  # [., D]
+        write_slot = torch.cat([inp.write_slot, pieces.write_slot])
+        write_pos = torch.cat([inp.write_pos, pieces.pos])
+        decode, prompt = self._step_attention(inp), self._prompt_attention(pieces)
+
+        def attend(i: int, q: torch.Tensor) -> torch.Tensor:
+            return torch.cat([decode(i, q[:m]), prompt(i, q[m:])])  # [m + Mp, Hq D]
+
+        for i in range(len(w.layers)):
+            h = self._layer(i, h, cos, sin, write_slot, write_pos, attend)
+        rows = torch.cat([dest, m + pieces.last_rows])  # [N + R]
+        x = self._fns.norm(h.index_select(0, rows), w.norm, w.eps)  # [N + R, H]
+        self._mark_filled(pieces)
+        logits: torch.Tensor = self._fns.lin(x, w.lm_head).float()  # [N + R, V]
+        n = batch.num_tokens
+        return logits[:n], logits[n:]
 
     def _mixed_shape(self, batch: StepBatch, lengths: Sequence[int]
                      ) -> tuple[int, int, int] | None:
@@ -169,7 +232,7 @@ class PromptRowsInSteps:
         def attend(i: int, q: torch.Tensor) -> torch.Tensor:
             q4 = q[m:].view(tiles, CHUNK_TILE, hq, d)  # [P, tile, Hq, D]
             kc, vc = self.k_cache[i], self.v_cache[i]  # [S+1, Hkv, T, D]
-            if self._fused:
+            if self.kernels.piece_attention is PieceAttention.FIXED_SPLIT:
                 o = fixed_split_attention(q4, kc, vc, chunk.slots, chunk.starts,
                                           chunk.seq_lens, split=chunk_split(chunk.rows),
                                           query_tile=CHUNK_TILE)  # [P, tile, Hq, D]
@@ -180,7 +243,7 @@ class PromptRowsInSteps:
         for i in range(len(w.layers)):
             h = self._layer(i, h, cos, sin, write_slot, write_pos, attend)  # [M + C, H]
         x = torch.cat([h[:m], h[m:].index_select(0, chunk.last_rows)])  # [M + MAX_PIECES, H]
-        x = self._norm(x, w.norm, w.eps)
+        x = self._fns.norm(x, w.norm, w.eps)
         torch.matmul(x, w.lm_head.t(), out=out)
         return out
 
@@ -194,15 +257,8 @@ class PromptRowsInSteps:
         for bp, qp, c in shapes:
             inp, chunk = self._staging.dummy(bp, qp), self._chunk_staging.dummy(c)
             out = self._logits[: bp * qp + MAX_PIECES]
-            stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                self._forward_mixed(inp, chunk, out)  # JITs outside the capture
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._forward_mixed(inp, chunk, out)
-            self._mixed_graphs[(bp, qp, c)] = graph
+            self._mixed_graphs[(bp, qp, c)] = capture_graph(
+                self.device, pool, partial(self._forward_mixed, inp, chunk, out))
         if shapes:
             logger.info("captured %d mixed-step graphs (pieces of %s rows) in %.1f s",
                         len(shapes), list(self.chunk_buckets), time.perf_counter() - t0)

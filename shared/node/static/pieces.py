@@ -17,8 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
+from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.node.static.invariant import invariant_attention
 from eventspec.shared.node.static.invariant_tiles import cdiv
+from eventspec.shared.node.static.slot_occupancy import SlotOccupancy
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,20 @@ class PromptPieces:
     pos: torch.Tensor  # [M] positions (RoPE rows and where K/V go)
     write_slot: torch.Tensor  # [M]
     last_rows: torch.Tensor  # [R] each piece's last row
+
+
+def check_pieces(occupancy: SlotOccupancy, hidden: int, slots: Sequence[int],
+                 embeds: Sequence[torch.Tensor], starts: Sequence[int]) -> None:
+    """InvalidInput unless every piece ([L, hidden] embeddings) fits its slot and
+    continues what it holds."""
+    if not slots or not len(slots) == len(embeds) == len(starts):
+        raise InvalidInput("prefill needs one embedding and one start per slot, at least one")
+    for s, e in zip(slots, embeds, strict=True):
+        if e.dim() != 2 or e.shape[1] != hidden:
+            raise InvalidInput(
+                f"slot {s}: embeddings must be [L, {hidden}], got {list(e.shape)}"
+            )
+    occupancy.check_runs(slots, starts, [int(e.shape[0]) for e in embeds])
 
 
 def lay_out(slots: Sequence[int], embeds: Sequence[torch.Tensor], starts: Sequence[int],

@@ -44,6 +44,8 @@ tokens into the prompt's embeddings and hands them to :meth:`StaticRuntime.prefi
   a fixed split size (:mod:`.invariant_kernels`); prefill runs the step's attention.
   Elsewhere (CPU, int8/int4 weights) the plain torch path of :mod:`.invariant`.
 
+Which of these kernels run is decided once (:mod:`.kernel_choice`); the layer, attention
+and LM head on that choice are :mod:`.layer_forward`'s.
 On CPU the same runtime runs the plain torch layer functions without graphs, which is
 what the equality tests against the HF references exercise. ``docs/engine.md`` has the
 H200 measurements behind these choices.
@@ -54,58 +56,35 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from functools import partial
 
 import torch
 
 from eventspec.shared.contract.errors import InvalidInput
-from eventspec.shared.node.static import kernels as static_kernels
-from eventspec.shared.node.static import layers as layers
-from eventspec.shared.node.static.attention import (
-    HAVE_TRITON,
-    num_splits_for,
-    reference_attention,
-    splitkv_attention,
-)
 from eventspec.shared.node.static.batch import StepBatch
-from eventspec.shared.node.static.buckets import (
-    SESSION_BUCKETS,
-    TOKEN_BUCKETS,
-    StepInputs,
-    bucket,
+from eventspec.shared.node.static.buckets import SESSION_BUCKETS, TOKEN_BUCKETS, StepInputs, bucket
+from eventspec.shared.node.static.chunk_staging import CHUNK_TILE, MAX_PIECES, ChunkStaging
+from eventspec.shared.node.static.graph_capture import capture_graph, step_graph_shapes
+from eventspec.shared.node.static.kernel_choice import KernelChoice
+from eventspec.shared.node.static.kv_memory import kv_tensor, load_prefix, save_prefix
+from eventspec.shared.node.static.layer_forward import (
+    Attend,
+    decoder_layer,
+    kernels_for,
+    layer_functions,
+    lm_head_logits,
+    prompt_attention,
+    step_attention,
 )
-from eventspec.shared.node.static.chunk_staging import (
-    CHUNK_TILE,
-    MAX_PIECES,
-    ChunkStaging,
-)
-from eventspec.shared.node.static.invariant import (
-    invariant_attention,
-    invariant_linear,
-    invariant_rms_norm,
-)
-from eventspec.shared.node.static.invariant_kernels import (
-    all_dense,
-    dense_invariant_linear,
-    dense_invariant_linear_add_,
-    fixed_split_attention,
-    invariant_mm,
-    prefill_fixed_split_attention,
-)
-from eventspec.shared.node.static.invariant_tiles import PrefillTiles, prefill_tiles
-from eventspec.shared.node.static.kernels import rope_and_write_kv, silu_mul
-from eventspec.shared.node.static.kv_memory import kv_tensor, rows_of
 from eventspec.shared.node.static.mixed_steps import PromptRowsInSteps
 from eventspec.shared.node.static.pieces import (
     PROMPT_LENGTH_STEP,
     PromptPieces,
-    invariant_piece_attention,
+    check_pieces,
     lay_out,
     plan_prompt_attention,
-    sdpa_piece_attention,
 )
-from eventspec.shared.node.static.quant import Weight, linear, linear_add_
 from eventspec.shared.node.static.slot_occupancy import SlotOccupancy
 from eventspec.shared.node.static.staging import StepStaging
 from eventspec.shared.node.static.weights import LanguageWeights
@@ -146,11 +125,8 @@ class StaticRuntime(PromptRowsInSteps):
         a run's first position, and a session must :meth:`reserve` its run first.
 
         ``batch_invariant``: every row's arithmetic independent of the batch, the step's
-        width and the row's place in it. On CUDA with Triton and dense weights: the
-        fused layers with the batch-invariant Triton GEMM and fixed-split attention
-        (:mod:`.invariant_kernels`), CUDA graphs on. Elsewhere (CPU, CUDA without
-        Triton, or int8/int4 weights, which those kernels do not take): the plain torch
-        path of :mod:`.invariant`, unfused and without graphs.
+        width and the row's place in it. Which kernels that takes here, and every other
+        kernel decision, is :func:`.kernel_choice.choose_kernels`' (:attr:`kernels`).
         """
         if num_slots < 1:
             raise InvalidInput("the static runtime needs at least one KV slot")
@@ -174,46 +150,26 @@ class StaticRuntime(PromptRowsInSteps):
         # padding rows write into.
         self.k_cache = self._kv_tensor()  # [L, S+1, Hkv, T, D] (a strided view by length)
         self.v_cache = self._kv_tensor()  # [L, S+1, Hkv, T, D]
+        #: Every kernel this runtime runs, decided once (:mod:`.kernel_choice`).
+        self.kernels: KernelChoice = kernels_for(weights, batch_invariant=batch_invariant,
+                                                 use_graphs=use_graphs,
+                                                 compile_layers=compile_layers)
+        logger.info("static runtime kernels: %s", self.kernels.reason)
         self.batch_invariant = batch_invariant
-        triton_gpu = self.device.type == "cuda" and HAVE_TRITON
-        #: Batch-invariant through the Triton kernels (else the plain path, if invariant).
-        self.invariant_kernels = batch_invariant and triton_gpu and all_dense(weights)
-        plain_invariant = batch_invariant and not self.invariant_kernels
-        self.use_graphs = use_graphs and self.device.type == "cuda" and not plain_invariant
+        self.use_graphs = self.kernels.graphs
+        self._fns = layer_functions(self.kernels)
         self.session_buckets = tuple(b for b in session_buckets if b <= num_slots) or (1,)
         if num_slots not in self.session_buckets and num_slots < max(session_buckets):
             self.session_buckets = (*self.session_buckets, num_slots)
         self.token_buckets = tuple(token_buckets)
-        if batch_invariant:
+        if not self.kernels.mixed_steps:
             chunk_buckets = ()  # mixed steps are not batch-invariant (step_with_pieces)
         if any(c < CHUNK_TILE or c % CHUNK_TILE or c > max_seq_len for c in chunk_buckets):
             raise InvalidInput(f"prompt-piece buckets must be multiples of {CHUNK_TILE} up to "
                                f"{max_seq_len}, got {list(chunk_buckets)}")
         self.chunk_buckets = tuple(sorted(set(chunk_buckets)))
-        self._sm_count = (
-            torch.cuda.get_device_properties(self.device).multi_processor_count
-            if self.device.type == "cuda"
-            else 1
-        )
-        self._use_splitkv = triton_gpu and not batch_invariant
-
-        # CUDA: Triton kernels for RMSNorm, RoPE + KV write and SiLU-mul, cuBLAS GEMMs
-        # with the residual fused (addmm); batch-invariant, the same with the invariant
-        # Triton GEMM (the other three kernels are per row already). CPU: the plain torch
-        # functions; batch-invariant without the kernels: the plain functions with tiled
-        # linear layers and norms.
-        self._fused = triton_gpu and not plain_invariant
-        self._norm: Callable[..., Any] = layers.rms_norm
-        self._lin: layers.Linear = linear
-        self._lin_add_: Callable[[torch.Tensor, torch.Tensor, Weight], torch.Tensor] = linear_add_
-        if plain_invariant:
-            self._norm, self._lin = invariant_rms_norm, invariant_linear
-        if self.invariant_kernels:
-            self._lin, self._lin_add_ = dense_invariant_linear, dense_invariant_linear_add_
-        if self._fused:
-            self._norm = static_kernels.rms_norm
-            if compile_layers and not batch_invariant:  # Inductor picks its reduction by shape
-                self._norm = torch.compile(layers.rms_norm, dynamic=True, fullgraph=True)
+        self._sm_count = (torch.cuda.get_device_properties(self.device).multi_processor_count
+                          if self.device.type == "cuda" else 1)
 
         max_b = max(self.session_buckets)
         max_m = max_b * max(self.token_buckets)
@@ -236,6 +192,11 @@ class StaticRuntime(PromptRowsInSteps):
         #: Whole prompts' attention runs at lengths rounded up to this (1: exact);
         #: :func:`.pieces.sdpa_piece_attention` says why.
         self.prompt_length_step = PROMPT_LENGTH_STEP
+
+    @property
+    def invariant_kernels(self) -> bool:
+        """Batch-invariant through the Triton kernels (else the plain path, if invariant)."""
+        return self.kernels.invariant_kernels
 
     # -- prefill and step -----------------------------------------------------------
 
@@ -267,91 +228,20 @@ class StaticRuntime(PromptRowsInSteps):
         h = pieces.h  # [M, H]
         for i in range(len(w.layers)):
             h = self._layer(i, h, cos, sin, pieces.write_slot, pieces.pos, attend)  # [M, H]
-        x = self._norm(h.index_select(0, pieces.last_rows), w.norm, w.eps)  # [R, H]
+        x = self._fns.norm(h.index_select(0, pieces.last_rows), w.norm, w.eps)  # [R, H]
         self._mark_filled(pieces)
-        logits: torch.Tensor = self._lin(x, w.lm_head).float()  # [R, V]
+        logits: torch.Tensor = self._fns.lin(x, w.lm_head).float()  # [R, V]
         return logits
-
-    @torch.inference_mode()
-    def step_with_pieces(
-        self, batch: StepBatch, slots: Sequence[int], embeds: Sequence[torch.Tensor],
-        starts: Sequence[int],
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A mixed step: ``batch``'s decode and verify tokens and prompt pieces (as in
-        :meth:`prefill_embeds`) in one forward. Returns ([N, V] step logits, [R, V]
-        logits of each piece's last position), float32.
-
-        Sarathi-Serve's stall-free batching (Agrawal et al., OSDI 2024): the pieces'
-        rows ride the step's GEMMs, so the weights are read once for both and a chunk
-        adds its arithmetic to the step instead of a call of its own (a separate eager
-        chunk call cost about 9 ms of launches on an H200 whatever its size). When the
-        pieces fit a ``chunk_buckets`` bucket (in whole 64-row tiles, at most
-        :data:`.chunk_staging.MAX_PIECES`) and the step a bucket of at most
-        :data:`.mixed_steps.MIXED_MAX_TOKENS` tokens, the step and the padded pieces run at fixed
-        shapes (:mod:`.chunk_staging`), replayed from a graph captured at warm-up
-        (eager on CPU); otherwise eagerly at exact shapes, decode rows attending as in
-        :meth:`step` and piece rows as in :meth:`prefill_embeds`. Not with
-        ``batch_invariant``: the rows' GEMM shapes would follow the chunk. Checked
-        before any model work.
-        """
-        if self.batch_invariant:
-            raise InvalidInput("mixed steps are not batch-invariant; step and prefill apart")
-        self.occupancy.check_step(batch)
-        starts = [int(st) for st in starts]
-        self._check_pieces(slots, embeds, starts)
-        if set(slots) & set(batch.slots):
-            raise InvalidInput("a slot both steps and prefills in one mixed step")
-        shape = self._mixed_shape(batch, [int(e.shape[0]) for e in embeds])
-        if shape is not None:
-            return self._fixed_mixed_step(batch, slots, embeds, starts, shape)
-        pieces = lay_out(slots, embeds, starts, self.dtype, self.device)
-        w = self.weights
-        b, q_max = len(batch.slots), max(batch.counts)
-        inp, dest = self._staging.load(batch, b, q_max)  # exact shape: eager
-        m = b * q_max
-        h = torch.cat([w.embed.index_select(0, inp.ids), pieces.h])  # [m + Mp, H]
-        pos = torch.cat([inp.pos, pieces.pos])  # [m + Mp]
-        cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)  # [., D]
-        write_slot = torch.cat([inp.write_slot, pieces.write_slot])
-        write_pos = torch.cat([inp.write_pos, pieces.pos])
-        decode, prompt = self._step_attention(inp), self._prompt_attention(pieces)
-
-        def attend(i: int, q: torch.Tensor) -> torch.Tensor:
-            return torch.cat([decode(i, q[:m]), prompt(i, q[m:])])  # [m + Mp, Hq D]
-
-        for i in range(len(w.layers)):
-            h = self._layer(i, h, cos, sin, write_slot, write_pos, attend)
-        rows = torch.cat([dest, m + pieces.last_rows])  # [N + R]
-        x = self._norm(h.index_select(0, rows), w.norm, w.eps)  # [N + R, H]
-        self._mark_filled(pieces)
-        logits: torch.Tensor = self._lin(x, w.lm_head).float()  # [N + R, V]
-        n = batch.num_tokens
-        return logits[:n], logits[n:]
 
     def save_prefix(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A copy of the first ``length`` positions of ``slot``'s K and V, each
         [layers, Hkv, length, D], for :meth:`load_prefix` into another slot later."""
-        self.occupancy.check_slot(slot)
-        if not 0 < length <= self.occupancy.filled(slot):
-            raise InvalidInput(f"slot {slot} holds {self.occupancy.filled(slot)} prompt "
-                               f"positions; cannot save {length}")
-        return (self.k_cache[:, slot, :, :length].clone(),
-                self.v_cache[:, slot, :, :length].clone())
+        return save_prefix(self.k_cache, self.v_cache, self.occupancy, slot, length)
 
     def load_prefix(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Copy a saved prefix (:meth:`save_prefix`) into positions 0.. of ``slot``; a
         prefill of the rest continues from its length (``starts``)."""
-        self.occupancy.check_slot(slot)
-        w = self.weights
-        n = int(k.shape[2]) if k.dim() == 4 else 0
-        want = (len(w.layers), w.num_kv_heads, n, w.head_dim)
-        room = self.occupancy.room(slot)
-        if tuple(k.shape) != want or tuple(v.shape) != want or not 0 < n < room:
-            raise InvalidInput(f"a prefix must be K and V of {list(want)} with 0 < length < "
-                               f"{room}, got {list(k.shape)} and {list(v.shape)}")
-        self.k_cache[:, slot, :, :n].copy_(k)
-        self.v_cache[:, slot, :, :n].copy_(v)
-        self.occupancy.prompt_written_to(slot, n)
+        load_prefix(self.k_cache, self.v_cache, self.occupancy, slot, k, v)
 
     def padded_tokens(self, q_max: int) -> int:
         """Rows every session of a step pays when its longest feeds ``q_max`` tokens: the
@@ -416,7 +306,7 @@ class StaticRuntime(PromptRowsInSteps):
         reused by every smaller graph). Logs progress; returns seconds and bytes.
         """
         plans = 0
-        if self.device.type == "cuda" and not self.batch_invariant:
+        if self.kernels.plan_prompt_lengths:
             t_plan = time.perf_counter()
             plans = plan_prompt_attention(self.k_cache[0, self.occupancy.scratch_slot],
                                           self.v_cache[0, self.occupancy.scratch_slot],
@@ -429,26 +319,13 @@ class StaticRuntime(PromptRowsInSteps):
         torch.cuda.synchronize(self.device)
         base = torch.cuda.memory_allocated(self.device)
         pool = torch.cuda.graph_pool_handle()
-        shapes = sorted(
-            ((bp, qp) for bp in self.session_buckets for qp in self.token_buckets),
-            key=lambda s: -s[0] * s[1],
-        )
+        shapes = step_graph_shapes(self.session_buckets, self.token_buckets)
         for i, (bp, qp) in enumerate(shapes):
-            inp = self._staging.dummy(bp, qp)
-            out = self._logits[: bp * qp]
-            stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                self._forward(inp, out)  # compiles / JITs outside the capture
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._forward(inp, out)
-            self._graphs[(bp, qp)] = graph
-            logger.info(
-                "captured step graph %d/%d: %d sessions x %d tokens (%.1f s)",
-                i + 1, len(shapes), bp, qp, time.perf_counter() - t0,
-            )  # fmt: skip
+            inp, out = self._staging.dummy(bp, qp), self._logits[: bp * qp]
+            self._graphs[(bp, qp)] = capture_graph(self.device, pool,
+                                                   partial(self._forward, inp, out))
+            logger.info("captured step graph %d/%d: %d sessions x %d tokens (%.1f s)",
+                        i + 1, len(shapes), bp, qp, time.perf_counter() - t0)
         mixed = self._capture_mixed(pool)
         torch.cuda.synchronize(self.device)
         self.warmup_report = {
@@ -472,46 +349,16 @@ class StaticRuntime(PromptRowsInSteps):
                 starts: Sequence[int] | None) -> PromptPieces:
         """Checked prompt pieces as one activation (see :meth:`prefill_embeds`)."""
         starts = [0] * len(slots) if starts is None else [int(s) for s in starts]
-        self._check_pieces(slots, embeds, starts)
+        check_pieces(self.occupancy, self.weights.hidden, slots, embeds, starts)
         return lay_out(slots, embeds, starts, self.dtype, self.device)
-
-    def _check_pieces(self, slots: Sequence[int], embeds: Sequence[torch.Tensor],
-                      starts: Sequence[int]) -> None:
-        """InvalidInput unless every piece fits its slot and continues what it holds."""
-        if not slots or not len(slots) == len(embeds) == len(starts):
-            raise InvalidInput("prefill needs one embedding and one start per slot, at least one")
-        for s, e in zip(slots, embeds, strict=True):
-            if e.dim() != 2 or e.shape[1] != self.weights.hidden:
-                raise InvalidInput(
-                    f"slot {s}: embeddings must be [L, {self.weights.hidden}], got {list(e.shape)}"
-                )
-        self.occupancy.check_runs(slots, starts, [int(e.shape[0]) for e in embeds])
 
     def _mark_filled(self, pieces: PromptPieces) -> None:
         self.occupancy.fill(pieces.slots, pieces.starts, pieces.lengths)
 
-    def _prompt_attention(self, pieces: PromptPieces
-                          ) -> Callable[[int, torch.Tensor], torch.Tensor]:
-        """Attention of prompt pieces' queries [M, Hq D]: causal over each piece's slot
-        up to its end, reading its K/V back (the layer wrote them first)."""
-        w = self.weights
-        d, hq = w.head_dim, w.num_heads
-        tiles: PrefillTiles | None = None
-        if self.invariant_kernels:
-            tiles = prefill_tiles(pieces.slots, pieces.starts, pieces.lengths, self.device)
-
-        def attend(i: int, q: torch.Tensor) -> torch.Tensor:
-            if tiles is not None:
-                o = prefill_fixed_split_attention(q.view(-1, hq, d), self.k_cache[i],
-                                                  self.v_cache[i], tiles)  # [M, Hq, D]
-                return o.view(-1, hq * d)  # [M, Hq D]
-            if self.batch_invariant:
-                return invariant_piece_attention(q, self.k_cache[i], self.v_cache[i], pieces,
-                                                 hq)
-            return sdpa_piece_attention(q, self.k_cache[i], self.v_cache[i], pieces, hq,
-                                        self.prompt_length_step)
-
-        return attend
+    def _prompt_attention(self, pieces: PromptPieces) -> Attend:
+        """Attention of prompt pieces' queries (:func:`.layer_forward.prompt_attention`)."""
+        return prompt_attention(self.kernels, self.weights, self.k_cache, self.v_cache, pieces,
+                                self.prompt_length_step)
 
     def _kv_tensor(self) -> torch.Tensor:
         """Zeroed K or V memory, [L, S + 1, Hkv, T, D] (:func:`.kv_memory.kv_tensor`)."""
@@ -521,29 +368,10 @@ class StaticRuntime(PromptRowsInSteps):
                          arena_positions=self.kv_positions, device=self.device,
                          dtype=self.dtype)
 
-    def _step_attention(self, inp: StepInputs) -> Callable[[int, torch.Tensor], torch.Tensor]:
-        """Attention of a padded step's queries [Bp Qp, Hq D] over their sessions' KV."""
-        w = self.weights
-        bp, qp, hq, d = inp.sessions, inp.tokens, w.num_heads, w.head_dim
-        num_splits = num_splits_for(bp, hq, self._sm_count)
-
-        def attend(i: int, q: torch.Tensor) -> torch.Tensor:
-            q4 = q.view(bp, qp, hq, d)  # [Bp, Qp, Hq, D]
-            kc, vc = self.k_cache[i], self.v_cache[i]  # [S+1, Hkv, T, D]
-            if self.invariant_kernels:
-                o = fixed_split_attention(q4, kc, vc, inp.slots, inp.starts, inp.seq_lens)
-            elif self.batch_invariant:
-                q_pos = inp.starts[:, None] + torch.arange(qp, device=q.device)  # [Bp, Qp]
-                o = invariant_attention(q4, kc, vc, inp.slots, q_pos)  # [Bp, Qp, Hq, D]
-            elif self._use_splitkv:
-                o = splitkv_attention(
-                    q4, kc, vc, inp.slots, inp.starts, inp.seq_lens, num_splits=num_splits
-                )  # [Bp, Qp, Hq, D]
-            else:
-                o = reference_attention(q4, kc, vc, inp.slots, inp.starts, inp.seq_lens)
-            return o.reshape(bp * qp, hq * d)  # [M, Hq D]
-
-        return attend
+    def _step_attention(self, inp: StepInputs) -> Attend:
+        """Attention of a padded step's queries (:func:`.layer_forward.step_attention`)."""
+        return step_attention(self.kernels, self.weights, self.k_cache, self.v_cache, inp,
+                              self._sm_count)
 
     def _forward(self, inp: StepInputs, out: torch.Tensor | None) -> torch.Tensor:
         """The padded step: [M] ids -> [M, V] logits (into ``out`` when given).
@@ -558,52 +386,12 @@ class StaticRuntime(PromptRowsInSteps):
         attend = self._step_attention(inp)
         for i in range(len(w.layers)):
             h = self._layer(i, h, cos, sin, inp.write_slot, inp.write_pos, attend)  # [M, H]
-        x = self._norm(h, w.norm, w.eps)  # [M, H]
-        logits: torch.Tensor
-        if self.invariant_kernels:
-            assert isinstance(w.lm_head, torch.Tensor)
-            logits = invariant_mm(x, w.lm_head, out=out)  # [M, V]
-            return logits
-        if self.batch_invariant:
-            logits = self._lin(x, w.lm_head)  # [M, V]
-            return logits if out is None else out.copy_(logits)
-        if out is None:
-            logits = x @ w.lm_head.t()  # [M, V]
-            return logits
-        torch.matmul(x, w.lm_head.t(), out=out)
-        return out
+        x = self._fns.norm(h, w.norm, w.eps)  # [M, H]
+        return lm_head_logits(self.kernels, self._fns, w, x, out)  # [M, V]
 
-    def _layer(
-        self,
-        i: int,
-        h: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        write_slot: torch.Tensor,
-        write_pos: torch.Tensor,
-        attend: Callable[[int, torch.Tensor], torch.Tensor],
-    ) -> torch.Tensor:
-        """One decoder layer over M rows: h [M, H] -> [M, H]; row m's K/V go to
-        (write_slot[m], write_pos[m]) of layer i's cache before ``attend`` reads it."""
-        w, lw = self.weights, self.weights.layers[i]
-        hq, hkv, d = w.num_heads, w.num_kv_heads, w.head_dim
-        kc, vc = self.k_cache[i], self.v_cache[i]  # [S+1, Hkv, T, D]
-        if self._fused:
-            qkv = self._lin(self._norm(h, lw.ln_attn, w.eps), lw.wqkv)  # [M, (Hq + 2 Hkv) D]
-            q = rope_and_write_kv(qkv, cos, sin, kc, vc, write_slot, write_pos, hq, hkv)
-            # In-place addmm: the residual add rides in the GEMM epilogue, and no copy of
-            # h is made first (out-of-place addmm copies its input into the result).
-            self._lin_add_(h, attend(i, q), lw.wo)  # [M, H]
-            gate_up = self._lin(self._norm(h, lw.ln_mlp, w.eps), lw.w_gate_up)  # [M, 2 I]
-            return self._lin_add_(h, silu_mul(gate_up), lw.w_down)  # [M, H]
-        q, k, v = layers.attention_in(h, lw.ln_attn, lw.wqkv, cos, sin, w.eps, hq, hkv,
-                                      self._lin, self._norm)
-        heads = torch.arange(hkv, device=h.device)  # [Hkv]
-        s_slot, s_head, s_pos = (st // d for st in kc.stride()[:3])  # in rows of D
-        rows = (write_slot[:, None] * s_slot + heads * s_head
-                + write_pos[:, None] * s_pos).view(-1)  # [M Hkv]
-        rows_of(kc).index_copy_(0, rows, k.view(-1, d))
-        rows_of(vc).index_copy_(0, rows, v.view(-1, d))
-        o = attend(i, q)  # [M, Hq D]
-        return layers.attention_out_and_mlp(h, o, lw.wo, lw.ln_mlp, lw.w_gate_up, lw.w_down,
-                                            w.eps, self._lin, self._norm)
+    def _layer(self, i: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               write_slot: torch.Tensor, write_pos: torch.Tensor, attend: Attend
+               ) -> torch.Tensor:
+        """Decoder layer i over M rows (:func:`.layer_forward.decoder_layer`)."""
+        return decoder_layer(self.kernels, self._fns, self.weights, i, h, cos, sin,
+                             self.k_cache[i], self.v_cache[i], write_slot, write_pos, attend)

@@ -123,8 +123,8 @@ def test_on_cpu_the_invariant_mode_keeps_the_plain_path(
     (and no graphs), whatever is installed."""
     _, engine, _ = invariant
     assert engine.batch_invariant and not engine.invariant_kernels
-    assert not engine.use_graphs and not engine._fused
-    assert engine._lin is invariant_linear
+    assert not engine.use_graphs and not engine.kernels.fused_layers
+    assert engine._fns.lin is invariant_linear
 
 
 def test_quantised_weights_are_not_dense() -> None:
