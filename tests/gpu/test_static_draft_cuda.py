@@ -17,7 +17,7 @@ import torch
 
 from eventspec.edge.draft import DraftModel
 from eventspec.edge.draft_checkpoint import load_draft
-from eventspec.edge.drafter import Drafter
+from eventspec.edge.drafter import Drafter, draft_many
 from eventspec.edge.model_dirs import TOY_DRAFT_DIR
 from eventspec.edge.static_draft import StaticDraftBackend, draft_backend_for, draft_engine_name
 from tests.support.gpu_compare import Record, recorded
@@ -32,7 +32,8 @@ QUESTION = "Which way is the object moving?"
 def toy() -> tuple[DraftModel, StaticDraftBackend]:
     draft = load_draft(TOY_DRAFT_DIR, device="cuda", dtype=torch.float32)
     backend = StaticDraftBackend(draft)
-    assert backend.warm_up()["graphs"] == 5
+    # 5 token buckets x 1 and 2 sessions (the default two slots draft together)
+    assert backend.warm_up()["graphs"] == 10
     return draft, backend
 
 
@@ -73,3 +74,26 @@ def test_graph_drafts_equal_hf_drafts_through_rollbacks(
         tail.append(token)
     assert worst < 1e-2, worst
     assert fast.rollbacks > 0
+
+
+def test_two_sessions_in_one_graphed_forward_draft_what_each_drafts_alone(
+    toy: tuple[DraftModel, StaticDraftBackend],
+) -> None:
+    """Issue 36: the edge's sessions draft together, replayed from the two-session graphs;
+    each drafts the tokens its own HF reference drafts."""
+    draft, backend = toy
+    s = draft.image_size
+    refs, fasts, contexts = [], [], []
+    for i in range(2):
+        pixels = torch.randn(5, 3, s, s, generator=torch.Generator().manual_seed(40 + i))
+        ref, fast = Drafter(draft), Drafter(backend)
+        ref.prefill(QUESTION, pixels)
+        fast.prefill(QUESTION, pixels)
+        refs.append(ref)
+        fasts.append(fast)
+        contexts.append([])
+    for _ in range(8):
+        got = draft_many([(f, list(c)) for f, c in zip(fasts, contexts, strict=True)])
+        for ref, c, token in zip(refs, contexts, got, strict=True):
+            assert token == ref.draft_next(c)
+            c.append(token)
