@@ -15,11 +15,20 @@ concurrency limit therefore counts calls whose message has arrived, and an
 unauthenticated stream (the auth interceptor, installed outside this one, refuses it
 at HEADERS) costs nothing. The number of streams per connection is capped by HTTP/2's
 ``MAX_CONCURRENT_STREAMS`` (``eventspec.shared.wire.options``).
+
+The methods that need no credentials (health) are read whole from anyone, up to the
+node's message cap (8 MiB on the cloud): 256 streams of one connection could have held
+2 GiB before any credential was asked for (issue 38, red-team finding 1). So a
+connection may have at most ``OPEN_READS_PER_CONNECTION`` calls of ``open_methods``
+waiting for their first message; a call beyond that is refused with RESOURCE_EXHAUSTED
+at HEADERS, before its message is read. A legitimate client has one or two (gRPC's
+client-side health Watch, a Check); one connection's excess refuses only its own calls.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -30,7 +39,7 @@ from google.protobuf.message import DecodeError
 from grpc import aio
 
 from eventspec.shared.contract.errors import EventSpecError
-from eventspec.shared.wire.handlers import FACTORIES, Behaviour
+from eventspec.shared.wire.handlers import FACTORIES, Behaviour, forget_frames
 from eventspec.shared.wire.interceptors import bounded_details
 from eventspec.shared.wire.status import to_grpc
 
@@ -38,6 +47,9 @@ log = logging.getLogger(__name__)
 
 #: Seconds from a call's HEADERS to its first complete request message.
 FIRST_MESSAGE_TIMEOUT_S = 10.0
+#: Calls of the methods open to anyone (health) that one connection may have waiting
+#: for their first message: what it can make the node read before any credential.
+OPEN_READS_PER_CONNECTION = 4
 
 _STREAMING_KIND = {
     "unary_unary": "stream_unary",
@@ -72,21 +84,65 @@ async def _first(requests: AsyncIterator[Any], context: aio.ServicerContext[Any,
     raise AssertionError("unreachable: abort raises")
 
 
+class ConnectionReads:
+    """Calls waiting for their first message, per connection (the peer's address and
+    port), at most ``limit`` each."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"the reads per connection must be >= 1, got {limit}")
+        self.limit = limit
+        self.waiting: dict[str, int] = {}
+
+    def take(self, peer: str) -> bool:
+        n = self.waiting.get(peer, 0)
+        if n >= self.limit:
+            return False
+        self.waiting[peer] = n + 1
+        return True
+
+    def give(self, peer: str) -> None:
+        n = self.waiting.pop(peer, 0) - 1
+        if n > 0:
+            self.waiting[peer] = n
+
+
+async def _first_in_slot(requests: AsyncIterator[Any], context: aio.ServicerContext[Any, Any],
+                         method: str, timeout_s: float, reads: ConnectionReads | None) -> Any:
+    """``_first``, holding one of the connection's ``reads`` while it waits (RESOURCE_EXHAUSTED
+    at once when they are all taken)."""
+    if reads is None:
+        return await _first(requests, context, method, timeout_s)
+    peer = context.peer()
+    if not reads.take(peer):
+        log.warning("RESOURCE_EXHAUSTED %s from %s: %d calls of this connection already "
+                    "wait for their request", method, peer, reads.limit)
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            f"{method.rsplit('/', 1)[-1]}: this connection already has "
+                            f"{reads.limit} calls waiting for their request message; retry "
+                            "once they are answered")
+    try:
+        return await _first(requests, context, method, timeout_s)
+    finally:
+        reads.give(peer)
+
+
 async def _then(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
     yield first
     async for item in rest:
         yield item
 
 
-def _gated(kind: str, fn: Behaviour, method: str, timeout_s: float) -> Behaviour:
+def _gated(kind: str, fn: Behaviour, method: str, timeout_s: float,
+           reads: ConnectionReads | None = None) -> Behaviour:
     """``fn`` (of ``kind``) as a request-streaming behaviour that starts at HEADERS and
-    calls ``fn`` once the first message is in."""
+    calls ``fn`` once the first message is in (read within one of ``reads``, if given)."""
     single = kind.startswith("unary_")
 
     async def arrived(requests: AsyncIterator[Any], context: aio.ServicerContext[Any, Any]
                       ) -> Any:
         try:
-            first = await _first(requests, context, method, timeout_s)
+            first = await _first_in_slot(requests, context, method, timeout_s, reads)
         except _Ended:
             if single:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
@@ -99,16 +155,45 @@ def _gated(kind: str, fn: Behaviour, method: str, timeout_s: float) -> Behaviour
 
         async def gen(requests: AsyncIterator[Any], context: aio.ServicerContext[Any, Any]
                       ) -> AsyncIterator[Any]:
-            async for item in fn(await arrived(requests, context), context):
-                yield item
+            try:
+                async for item in fn(await arrived(requests, context), context):
+                    yield item
+            except aio.AbortError as exc:
+                forget_frames(exc)
+                raise
+            finally:
+                await _close(requests)
 
         return gen
 
     async def coro(requests: AsyncIterator[Any], context: aio.ServicerContext[Any, Any]
                    ) -> Any:
-        return await fn(await arrived(requests, context), context)
+        try:
+            return await fn(await arrived(requests, context), context)
+        except aio.AbortError as exc:
+            forget_frames(exc)
+            raise
+        finally:
+            await _close(requests)
 
     return coro
+
+
+async def _close(requests: AsyncIterator[Any]) -> None:
+    """Close the call's request stream, whatever the handler read of it.
+
+    ``grpc.aio`` hands a request-streaming handler a receiver whose async generator,
+    left suspended (a call that ends before reading its stream's end: every refusal, and
+    a unary call served as a stream here), kept the call's whole state alive for good,
+    with the frames of the exception it was aborted with: a refused 4 MiB request stayed
+    in memory (issue 38, red-team finding 1). A generator another task is still reading
+    (``RuntimeError``) is left to that task.
+    """
+    stream = requests.__aiter__()
+    close = getattr(stream, "aclose", None)
+    if close is not None:
+        with contextlib.suppress(RuntimeError):
+            await close()
 
 
 async def _then_nothing() -> AsyncIterator[Any]:
@@ -118,12 +203,17 @@ async def _then_nothing() -> AsyncIterator[Any]:
 
 class FirstMessageGate(aio.ServerInterceptor):  # type: ignore[misc]
     """Start every call at HEADERS and give it ``timeout_s`` to send its first message;
-    the inner interceptors and the handler run only after it has."""
+    the inner interceptors and the handler run only after it has. Calls of
+    ``open_methods`` wait for it ``reads_per_connection`` at a time per connection."""
 
-    def __init__(self, timeout_s: float = FIRST_MESSAGE_TIMEOUT_S) -> None:
+    def __init__(self, timeout_s: float = FIRST_MESSAGE_TIMEOUT_S, *,
+                 open_methods: frozenset[str] = frozenset(),
+                 reads_per_connection: int = OPEN_READS_PER_CONNECTION) -> None:
         if not timeout_s > 0:
             raise ValueError(f"the first-message timeout must be > 0 s, got {timeout_s}")
         self.timeout_s = timeout_s
+        self.open_methods = open_methods
+        self.open_reads = ConnectionReads(reads_per_connection)
 
     async def intercept_service(
         self,
@@ -137,8 +227,9 @@ class FirstMessageGate(aio.ServerInterceptor):  # type: ignore[misc]
         for kind, streaming in _STREAMING_KIND.items():
             fn = getattr(handler, kind)
             if fn is not None:
+                reads = self.open_reads if method in self.open_methods else None
                 return FACTORIES[streaming](
-                    _gated(kind, fn, method, self.timeout_s),
+                    _gated(kind, fn, method, self.timeout_s, reads),
                     request_deserializer=handler.request_deserializer,
                     response_serializer=handler.response_serializer,
                 )

@@ -4,6 +4,13 @@ A response-streaming behaviour in ``grpc.aio`` is either an async generator (yie
 responses) or a coroutine that calls ``context.write`` (``Health/Watch`` is one). A
 wrapper that assumes the first breaks the second ("'async for' requires an object
 with __aiter__ method, got coroutine"), so each kind is wrapped as what it is.
+
+``forget_frames``: an exception's traceback holds the frames it passed through, and
+their locals (a request's bytes, the parsed message). ``grpc.aio`` keeps the exception a
+call was aborted with (``RPCState.abort_exception``) for as long as the call's state
+lives, and that state is in a reference cycle with the exception's frames, so only a
+full garbage collection frees it: rare in a node whose heap holds the model (issue 38,
+red-team finding 1).
 """
 
 from __future__ import annotations
@@ -11,13 +18,14 @@ from __future__ import annotations
 import inspect
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from grpc import aio
 
 #: Entered around one call with that call's context; it may abort or translate errors.
 Around = Callable[[aio.ServicerContext[Any, Any]], AbstractAsyncContextManager[None]]
+E = TypeVar("E", bound=BaseException)
 Behaviour = Callable[[Any, aio.ServicerContext[Any, Any]], Any]
 
 
@@ -38,6 +46,23 @@ def wrap_behaviour(fn: Behaviour, around: Around) -> Behaviour:
             return await fn(request, context)
 
     return coro_wrapper
+
+
+def forget_frames(exc: E) -> E:
+    """``exc`` without its traceback and without the exceptions it was raised while
+    handling (``__context__``, ``__cause__``) and theirs: whoever keeps it then keeps no
+    frame, so no request. Returns ``exc``."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        todo += [e.__context__, e.__cause__]
+        e.__traceback__ = None
+    exc.__context__ = exc.__cause__ = None
+    return exc
 
 
 FACTORIES = {

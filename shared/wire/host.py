@@ -6,6 +6,7 @@ after, NOT_SERVING again on shutdown, then ``stop(grace)``. Security (``ServerSe
 is decided here too, once for both nodes: TLS or mutual TLS with certificates reloaded
 on change or SIGHUP, the auth interceptor in front of everything but health, and the
 start-up refusals (non-loopback without TLS and auth, busy port, port out of range).
+While it serves, freed memory goes back to the system (``eventspec.shared.wire.heap``).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import signal
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from eventspec.shared.wire.auth import AuthInterceptor
+from eventspec.shared.wire.auth import OPEN_METHODS, AuthInterceptor
 from eventspec.shared.wire.gate import FIRST_MESSAGE_TIMEOUT_S, FirstMessageGate
+from eventspec.shared.wire.heap import HeapTrimmer
 from eventspec.shared.wire.interceptors import ErrorMappingInterceptor
 from eventspec.shared.wire.limits import ConcurrencyLimitInterceptor
 from eventspec.shared.wire.options import server_options
@@ -74,7 +76,9 @@ class GrpcHost:
         self.limit = ConcurrencyLimitInterceptor(max_rpcs, unlimited_methods)
         # The request guard innermost: its check on a request's bytes runs before the
         # parse, and the error mapping outside it turns a refusal into the call's status.
-        interceptors += [FirstMessageGate(first_message_timeout_s), self.limit,
+        #: Health, open to anyone, is read a few calls at a time per connection.
+        self.gate = FirstMessageGate(first_message_timeout_s, open_methods=OPEN_METHODS)
+        interceptors += [self.gate, self.limit,
                          ErrorMappingInterceptor(), RequestGuardInterceptor()]
         self.credentials = (
             ReloadingServerCredentials(self.security.tls) if self.security.tls else None
@@ -87,6 +91,8 @@ class GrpcHost:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if self.security.reflection:
             enable_reflection(self.server, (service_name, HEALTH_SERVICE))
+        #: Returns the memory calls freed (a refused 4 MiB request's) to the system.
+        self.trimmer = HeapTrimmer()
         self.port = 0
         self.health_port: int | None = None
         self._health_server: aio.Server | None = None
@@ -126,6 +132,7 @@ class GrpcHost:
         if health_port is not None:
             await self._start_health_server(host, health_port)
         await self.server.start()
+        self.trimmer.start()
         self._watch_sighup()
         log.info("listening on %s:%d (%s, %s, reflection %s)", host, self.port,
                  "mutual TLS" if self.security.tls and self.security.tls.client_auth == "require"
@@ -180,6 +187,7 @@ class GrpcHost:
             self._sighup = False
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace_s)
+        await self.trimmer.stop()
         if self._health_server is not None:
             await self._health_server.stop(0)
             self._health_server = None

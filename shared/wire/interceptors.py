@@ -27,7 +27,7 @@ from google.protobuf.message import DecodeError
 from grpc import aio
 
 from eventspec.shared.contract.errors import EventSpecError, WarmingUp
-from eventspec.shared.wire.handlers import FACTORIES, Behaviour, wrap_handler
+from eventspec.shared.wire.handlers import FACTORIES, Behaviour, forget_frames, wrap_handler
 from eventspec.shared.wire.status import to_grpc
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ def tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], An
         try:
             return deserialize(data)
         except (DecodeError, EventSpecError) as exc:
-            return Undecodable(exc)
+            return Undecodable(forget_frames(exc))  # its frames hold ``data``
 
     return parse
 
