@@ -126,6 +126,22 @@ def tree_nodes(runs: Named) -> list[str]:
                   "place µs / node"], rows)
 
 
+def refused_memory(runs: Named) -> list[str]:
+    """A node's resident memory under refused multi-megabyte calls
+    (``benchmarks/bench_refused_memory.py``): start, peak, 1 s and 10 s after, MB."""
+    rows = []
+    for name, r in runs:
+        for run in r["runs"]:
+            idle = run.get("rss_during_idle_mb", {})
+            outcomes = ", ".join(f"{k} {v}" for k, v in sorted(run["outcomes"].items()))
+            rows.append((name, run["node"], run["kind"],
+                         "yes" if run["authenticated"] else "no", run["calls"], outcomes,
+                         f"{run['rss_start_mb']:.0f}", f"{run['rss_peak_mb']:.0f}",
+                         dash(idle.get("1"), ".0f"), f"{run['rss_after_idle_mb']:.0f}"))
+    return table(["run", "node", "calls of", "token", "calls", "outcomes", "start MB",
+                  "peak MB", "1 s after MB", "10 s after MB"], rows)
+
+
 def e2e_uplink(runs: Named) -> list[str]:
     """One Ask per feature mode through a shaped uplink: what was sent and what it cost."""
     (_, r), = runs
@@ -298,6 +314,7 @@ KINDS: dict[str, Callable[[Named], list[str]]] = {
     "e2e-clock": e2e_clock,
     "tree-coverage": tree_coverage,
     "tree-nodes": tree_nodes,
+    "refused-memory": refused_memory,
     "e2e-uplink": e2e_uplink,
     "e2e-drafter": e2e_drafter,
     "token-adapter": token_adapter,
