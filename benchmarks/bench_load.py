@@ -274,8 +274,7 @@ async def run_config(args: argparse.Namespace, target: TargetModel, config: Conf
             for rate in args.rates:
                 # A fresh prefix cache for every level: each starts cold.
                 if server.runtime is not None and server.runtime.scheduler.prefix_cache:
-                    cache = server.runtime.scheduler.prefix_cache
-                    server.runtime.scheduler.prefix_cache = type(cache)(cache.max_bytes)
+                    server.runtime.scheduler.prefix_cache.clear()
                 level = {"answer_tokens": tokens, **await run_rate(
                     server, reqs, rate, args.seed, (args.slo_ttft_ms, args.slo_itl_ms))}
                 levels.append(level)

@@ -155,7 +155,7 @@ class CloudSettings:
                     "who else is in the batch, so speculative equals target-only at any load "
                     "(static engine; on CUDA, batch-invariant Triton kernels with CUDA graphs)")
     #: The engine thread gives up the GIL at every torch call and waits up to this long to
-    #: get it back from the gRPC event loop (``eventspec.cloud.scheduler``).
+    #: get it back from the gRPC event loop (``eventspec.cloud.engine_loop``).
     gil_switch_interval_ms: float = setting(
         0.1, help="the interpreter's thread switch interval while serving (0: Python's 5 ms); "
                   "the engine thread waits up to this long for the GIL after each torch call "

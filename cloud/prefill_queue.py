@@ -7,8 +7,8 @@ With chunked prefill (``eventspec.cloud.prefill_chunking``) a call takes pieces
 instead: a reused prefix's few remaining rows first (its question), then the rest of
 the oldest prompt, then the next prompts' beginnings, until the chunk budget is
 spent; a prompt left unfinished stays at the head with its progress.
-Kept apart from the loop (``eventspec.cloud.scheduler``), which asks only for the next
-group, so the admission policy reads in one place. Only the engine thread changes the
+Kept apart from the scheduler (``eventspec.cloud.step_scheduler``), which asks only for
+the next group, so the admission policy reads in one place. Only the engine thread changes the
 queue; its length is read from other threads (approximate) for the metrics.
 """
 

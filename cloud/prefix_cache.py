@@ -137,6 +137,13 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def clear(self) -> None:
+        """Forget every entry and every count: a cold cache again (the load benchmark
+        starts each level so). Only while no request is in the engine loop."""
+        self._entries.clear()
+        self._keys = frozenset()
+        self.bytes = self.hits = self.misses = self.evictions = 0
+
     def may_hold(self, key: str) -> bool:
         """Whether ``key`` was held a moment ago: safe from any thread, and only a guess
         (the engine thread may evict it next), so a caller that acts on it needs a way

@@ -2,8 +2,10 @@
 
 ``SchedulerStats`` is read by the benchmark and by ``Verifier.GetStats``
 (``eventspec.cloud.live_stats``); a :class:`StepObserver` (``eventspec.cloud.metrics``)
-hears of each step as it happens. Kept apart from the loop in ``eventspec.cloud.scheduler``
-so its readers depend on the numbers, not on the loop.
+hears of each step as it happens. Kept apart from the scheduler
+(``eventspec.cloud.step_scheduler``, which counts prefills) and the engine loop
+(``eventspec.cloud.engine_loop``, which times steps), so its readers depend on the
+numbers, not on the loop.
 """
 
 from __future__ import annotations

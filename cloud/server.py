@@ -29,6 +29,7 @@ from eventspec.cloud.prefill_chunking import ChunkPolicy, graphed_piece_rows
 from eventspec.cloud.prefix_cache import PrefixCache
 from eventspec.cloud.runtime import VerifierRuntime, server_info_for
 from eventspec.cloud.scheduler import Scheduler
+from eventspec.cloud.scheduler_stats import StepObserver
 from eventspec.cloud.servicer import VerifierServicer
 from eventspec.cloud.session_capacity import (
     AUTO_SESSIONS,
@@ -41,6 +42,7 @@ from eventspec.cloud.session_capacity import (
 from eventspec.cloud.sessions import SessionRegistry
 from eventspec.cloud.target import TargetModel, load_target
 from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.contract.estimators import AcceptanceEstimator
 from eventspec.shared.contract.timing import CloudCost
 from eventspec.shared.node.serving import MODEL_DTYPES
 from eventspec.shared.node.tracing import tracer_from_env
@@ -174,6 +176,7 @@ def build_runtime(
     engine: BatchedEngine | None = None,
     cost: CloudCost | None = None,
     progress: Progress = no_progress,
+    observer: StepObserver | None = None,
 ) -> VerifierRuntime:
     """Load (or take) the target, reserve KV, calibrate, and assemble the runtime. Blocking.
 
@@ -181,8 +184,9 @@ def build_runtime(
     stands in for a loaded cloud) together with the cost model that describes it. Without
     ``cost``, a paced engine plans with the costs it is paced to, and any other engine
     with the saved profile (spot-checked) or a fresh calibration. ``progress`` hears each warm-up
-    phase (the server reports it while NOT_SERVING). The scheduler's engine loop is
-    started later, on the serving event loop.
+    phase (the server reports it while NOT_SERVING). ``observer`` hears of every engine
+    step (the metrics). The scheduler's engine loop is started later, on the serving
+    event loop.
     """
     if target is None:
         progress("loading the target model")
@@ -201,26 +205,21 @@ def build_runtime(
     settings = dataclasses.replace(settings, limits=dataclasses.replace(
         settings.limits, max_sessions=capacity.admitted))
     info = server_info_for(target, cost, settings, engine)
+    acceptance = AcceptanceEstimator(prior=0.5)
+    interval_ms = settings.gil_switch_interval_ms
+    scheduler = Scheduler(
+        engine, text_vocab_size=target.text_vocab_size,
+        prefill_chunk=ChunkPolicy.parse(settings.prefill_chunk),
+        prefix_cache=prefix_cache_for(settings, engine), video_token_id=target.video_token_id,
+        preprocess_frames=target.preprocess_frames, mixed_steps=settings.mixed_steps,
+        chunk_cost=cost, verify_cost=cost if settings.verify_width == "auto" else None,
+        alpha_prior=lambda: acceptance.value,
+        switch_interval_s=interval_ms / 1e3 if interval_ms > 0 else None, observer=observer)
     runtime = VerifierRuntime(
-        settings=settings,
-        target=target,
-        scheduler=Scheduler(engine, text_vocab_size=target.text_vocab_size,
-                            prefill_chunk=ChunkPolicy.parse(settings.prefill_chunk),
-                            prefix_cache=prefix_cache_for(settings, engine),
-                            video_token_id=target.video_token_id),
+        settings=settings, target=target, scheduler=scheduler,
         registry=SessionRegistry(settings.limits.max_sessions, settings.session_ttl_s,
                                  per_principal=settings.per_principal_cap),
-        info=info,
-        capacity=capacity,
-    )
-    runtime.scheduler.chunk_cost = cost
-    runtime.scheduler.mixed_steps = runtime.scheduler.mixed_steps and settings.mixed_steps
-    if settings.gil_switch_interval_ms > 0:
-        runtime.scheduler.switch_interval_s = settings.gil_switch_interval_ms / 1e3
-    runtime.scheduler.preprocess_frames = target.preprocess_frames
-    if settings.verify_width == "auto":
-        runtime.scheduler.verify_cost = cost
-        runtime.scheduler.alpha_prior = lambda: runtime.acceptance.value
+        info=info, acceptance=acceptance, capacity=capacity)
     if settings.kv_queue > 0:
         pool = runtime.scheduler.pool
         runtime.kv_queue = KvWaitQueue(settings.kv_queue, pool.fits)
@@ -295,7 +294,7 @@ class VerifierServer:
         assert self._host is not None
         self.runtime = await asyncio.to_thread(
             build_runtime, self.settings, self.target, engine=self.engine, cost=self.cost,
-            progress=self._warming,
+            progress=self._warming, observer=self.metrics,
         )
         if self.metrics is not None:
             self._bind_metrics(self.runtime)
@@ -345,7 +344,6 @@ class VerifierServer:
         assert metrics is not None
         runtime.metrics = metrics
         sched, registry = runtime.scheduler, runtime.registry
-        sched.observer = metrics
         pool = sched.pool
         metrics.bind(running=lambda: len(registry), waiting=lambda: sched.waiting,
                      kv_used=lambda: sched.live, kv_total=pool.num_slots,

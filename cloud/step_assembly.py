@@ -1,8 +1,9 @@
 """What one engine step is made of: each session's verified drafts cut to the width
 that pays (``--verify-width auto``), and the sessions' inputs as one flat batch.
 
-Pure functions of the sessions' inputs, kept apart from the engine loop
-(``eventspec.cloud.scheduler``), which calls them once a step.
+Pure functions of the sessions' inputs, called once a step: the scheduler
+(``eventspec.cloud.step_scheduler``) trims the drafts as it plans the step, and the engine
+loop (``eventspec.cloud.engine_loop``) builds the batch it runs.
 """
 
 from __future__ import annotations

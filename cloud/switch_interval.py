@@ -2,7 +2,7 @@
 
 Why: the engine thread gives the GIL up at every torch call and waits up to the switch
 interval (5 ms by default) to get it back from the gRPC event loop; a short interval
-bounds that wait (``eventspec.cloud.scheduler``). The interval is process-wide, so with
+bounds that wait (``eventspec.cloud.engine_loop``). The interval is process-wide, so with
 several engine loops in one process (tests, benchmarks) the first to start saves the
 interpreter's own and the last to stop puts it back, in whatever order they stop.
 """

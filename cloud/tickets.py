@@ -125,13 +125,17 @@ class Outbox:
     def post(self, ticket: Ticket, event: SchedulerEvent) -> None:
         self._items.append((ticket, event))
 
+    def drain(self) -> list[tuple[Ticket, SchedulerEvent]]:
+        """What was posted, oldest first, taken out (the outbox is left empty)."""
+        items, self._items = self._items, []
+        return items
+
     def flush(self, loop: asyncio.AbstractEventLoop | None) -> None:
         """Deliver what was posted to the tickets' queues on ``loop`` in one
         ``call_soon_threadsafe`` (dropped when no loop listens any more)."""
-        if not self._items or loop is None:
-            self._items.clear()
+        items = self.drain()
+        if not items or loop is None:
             return
-        items, self._items = self._items, []
         try:
             loop.call_soon_threadsafe(_deliver, items)
         except RuntimeError:  # the event loop is closed: nobody is listening any more

@@ -66,10 +66,10 @@ async def test_a_dead_engine_loop_reports_not_serving_and_refuses_clearly(
         assert server.runtime is not None
         sched = server.runtime.scheduler
 
-        def bug() -> None:
+        def bug(*args: object) -> None:
             raise AssertionError("a bug in the loop")
 
-        monkeypatch.setattr(sched, "_step_all", bug)
+        monkeypatch.setattr(sched.plans, "schedule_step", bug)
         failure = await h.expect_failure(server.port, [h.open_msg(Q, h.make_frames(1))])
         assert failure.code == grpc.StatusCode.UNAVAILABLE
         again = await h.expect_failure(server.port, [h.open_msg(Q, h.make_frames(1))])

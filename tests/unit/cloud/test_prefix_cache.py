@@ -150,8 +150,7 @@ def test_deferred_frames_that_fail_to_preprocess_fail_their_request_alone() -> N
     async def go() -> None:
         engine = ChunkedFakeEngine(num_slots=2, max_seq_len=MAX_SEQ)
         sched = Scheduler(engine, text_vocab_size=TEXT_VOCAB, prefix_cache=PrefixCache(1 << 20),
-                          video_token_id=VIDEO)
-        sched.preprocess_frames = broken
+                          video_token_id=VIDEO, preprocess_frames=broken)
         sched.start()
         try:
             prompt = (1, 2, VIDEO, VIDEO, VIDEO, 5, 9, 9)

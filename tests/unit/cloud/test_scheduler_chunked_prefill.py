@@ -374,6 +374,8 @@ def test_mixed_steps_can_be_turned_off() -> None:
     assert Scheduler(engine, text_vocab_size=TEXT_VOCAB,
                      prefill_chunk=ChunkPolicy("fixed", 8)).mixed_steps
     assert not Scheduler(engine, text_vocab_size=TEXT_VOCAB).mixed_steps  # chunking off
+    assert not Scheduler(engine, text_vocab_size=TEXT_VOCAB, prefill_chunk=ChunkPolicy("fixed", 8),
+                         mixed_steps=False).mixed_steps  # --mixed-steps off
     engine.mixed_steps = False  # e.g. batch-invariant
     assert not Scheduler(engine, text_vocab_size=TEXT_VOCAB,
                          prefill_chunk=ChunkPolicy("fixed", 8)).mixed_steps

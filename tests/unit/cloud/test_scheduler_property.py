@@ -74,8 +74,7 @@ class PaddedFakeEngine(FakeEngine):
 async def drive(reqs: Sequence[Req], num_slots: int, yields: Sequence[int],
                 width: str = "all", padded: bool = False) -> None:
     engine = PaddedFakeEngine(num_slots) if padded else FakeEngine(num_slots)
-    sched = Scheduler(engine, text_vocab_size=TEXT_VOCAB)
-    sched.verify_cost = WIDTH_COSTS[width]
+    sched = Scheduler(engine, text_vocab_size=TEXT_VOCAB, verify_cost=WIDTH_COSTS[width])
     sched.start()
 
     async def one(i: int, req: Req) -> None:
