@@ -142,6 +142,44 @@ def refused_memory(runs: Named) -> list[str]:
                   "peak MB", "1 s after MB", "10 s after MB"], rows)
 
 
+def stream_flood(runs: Named) -> list[str]:
+    """Authenticated Generate and main-port health against a token-requiring cloud, alone
+    and beside an attacker process flooding it with streams
+    (``benchmarks/bench_stream_flood.py``): medians and the worst probe."""
+    rows = []
+    for name, r in runs:
+        base = r["alone"]["generate_p50_ms"]
+        for phase in ("alone", "refused", "stalled"):
+            p = r.get(phase)
+            if p is None:
+                continue
+            attacker = p.get("attacker", {})
+            rows.append((name, phase, p["generates"], f"{p['generate_p50_ms']:.0f}",
+                         f"{p['generate_p50_ms'] / base:.2f}×", p["generate_failed_count"],
+                         f"{p['health_p50_ms']:.0f}", f"{p['health_p100_ms']:.0f}",
+                         dash(attacker.get("opened_per_s"), ",d")))
+    return table(["run", "flood", "Generates", "Generate p50 ms", "vs alone", "failed",
+                  "health p50 ms", "health p100 ms", "attack streams/s"], rows)
+
+
+def stop_flood(runs: Named) -> list[str]:
+    """Other clients' median latency alone and beside a process flooding refused
+    stop-string requests (``benchmarks/bench_stop_flood.py``)."""
+    rows = []
+    for name, r in runs:
+        for path, label in (("edge", "through the edge (`Ask`)"),
+                            ("cloud", "against the cloud (`Generate`)")):
+            p = r.get(path)
+            if p is None:
+                continue
+            a = p["attacker"]
+            rows.append((name, label, f"{p['p50_alone_ms']:.0f}",
+                         f"{p['p50_beside_attacker_ms']:.0f}", f"{p['ratio']:.2f}×",
+                         f"{a['requests']:,}", dash(a.get("refused_median_ms"), ".0f")))
+    return table(["run", "path", "alone p50 ms", "beside the flood p50 ms", "ratio",
+                  "attack requests", "attack refused p50 ms"], rows)
+
+
 def e2e_uplink(runs: Named) -> list[str]:
     """One Ask per feature mode through a shaped uplink: what was sent and what it cost."""
     (_, r), = runs
@@ -315,6 +353,8 @@ KINDS: dict[str, Callable[[Named], list[str]]] = {
     "tree-coverage": tree_coverage,
     "tree-nodes": tree_nodes,
     "refused-memory": refused_memory,
+    "stream-flood": stream_flood,
+    "stop-flood": stop_flood,
     "e2e-uplink": e2e_uplink,
     "e2e-drafter": e2e_drafter,
     "token-adapter": token_adapter,

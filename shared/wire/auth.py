@@ -31,6 +31,7 @@ from grpc import aio
 
 from eventspec.shared.contract.principal import Principal, set_principal
 from eventspec.shared.wire.handlers import wrap_handler
+from eventspec.shared.wire.refusals import mark_refused
 from eventspec.shared.wire.security import SecurityConfigError, ServerSecurity
 
 log = logging.getLogger(__name__)
@@ -275,6 +276,7 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
                             context.peer(), denied.principal, denied.reason)
                 if self.on_denied is not None:
                     self.on_denied(denied.code.name)
+                mark_refused()
                 await context.abort(denied.code, denied.reason)
             token = set_principal(principal)
             try:

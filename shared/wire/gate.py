@@ -41,6 +41,7 @@ from grpc import aio
 from eventspec.shared.contract.errors import EventSpecError
 from eventspec.shared.wire.handlers import FACTORIES, Behaviour, forget_frames
 from eventspec.shared.wire.interceptors import bounded_details
+from eventspec.shared.wire.refusals import mark_refused
 from eventspec.shared.wire.status import to_grpc
 
 log = logging.getLogger(__name__)
@@ -77,9 +78,11 @@ async def _first(requests: AsyncIterator[Any], context: aio.ServicerContext[Any,
     except StopAsyncIteration:
         raise _Ended from None
     except DecodeError as exc:
+        mark_refused()
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                             f"{method.rsplit('/', 1)[-1]}: malformed request message: {exc}")
     except EventSpecError as exc:  # a check on the bytes refused them before parsing
+        mark_refused()
         await context.abort(to_grpc(exc.code), bounded_details(exc.message))
     raise AssertionError("unreachable: abort raises")
 
@@ -117,6 +120,7 @@ async def _first_in_slot(requests: AsyncIterator[Any], context: aio.ServicerCont
     if not reads.take(peer):
         log.warning("RESOURCE_EXHAUSTED %s from %s: %d calls of this connection already "
                     "wait for their request", method, peer, reads.limit)
+        mark_refused()
         await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                             f"{method.rsplit('/', 1)[-1]}: this connection already has "
                             f"{reads.limit} calls waiting for their request message; retry "
@@ -145,6 +149,7 @@ def _gated(kind: str, fn: Behaviour, method: str, timeout_s: float,
             first = await _first_in_slot(requests, context, method, timeout_s, reads)
         except _Ended:
             if single:
+                mark_refused()
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                     f"{method.rsplit('/', 1)[-1]}: the call ended before "
                                     "its request message")

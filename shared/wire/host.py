@@ -26,6 +26,7 @@ from eventspec.shared.wire.interceptors import ErrorMappingInterceptor
 from eventspec.shared.wire.limits import ConcurrencyLimitInterceptor
 from eventspec.shared.wire.options import server_options
 from eventspec.shared.wire.reflection import enable_reflection
+from eventspec.shared.wire.refusals import RefusalBudgetInterceptor
 from eventspec.shared.wire.request_guard import RequestGuardInterceptor
 from eventspec.shared.wire.security import SecurityConfigError, ServerSecurity, check_server_start
 from eventspec.shared.wire.tls import ReloadingServerCredentials
@@ -67,7 +68,10 @@ class GrpcHost:
         """
         self.service_name = service_name
         self.security = security or ServerSecurity()
-        interceptors: list[aio.ServerInterceptor] = []
+        #: Outermost: a connection with too many refused calls is cut off
+        #: (``eventspec.shared.wire.refusals``) before anything else runs for its calls.
+        self.refusals = RefusalBudgetInterceptor()
+        interceptors: list[aio.ServerInterceptor] = [self.refusals]
         #: The auth interceptor, when callers must authenticate (its ``on_denied`` hook
         #: counts refusals in the nodes' metrics).
         self.auth = AuthInterceptor(self.security) if self.security.requires_auth else None

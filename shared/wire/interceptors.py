@@ -28,6 +28,7 @@ from grpc import aio
 
 from eventspec.shared.contract.errors import EventSpecError, WarmingUp
 from eventspec.shared.wire.handlers import FACTORIES, Behaviour, forget_frames, wrap_handler
+from eventspec.shared.wire.refusals import mark_refused
 from eventspec.shared.wire.status import to_grpc
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,7 @@ def _refusing_undecodable(fn: Behaviour, method: str) -> Behaviour:
 
         async def gen(request: Any, context: aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
             if isinstance(request, Undecodable):
+                mark_refused()
                 await _abort_for(request.error, context, method)
             async for item in fn(request, context):
                 yield item
@@ -110,6 +112,7 @@ def _refusing_undecodable(fn: Behaviour, method: str) -> Behaviour:
 
     async def coro(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
         if isinstance(request, Undecodable):
+            mark_refused()
             await _abort_for(request.error, context, method)
         return await fn(request, context)
 

@@ -29,6 +29,7 @@ from grpc_health.v1 import health_pb2
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.wire.gate import OPEN_READS_PER_CONNECTION
 from eventspec.shared.wire.host import GrpcHost
+from eventspec.shared.wire.refusals import RefusalBudget
 from eventspec.shared.wire.security import ServerSecurity
 from tests.support.waiting import until
 
@@ -79,6 +80,10 @@ async def test_refused_calls_keep_no_copy_of_their_request(
     host.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
         "test.Refusing", {"Upload": grpc.stream_stream_rpc_method_handler(
             _refuse_after_reading)}),))
+    # What one refusal leaves is measured here: past the refused-call budget
+    # (``eventspec.shared.wire.refusals``, its own test) the connection's calls would be
+    # held instead of read.
+    host.refusals.budget = RefusalBudget(limit=CALLS)
     port = await host.start("127.0.0.1", 0)
     await host.set_serving(True)
     # A length-delimited field 1 that is not UTF-8: not a HealthCheckRequest.
