@@ -72,9 +72,11 @@ proto-check: $(STAMP)
 
 # The docs site (config tools/mkdocs.yml, output .docs-site/), built strict: a broken link
 # or anchor, or a page left out of the navigation, fails. First, the results pages must be
-# what their JSON renders to (`make results` re-renders them after a new run).
+# what their JSON renders to (`make results` re-renders them after a new run), and
+# docs/layout.md what the code draws (`python tools/layout_doc.py` redraws it).
 docs: $(STAMP)
 	$(PY) tools/render_results.py --check
+	$(PY) tools/layout_doc.py --check
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build -q -f tools/mkdocs.yml
 
 results: $(STAMP)

@@ -1,4 +1,4 @@
-"""Floor 1, the contract: what both nodes and every client agree on.
+"""The contract: what both nodes and every client agree on.
 
 The request and event types, their wire conversion and tensor codec, the timing model and
 its estimators, the error codes and the one request plan. Pure Python and numpy: it

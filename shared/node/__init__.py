@@ -1,4 +1,4 @@
-"""Floor 2, what both nodes stand on: serving a node from its CLI, the one node-CLI
+"""What both nodes stand on: serving a node from its CLI, the one node-CLI
 helper, metrics, tracing, safe logging, the vocabulary fingerprint, image preprocessing
 and the KV-cache helper.
 
