@@ -28,7 +28,6 @@ client-side health Watch, a Check); one connection's excess refuses only its own
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -39,7 +38,12 @@ from google.protobuf.message import DecodeError
 from grpc import aio
 
 from eventspec.shared.contract.errors import EventSpecError
-from eventspec.shared.wire.handlers import FACTORIES, Behaviour, forget_frames
+from eventspec.shared.wire.handlers import (
+    FACTORIES,
+    Behaviour,
+    close_request_stream,
+    forget_frames,
+)
 from eventspec.shared.wire.interceptors import bounded_details
 from eventspec.shared.wire.refusals import mark_refused
 from eventspec.shared.wire.status import to_grpc
@@ -167,7 +171,7 @@ def _gated(kind: str, fn: Behaviour, method: str, timeout_s: float,
                 forget_frames(exc)
                 raise
             finally:
-                await _close(requests)
+                await close_request_stream(requests)
 
         return gen
 
@@ -179,26 +183,9 @@ def _gated(kind: str, fn: Behaviour, method: str, timeout_s: float,
             forget_frames(exc)
             raise
         finally:
-            await _close(requests)
+            await close_request_stream(requests)
 
     return coro
-
-
-async def _close(requests: AsyncIterator[Any]) -> None:
-    """Close the call's request stream, whatever the handler read of it.
-
-    ``grpc.aio`` hands a request-streaming handler a receiver whose async generator,
-    left suspended (a call that ends before reading its stream's end: every refusal, and
-    a unary call served as a stream here), kept the call's whole state alive for good,
-    with the frames of the exception it was aborted with: a refused 4 MiB request stayed
-    in memory (issue 38, red-team finding 1). A generator another task is still reading
-    (``RuntimeError``) is left to that task.
-    """
-    stream = requests.__aiter__()
-    close = getattr(stream, "aclose", None)
-    if close is not None:
-        with contextlib.suppress(RuntimeError):
-            await close()
 
 
 async def _then_nothing() -> AsyncIterator[Any]:

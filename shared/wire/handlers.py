@@ -15,6 +15,7 @@ red-team finding 1).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
@@ -30,22 +31,58 @@ Behaviour = Callable[[Any, aio.ServicerContext[Any, Any]], Any]
 
 
 def wrap_behaviour(fn: Behaviour, around: Around) -> Behaviour:
-    """``fn`` run inside ``around(context)``, keeping its kind (generator or coroutine)."""
+    """``fn`` run inside ``around(context)``, keeping its kind (generator or coroutine).
+
+    Whatever ends the call, even ``around`` refusing it before ``fn`` ran, the request
+    stream is closed and an abort's frames dropped (:func:`close_request_stream`,
+    :func:`forget_frames`): a call refused at HEADERS otherwise left its stream unread
+    and, with it, the call's state and its buffered request (issue 38: a connection cut
+    off by the refusal budget kept +100 MB after a flood)."""
     if inspect.isasyncgenfunction(fn):
 
         async def gen_wrapper(request: Any, context: aio.ServicerContext[Any, Any]
                               ) -> AsyncIterator[Any]:
-            async with around(context):
-                async for item in fn(request, context):
-                    yield item
+            try:
+                async with around(context):
+                    async for item in fn(request, context):
+                        yield item
+            except aio.AbortError as exc:
+                forget_frames(exc)
+                raise
+            finally:
+                await close_request_stream(request)
 
         return gen_wrapper
 
     async def coro_wrapper(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-        async with around(context):
-            return await fn(request, context)
+        try:
+            async with around(context):
+                return await fn(request, context)
+        except aio.AbortError as exc:
+            forget_frames(exc)
+            raise
+        finally:
+            await close_request_stream(request)
 
     return coro_wrapper
+
+
+async def close_request_stream(request: Any) -> None:
+    """Close a request-streaming call's request stream (a no-op for a single message,
+    or for a stream already closed).
+
+    ``grpc.aio`` hands a request-streaming handler a receiver whose async generator,
+    left suspended (a call that ends before reading its stream's end: every refusal),
+    kept the call's whole state alive for good, with the frames of the exception it was
+    aborted with (issue 38, red-team finding 1). A generator another task is still
+    reading (``RuntimeError``) is left to that task."""
+    aiter_ = getattr(request, "__aiter__", None)
+    if aiter_ is None:
+        return
+    close = getattr(aiter_(), "aclose", None)
+    if close is not None:
+        with contextlib.suppress(RuntimeError):
+            await close()
 
 
 def forget_frames(exc: E) -> E:
