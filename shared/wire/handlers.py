@@ -35,9 +35,10 @@ def wrap_behaviour(fn: Behaviour, around: Around) -> Behaviour:
 
     Whatever ends the call, even ``around`` refusing it before ``fn`` ran, the request
     stream is closed and an abort's frames dropped (:func:`close_request_stream`,
-    :func:`forget_frames`): a call refused at HEADERS otherwise left its stream unread
-    and, with it, the call's state and its buffered request (issue 38: a connection cut
-    off by the refusal budget kept +100 MB after a flood)."""
+    :func:`forget_frames`): a call refused at HEADERS otherwise left its stream unread,
+    which is how ``grpc.aio`` kept refused calls' state alive (issue 38). (It did not
+    change what a node keeps after a flood the refusal budget holds: +107 to +137 MB,
+    ``benchmarks/results/refused-memory-cpu.json``.)"""
     if inspect.isasyncgenfunction(fn):
 
         async def gen_wrapper(request: Any, context: aio.ServicerContext[Any, Any]
