@@ -22,8 +22,8 @@ Q, N = "What is moving?", 4 * EVERY_TOKENS
 
 async def _paced_verifier(target: TargetModel) -> VerifierServer:
     """The tiny target paced to 30 ms a step, so a tail the test writes on each Commit
-    lands before the next step however busy the machine is (the bare tiny target steps
-    in milliseconds, and whether a tail was verified then hung on the scheduler)."""
+    lands within the next step however busy the machine is (the bare tiny target steps
+    in milliseconds, and a tail then landed steps late, too late to be verified)."""
     engine = PacedEngine(HFEngine(target), prefill_ms=50, step_ms=30)
     server = VerifierServer(h.settings(), target=target, engine=engine, cost=h.TEST_COST)
     await server.start()
@@ -37,14 +37,21 @@ async def test_failing_drafts_get_a_new_plan_and_the_same_answer() -> None:
         frames = h.make_frames(3)
         truth = h.target_greedy(target, Q, frames, N)
 
-        def wrong(base: int, _committed: list[int]) -> list[int]:
-            return [(t + 1) % 500 for t in truth[base: base + 4]]
+        def mostly_wrong(base: int, _committed: list[int]) -> list[int] | None:
+            """The next token right, the rest wrong. The tail leaves on a Commit and lands
+            while the next step runs, so that step decodes the next token alone and the
+            one after finds the tail's first token committed and verifies the wrong ones
+            (had it landed in time, one right and one wrong). Either way at most half of
+            what is verified is accepted."""
+            if base >= len(truth):
+                return None
+            return [truth[base], *((t + 1) % 500 for t in truth[base + 1: base + 4])]
 
         out = await h.run_generate(server.port, h.open_msg(Q, frames, max_new_tokens=N),
-                                   policy=wrong)
+                                   policy=mostly_wrong)
         assert out.tokens == truth
         stats = out.done.stats
-        assert stats.drafted >= 8 and stats.accepted == 0, stats
+        assert stats.drafted >= 8 and 2 * stats.accepted <= stats.drafted, stats
         assert out.replans, "no Plan after the first"
         assert stats.plans_sent == len(out.replans)
         assert all(p.hidden_draft_budget == 0 and p.max_new_tokens == N for p in out.replans)
