@@ -83,7 +83,11 @@ class DraftBatcher:
         return future
 
     def _start(self) -> None:
-        batch, self._waiting = self._waiting, []
+        # A request whose Ask ended while it waited costs no model work.
+        batch = [r for r in self._waiting if not r.future.done()]
+        self._waiting = []
+        if not batch:
+            return
         self._running = True
         self.stats.add(len(batch))
         job = asyncio.ensure_future(self.worker.run(lambda: _run(batch)))

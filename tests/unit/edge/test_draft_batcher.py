@@ -111,6 +111,25 @@ async def test_requests_waiting_on_a_forward_go_together_in_the_next() -> None:
     assert tokens == [alone[0].draft_next([5]), *(d.draft_next([5, 6]) for d in alone[1:])]
 
 
+async def test_a_request_that_ended_while_it_waited_is_not_drafted() -> None:
+    backend = CountingBackend(hold_first=True)
+    drafters = _drafters(backend, 3)
+    worker = ModelWorker("test-drafting")
+    batcher = DraftBatcher(worker)
+    try:
+        first = asyncio.ensure_future(batcher.draft(drafters[0], [5]))
+        assert await asyncio.to_thread(backend.entered.wait, WAIT_S)
+        gone = asyncio.ensure_future(batcher.draft(drafters[1], [6]))
+        kept = asyncio.ensure_future(batcher.draft(drafters[2], [6]))
+        await asyncio.sleep(0)  # both queue behind the first forward
+        gone.cancel()
+        backend.release.set()
+        await asyncio.wait_for(asyncio.gather(first, kept), WAIT_S)
+    finally:
+        worker.shutdown()
+    assert backend.widths == [1, 1]  # the cancelled request took no place in a forward
+
+
 async def test_a_failed_forward_fails_its_requests_and_the_next_one_runs() -> None:
     backend = CountingBackend(hold_first=True, fail_width=2)
     drafters = _drafters(backend, 4)
