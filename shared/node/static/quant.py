@@ -25,8 +25,10 @@ bf16 (``python -m benchmarks.probe_quant_kernels``; the log in
 int4 kernel (gpt-fast's tinygemm) is fast for a draft step (3.33 ms per token for the
 7B drafter on an H100) but slow for a long prefill (346 ms for 737 tokens, against 27 ms
 in bf16; ``benchmarks/results/edge_h100.json``). Triton int4 kernels we tried prefilled
-faster but drafted slower than bf16 and were not kept, so int4 keeps core's kernel and
-its slow prefill, which the edge's calibrated profile reports to the plan. torchao was the other
+faster but drafted slower than bf16 and were not kept, so steps with few rows keep core's
+kernel, and from :data:`.int4_dense.INT4_DENSE_MIN_ROWS` rows a CUDA int4 matmul widens
+the weight once (one Triton pass over core's packing, :mod:`.int4_dense`) and runs the
+dense GEMM. torchao was the other
 candidate; its int4 path needs a package that cannot be installed on these machines
 (``../shared/REFERENCE.md``), and its int8 path is fast only under ``torch.compile``.
 
@@ -47,6 +49,7 @@ from typing import Final
 import torch
 
 from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.node.static.int4_dense import dequantize_int4, prefers_dense
 from eventspec.shared.node.static.weight_formats import Int4Weight as Int4Weight
 from eventspec.shared.node.static.weight_formats import Int8Weight as Int8Weight
 from eventspec.shared.node.static.weight_formats import Weight as Weight
@@ -143,6 +146,8 @@ def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
             return int8_weight_mm(x, w.q, w.scales)
         out: torch.Tensor = torch.ops.aten._weight_int8pack_mm(x, w.q, w.scales)
         return out
+    if prefers_dense(int(x.shape[0]), x.device):
+        return x @ dequantize_int4(w).t()
     if x.device.type == "cuda":
         out = torch.ops.aten._weight_int4pack_mm(x, w.packed, w.group_size, w.scales_and_zeros)
     else:
@@ -160,6 +165,8 @@ def linear_add_(h: torch.Tensor, x: torch.Tensor, w: Weight) -> torch.Tensor:
         from eventspec.shared.node.static.quant_kernels import int8_weight_mm
 
         return int8_weight_mm(x, w.q, w.scales, accumulate_into=h)
+    if isinstance(w, Int4Weight) and prefers_dense(int(x.shape[0]), x.device):
+        return h.addmm_(x, dequantize_int4(w).t())
     return h.add_(linear(x, w))
 
 
