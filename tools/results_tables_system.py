@@ -247,6 +247,17 @@ def edge_drafter(runs: Named) -> list[str]:
                    "prefill, 737 tokens", "c at B = 1", "c at B = 16"], rows)
 
 
+def int4_dense(runs: Named) -> list[str]:
+    """One 7B decoder layer's int4 matmuls per row count: tinygemm, widen-then-GEMM, bf16."""
+    (_, r), = runs
+    least = r["int4_dense_min_rows"]
+    rows = [(x["rows"], f"{x['tinygemm_ms']:.3f}", f"{x['widen_gemm_ms']:.3f}",
+             f"{x['bf16_ms']:.3f}", "widen" if x["rows"] >= least else "tinygemm")
+            for x in r["rows"]]
+    return table(["rows", "core's tinygemm, ms", "widen, then bf16 GEMM, ms", "bf16, ms",
+                  "the drafter takes"], rows)
+
+
 def edge_vision(runs: Named) -> list[str]:
     """Five frames through CLIP, projector, adaptor and the adapter, per runtime."""
     (_, r), = runs
@@ -359,6 +370,7 @@ KINDS: dict[str, Callable[[Named], list[str]]] = {
     "e2e-drafter": e2e_drafter,
     "token-adapter": token_adapter,
     "edge-drafter": edge_drafter,
+    "int4-dense": int4_dense,
     "edge-vision": edge_vision,
     "hardening": hardening,
     "toy-eval": toy_eval,
