@@ -43,7 +43,7 @@ async def _client_asks(address: str, questions: Sequence[Question], mode: Mode,
                          "dry_steps": s.dry_steps, "nodes_sent": s.tree_nodes_sent,
                          "nodes_pruned": s.tree_nodes_pruned,
                          "draft_forward_ms": s.draft_forward_ms,
-                         "plans_sent": s.plans_sent})
+                         "plans_sent": s.plans_sent, "sat_out": s.steps_sat_out})
     return rows
 
 
@@ -84,7 +84,8 @@ def offer_stats(rows: Sequence[dict[str, Any]], tokens: int, verify_steps: int
     if verify_steps <= 0:
         return {"offered_per_step": None, "dry_step_share": None,
                 "nodes_sent_per_token": None, "nodes_pruned_per_token": None,
-                "draft_ms_per_step": None, "replans_per_request": None}
+                "draft_ms_per_step": None, "replans_per_request": None,
+                "sat_out_share": None}
     sent = sum(r.get("nodes_sent", 0) for r in rows)
     return {
         "offered_per_step": sum(r.get("offered", 0) for r in rows) / verify_steps,
@@ -94,6 +95,8 @@ def offer_stats(rows: Sequence[dict[str, Any]], tokens: int, verify_steps: int
                                    if sent and tokens else None),
         "draft_ms_per_step": sum(r.get("draft_forward_ms", 0.0) for r in rows) / verify_steps,
         "replans_per_request": sum(r.get("plans_sent", 0) for r in rows) / max(1, len(rows)),
+        # Steps a session sat out, against the steps it ran (--sit-out).
+        "sat_out_share": sum(r.get("sat_out", 0) for r in rows) / verify_steps,
     }
 
 

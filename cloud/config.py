@@ -14,11 +14,13 @@ from eventspec.cloud.session_capacity import (
     GPU_SESSION_CEILING,
     parse_max_sessions,
 )
+from eventspec.cloud.sit_out import SitOut
 from eventspec.cloud.timeouts import (
     FEATURES_BASE_TIMEOUT_S,
     FEATURES_MAX_TIMEOUT_S,
     FIRST_MESSAGE_TIMEOUT_S,
 )
+from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.contract.types import ServerLimits
 from eventspec.shared.node.node_cli import (
     SettingsError,
@@ -128,6 +130,11 @@ class CloudSettings:
         help="auto: each step verifies, per session, the drafts that maximise the batch's "
              "expected tokens per ms under the cost model and the measured acceptance; "
              "all: every valid draft up to --max-verify-tokens")
+    #: SpecEdge's policy for a dry session in a loaded batch (``eventspec.cloud.sit_out``).
+    sit_out: str = setting(
+        "auto", help="a speculating session with no drafts when a step starts, whose drafts "
+                     "are on their way, sits that step out (at most one in a row) while "
+                     "at least N sessions run: off, auto (N = 8) or N >= 2")
     #: Chunked prefill, decode first (``eventspec.cloud.prefill_chunking``). 512: on an
     #: H100, 512-token chunks riding graphed mixed steps kept ITL p99 under 50 ms up to 8
     #: requests/s, where whole prompts missed it at every rate
@@ -260,6 +267,10 @@ class CloudSettings:
         try:
             ChunkPolicy.parse(self.prefill_chunk)
         except ValueError as e:
+            raise SettingsError(str(e)) from None
+        try:
+            SitOut.parse(self.sit_out)
+        except InvalidInput as e:
             raise SettingsError(str(e)) from None
         if not (math.isfinite(self.gil_switch_interval_ms)
                 and 0 <= self.gil_switch_interval_ms <= 1000):

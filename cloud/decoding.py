@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from eventspec.cloud.draft_forest import DraftForest
+from eventspec.cloud.sit_out import DryState
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.contract.stops import StopMatcher
 from eventspec.shared.contract.types import (
@@ -99,6 +100,8 @@ class Counters:
     dry_steps: int = 0
     #: Plans sent after the first (cloud/replanning.py).
     plans_sent: int = 0
+    #: Steps the session sat out, dry, while others stepped (``--sit-out``).
+    sat_out: int = 0
     stage_ms: dict[str, float] = field(default_factory=dict)
 
     def add_stage(self, name: str, ms: float) -> None:
@@ -151,6 +154,8 @@ class DecodingSession:
         #: Where the stop string that ended the answer starts in its text, once one did.
         self.stop_at: int | None = None
         self.counters = Counters()
+        self._sat_out_last = False
+        self._drafted_last = False
 
     # -- drafts --------------------------------------------------------------------------
 
@@ -192,6 +197,16 @@ class DecodingSession:
         self.counters.hidden_drafted = len(self._hidden)
         self.counters.add_stage("prefill", ms)
 
+    def dry_state(self) -> DryState:
+        """What ``--sit-out`` reads of this session when a step is planned."""
+        return DryState(dry=not self.drafts_now(), speculative=self.speculative,
+                        sat_out_last=self._sat_out_last, drafted_last=self._drafted_last)
+
+    def sit_out(self) -> None:
+        """This step runs without the session (``eventspec.cloud.sit_out``)."""
+        self._sat_out_last = True
+        self.counters.sat_out += 1
+
     def step_input(self) -> StepInput:
         """C[-1] and the valid drafts, at the position right after what the slot keeps."""
         if not self.committed:
@@ -199,6 +214,8 @@ class DecodingSession:
         drafts = tuple(self.drafts_now())
         self.counters.offered += len(drafts)
         self.counters.dry_steps += not drafts
+        self._sat_out_last = False
+        self._drafted_last = bool(drafts)
         return StepInput(
             slot=self.slot,
             start_position=self.prompt_len + len(self.committed) - 1,
@@ -315,4 +332,5 @@ class DecodingSession:
             drafts_on_offer=c.offered,
             dry_steps=c.dry_steps,
             plans_sent=c.plans_sent,
+            steps_sat_out=c.sat_out,
         )

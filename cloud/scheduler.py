@@ -64,7 +64,8 @@ from eventspec.cloud.prefix_cache import PrefixCache, keyed_prefix
 from eventspec.cloud.sampler import BatchedSampler, make_generator
 from eventspec.cloud.scheduler_prefill import PrefillCalls
 from eventspec.cloud.scheduler_stats import SchedulerStats, StepObserver
-from eventspec.cloud.step_scheduler import StepScheduler, neutral_prior
+from eventspec.cloud.sit_out import SitOut
+from eventspec.cloud.step_scheduler import NEVER_SIT_OUT, StepScheduler, neutral_prior
 from eventspec.cloud.tickets import Failure, SlotPool, Ticket
 from eventspec.shared.contract.errors import InvalidInput, Unavailable
 from eventspec.shared.contract.timing import CloudCost
@@ -88,6 +89,7 @@ class Scheduler:
         chunk_cost: CloudCost | None = None,
         verify_cost: CloudCost | None = None,
         alpha_prior: Callable[[], float] = neutral_prior,
+        sit_out: SitOut = NEVER_SIT_OUT,
         switch_interval_s: float | None = None,
         observer: StepObserver | None = None,
         clock: Callable[[], float] = time.perf_counter,
@@ -102,7 +104,8 @@ class Scheduler:
         ``chunk_cost``: the cost model the ``auto`` chunk size is read from;
         ``verify_cost``: ``--verify-width auto``'s cost model (None verifies every valid
         draft), with ``alpha_prior`` the acceptance a session's drafts are expected to
-        have before it has shown its own (the server-wide estimate);
+        have before it has shown its own (the server-wide estimate); ``sit_out``: which
+        dry sessions wait a step in a loaded batch (``eventspec.cloud.sit_out``);
         ``switch_interval_s``: the interpreter's switch interval while the loop runs
         (None: leave it; ``eventspec.cloud.engine_loop``); ``observer`` hears of each
         step (metrics; None costs nothing)."""
@@ -127,7 +130,7 @@ class Scheduler:
             chunking=chunking, pieces=chunking.enabled or self._prefix_cache is not None,
             mixed_steps=self._mixed_steps, chunk_cost=chunk_cost, verify_cost=verify_cost,
             alpha_prior=alpha_prior, padded_tokens=getattr(engine, "padded_tokens", None),
-            clock=clock)
+            sit_out=sit_out, clock=clock)
         self.sampler = BatchedSampler(text_vocab_size)
         prefill = PrefillCalls(engine, self.plans, self.sampler, prefix_cache=self._prefix_cache,
                                video_token_id=video_token_id,

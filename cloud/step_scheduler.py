@@ -24,7 +24,9 @@ steps in the same iteration as its prefill, as it did before the split.
 Every result goes to the :class:`~eventspec.cloud.tickets.Outbox`, which the loop hands to
 the event loop; a request that ends (finished, failed, cancelled, overdue) gives its KV
 slot back here (``free_kv``: the engine's ``free``). Policy: every running session steps
-every iteration (none starves, nobody waits for drafts); one prefill call per iteration.
+every iteration (none starves), except that in a loaded batch a dry session whose drafts
+are on their way may sit one step out (``--sit-out``, :mod:`eventspec.cloud.sit_out`);
+one prefill call per iteration.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from eventspec.cloud.prefill_chunking import ChunkPolicy
 from eventspec.cloud.prefill_queue import DEFAULT_PREFILL_TOKEN_BUDGET, Pending, Piece, PrefillQueue
 from eventspec.cloud.sampler import SampleSpec, Verdict
 from eventspec.cloud.scheduler_stats import SchedulerStats
+from eventspec.cloud.sit_out import SitOut
 from eventspec.cloud.step_assembly import trim_drafts
 from eventspec.cloud.step_plan import FirstTokens, PrefillPlan, SessionStep, StepPlan
 from eventspec.cloud.tickets import Failure, Outbox, SchedulerEvent, SlotPool, Ticket
@@ -50,6 +53,8 @@ from eventspec.shared.contract.types import FinishReason
 Command = tuple[str, Ticket | None, object]
 #: Whole prompts always (no ``--prefill-chunk``).
 NO_CHUNKS = ChunkPolicy("off")
+#: Every running session steps every iteration (``--sit-out off``).
+NEVER_SIT_OUT = SitOut(0)
 
 
 def _keep_kv(slot: int) -> None:
@@ -79,13 +84,15 @@ class StepScheduler:
         verify_cost: CloudCost | None = None,
         alpha_prior: Callable[[], float] = neutral_prior,
         padded_tokens: Callable[[int], int] | None = None,
+        sit_out: SitOut = NEVER_SIT_OUT,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         """``pieces``: prompts go through the pieces path (chunking on, or a prefix cache);
         ``mixed_steps``: pieces ride the step while sessions decode; ``chunk_cost``: the
         cost model ``auto`` chunks are sized from; ``verify_cost`` (None: verify every
         valid draft), ``alpha_prior`` and ``padded_tokens``: the verify-width rule
-        (``eventspec.cloud.step_assembly``)."""
+        (``eventspec.cloud.step_assembly``); ``sit_out``: which dry sessions wait a step
+        in a loaded batch (``eventspec.cloud.sit_out``)."""
         self.prefills = PrefillQueue(prefill_token_budget)  # checks the budget first
         self.pool = pool
         self.chunking = chunking
@@ -95,6 +102,7 @@ class StepScheduler:
         self.verify_cost = verify_cost
         self.alpha_prior = alpha_prior
         self.padded_tokens = padded_tokens
+        self.sit_out = sit_out
         self.stats = SchedulerStats()
         self.outbox = Outbox()
         self.running: list[Ticket] = []
@@ -219,16 +227,22 @@ class StepScheduler:
     # -- steps ---------------------------------------------------------------------------------
 
     def schedule_step(self, riding: Sequence[Piece] = ()) -> StepPlan | None:
-        """Every running session once, with the tokens it feeds; None when none runs
-        (a cancelled or overdue one is finished here, before it takes engine time)."""
+        """Every running session once, with the tokens it feeds, except those that sit
+        this step out (``--sit-out``); None when none runs (a cancelled or overdue one is
+        finished here, before it takes engine time)."""
         t_start = self._clock()
         ready = [t for t in list(self.running) if not self.ended_early(t)]
         if not ready:
             return None
-        inputs = []
         for t in ready:
             self._read_mailbox(t)
-            inputs.append(t.session.step_input())
+        if self.sit_out.applies(len(ready)):
+            sitting = self.sit_out.choose([t.session.dry_state() for t in ready])
+            for t, sits in zip(ready, sitting, strict=True):
+                if sits:
+                    t.session.sit_out()
+            ready = [t for t, sits in zip(ready, sitting, strict=True) if not sits]
+        inputs = [t.session.step_input() for t in ready]
         if self.verify_cost is not None and any(inp.drafts for inp in inputs):
             # The static engine pads every session to the longest: price steps by it.
             inputs = trim_drafts([t.session.counters for t in ready], inputs,

@@ -43,6 +43,8 @@ def e2e_capacity(runs: Named) -> list[str]:
     """The capacity phase: every client in one mode at a time, all at once (one run, or
     several side by side with a column naming each)."""
     many = len(runs) > 1
+    # Runs since --sit-out also count the steps sessions sat out (a column only then).
+    sat = any("sat_out_share" in p["speculative"] for _, r in runs for p in r["capacity"])
     rows = []
     for label, r in runs:
         for p in r["capacity"]:
@@ -54,12 +56,15 @@ def e2e_capacity(runs: Named) -> list[str]:
                 f"{b['latency_ms_p50']:.0f} / {b['latency_ms_p99']:.0f}",
                 f"{b['latency_ms_p50'] / s['latency_ms_p50']:.3f}",
                 dash(s["tokens_per_step"], ".2f"), dash(s.get("acceptance"), ".3f"),
-                dash(s.get("offered_per_step"), ".2f"),
-                f"{p['identical_share']:.2f}"))
+                dash(s.get("offered_per_step"), ".2f"))
+                + ((dash(s.get("dry_step_share"), ".2f"), dash(s.get("sat_out_share"), ".2f"))
+                   if sat else ())
+                + (f"{p['identical_share']:.2f}",))
     return table((["run"] if many else []) + [
         "answer tokens", "N", "spec tokens/s", "target-only tokens/s", "ratio",
         "spec p50 / p99 ms", "target-only p50 / p99 ms", "p50 ×", "tokens / step",
-        "accepted ÷ verified", "drafts on offer / step", "identical share"], rows)
+        "accepted ÷ verified", "drafts on offer / step"]
+        + (["dry steps ÷ steps", "sat out ÷ steps"] if sat else []) + ["identical share"], rows)
 
 
 def e2e_clock(runs: Named) -> list[str]:

@@ -223,6 +223,7 @@ def final_to_json(final: FinalEvent) -> dict[str, Any]:
             "tree_branch_hits": s.tree_branch_hits,
             "draft_forward_ms": round(s.draft_forward_ms, 2),
             "plans_sent": s.plans_sent,
+            "steps_sat_out": s.steps_sat_out,
             "stage_ms": {k: round(v, 2) for k, v in sorted(s.stage_ms.items())},
         },
         "plan": dataclasses.asdict(final.plan) if final.plan is not None else None,

@@ -117,6 +117,7 @@ def stats_to_pb(s: RequestStats) -> common_pb2.Stats:
         tree_branch_hits=s.tree_branch_hits,
         draft_forward_ms=s.draft_forward_ms,
         plans_sent=s.plans_sent,
+        steps_sat_out=s.steps_sat_out,
     )
 
 
@@ -143,6 +144,7 @@ def stats_from_pb(m: common_pb2.Stats) -> RequestStats:
         tree_branch_hits=m.tree_branch_hits,
         draft_forward_ms=m.draft_forward_ms,
         plans_sent=m.plans_sent,
+        steps_sat_out=m.steps_sat_out,
     )
 
 

@@ -339,6 +339,8 @@ class RequestStats:
     draft_forward_ms: float = 0.0
     #: Cloud: Plans sent after the first, re-planned while the answer decoded.
     plans_sent: int = 0
+    #: Cloud: steps the request sat out, dry, while a loaded batch stepped (--sit-out).
+    steps_sat_out: int = 0
 
     @property
     def acceptance_rate(self) -> float:

@@ -23,7 +23,8 @@ from eventspec.cloud.prefill_chunking import ChunkPolicy
 from eventspec.cloud.prefill_queue import Piece
 from eventspec.cloud.sampler import Verdict
 from eventspec.cloud.step_plan import PrefillPlan, SessionStep, StepPlan
-from eventspec.cloud.step_scheduler import StepScheduler
+from eventspec.cloud.sit_out import SitOut
+from eventspec.cloud.step_scheduler import NEVER_SIT_OUT, StepScheduler
 from eventspec.cloud.tickets import SchedulerEvent, SlotPool, Ticket
 from eventspec.shared.contract.timing import CloudCost
 from eventspec.shared.contract.types import DraftTail, GenerationSettings
@@ -57,6 +58,7 @@ class Driver:
     chunk: int = 0  # tokens per piece (0: whole prompts)
     mixed: bool = False
     verify_cost: CloudCost | None = None
+    sit_out: SitOut = NEVER_SIT_OUT
     sched: StepScheduler = field(init=False)
     prompts: dict[int, tuple[int, ...]] = field(default_factory=dict)  # by id(ticket)
     holder: dict[int, Ticket | None] = field(default_factory=dict)  # by slot
@@ -65,6 +67,8 @@ class Driver:
     step_plans: list[StepPlan] = field(default_factory=list)
     admitted: int = 0
     freed: int = 0
+    sat_out: int = 0  # session-steps sat out, summed
+    _sat_last: set[int] = field(default_factory=set)  # id(ticket)s that sat the last step out
     _clock: itertools.count[int] = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
@@ -72,7 +76,8 @@ class Driver:
         self.sched = StepScheduler(
             SlotPool(self.num_slots, MAX_SEQ), free_kv=self._free, prefill_token_budget=self.budget,
             chunking=policy, pieces=policy.enabled, mixed_steps=self.mixed and policy.enabled,
-            verify_cost=self.verify_cost, clock=lambda: float(next(self._clock)))
+            verify_cost=self.verify_cost, sit_out=self.sit_out,
+            clock=lambda: float(next(self._clock)))
 
     def _free(self, slot: int) -> None:
         assert self.holder.get(slot) is not None, f"slot {slot} freed twice"
@@ -160,10 +165,22 @@ class Driver:
 
     def check_step(self, step: StepPlan) -> None:
         """Right after planning: the plan is the running sessions, each once, each
-        holding its slot, none cancelled."""
+        holding its slot, none cancelled; with ``sit_out`` on, less the speculating ones
+        that sit this step out: never all of them, never one twice in a row."""
         tickets = step.tickets
-        assert tickets == self.sched.running, "a running session was left out or added"
         assert len({id(t) for t in tickets}) == len(tickets), "a session twice in one step"
+        running = self.sched.running
+        stepping = {id(t) for t in tickets}
+        sat = [t for t in running if id(t) not in stepping]
+        assert tickets == [t for t in running if id(t) in stepping], "a session was added"
+        if not self.sit_out.applies(len(running)):
+            assert not sat, "a running session was left out"
+        assert tickets, "every session sat the step out"
+        for t in sat:
+            assert t.session.speculative, "a target-only session sat a step out"
+            assert id(t) not in self._sat_last, "a session sat two steps out in a row"
+        self._sat_last = {id(t) for t in sat}
+        self.sat_out += len(sat)
         self.check_held(tickets)
 
     def check_held(self, tickets: Sequence[Ticket]) -> None:

@@ -50,11 +50,12 @@ def test_offer_stats_turn_request_counters_into_rates() -> None:
     from benchmarks.e2e_capacity import offer_stats
 
     rows = [{"offered": 30, "dry_steps": 2, "nodes_sent": 100, "nodes_pruned": 60,
-             "draft_forward_ms": 50.0, "plans_sent": 3},
+             "draft_forward_ms": 50.0, "plans_sent": 3, "sat_out": 4},
             {"offered": 10, "dry_steps": 8, "nodes_sent": 0, "nodes_pruned": 0,
              "draft_forward_ms": 30.0}]
     got = offer_stats(rows, tokens=50, verify_steps=20)
     assert got == {"offered_per_step": 2.0, "dry_step_share": 0.5,
                    "nodes_sent_per_token": 2.0, "nodes_pruned_per_token": 1.2,
-                   "draft_ms_per_step": 4.0, "replans_per_request": 1.5}
+                   "draft_ms_per_step": 4.0, "replans_per_request": 1.5,
+                   "sat_out_share": 0.2}
     assert offer_stats(rows, tokens=0, verify_steps=0)["offered_per_step"] is None

@@ -3,7 +3,8 @@ admits, prefill submissions, draft offers, cancels, releases and loop iterations
 whole prompts, chunks in calls of their own or chunks riding the step, gives plans where
 
 - every running session appears exactly once in each step, none cancelled, none whose
-  slot was given back;
+  slot was given back (with ``--sit-out`` on, less the speculating sessions that sit the
+  step out: never all, never one twice in a row);
 - prefills are first come, first served: each call starts with the oldest waiting
   request and takes the next ones in order, within the token budget (whole prompts) or
   the chunk budget (pieces, of which only the last may stop short of its prompt's end,
@@ -23,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eventspec.cloud.decoding import Committed
+from eventspec.cloud.sit_out import SitOut
 from eventspec.cloud.tickets import Failure, Ticket
 from eventspec.shared.contract.timing import CloudCost
 from eventspec.shared.contract.types import FinishReason
@@ -185,12 +187,13 @@ class Run:
 @given(operations=ops, num_slots=st.integers(1, 6), budget=st.integers(1, 40),
        mode=st.sampled_from(["whole", "chunks", "mixed"]), chunk=st.integers(1, 12),
        width=st.sampled_from([None, CloudCost(50.0, 0.1, 0.1, 5.0, 2.0,
-                                              step_ms_per_session=0.5)]))
+                                              step_ms_per_session=0.5)]),
+       sit_out=st.sampled_from([SitOut(0), SitOut(2)]))
 def test_any_sequence_of_requests_gives_sound_plans(
         operations: list[Op], num_slots: int, budget: int, mode: str, chunk: int,
-        width: CloudCost | None) -> None:
+        width: CloudCost | None, sit_out: SitOut) -> None:
     d = Driver(num_slots, budget=budget, chunk=0 if mode == "whole" else chunk,
-               mixed=mode == "mixed", verify_cost=width)
+               mixed=mode == "mixed", verify_cost=width, sit_out=sit_out)
     run = Run(d)
     for op in operations:
         run.apply(op)

@@ -431,6 +431,7 @@ class Stats(_message.Message):
     TREE_BRANCH_HITS_FIELD_NUMBER: _builtins.int
     DRAFT_FORWARD_MS_FIELD_NUMBER: _builtins.int
     PLANS_SENT_FIELD_NUMBER: _builtins.int
+    STEPS_SAT_OUT_FIELD_NUMBER: _builtins.int
     drafted: _builtins.int
     """Draft tokens the cloud verified."""
     accepted: _builtins.int
@@ -480,6 +481,10 @@ class Stats(_message.Message):
     """Cloud: Plans sent after the first, as the load and the request's acceptance changed
     while it decoded (cloud/replanning.py).
     """
+    steps_sat_out: _builtins.int
+    """Cloud: steps the request sat out, dry, while the rest of a loaded batch stepped
+    (--sit-out; at most one in a row).
+    """
     @_builtins.property
     def stage_ms(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """Per-stage wall time in ms, e.g. "prefill", "verify", "upload", "draft_prefill"."""
@@ -510,10 +515,11 @@ class Stats(_message.Message):
         tree_branch_hits: _builtins.int = ...,
         draft_forward_ms: _builtins.float = ...,
         plans_sent: _builtins.int = ...,
+        steps_sat_out: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_rate", b"acceptance_rate", "accepted", b"accepted", "downlink_bytes", b"downlink_bytes", "draft_forward_ms", b"draft_forward_ms", "drafted", b"drafted", "drafts_on_offer", b"drafts_on_offer", "dry_steps", b"dry_steps", "hidden_accepted", b"hidden_accepted", "hidden_drafted", b"hidden_drafted", "mean_accepted_length", b"mean_accepted_length", "new_tokens", b"new_tokens", "plans_sent", b"plans_sent", "prefix_cache", b"prefix_cache", "prefix_reused_tokens", b"prefix_reused_tokens", "stage_ms", b"stage_ms", "stale_drafts", b"stale_drafts", "target_steps", b"target_steps", "total_ms", b"total_ms", "tree_branch_hits", b"tree_branch_hits", "tree_nodes_pruned", b"tree_nodes_pruned", "tree_nodes_sent", b"tree_nodes_sent", "ttft_ms", b"ttft_ms", "uplink_bytes", b"uplink_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_rate", b"acceptance_rate", "accepted", b"accepted", "downlink_bytes", b"downlink_bytes", "draft_forward_ms", b"draft_forward_ms", "drafted", b"drafted", "drafts_on_offer", b"drafts_on_offer", "dry_steps", b"dry_steps", "hidden_accepted", b"hidden_accepted", "hidden_drafted", b"hidden_drafted", "mean_accepted_length", b"mean_accepted_length", "new_tokens", b"new_tokens", "plans_sent", b"plans_sent", "prefix_cache", b"prefix_cache", "prefix_reused_tokens", b"prefix_reused_tokens", "stage_ms", b"stage_ms", "stale_drafts", b"stale_drafts", "steps_sat_out", b"steps_sat_out", "target_steps", b"target_steps", "total_ms", b"total_ms", "tree_branch_hits", b"tree_branch_hits", "tree_nodes_pruned", b"tree_nodes_pruned", "tree_nodes_sent", b"tree_nodes_sent", "ttft_ms", b"ttft_ms", "uplink_bytes", b"uplink_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
