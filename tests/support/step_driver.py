@@ -22,8 +22,8 @@ from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.prefill_chunking import ChunkPolicy
 from eventspec.cloud.prefill_queue import Piece
 from eventspec.cloud.sampler import Verdict
-from eventspec.cloud.step_plan import PrefillPlan, SessionStep, StepPlan
 from eventspec.cloud.sit_out import SitOut
+from eventspec.cloud.step_plan import PrefillPlan, SessionStep, StepPlan
 from eventspec.cloud.step_scheduler import NEVER_SIT_OUT, StepScheduler
 from eventspec.cloud.tickets import SchedulerEvent, SlotPool, Ticket
 from eventspec.shared.contract.timing import CloudCost

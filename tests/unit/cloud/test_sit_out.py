@@ -65,8 +65,8 @@ def test_never_every_session_and_only_dry_ones(flags: list[tuple[bool, bool, boo
     sit = SitOut(min_sessions).choose(states)
     assert len(sit) == len(states)
     assert not states or not all(sit)
-    assert all(s.dry and s.speculative and not s.sat_out_last for s, x in zip(states, sit)
-               if x)
+    assert all(s.dry and s.speculative and not s.sat_out_last
+               for s, x in zip(states, sit, strict=True) if x)
     if len(states) < min_sessions:
         assert not any(sit)
 
