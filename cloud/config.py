@@ -132,9 +132,10 @@ class CloudSettings:
              "all: every valid draft up to --max-verify-tokens")
     #: SpecEdge's policy for a dry session in a loaded batch (``eventspec.cloud.sit_out``).
     sit_out: str = setting(
-        "auto", help="a speculating session with no drafts when a step starts, whose drafts "
-                     "are on their way, sits that step out (at most one in a row) while "
-                     "at least N sessions run: off, auto (N = 8) or N >= 2")
+        "off", help="a speculating session with no drafts when a step starts, whose drafts "
+                    "are on their way, sits that step out (at most one in a row) while at "
+                    "least N sessions run: off, auto (N = 8) or N >= 2 (off: it did not pay "
+                    "on the static engine at 16 sessions, docs/results/e2e-gpu.md)")
     #: Chunked prefill, decode first (``eventspec.cloud.prefill_chunking``). 512: on an
     #: H100, 512-token chunks riding graphed mixed steps kept ITL p99 under 50 ms up to 8
     #: requests/s, where whole prompts missed it at every rate
