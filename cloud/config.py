@@ -236,6 +236,10 @@ class CloudSettings:
         """
         return settings_from_env(CloudSettings, ENV_PREFIX)
 
+    def sit_out_policy(self) -> SitOut:
+        """``--sit-out`` as the scheduler's policy (``eventspec.cloud.sit_out``)."""
+        return SitOut.parse(self.sit_out)
+
     def check(self) -> None:
         """Refuse at start-up what would otherwise fail every request later.
 
@@ -270,7 +274,7 @@ class CloudSettings:
         except ValueError as e:
             raise SettingsError(str(e)) from None
         try:
-            SitOut.parse(self.sit_out)
+            self.sit_out_policy()
         except InvalidInput as e:
             raise SettingsError(str(e)) from None
         if not (math.isfinite(self.gil_switch_interval_ms)

@@ -40,7 +40,6 @@ from eventspec.cloud.session_capacity import (
     session_capacity,
 )
 from eventspec.cloud.sessions import SessionRegistry
-from eventspec.cloud.sit_out import SitOut
 from eventspec.cloud.target import TargetModel, load_target
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.contract.estimators import AcceptanceEstimator
@@ -214,7 +213,7 @@ def build_runtime(
         prefix_cache=prefix_cache_for(settings, engine), video_token_id=target.video_token_id,
         preprocess_frames=target.preprocess_frames, mixed_steps=settings.mixed_steps,
         chunk_cost=cost, verify_cost=cost if settings.verify_width == "auto" else None,
-        alpha_prior=lambda: acceptance.value, sit_out=SitOut.parse(settings.sit_out),
+        alpha_prior=lambda: acceptance.value, sit_out=settings.sit_out_policy(),
         switch_interval_s=interval_ms / 1e3 if interval_ms > 0 else None, observer=observer)
     runtime = VerifierRuntime(
         settings=settings, target=target, scheduler=scheduler,

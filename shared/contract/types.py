@@ -326,12 +326,12 @@ class RequestStats:
     prefix_reused_tokens: int = 0
     #: "hit", "miss", or "" when the cloud's prefix cache is off.
     prefix_cache: str = ""
-    #: Cloud: drafts on offer summed over the verify steps (before the width rule), and
-    #: the steps that had none (the edge was not ahead when the step ran).
+    #: Cloud: drafts on offer summed over the verify steps (before the width rule), the
+    #: steps that had none (the edge was not ahead), and steps sat out (--sit-out).
     drafts_on_offer: int = 0
     dry_steps: int = 0
-    #: Edge, trees only: nodes sent, nodes a commit ruled out, and commits that went down
-    #: a branch other than the edge's likeliest path (0 for chains).
+    steps_sat_out: int = 0
+    #: Edge, trees only (0 for chains): nodes sent, ruled out by a commit, and off-path hits.
     tree_nodes_sent: int = 0
     tree_nodes_pruned: int = 0
     tree_branch_hits: int = 0
@@ -339,8 +339,6 @@ class RequestStats:
     draft_forward_ms: float = 0.0
     #: Cloud: Plans sent after the first, re-planned while the answer decoded.
     plans_sent: int = 0
-    #: Cloud: steps the request sat out, dry, while a loaded batch stepped (--sit-out).
-    steps_sat_out: int = 0
 
     @property
     def acceptance_rate(self) -> float:
