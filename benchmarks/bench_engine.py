@@ -137,7 +137,7 @@ def attention_choice(
         lens = starts + q
         row: dict[str, Any] = {"B": b, "q": q}
         if HAVE_TRITON and dev.type == "cuda":
-            ns = num_splits_for(b, w.num_heads, engine._sm_count)
+            ns = num_splits_for(b, w.num_heads, engine.sm_count)
             args = (qt, kc, vc, slots, starts, lens)
             row["splitkv_ms"] = median_ms(partial(splitkv_attention, *args, num_splits=ns), repeats)
             row["splitkv_num_splits"] = ns
@@ -215,7 +215,7 @@ def profile_step(engine: StaticEngine, ctx: int, b: int, k: int) -> dict[str, An
     q = k + 1
     batch = StepBatch(tuple(range(b)), (ctx,) * b, (q,) * b,
                       torch.randint(5, 500, (b * q,), device=engine.device))  # fmt: skip
-    graphs, engine._graphs = engine._graphs, {}
+    graphs, engine.step_graphs = engine.step_graphs, {}  # no graphs: the eager step
     try:
         engine.step(batch)
         sync()
@@ -223,7 +223,7 @@ def profile_step(engine: StaticEngine, ctx: int, b: int, k: int) -> dict[str, An
             engine.step(batch)
             sync()
     finally:
-        engine._graphs = graphs
+        engine.step_graphs = graphs
     return _kernel_table(prof)
 
 
@@ -243,7 +243,7 @@ def profile_prefill(engine: StaticEngine, target: TargetModel) -> dict[str, Any]
 def replay_ms(engine: StaticEngine, repeats: int) -> dict[str, float]:
     """Graph replay alone per bucket of the table (the step minus its host work)."""
     out = {}
-    for (bp, qp), graph in engine._graphs.items():
+    for (bp, qp), graph in engine.step_graphs.items():
         if bp in SESSIONS and qp in (1, 5, 9, 17):
             out[f"B{bp}_q{qp}"] = median_ms(graph.replay, repeats)
     return out
@@ -255,8 +255,8 @@ def host_phases(engine: StaticEngine, ctx: int, b: int, k: int, repeats: int) ->
     batch = StepBatch(tuple(range(b)), (ctx,) * b, (q,) * b,
                       torch.randint(5, 500, (b * q,), device=engine.device))  # fmt: skip
     bp, qp = b, q
-    graph = engine._graphs.get((bp, qp))
-    staging = engine._staging
+    graph = engine.step_graphs.get((bp, qp))
+    staging = engine.step_staging
     layout = staging.layout
     block, dest_np = staging.host_meta(
         layout, batch.slots, batch.start_positions, batch.counts, bp, qp
@@ -264,7 +264,7 @@ def host_phases(engine: StaticEngine, ctx: int, b: int, k: int, repeats: int) ->
     packed = torch.from_numpy(block)
     staged = staging.to_device(block)
     dest = torch.from_numpy(dest_np).to(engine.device)
-    logits = engine._logits[: bp * qp]
+    logits = engine.logits_buffer[: bp * qp]
     parts: dict[str, Callable[[], object]] = {
         "whole_step": lambda: engine.step(batch),
         "host_meta_numpy": lambda: staging.host_meta(

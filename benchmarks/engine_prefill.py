@@ -44,18 +44,17 @@ def prefill_costs(engine: StaticEngine, target: TargetModel, repeats: int) -> di
     ids = target.build_prompt_ids(QUESTION)
     pix = pixels(target, 0)
     req = PrefillRequest(slot=0, input_ids=ids, pixel_values_videos=pix)
-    tower, step = engine._tower, engine.prompt_length_step
+    tower, step = engine.tower_graph, engine.prompt_length_step
     hidden = engine.weights.hidden
-    video_rows = engine._check_prefill(req)
     out: dict[str, Any] = {"prompt_tokens": len(ids)}
 
     def use(mode: str) -> None:
-        engine._tower = tower if mode == "graphed" else None
+        engine.tower_graph = tower if mode == "graphed" else None
         engine.prompt_length_step = step if mode == "graphed" else 1
 
     modes = ("eager", "graphed")
     for name, fn in (("prefill_ms", lambda: engine.prefill([req])),
-                     ("tower_ms", partial(engine._embeds, req, video_rows))):
+                     ("tower_ms", partial(engine.prompt_embeds, req))):
         runs: dict[str, list[float]] = {m: [] for m in modes}
         for _ in range(repeats):  # interleaved, so a slower moment of the host hits both
             for mode in modes:
@@ -80,7 +79,7 @@ def prefill_costs(engine: StaticEngine, target: TargetModel, repeats: int) -> di
                 times.append((time.perf_counter() - t0) * 1e3)
         out[f"new_length_first_ms_{mode}"] = first
         out[f"new_length_again_ms_{mode}"] = again
-    engine._tower, engine.prompt_length_step = tower, step
+    engine.tower_graph, engine.prompt_length_step = tower, step
     engine.prefill([req])
     n_q, start = 20, len(ids)
     q_ids = tuple(int(i) for i in ids[-n_q:])
@@ -109,7 +108,7 @@ def mixed_costs(engine: StaticEngine, ctx: int, repeats: int,
     fill_slots(engine, piece_slot)
     piece = torch.randn(rows, engine.weights.hidden, device=engine.device,
                         dtype=engine.dtype)  # [rows, H]
-    graphs = engine._mixed_graphs
+    graphs = engine.mixed_graphs
     out: dict[str, Any] = {"piece_rows": rows, "context": ctx}
 
     def mixed(batch: StepBatch) -> None:
@@ -126,8 +125,8 @@ def mixed_costs(engine: StaticEngine, ctx: int, repeats: int,
                           torch.ones(b, dtype=torch.long, device=engine.device))
         out[f"B{b}_step_ms"] = median_ms(partial(engine.step, batch), repeats)
         out[f"B{b}_mixed_graphed_ms"] = median_ms(partial(mixed, batch), repeats)
-        engine._mixed_graphs = {}
+        engine.mixed_graphs = {}
         out[f"B{b}_mixed_eager_ms"] = median_ms(partial(mixed, batch), repeats)
-        engine._mixed_graphs = graphs
+        engine.mixed_graphs = graphs
         out[f"B{b}_apart_ms"] = median_ms(partial(apart, batch), repeats)
     return out

@@ -212,7 +212,7 @@ def engine(request: pytest.FixtureRequest) -> Iterator[tuple[TargetModel, Static
                         kv_cache_bytes=(ENGINE_SLOTS + 1) * kv_bytes_per_slot(target, 512),
                         max_seq_len=512)  # fmt: skip
     eng = build_static_engine(target, kv, batch_invariant=True)
-    assert eng.invariant_kernels and eng.use_graphs and eng._graphs, "the fast path"
+    assert eng.invariant_kernels and eng.use_graphs and eng.step_graphs, "the fast path"
     g = target.geometry
     ids = target.build_prompt_ids("What is moving?")
     for slot in range(ENGINE_SLOTS - 1):  # a different clip in every slot

@@ -132,7 +132,7 @@ def test_a_mixed_step_on_cuda_equals_the_step_and_the_chunk_apart(
     where the pieces' attention differs) and B's answer is its whole-prefill answer."""
     if graphed:
         engine = graphed_mixed
-        assert engine._mixed_graphs
+        assert engine.mixed_graphs
         monkeypatch.setattr(engine, "_forward_mixed", None)  # replays only
     a, b = _request(toy, 0, QUESTIONS[0]), _request(toy, 1, QUESTIONS[1])
     la, lb, vocab = len(a.input_ids), len(b.input_ids), toy.text_vocab_size
@@ -182,10 +182,10 @@ def test_a_question_after_a_loaded_prefix_replays_a_step_graph(
 
 def test_the_tower_graph_gives_the_eager_towers_bits(engine: StaticEngine,
                                                      toy: TargetModel) -> None:
-    assert engine._tower is not None
+    assert engine.tower_graph is not None
     for seed in (1, 2):
         pix = _request(toy, 0, QUESTIONS[0]).pixel_values_videos
         assert pix is not None
         pix = pix * seed
         eager = toy.project_video_features(toy.video_features_from_pixels(pix))
-        assert torch.equal(engine._tower(pix), eager.reshape(-1, eager.shape[-1]))
+        assert torch.equal(engine.tower_graph(pix), eager.reshape(-1, eager.shape[-1]))

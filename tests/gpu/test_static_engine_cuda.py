@@ -96,7 +96,7 @@ def test_every_bucket_replays_what_the_eager_forward_computes(
     toy: TargetModel, engines: tuple[StaticEngine, StaticEngine], record_property: Record,
 ) -> None:
     graphed, eager = engines
-    shapes = sorted(graphed._graphs)
+    shapes = sorted(graphed.step_graphs)
     assert len(shapes) == len(graphed.session_buckets) * len(graphed.token_buckets)
     for bp, qp in shapes:
         slots = list(range(bp))

@@ -51,7 +51,7 @@ def full() -> Iterator[StaticEngine]:
     engine = StaticEngine(target, num_slots=SLOTS, max_seq_len=SEQ, use_graphs=True,
                           compile_layers=False)
     engine.warm_up()
-    assert sorted(engine._graphs) == sorted(
+    assert sorted(engine.step_graphs) == sorted(
         (b, q) for b in SESSION_BUCKETS for q in TOKEN_BUCKETS)
     gen = torch.Generator(device="cuda").manual_seed(0)
     engine.k_cache.normal_(generator=gen)  # [L, S+1, Hkv, T, D]
@@ -76,7 +76,7 @@ def _batch(engine: StaticEngine, slots: list[int], starts: list[int], counts: li
 def _eager(engine: StaticEngine, batch: StepBatch, bp: int, qp: int) -> torch.Tensor:
     """The step's forward run eagerly at (Bp, Qp): [N, V] float32 logits of the real rows."""
     with torch.inference_mode():
-        inp, dest = engine._staging.load(batch, bp, qp)
+        inp, dest = engine.step_staging.load(batch, bp, qp)
         out = torch.empty(bp * qp, engine.weights.vocab, device="cuda", dtype=engine.dtype)
         return engine._forward(inp, out).index_select(0, dest).float()  # [N, V]
 
@@ -86,7 +86,7 @@ def test_every_production_bucket_replays_the_eager_forward_bitwise(
 ) -> None:
     rng = random.Random(0)
     not_bitwise = []
-    for bp, qp in sorted(full._graphs):
+    for bp, qp in sorted(full.step_graphs):
         slots = rng.sample(range(SLOTS), bp)
         starts = [rng.randrange(1, SEQ - qp) for _ in slots]
         batch = _batch(full, slots, starts, [qp] * bp, seed=bp * 100 + qp)
@@ -117,7 +117,7 @@ def test_a_padded_step_matches_the_exact_shape_at_full_size(
     # The same padded step again, with other tokens in the padding rows and garbage
     # beyond every session's length: not one bit of a real row moves.
     with torch.inference_mode():
-        full._staging.ids.random_(3, full.weights.vocab)
+        full.step_staging.ids.random_(3, full.weights.vocab)
         for slot, start, count in zip(slots, starts, counts, strict=True):
             full.k_cache[:, slot, :, start + count :] = 1e4
             full.v_cache[:, slot, :, start + count :] = -1e4

@@ -63,5 +63,5 @@ async def test_short_requests_share_the_memory_of_two_slots_and_the_rest_queue()
     finally:
         await server.stop(0)
     engine = sched.engine
-    assert engine.k_cache.numel() == 0 and not engine._graphs, (  # type: ignore[attr-defined]
+    assert engine.k_cache.numel() == 0 and not engine.step_graphs, (  # type: ignore[attr-defined]
         "a stopped server gives its engine's KV back (a benchmark builds the next one)")

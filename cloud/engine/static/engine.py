@@ -58,7 +58,7 @@ class StaticEngine(StaticRuntime):
             )
         self.target = target
         #: The video tower and projector as one graph, captured at warm-up (CUDA graphs).
-        self._tower: TowerGraph | None = None
+        self.tower_graph: TowerGraph | None = None
         cos, sin = rope_tables(target, max_seq_len)  # each [T, D]
         super().__init__(
             fuse_language_weights(target), cos, sin, num_slots=num_slots,
@@ -86,14 +86,14 @@ class StaticEngine(StaticRuntime):
             raise InvalidInput("prefill needs at least one request")
         if len({r.slot for r in requests}) != len(requests):
             raise InvalidInput("a prefill names a slot twice")
-        video_rows = [self._check_prefill(r) for r in requests]  # each [F*T] row indices
+        video_rows = [self.check_prefill(r) for r in requests]  # each [F*T] row indices
         for r in requests:  # a whole prompt needs its visual input
             if r.pixel_values_videos is None and r.video_features is None:
                 raise InvalidInput(
                     "prefill needs exactly one of pixel_values_videos or video_features")
         return self._prefill_many(requests, video_rows)  # [R, V]
 
-    def _check_prefill(self, req: PrefillRequest) -> list[int]:
+    def check_prefill(self, req: PrefillRequest) -> list[int]:
         """Validate one prefill request; returns the rows of its <video> placeholders."""
         self.occupancy.check_slot(req.slot)
         t = self.target
@@ -117,7 +117,7 @@ class StaticEngine(StaticRuntime):
         token embeddings with the video tower's projected features scattered into the
         <video> rows, as HF does. The tower runs only when a <video> row is among them
         (a prefix reused from the cache holds them all)."""
-        video_rows = self._check_prefill(request)
+        video_rows = self.check_prefill(request)
         if not 0 <= start < len(request.input_ids):
             raise InvalidInput(f"prompt rows from {start} of a {len(request.input_ids)}-token "
                                "prompt")
@@ -152,9 +152,9 @@ class StaticEngine(StaticRuntime):
         """The runtime's warm-up (step graphs, prompt attention plans), then the video
         tower's graph (:class:`.tower_graph.TowerGraph`) when steps are graphed."""
         report = super().warm_up()
-        if self.use_graphs and self._tower is None:
+        if self.use_graphs and self.tower_graph is None:
             t0 = time.perf_counter()
-            self._tower = TowerGraph(self.target)
+            self.tower_graph = TowerGraph(self.target)
             report["tower_graph_s"] = time.perf_counter() - t0
             self.warmup_report = report
         return report
@@ -175,15 +175,15 @@ class StaticEngine(StaticRuntime):
 
     def release(self) -> None:
         """The runtime's :meth:`StaticRuntime.release`, and the tower's graph."""
-        self._tower = None
+        self.tower_graph = None
         super().release()
 
     @torch.inference_mode()
     def _embeds(self, req: PrefillRequest, video_rows: list[int]) -> torch.Tensor:
         """Tower + projector, scattered into the prompt's <video> rows: [L, H]."""
         t, w = self.target, self.weights
-        if req.pixel_values_videos is not None and self._tower is not None:
-            video = self._tower(req.pixel_values_videos)  # [F*T, H]
+        if req.pixel_values_videos is not None and self.tower_graph is not None:
+            video = self.tower_graph(req.pixel_values_videos)  # [F*T, H]
         elif req.pixel_values_videos is not None:
             feats = t.video_features_from_pixels(req.pixel_values_videos)  # [F, T, Dv]
             video = t.project_video_features(feats).reshape(-1, w.hidden)  # [F*T, H]

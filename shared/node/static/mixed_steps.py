@@ -64,11 +64,11 @@ class PromptRowsInSteps:
     token_buckets: tuple[int, ...]
     chunk_buckets: tuple[int, ...]
     _fns: LayerFunctions
-    _staging: StepStaging
+    step_staging: StepStaging
     _chunk_staging: ChunkStaging
-    _logits: torch.Tensor
-    _graphs: dict[tuple[int, int], torch.cuda.CUDAGraph]
-    _mixed_graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph]
+    logits_buffer: torch.Tensor
+    step_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph]
+    mixed_graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph]
     occupancy: SlotOccupancy
 
     if TYPE_CHECKING:
@@ -90,7 +90,7 @@ class PromptRowsInSteps:
         qp = bucket(max(lengths), self.token_buckets)
         if bp is None or qp is None:
             return False
-        return (bp, qp) in self._graphs or not self.use_graphs
+        return (bp, qp) in self.step_graphs or not self.use_graphs
 
     @torch.inference_mode()
     def prompt_rows_as_step(self, slots: Sequence[int], starts: Sequence[int],
@@ -161,7 +161,7 @@ class PromptRowsInSteps:
         pieces = lay_out(slots, embeds, starts, self.dtype, self.device)
         w = self.weights
         b, q_max = len(batch.slots), max(batch.counts)
-        inp, dest = self._staging.load(batch, b, q_max)  # exact shape: eager
+        inp, dest = self.step_staging.load(batch, b, q_max)  # exact shape: eager
         m = b * q_max
         h = torch.cat([w.embed.index_select(0, inp.ids), pieces.h])  # [m + Mp, H]
         pos = torch.cat([inp.pos, pieces.pos])  # [m + Mp]
@@ -190,7 +190,7 @@ class PromptRowsInSteps:
         qp = bucket(max(batch.counts), self.token_buckets)
         if rows is None or bp is None or qp is None or qp > MIXED_MAX_TOKENS:
             return None
-        if self.use_graphs and (bp, qp, rows) not in self._mixed_graphs:
+        if self.use_graphs and (bp, qp, rows) not in self.mixed_graphs:
             return None
         return bp, qp, rows
 
@@ -200,11 +200,11 @@ class PromptRowsInSteps:
         """:meth:`step_with_pieces` at a fixed (Bp, Qp, rows) shape: staged, then the
         graph replayed (or the same forward, eager, without graphs)."""
         bp, qp, rows = shape
-        inp, dest = self._staging.load(batch, bp, qp)  # dest: [N] rows of the padded step
+        inp, dest = self.step_staging.load(batch, bp, qp)  # dest: [N] rows of the padded step
         chunk = self._chunk_staging.load(slots, starts, embeds, rows)
         m = bp * qp
-        out = self._logits[: m + MAX_PIECES]
-        graph = self._mixed_graphs.get(shape)
+        out = self.logits_buffer[: m + MAX_PIECES]
+        graph = self.mixed_graphs.get(shape)
         if graph is not None:
             graph.replay()
         else:
@@ -255,9 +255,9 @@ class PromptRowsInSteps:
                         key=lambda s: -(s[0] * s[1] + s[2]))
         t0 = time.perf_counter()
         for bp, qp, c in shapes:
-            inp, chunk = self._staging.dummy(bp, qp), self._chunk_staging.dummy(c)
-            out = self._logits[: bp * qp + MAX_PIECES]
-            self._mixed_graphs[(bp, qp, c)] = capture_graph(
+            inp, chunk = self.step_staging.dummy(bp, qp), self._chunk_staging.dummy(c)
+            out = self.logits_buffer[: bp * qp + MAX_PIECES]
+            self.mixed_graphs[(bp, qp, c)] = capture_graph(
                 self.device, pool, partial(self._forward_mixed, inp, chunk, out))
         if shapes:
             logger.info("captured %d mixed-step graphs (pieces of %s rows) in %.1f s",

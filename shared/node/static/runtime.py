@@ -168,26 +168,28 @@ class StaticRuntime(PromptRowsInSteps):
             raise InvalidInput(f"prompt-piece buckets must be multiples of {CHUNK_TILE} up to "
                                f"{max_seq_len}, got {list(chunk_buckets)}")
         self.chunk_buckets = tuple(sorted(set(chunk_buckets)))
-        self._sm_count = (torch.cuda.get_device_properties(self.device).multi_processor_count
-                          if self.device.type == "cuda" else 1)
+        #: Multiprocessors (the split-KV attention's split count; 1 off CUDA).
+        self.sm_count = (torch.cuda.get_device_properties(self.device).multi_processor_count
+                         if self.device.type == "cuda" else 1)
 
         max_b = max(self.session_buckets)
         max_m = max_b * max(self.token_buckets)
-        # Static step buffers: one int64 block holding every index array at fixed
-        # offsets, so each bucket's views keep their addresses across replays.
         scratch = self.occupancy.scratch_slot
-        self._staging = StepStaging(self.device, max_seq_len=max_seq_len,
-                                    scratch_slot=scratch, cap_m=max_m, cap_b=max_b)
-        # MAX_PIECES rows more than the largest step: a mixed step's logits are its
-        # step rows and its pieces' last rows.
-        self._logits = torch.zeros(max_m + MAX_PIECES, w.vocab, device=self.device,
-                                   dtype=self.dtype)
+        #: Static step buffers: one int64 block holding every index array at fixed
+        #: offsets, so each bucket's views keep their addresses across replays.
+        self.step_staging = StepStaging(self.device, max_seq_len=max_seq_len,
+                                        scratch_slot=scratch, cap_m=max_m, cap_b=max_b)
+        #: The steps' logits: MAX_PIECES rows more than the largest step, since a mixed
+        #: step's logits are its step rows and its pieces' last rows.
+        self.logits_buffer = torch.zeros(max_m + MAX_PIECES, w.vocab, device=self.device,
+                                         dtype=self.dtype)
         self._chunk_staging = ChunkStaging(
             self.device, self.dtype, w.hidden, max_seq_len=max_seq_len,
             scratch_slot=scratch, cap_rows=max(self.chunk_buckets, default=CHUNK_TILE))
-        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        #: Step graphs by (sessions, tokens) bucket; empty: every step runs eagerly.
+        self.step_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         #: Mixed-step graphs by (sessions, tokens, piece rows).
-        self._mixed_graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
+        self.mixed_graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self.warmup_report: dict[str, float] = {}
         #: Whole prompts' attention runs at lengths rounded up to this (1: exact);
         #: :func:`.pieces.sdpa_piece_attention` says why.
@@ -258,18 +260,18 @@ class StaticRuntime(PromptRowsInSteps):
         q_max = max(batch.counts)
         bp = bucket(b, self.session_buckets) if self.use_graphs else b
         qp = bucket(q_max, self.token_buckets) if self.use_graphs else q_max
-        graph = self._graphs.get((bp, qp)) if bp is not None and qp is not None else None
+        graph = self.step_graphs.get((bp, qp)) if bp is not None and qp is not None else None
         if graph is None:  # beyond the buckets (or CPU): exact padding, eager forward
             bp, qp = b, q_max
         assert bp is not None and qp is not None
-        inp, dest = self._staging.load(batch, bp, qp)  # dest: [N] rows of the padded step
+        inp, dest = self.step_staging.load(batch, bp, qp)  # dest: [N] rows of the padded step
         m = bp * qp
         if graph is not None:
             graph.replay()
-            logits = self._logits[:m]  # [M, V]
+            logits = self.logits_buffer[:m]  # [M, V]
         else:
-            static_out = m <= self._staging.layout.cap_m
-            logits = self._forward(inp, self._logits[:m] if static_out else None)
+            static_out = m <= self.step_staging.layout.cap_m
+            logits = self._forward(inp, self.logits_buffer[:m] if static_out else None)
         return logits.index_select(0, dest).float()  # [N, V]
 
     def free(self, slot: int) -> None:
@@ -285,10 +287,10 @@ class StaticRuntime(PromptRowsInSteps):
         KV as long as anything references it; on an 80 GB card the second one did not fit.
         """
         self.occupancy.release()
-        self._graphs.clear()
-        self._mixed_graphs.clear()
+        self.step_graphs.clear()
+        self.mixed_graphs.clear()
         empty = torch.empty(0, device=self.device, dtype=self.dtype)
-        self.k_cache = self.v_cache = self._logits = empty
+        self.k_cache = self.v_cache = self.logits_buffer = empty
 
     def reserve(self, slot: int, positions: int) -> None:
         """KV by length: the session starting at position ``slot`` of the arena owns
@@ -321,8 +323,8 @@ class StaticRuntime(PromptRowsInSteps):
         pool = torch.cuda.graph_pool_handle()
         shapes = step_graph_shapes(self.session_buckets, self.token_buckets)
         for i, (bp, qp) in enumerate(shapes):
-            inp, out = self._staging.dummy(bp, qp), self._logits[: bp * qp]
-            self._graphs[(bp, qp)] = capture_graph(self.device, pool,
+            inp, out = self.step_staging.dummy(bp, qp), self.logits_buffer[: bp * qp]
+            self.step_graphs[(bp, qp)] = capture_graph(self.device, pool,
                                                    partial(self._forward, inp, out))
             logger.info("captured step graph %d/%d: %d sessions x %d tokens (%.1f s)",
                         i + 1, len(shapes), bp, qp, time.perf_counter() - t0)
@@ -371,7 +373,7 @@ class StaticRuntime(PromptRowsInSteps):
     def _step_attention(self, inp: StepInputs) -> Attend:
         """Attention of a padded step's queries (:func:`.layer_forward.step_attention`)."""
         return step_attention(self.kernels, self.weights, self.k_cache, self.v_cache, inp,
-                              self._sm_count)
+                              self.sm_count)
 
     def _forward(self, inp: StepInputs, out: torch.Tensor | None) -> torch.Tensor:
         """The padded step: [M] ids -> [M, V] logits (into ``out`` when given).
