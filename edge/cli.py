@@ -68,7 +68,7 @@ def add_export_onnx_parser(sub: Any) -> None:
 
 def add_train_adapter_parser(sub: Any) -> None:
     """``train-adapter``: a token adapter or draft head from a ``--commit-log`` directory."""
-    from eventspec.edge.head_training import HeadTraining
+    from eventspec.edge.learning.train_settings import HeadTraining
 
     d = HeadTraining()
     tr = sub.add_parser(
@@ -94,8 +94,8 @@ def train_adapter_command(args: argparse.Namespace) -> int:
     """``train-adapter``: train, write the directory, print its metrics as JSON."""
     import json
 
-    from eventspec.edge.head_training import HeadTraining
-    from eventspec.edge.train_heads import train_from_log
+    from eventspec.edge.learning.train import train_from_log
+    from eventspec.edge.learning.train_settings import HeadTraining
     from eventspec.shared.contract.errors import EventSpecError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
@@ -154,7 +154,7 @@ def export_onnx_command(args: argparse.Namespace) -> int:
     from eventspec.shared.contract.errors import EventSpecError
 
     try:
-        from eventspec.edge.onnx_export import export_onnx
+        from eventspec.edge.vision.onnx_export import export_onnx
     except ImportError as exc:
         refuse(PROG, f"export-onnx needs onnx and ONNX Runtime ({exc}): install "
                      "eventspec[edge-onnx] (CPU) or eventspec[edge-gpu] (CUDA)")

@@ -13,8 +13,8 @@ import torch
 from transformers import CLIPVisionConfig
 
 from eventspec.demoworld.tiny_tokenizer import tiny_fast_tokenizer
-from eventspec.edge.draft import DraftModel, EventGPTConfig, EventGPTForCausalLM
-from eventspec.edge.draft_checkpoint import save_draft
+from eventspec.edge.drafting.checkpoint import save_draft
+from eventspec.edge.drafting.eventgpt import DraftModel, EventGPTConfig, EventGPTForCausalLM
 
 TINY_DRAFT_ID = "tiny-random-eventgpt"
 

@@ -478,7 +478,7 @@ class Stats(_message.Message):
     """Edge: time its draft forwards took, ms (after the draft prefill)."""
     plans_sent: _builtins.int
     """Cloud: Plans sent after the first, as the load and the request's acceptance changed
-    while it decoded (cloud/replanning.py).
+    while it decoded (cloud/requests/replanning.py).
     """
     @_builtins.property
     def stage_ms(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
