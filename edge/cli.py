@@ -13,6 +13,7 @@ from eventspec.edge.model_dirs import TINY_RANDOM, TOY
 from eventspec.shared.helpfmt import DefaultsHelpFormatter
 from eventspec.shared.node.node_cli import (
     add_serve_flags,
+    builtin_model,
     checked,
     env_defaults,
     refuse,
@@ -128,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = settings_from_args(args)
     _check_source(settings)
     return serve(PROG, args, log, settings, _server,
-                 scratch_model=_tiny_random_draft if settings.model == TINY_RANDOM else None)
+                 scratch_model=(builtin_model(PROG, "edge", TINY_RANDOM)
+                                if settings.model == TINY_RANDOM else None))
 
 
 def _check_source(settings: EdgeSettings) -> None:
@@ -180,18 +182,6 @@ def _server(settings: EdgeSettings) -> NodeServer:
     from eventspec.edge.server import EdgeServer
 
     return EdgeServer(settings)
-
-
-def _tiny_random_draft(scratch: Path, seed: int) -> Path:
-    """``--model tiny-random``: the demo world writes its tiny random draft into the
-    scratch directory, which the server loads like any other.
-
-    The edge's only import of the demo world, here at the command's edge and lazy, so
-    the server itself knows nothing but model directories.
-    """
-    from eventspec.demoworld.tiny_draft import TINY_DRAFT_ID, save_tiny_random_draft
-
-    return save_tiny_random_draft(scratch / f"{TINY_DRAFT_ID}-{seed}", seed)
 
 
 if __name__ == "__main__":

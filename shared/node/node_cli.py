@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import dataclasses
 import errno
+import importlib.metadata
 import logging
 import math
 import socket
@@ -202,6 +203,30 @@ def require_fraction(flag: str, value: float, *, zero_ok: bool) -> None:
 
 
 # -- serve ----------------------------------------------------------------------------
+
+#: The entry-point group of the built-in models (``--model tiny-random``): the demo world
+#: registers them (``pyproject.toml``), so no node imports it.
+BUILTIN_MODELS = "eventspec.builtin_models"
+
+
+def builtin_model(prog: str, node: str, name: str) -> Callable[[Path, int], Path]:
+    """The ``eventspec.builtin_models`` entry point ``<node>.<name>``: a function that
+    writes the model into a scratch directory for a seed and returns its path (``serve``'s
+    ``scratch_model``). Found now, loaded only when called, so the port checks still come
+    before torch is imported; missing, it is one line and exit 2."""
+    key = f"{node}.{name}"
+    found = importlib.metadata.entry_points(group=BUILTIN_MODELS, name=key)
+    if not found:
+        refuse(prog, f"--model {name}: not installed (no {BUILTIN_MODELS!r} entry point "
+                     f"{key!r}; reinstall eventspec)")
+    entry_point = next(iter(found))
+
+    def write(scratch: Path, seed: int) -> Path:
+        made: Path = entry_point.load()(scratch, seed)
+        return made
+
+    return write
+
 
 def serve(prog: str, args: argparse.Namespace, log: logging.Logger, settings: S,
           server: Callable[[S], NodeServer], *,

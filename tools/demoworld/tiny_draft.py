@@ -83,5 +83,15 @@ def save_tiny_random_draft(directory: str | Path, seed: int = 0) -> Path:
     return save_draft(build_tiny_random_draft(seed), directory, layout="5.x", include_clip=True)
 
 
+def write_scratch_draft(scratch: Path, seed: int) -> Path:
+    """``eventspec-edge serve --model tiny-random``: the tiny random draft for ``seed``,
+    written into the node's scratch directory, which the server loads like any other.
+
+    The ``eventspec.builtin_models`` entry point ``edge.tiny-random`` (``pyproject.toml``):
+    the edge's CLI finds it there, so it imports nothing from the demo world.
+    """
+    return save_tiny_random_draft(scratch / f"{TINY_DRAFT_ID}-{seed}", seed)
+
+
 def _round_up(n: int, multiple: int) -> int:
     return (n + multiple - 1) // multiple * multiple
