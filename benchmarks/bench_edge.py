@@ -17,7 +17,7 @@ c = t_draft / t_step is measured on one GPU in one run.
 
 The vision path alone (``vision``): five frames through CLIP, projector, adaptor and
 the feature adapter (to the target's video geometry), torch eager in the draft's dtype
-vs ONNX Runtime on an export of the same shapes (``eventspec.edge.onnx_export``): the
+vs ONNX Runtime on an export of the same shapes (``eventspec.edge.vision.onnx_export``): the
 CUDA execution provider with the fused fp16 graphs on a GPU (the row is skipped, with
 a note, when this ONNX Runtime has no CUDA EP), the CPU EP in fp32 with ``--tiny``.
 ``--no-vision`` skips it. Writes ``edge_<device>.json`` to ``--out`` ($OUT or .).
@@ -49,10 +49,10 @@ from eventspec.cloud.engine.static.build import (
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_draft import build_tiny_random_draft
 from eventspec.demoworld.tiny_target import build_tiny_random_target
-from eventspec.edge.align import FeatureAdapter, build_adapter_for
-from eventspec.edge.draft import DraftModel, EventGPTConfig, EventGPTForCausalLM
-from eventspec.edge.drafter import DraftBackend
-from eventspec.edge.static_draft import StaticDraftBackend
+from eventspec.edge.drafting.cache import DraftBackend
+from eventspec.edge.drafting.eventgpt import DraftModel, EventGPTConfig, EventGPTForCausalLM
+from eventspec.edge.drafting.static_backend import StaticDraftBackend
+from eventspec.edge.vision.align import FeatureAdapter, build_adapter_for
 from eventspec.shared.node.static.batch import StepBatch
 from eventspec.shared.node.static.quant import QuantMode
 from tests.support.fullsize import build_full_draft, build_full_target
@@ -134,13 +134,13 @@ def _onnx_timings(draft: DraftModel, adapter: FeatureAdapter, pixels: torch.Tens
     try:
         import onnxruntime
 
-        from eventspec.edge.onnx_export import export_graphs
-        from eventspec.edge.onnx_vision import (
+        from eventspec.edge.vision.onnx_backend import (
             CUDA_EP,
             OnnxVision,
             OrtGraph,
             choose_provider,
         )
+        from eventspec.edge.vision.onnx_export import export_graphs
     except ImportError as exc:
         return {"skipped": f"ONNX Runtime or onnx not installed ({exc})"}
     available = onnxruntime.get_available_providers()

@@ -86,7 +86,7 @@ class Nodes:
         """Generate requests a cloud finished, from its request log."""
         text = (self.tmp / f"{name}.log").read_text(errors="replace")
         return sum(1 for line in text.splitlines()
-                   if "eventspec.cloud.request_log: generate" in line
+                   if "eventspec.cloud.requests.log: generate" in line
                    and (", EOS," in line or ", MAX_TOKENS," in line))
 
     def stop_all(self) -> None:

@@ -1,5 +1,5 @@
 """KV by length against fixed slots under mixed request lengths: a discrete-event
-simulation of the admission path alone (``cloud/kv_arena.py``'s allocator and the KV
+simulation of the admission path alone (``cloud/scheduling/kv_arena.py``'s allocator and the KV
 queue's first-come-first-served rule), no model.
 
 Why a simulation: the GPU runs used requests of one length, where a first-fit arena
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.stamp import write_result
-from eventspec.cloud.kv_arena import PositionArena
+from eventspec.cloud.scheduling.kv_arena import PositionArena
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

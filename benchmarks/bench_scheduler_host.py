@@ -28,10 +28,10 @@ from typing import Any
 import torch
 
 from benchmarks.stamp import write_result
-from eventspec.cloud.decoding import DecodingSession
 from eventspec.cloud.engine.base import PrefillRequest
-from eventspec.cloud.scheduler import Scheduler
-from eventspec.cloud.tickets import Ticket
+from eventspec.cloud.scheduling.scheduler import Scheduler
+from eventspec.cloud.scheduling.tickets import Ticket
+from eventspec.cloud.speculation.decoding import DecodingSession
 from eventspec.shared.contract.types import GenerationSettings
 from eventspec.shared.node.static.batch import StepBatch
 

@@ -30,12 +30,12 @@ from eventspec.cloud.engine.paced import PacedEngine
 from eventspec.cloud.model_dirs import TOY_TARGET_DIR
 from eventspec.cloud.server import VerifierServer
 from eventspec.cloud.target import load_target
-from eventspec.edge.align import load_adapter
 from eventspec.edge.config import EdgeSettings
-from eventspec.edge.draft_checkpoint import load_draft
+from eventspec.edge.drafting.checkpoint import load_draft
 from eventspec.edge.events.toy import ToySource
 from eventspec.edge.model_dirs import TOY_ADAPTER_DIR, TOY_DRAFT_DIR
 from eventspec.edge.server import EdgeServer
+from eventspec.edge.vision.align import load_adapter
 from eventspec.shared.client.edge_client import EdgeClient
 from eventspec.shared.contract.types import AskSpec, FeatureMode, GenerationSettings, Mode
 from eventspec.shared.toyworld.qa import all_questions

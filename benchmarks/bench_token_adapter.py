@@ -35,24 +35,24 @@ from benchmarks.stamp import write_result
 from eventspec.cloud.model_dirs import TOY_TARGET_DIR
 from eventspec.cloud.target import load_target
 from eventspec.demoworld.train.commits import speculate, toy_examples, write_toy_log
-from eventspec.edge.draft import DraftModel
-from eventspec.edge.draft_checkpoint import load_draft
-from eventspec.edge.head_training import HeadTraining
-from eventspec.edge.headed_draft import HeadedDraftBackend
-from eventspec.edge.model_dirs import (
-    TOY_DRAFT_DIR,
-    TOY_DRAFT_HEAD_DIR,
-    TOY_MISALIGNED_DIR,
-    TOY_TOKEN_ADAPTER_DIR,
-)
-from eventspec.edge.token_heads import (
+from eventspec.edge.drafting.checkpoint import load_draft
+from eventspec.edge.drafting.eventgpt import DraftModel
+from eventspec.edge.drafting.headed_backend import HeadedDraftBackend
+from eventspec.edge.learning.token_heads import (
     HeadCache,
     TokenHead,
     drafter_macs_per_token,
     load_head,
     macs_per_token,
 )
-from eventspec.edge.train_heads import train_from_log
+from eventspec.edge.learning.train import train_from_log
+from eventspec.edge.learning.train_settings import HeadTraining
+from eventspec.edge.model_dirs import (
+    TOY_DRAFT_DIR,
+    TOY_DRAFT_HEAD_DIR,
+    TOY_MISALIGNED_DIR,
+    TOY_TOKEN_ADAPTER_DIR,
+)
 from tests.support.spec_model import LinearStepCost, SpecInputs, simulate
 
 EVAL_FIRST_SEED = 2_002_000

@@ -31,16 +31,16 @@ from benchmarks.stamp import write_result
 from eventspec.cloud.model_dirs import TOY_TARGET_DIR
 from eventspec.cloud.target import load_target
 from eventspec.demoworld.train.commits import Example, toy_examples
-from eventspec.edge.draft_checkpoint import load_draft
-from eventspec.edge.drafter import DraftBackend, Drafter
-from eventspec.edge.headed_draft import HeadedDraftBackend
+from eventspec.edge.drafting.cache import DraftBackend, DraftCache
+from eventspec.edge.drafting.checkpoint import load_draft
+from eventspec.edge.drafting.headed_backend import HeadedDraftBackend
+from eventspec.edge.learning.token_heads import load_head
 from eventspec.edge.model_dirs import (
     TOY_DRAFT_DIR,
     TOY_DRAFT_HEAD_DIR,
     TOY_MISALIGNED_DIR,
     TOY_TOKEN_ADAPTER_DIR,
 )
-from eventspec.edge.token_heads import load_head
 
 EVAL_FIRST_SEED = 2_002_000
 KS = (2, 4, 8)
@@ -54,7 +54,7 @@ def coverage(backend: DraftBackend, examples: list[Example]) -> dict[str, Any]:
     positions = top1 = 0
     wrong_in = dict.fromkeys(KS, 0)
     for ex in examples:
-        drafter = Drafter(backend)
+        drafter = DraftCache(backend)
         drafter.prefill(ex.qa.question, ex.pixels)
         truth = list(ex.answer)
         rows = drafter.expand([truth[:p] for p in range(len(truth))], max(KS))
@@ -79,7 +79,7 @@ def tokens_per_step(backend: DraftBackend, examples: list[Example], trees: bool
     tokens = steps = 0
     speedup = []
     for ex in examples:
-        drafter = Drafter(backend)
+        drafter = DraftCache(backend)
         drafter.prefill(ex.qa.question, ex.pixels)
         out = replay(ANCHOR, drafter, ex.answer, trees=trees, eos=backend.eos_token_id,
                      vocab=backend.text_vocab_size)

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.stamp import write_result
-from eventspec.cloud.draft_forest import DraftForest
-from eventspec.cloud.tree_checks import TreeChecks
+from eventspec.cloud.speculation.draft_forest import DraftForest
+from eventspec.cloud.speculation.tree_checks import TreeChecks
 from eventspec.shared.contract.convert_verifier import drafts_from_pb, drafts_to_pb
 from eventspec.shared.contract.types import ROOT, DraftNode, DraftTail
 from eventspec.shared.pb.eventspec.v1 import verifier_pb2

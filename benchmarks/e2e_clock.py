@@ -32,7 +32,7 @@ from typing import Any
 
 from benchmarks.pipeline_sim import Setup, simulate
 from benchmarks.stamp import write_result
-from eventspec.edge.draft_tree import TreeShape
+from eventspec.edge.drafting.tree import TreeShape
 
 #: Edge flags the clock follows, and the Setup / TreeShape field each sets.
 SETUP_FLAGS = {"--oracle-coverage": "coverage", "--drafts-every": "drafts_every"}

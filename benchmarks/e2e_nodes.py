@@ -123,9 +123,14 @@ def write_random_adapter(edge_model: str, dst: tuple[int, int, int], out: Path,
     to time their transfer. Its features are not the clip's, so what the cloud answers
     from them is not what it answers from the frames; the phase measures bytes and time.
     """
-    from eventspec.edge.align import build_adapter_for, save_adapter
-    from eventspec.edge.draft import N_EVENT_FRAMES, EventGPTConfig, clip_config_of, image_size_of
+    from eventspec.edge.drafting.eventgpt import (
+        N_EVENT_FRAMES,
+        EventGPTConfig,
+        clip_config_of,
+        image_size_of,
+    )
     from eventspec.edge.model_dirs import TINY_RANDOM, draft_dir
+    from eventspec.edge.vision.align import build_adapter_for, save_adapter
 
     if edge_model == TINY_RANDOM:
         from eventspec.demoworld.tiny_draft import tiny_draft_config

@@ -39,12 +39,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.stamp import write_result
-from eventspec.cloud.decoding import DecodingSession
-from eventspec.cloud.tree_checks import TreeChecks
-from eventspec.edge.draft_tree import TreeShape
-from eventspec.edge.drafter import Drafter
-from eventspec.edge.oracle_draft import OracleDraftBackend, OracleSettings
-from eventspec.edge.session import EdgeSession, SendDrafts
+from eventspec.cloud.speculation.decoding import DecodingSession
+from eventspec.cloud.speculation.tree_checks import TreeChecks
+from eventspec.edge.ask.session import EdgeSession, SendDrafts
+from eventspec.edge.drafting.cache import DraftCache
+from eventspec.edge.drafting.oracle_backend import OracleDraftBackend, OracleSettings
+from eventspec.edge.drafting.tree import TreeShape
 from eventspec.shared.contract.timing import TimingPlan
 from eventspec.shared.contract.types import CommitEvent, DraftTail, GenerationSettings
 
@@ -102,12 +102,12 @@ def simulate(setup: Setup, seed: int) -> Outcome:
     question = f"q{seed}"
     backend = OracleDraftBackend(OracleSettings({question: answer}, setup.alpha, 0.0, 0.0,
                                                 seed, setup.coverage), VOCAB, EOS)
-    drafter = Drafter(backend)
+    drafter = DraftCache(backend)
     drafter.prefill(question, None)
     return replay(setup, drafter, answer, trees=drafter.expands_in_one_forward)
 
 
-def replay(setup: Setup, drafter: Drafter, answer: Sequence[int], *, trees: bool,
+def replay(setup: Setup, drafter: DraftCache, answer: Sequence[int], *, trees: bool,
            eos: int = EOS, vocab: int = VOCAB) -> Outcome:
     """``answer`` (the target's, EOS included where it ended) drafted by ``drafter``
     (already prefilled), as chains or trees, and verified on the clock. ``trees`` may be

@@ -2,7 +2,7 @@
 defaults: two slots of 4,096 positions, dense weights released after quantising) when
 ``bench_edge`` measured about 3.3 ms (one backend of 2,048 positions, weights kept).
 
-Times one draft token (the greedy step the edge's ``Drafter`` takes) for the full-size
+Times one draft token (the greedy step the edge's ``DraftCache`` takes) for the full-size
 drafter in int4 under each difference alone, CUDA graphs on, median of 30 after a
 warm-up, and writes ``probe-int4-defaults-<device>.json``.
 
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from benchmarks.stamp import write_result
-from eventspec.edge.static_draft import StaticDraftBackend, draft_backend_for
+from eventspec.edge.drafting.static_backend import StaticDraftBackend, draft_backend_for
 from eventspec.shared.node.static.quant import QuantMode
 from tests.support.fullsize import build_full_draft
 

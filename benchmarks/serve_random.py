@@ -95,9 +95,9 @@ def serve_edge(mine: argparse.Namespace, serve_args: Sequence[str]) -> int:
     """``eventspec-edge serve`` over the random drafter of ``--size`` (EventGPT-7B-shaped
     in bf16, or the tiny one in fp32) and a random feature adapter into the cloud's
     ``--video-geometry``, for the aligned path."""
-    from eventspec.edge.align import build_adapter_for
-    from eventspec.edge.draft import N_EVENT_FRAMES, clip_config_of, image_size_of
+    from eventspec.edge.drafting.eventgpt import N_EVENT_FRAMES, clip_config_of, image_size_of
     from eventspec.edge.server import EdgeServer
+    from eventspec.edge.vision.align import build_adapter_for
 
     args = edge_cli.build_parser().parse_args(["serve", *serve_args])
     settings: EdgeSettings = dataclasses.replace(edge_cli.settings_from_args(args),

@@ -186,7 +186,7 @@ def calibration_slots(engine: BatchedEngine, count: int, positions: int) -> Iter
     Why a context: with KV by length (the static engine's default layout) a slot id is a
     run's first position and a prefill fits only the run reserved there, so the sessions
     take back-to-back runs of ``positions``, reserved first, exactly as the scheduler's
-    pool hands them out (``eventspec.cloud.kv_arena``). With fixed slots they are slots
+    pool hands them out (``eventspec.cloud.scheduling.kv_arena``). With fixed slots they are slots
     ``0 .. count - 1``. Either way nothing is held once calibration ends, so the server
     starts with all its KV free."""
     arena = _arena_positions(engine)

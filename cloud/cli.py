@@ -5,12 +5,17 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from pathlib import Path
 
 from eventspec.cloud.config import ENV_PREFIX, CloudSettings
 from eventspec.cloud.model_dirs import TINY_RANDOM
 from eventspec.shared.helpfmt import DefaultsHelpFormatter
-from eventspec.shared.node.node_cli import add_serve_flags, checked, env_defaults, serve
+from eventspec.shared.node.node_cli import (
+    add_serve_flags,
+    builtin_model,
+    checked,
+    env_defaults,
+    serve,
+)
 from eventspec.shared.node.serving import NodeServer
 from eventspec.shared.node.settings_fields import settings_from_args as settings_from_flags
 from eventspec.shared.wire.flags import server_security_from_args
@@ -42,25 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = settings_from_args(args)
     return serve(PROG, args, log, settings, _server,
-                 scratch_model=_tiny_random_target if settings.model == TINY_RANDOM else None)
+                 scratch_model=(builtin_model(PROG, "cloud", TINY_RANDOM)
+                                if settings.model == TINY_RANDOM else None))
 
 
 def _server(settings: CloudSettings) -> NodeServer:
     from eventspec.cloud.server import VerifierServer
 
     return VerifierServer(settings)
-
-
-def _tiny_random_target(scratch: Path, seed: int) -> Path:
-    """``--model tiny-random``: the demo world writes its tiny random target into the
-    scratch directory, which the server loads like any other.
-
-    The cloud's only import of the demo world, here at the command's edge and lazy, so
-    the server itself knows nothing but model directories.
-    """
-    from eventspec.demoworld.tiny_target import TINY_TARGET_ID, save_tiny_random_target
-
-    return save_tiny_random_target(scratch / TINY_TARGET_ID, seed)
 
 
 if __name__ == "__main__":

@@ -7,19 +7,19 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eventspec.cloud.prefill_chunking import ChunkPolicy
-from eventspec.cloud.session_capacity import (
+from eventspec.cloud.requests.session_capacity import (
     AUTO_SESSIONS,
     CPU_AUTO_SESSIONS,
     GPU_SESSION_CEILING,
     parse_max_sessions,
 )
-from eventspec.cloud.sit_out import SitOut
-from eventspec.cloud.timeouts import (
+from eventspec.cloud.requests.timeouts import (
     FEATURES_BASE_TIMEOUT_S,
     FEATURES_MAX_TIMEOUT_S,
     FIRST_MESSAGE_TIMEOUT_S,
 )
+from eventspec.cloud.scheduling.prefill_chunking import ChunkPolicy
+from eventspec.cloud.speculation.sit_out import SitOut
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.contract.types import ServerLimits
 from eventspec.shared.node.node_cli import (
@@ -74,7 +74,8 @@ class CloudSettings:
     port: int = setting(50061, help="port, 1..65535; 0 picks a free one")
     device: str = setting("cpu", help="cpu, cuda or cuda:N")
     dtype: str = setting("float32", choices=MODEL_DTYPES, help="the model's weights")
-    #: ``limits.max_sessions`` 0 is ``--max-sessions auto`` (``eventspec.cloud.session_capacity``).
+    #: ``limits.max_sessions`` 0 is ``--max-sessions auto``
+    #: (``eventspec.cloud.requests.session_capacity``).
     limits: ServerLimits = nested(
         lambda: ServerLimits(max_sessions=AUTO_SESSIONS),
         max_sessions=Setting(
@@ -98,7 +99,7 @@ class CloudSettings:
                    "/ (max-seq-len x KV bytes per token) slots, at most --max-sessions "
                    "(default: --kv-memory-fraction of free GPU memory, or 2 GiB on CPU)")
     #: "by-length": each request takes KV for its own prompt plus its answer cap from one
-    #: arena (``eventspec.cloud.kv_arena``; the static engine); "slots": every request a
+    #: arena (``eventspec.cloud.scheduling.kv_arena``; the static engine); "slots": every request a
     #: slot of ``max_seq_len`` positions (the HF engine always).
     kv_layout: str = setting(
         "by-length", choices=KV_LAYOUTS,
@@ -130,13 +131,13 @@ class CloudSettings:
         help="auto: each step verifies, per session, the drafts that maximise the batch's "
              "expected tokens per ms under the cost model and the measured acceptance; "
              "all: every valid draft up to --max-verify-tokens")
-    #: SpecEdge's policy for a dry session in a loaded batch (``eventspec.cloud.sit_out``).
+    #: SpecEdge's policy for a dry session in a loaded batch (``cloud/speculation/sit_out.py``).
     sit_out: str = setting(
         "off", help="a speculating session with no drafts when a step starts, whose drafts "
                     "are on their way, sits that step out (at most one in a row) while at "
                     "least N sessions run: off, auto (N = 8) or N >= 2 (off: it did not pay "
                     "on the static engine at 16 sessions, docs/results/e2e-gpu.md)")
-    #: Chunked prefill, decode first (``eventspec.cloud.prefill_chunking``). 512: on an
+    #: Chunked prefill, decode first (``eventspec.cloud.scheduling.prefill_chunking``). 512: on an
     #: H100, 512-token chunks riding graphed mixed steps kept ITL p99 under 50 ms up to 8
     #: requests/s, where whole prompts missed it at every rate
     #: (``load-h100-graphed-capacity.json``).
@@ -147,7 +148,8 @@ class CloudSettings:
                     "a GPU a number gets CUDA graphs of the step with its chunks (auto runs "
                     "them eagerly); with --batch-invariant the chunks run in calls of their "
                     "own, and off is faster")
-    #: Saved prompt prefixes (``eventspec.cloud.prefix_cache``); taken out of the KV budget.
+    #: Saved prompt prefixes (``eventspec.cloud.scheduling.prefix_cache``); taken out of the KV
+    #: budget.
     prefix_cache_gb: float = setting(
         0.0, help="GiB of device memory for saved prompt prefixes, taken out of the KV "
                   "budget: a question about a clip already asked about skips the video "
@@ -163,12 +165,12 @@ class CloudSettings:
                     "who else is in the batch, so speculative equals target-only at any load "
                     "(static engine; on CUDA, batch-invariant Triton kernels with CUDA graphs)")
     #: The engine thread gives up the GIL at every torch call and waits up to this long to
-    #: get it back from the gRPC event loop (``eventspec.cloud.engine_loop``).
+    #: get it back from the gRPC event loop (``eventspec.cloud.scheduling.engine_loop``).
     gil_switch_interval_ms: float = setting(
         0.1, help="the interpreter's thread switch interval while serving (0: Python's 5 ms); "
                   "the engine thread waits up to this long for the GIL after each torch call "
                   "while gRPC work holds it")
-    #: ``eventspec.cloud.gc_freeze``.
+    #: ``eventspec.cloud.process.gc_freeze``.
     gc_freeze: bool = setting(
         True, on_off=True,
         help="once warm, freeze the garbage collector's view of the heap (gc.freeze), so its "
@@ -197,7 +199,7 @@ class CloudSettings:
     session_ttl_s: float = setting(
         600.0, help="a session older than this is released (a leak guard; longer than any "
                     "request should take)")
-    #: ``eventspec.cloud.timeouts`` (and ``features_timeout_s`` for the next two).
+    #: ``eventspec.cloud.requests.timeouts`` (and ``features_timeout_s`` for the next two).
     first_message_timeout_s: float = setting(
         FIRST_MESSAGE_TIMEOUT_S,
         help="a Generate call that sends no Open this long after it starts ends with "
@@ -237,7 +239,7 @@ class CloudSettings:
         return settings_from_env(CloudSettings, ENV_PREFIX)
 
     def sit_out_policy(self) -> SitOut:
-        """``--sit-out`` as the scheduler's policy (``eventspec.cloud.sit_out``)."""
+        """``--sit-out`` as the scheduler's policy (``eventspec.cloud.speculation.sit_out``)."""
         return SitOut.parse(self.sit_out)
 
     def check(self) -> None:

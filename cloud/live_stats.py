@@ -7,9 +7,9 @@ attribute reads and nothing is recorded for it.
 
 from __future__ import annotations
 
-from eventspec.cloud.prefill_chunking import ChunkPolicy
-from eventspec.cloud.prefix_cache import PrefixCache
 from eventspec.cloud.runtime import VerifierRuntime
+from eventspec.cloud.scheduling.prefill_chunking import ChunkPolicy
+from eventspec.cloud.scheduling.prefix_cache import PrefixCache
 from eventspec.shared.contract.types import VerifierStats
 
 #: Principals listed in ``sessions_by_principal`` (the busiest first).

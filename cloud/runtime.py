@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from eventspec.cloud.config import CloudSettings
 from eventspec.cloud.engine.base import BatchedEngine
-from eventspec.cloud.kv_queue import KvWaitQueue
-from eventspec.cloud.scheduler import Scheduler
-from eventspec.cloud.session_capacity import SessionCapacity
-from eventspec.cloud.sessions import SessionRegistry
+from eventspec.cloud.requests.kv_queue import KvWaitQueue
+from eventspec.cloud.requests.session_capacity import SessionCapacity
+from eventspec.cloud.requests.sessions import SessionRegistry
+from eventspec.cloud.scheduling.scheduler import Scheduler
 from eventspec.cloud.target import TargetModel
 from eventspec.shared.contract.estimators import AcceptanceEstimator
 from eventspec.shared.contract.planning import facts_from_open, request_plan

@@ -14,7 +14,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from eventspec.cloud import gc_freeze
 from eventspec.cloud.calibrate import Progress, load_or_calibrate, no_progress
 from eventspec.cloud.config import CloudSettings
 from eventspec.cloud.engine.base import BatchedEngine, ChunkedPrefillEngine, KvByLengthEngine
@@ -23,15 +22,10 @@ from eventspec.cloud.engine.kv import GIB, auto_max_seq_len, kv_bytes_per_token,
 from eventspec.cloud.engine.paced import PacedEngine
 from eventspec.cloud.engine.static.build import SCRATCH_SLOTS, build_static_engine
 from eventspec.cloud.engine.static.weights import static_unsupported_reason
-from eventspec.cloud.kv_queue import KvWaitQueue
 from eventspec.cloud.model_dirs import model_dir
-from eventspec.cloud.prefill_chunking import ChunkPolicy, graphed_piece_rows
-from eventspec.cloud.prefix_cache import PrefixCache
-from eventspec.cloud.runtime import VerifierRuntime, server_info_for
-from eventspec.cloud.scheduler import Scheduler
-from eventspec.cloud.scheduler_stats import StepObserver
-from eventspec.cloud.servicer import VerifierServicer
-from eventspec.cloud.session_capacity import (
+from eventspec.cloud.process import gc_freeze
+from eventspec.cloud.requests.kv_queue import KvWaitQueue
+from eventspec.cloud.requests.session_capacity import (
     AUTO_SESSIONS,
     CPU_AUTO_SESSIONS,
     GPU_SESSION_CEILING,
@@ -39,7 +33,13 @@ from eventspec.cloud.session_capacity import (
     auto_kv_sessions,
     session_capacity,
 )
-from eventspec.cloud.sessions import SessionRegistry
+from eventspec.cloud.requests.sessions import SessionRegistry
+from eventspec.cloud.runtime import VerifierRuntime, server_info_for
+from eventspec.cloud.scheduling.prefill_chunking import ChunkPolicy, graphed_piece_rows
+from eventspec.cloud.scheduling.prefix_cache import PrefixCache
+from eventspec.cloud.scheduling.scheduler import Scheduler
+from eventspec.cloud.scheduling.stats import StepObserver
+from eventspec.cloud.servicer import VerifierServicer
 from eventspec.cloud.target import TargetModel, load_target
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.contract.estimators import AcceptanceEstimator
@@ -124,7 +124,7 @@ def default_request_positions(settings: CloudSettings, target: TargetModel,
 def build_engine(settings: CloudSettings, target: TargetModel) -> BatchedEngine:
     """The chosen engine with KV slots reserved from the memory budget (logged).
 
-    ``--max-sessions auto`` (:mod:`eventspec.cloud.session_capacity`): on a GPU, as many
+    ``--max-sessions auto`` (:mod:`eventspec.cloud.requests.session_capacity`): on a GPU, as many
     sessions as the KV holds at the default answer cap (at most the widest captured step);
     on a CPU, ``CPU_AUTO_SESSIONS``."""
     kind = choose_engine(settings.engine, target, settings.batch_invariant)

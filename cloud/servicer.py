@@ -1,8 +1,10 @@
-"""The Verifier gRPC servicer: thin. Parses, delegates to ``eventspec.cloud.generation``, converts.
+"""The Verifier gRPC servicer: thin. Parses, delegates to ``eventspec.cloud.requests.generation``,
+converts.
 
 Errors are raised as ``eventspec.shared.contract.errors`` exceptions and mapped to statuses by
 ``eventspec.shared.wire.interceptors.ErrorMappingInterceptor``. Every request, however it ends,
-leaves one log line (``eventspec.cloud.request_log``, written by ``eventspec.cloud.generation``).
+leaves one log line (``eventspec.cloud.requests.log``, written by
+``eventspec.cloud.requests.generation``).
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from eventspec.cloud.generation import ByteCounter, run_generate
 from eventspec.cloud.live_stats import live_stats
+from eventspec.cloud.requests.generation import ByteCounter, run_generate
 from eventspec.cloud.runtime import VerifierRuntime
 from eventspec.shared.contract import convert_verifier
 from eventspec.shared.contract.convert_verifier import EdgeInbound

@@ -26,7 +26,7 @@ from typing import Final
 
 import torch
 
-from eventspec.edge.drafter import DraftBackend, Drafter
+from eventspec.edge.drafting.cache import DraftBackend, DraftCache
 from eventspec.shared.contract.errors import EventSpecError
 from eventspec.shared.contract.profile import CalibrationProfile, load_profile, save_profile
 from eventspec.shared.contract.timing import MIN_MS, EdgeCost
@@ -70,7 +70,7 @@ def measure_drafting(
         vision(pixels)
         sync()
         samples["vision_ms"].append((time.perf_counter() - t0) * 1e3)
-        drafter = Drafter(backend)
+        drafter = DraftCache(backend)
         drafter.prefill(_QUESTION, pixels)
         seq: list[int] = []
         while len(seq) < ROUND_TOKENS and (not seq or seq[-1] != eos_token_id):

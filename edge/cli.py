@@ -13,6 +13,7 @@ from eventspec.edge.model_dirs import TINY_RANDOM, TOY
 from eventspec.shared.helpfmt import DefaultsHelpFormatter
 from eventspec.shared.node.node_cli import (
     add_serve_flags,
+    builtin_model,
     checked,
     env_defaults,
     refuse,
@@ -68,7 +69,7 @@ def add_export_onnx_parser(sub: Any) -> None:
 
 def add_train_adapter_parser(sub: Any) -> None:
     """``train-adapter``: a token adapter or draft head from a ``--commit-log`` directory."""
-    from eventspec.edge.head_training import HeadTraining
+    from eventspec.edge.learning.train_settings import HeadTraining
 
     d = HeadTraining()
     tr = sub.add_parser(
@@ -94,8 +95,8 @@ def train_adapter_command(args: argparse.Namespace) -> int:
     """``train-adapter``: train, write the directory, print its metrics as JSON."""
     import json
 
-    from eventspec.edge.head_training import HeadTraining
-    from eventspec.edge.train_heads import train_from_log
+    from eventspec.edge.learning.train import train_from_log
+    from eventspec.edge.learning.train_settings import HeadTraining
     from eventspec.shared.contract.errors import EventSpecError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
@@ -128,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = settings_from_args(args)
     _check_source(settings)
     return serve(PROG, args, log, settings, _server,
-                 scratch_model=_tiny_random_draft if settings.model == TINY_RANDOM else None)
+                 scratch_model=(builtin_model(PROG, "edge", TINY_RANDOM)
+                                if settings.model == TINY_RANDOM else None))
 
 
 def _check_source(settings: EdgeSettings) -> None:
@@ -154,7 +156,7 @@ def export_onnx_command(args: argparse.Namespace) -> int:
     from eventspec.shared.contract.errors import EventSpecError
 
     try:
-        from eventspec.edge.onnx_export import export_onnx
+        from eventspec.edge.vision.onnx_export import export_onnx
     except ImportError as exc:
         refuse(PROG, f"export-onnx needs onnx and ONNX Runtime ({exc}): install "
                      "eventspec[edge-onnx] (CPU) or eventspec[edge-gpu] (CUDA)")
@@ -180,18 +182,6 @@ def _server(settings: EdgeSettings) -> NodeServer:
     from eventspec.edge.server import EdgeServer
 
     return EdgeServer(settings)
-
-
-def _tiny_random_draft(scratch: Path, seed: int) -> Path:
-    """``--model tiny-random``: the demo world writes its tiny random draft into the
-    scratch directory, which the server loads like any other.
-
-    The edge's only import of the demo world, here at the command's edge and lazy, so
-    the server itself knows nothing but model directories.
-    """
-    from eventspec.demoworld.tiny_draft import TINY_DRAFT_ID, save_tiny_random_draft
-
-    return save_tiny_random_draft(scratch / f"{TINY_DRAFT_ID}-{seed}", seed)
 
 
 if __name__ == "__main__":

@@ -29,12 +29,12 @@ ENV_PREFIX = "EVENTSPEC_EDGE_"
 #: ``--speculation`` modes.
 SPECULATION_MODES = ("auto", "always")
 #: ``--draft-engine`` choices: the static-KV runtime, the HF reference, static on CUDA,
-#: or the oracle (benchmarks only: ``eventspec.edge.oracle_draft``).
+#: or the oracle (benchmarks only: ``eventspec.edge.drafting.oracle_backend``).
 DRAFT_ENGINES = ("auto", "static", "hf", "oracle")
 #: ``--draft-quant`` choices: the drafter's decoder weights in the model dtype, int8
 #: (per channel) or int4 (grouped, 128 at 7B).
 DRAFT_QUANTS = ("none", "int8", "int4")
-#: ``--vision-backend`` choices (eventspec.edge.vision_backend).
+#: ``--vision-backend`` choices (eventspec.edge.vision.backend).
 VISION_BACKENDS = ("torch", "onnx")
 #: ``--seed`` spans what ``torch.manual_seed`` takes.
 SEED_MAX = 2**64 - 1
@@ -174,7 +174,7 @@ class EdgeSettings:
     oracle_coverage: float = setting(
         0.0, help="benchmarks only: the oracle drafts trees; where its top-1 is wrong the "
                   "true token is among its other top-k with this probability q (0: chains)")
-    #: ``eventspec.edge.headed_draft``: drafted instead of the drafter's own argmax.
+    #: ``eventspec.edge.drafting.headed_backend``: drafted instead of the drafter's own argmax.
     draft_head: Path | None = setting(
         None, help="a token adapter or draft head directory (eventspec-edge train-adapter): "
                    "drafts its argmax, the target's predicted next token, from the HF "

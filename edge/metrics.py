@@ -28,8 +28,8 @@ from eventspec.shared.contract.types import AskEvent, CommittedEvent, FinalEvent
 from eventspec.shared.node.metrics import LATENCY_BUCKETS, PREFIX, STEP_BUCKETS, BoundedLabels
 
 if TYPE_CHECKING:
-    from eventspec.edge.drafter import Drafter
-    from eventspec.edge.session import EdgeCounters
+    from eventspec.edge.ask.session import EdgeCounters
+    from eventspec.edge.drafting.cache import DraftCache
 
 #: Distinct plan reasons kept as label values (the rest: "other").
 MAX_REASONS = 16
@@ -144,7 +144,7 @@ class EdgeMetrics:
         """A probe for one Ask."""
         return AskProbe(self, mode_label(mode))
 
-    def on_drafting(self, counters: EdgeCounters, drafter: Drafter) -> None:
+    def on_drafting(self, counters: EdgeCounters, drafter: DraftCache) -> None:
         """A cloud request ended: what the edge drafted for it (the agent calls this)."""
         self.draft_tokens.inc(counters.drafted)
         self.drafts_sent.inc(counters.tails_sent)

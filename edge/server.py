@@ -15,31 +15,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eventspec.edge.agent import EdgeAgent
-from eventspec.edge.align import load_adapter
-from eventspec.edge.cloud_link import CloudLink
-from eventspec.edge.commit_recorder import CommitRecorder
+from eventspec.edge.ask.agent import EdgeAgent
 from eventspec.edge.config import EdgeSettings
-from eventspec.edge.draft import DraftModel
-from eventspec.edge.draft_checkpoint import load_draft
-from eventspec.edge.draft_tree import TreeShape
-from eventspec.edge.drafter import DraftBackend
-from eventspec.edge.events.base import EventSource
-from eventspec.edge.events.limits import SourceLimits
-from eventspec.edge.events.sources import open_source
-from eventspec.edge.headed_draft import HeadedDraftBackend
-from eventspec.edge.model_dirs import TOY, TOY_MISALIGNED, adapter_dir, draft_dir
-from eventspec.edge.oracle_draft import (
+from eventspec.edge.drafting.cache import DraftBackend
+from eventspec.edge.drafting.checkpoint import load_draft
+from eventspec.edge.drafting.eventgpt import DraftModel
+from eventspec.edge.drafting.headed_backend import HeadedDraftBackend
+from eventspec.edge.drafting.oracle_backend import (
     OracleDraftBackend,
     OracleSettings,
     load_answers,
     oracle_backend,
 )
+from eventspec.edge.drafting.static_backend import draft_backend_for, draft_engine_name
+from eventspec.edge.drafting.tree import TreeShape
+from eventspec.edge.events.base import EventSource
+from eventspec.edge.events.limits import SourceLimits
+from eventspec.edge.events.sources import open_source
+from eventspec.edge.learning.commit_recorder import CommitRecorder
+from eventspec.edge.learning.token_heads import load_head
+from eventspec.edge.model_dirs import TOY, TOY_MISALIGNED, adapter_dir, draft_dir
 from eventspec.edge.readiness import CloudState, CloudView, Readiness
 from eventspec.edge.servicer import EdgeAgentServicer
-from eventspec.edge.static_draft import draft_backend_for, draft_engine_name
-from eventspec.edge.token_heads import load_head
-from eventspec.edge.vision_backend import Aligner
+from eventspec.edge.uplink.channel import CloudLink
+from eventspec.edge.vision.align import load_adapter
+from eventspec.edge.vision.backend import Aligner
 from eventspec.shared.contract.errors import (
     ErrorCode,
     EventSpecError,
@@ -287,7 +287,7 @@ class EdgeServer:
         The export is checked against the directories loaded, and refused when stale.
         """
         try:
-            from eventspec.edge.onnx_vision import load_onnx_vision
+            from eventspec.edge.vision.onnx_backend import load_onnx_vision
         except ImportError as exc:
             raise FailedPrecondition(
                 f"--vision-backend onnx needs ONNX Runtime ({exc}): install "

@@ -1,4 +1,5 @@
-"""The EdgeAgent gRPC servicer: thin. Parses, delegates to ``eventspec.edge.agent``, converts."""
+"""The EdgeAgent gRPC servicer: thin. Parses, delegates to ``eventspec.edge.ask.agent``,
+converts."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from eventspec.edge.agent import EdgeAgent
+from eventspec.edge.ask.agent import EdgeAgent
 from eventspec.edge.events.base import SourceMeta
 from eventspec.edge.events.live import LiveSource
 from eventspec.edge.events.live_sources import StreamHealth

@@ -49,14 +49,14 @@ OVER_LIMIT = {
     # the domain types both nodes and every client share
     "shared/contract/types.py": 454,
     # EventGPT's model classes on stock transformers
-    "edge/draft.py": 451,
+    "edge/drafting/eventgpt.py": 451,
     # the edge process: source, draft model, cloud link and server
     "edge/server.py": 423,
     # the verifier process: server lifecycle, warm-up, health, shutdown
     "cloud/server.py": 404,
 }
 # Left the list when they were split (issue 37): shared/node/static/runtime.py (609),
-# cloud/scheduler.py (441).
+# cloud/scheduler.py (441; now cloud/scheduling/scheduler.py).
 #: Generated code, outside the listing and the size rule.
 GENERATED = ("shared/pb",)
 #: What a package without a docstring is.

@@ -41,7 +41,7 @@ class PrefillRequest:
     input_ids: Sequence[int]  # the whole prompt, <video> placeholders included
     pixel_values_videos: torch.Tensor | None = None  # [1, F, 3, S, S]
     video_features: torch.Tensor | None = None  # [F, T, D], the tower's selected layer
-    #: The visual input's content hash (``eventspec.cloud.prefix_cache.visual_key``),
+    #: The visual input's content hash (``eventspec.cloud.scheduling.prefix_cache.visual_key``),
     #: computed off the engine thread; None: the prefix cache hashes the tensor itself.
     visual_key: str | None = None
     #: Encoded frames not preprocessed yet: the request expected its clip's prefix in
@@ -117,7 +117,7 @@ class ChunkedPrefillEngine(Protocol):
 
 @runtime_checkable
 class KvByLengthEngine(Protocol):
-    """An engine whose KV is one arena of positions (``eventspec.cloud.kv_arena``): a
+    """An engine whose KV is one arena of positions (``eventspec.cloud.scheduling.kv_arena``): a
     slot id is a run's first position, and a session's run is reserved before use."""
 
     kv_positions: int | None  # the arena's positions; None: fixed slots after all

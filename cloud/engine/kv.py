@@ -47,7 +47,7 @@ class KVPlan:
     budget_bytes: int
     source: str  # where the budget came from, for the start-up log
     scratch_slots: int = 0
-    #: KV by length (``eventspec.cloud.kv_arena``): positions of the arena requests take
+    #: KV by length (``eventspec.cloud.scheduling.kv_arena``): positions of the arena requests take
     #: their runs from; ``num_slots`` is then the most sessions at once. 0: fixed slots.
     arena_positions: int = 0
 

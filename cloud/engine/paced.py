@@ -49,7 +49,7 @@ class PacedEngine:
         self.device: torch.device = inner.device
         self.num_slots = inner.num_slots
         self.max_seq_len = inner.max_seq_len
-        #: KV by length passes through (``eventspec.cloud.kv_arena``).
+        #: KV by length passes through (``eventspec.cloud.scheduling.kv_arena``).
         self.kv_positions: int | None = getattr(inner, "kv_positions", None)
 
     @staticmethod

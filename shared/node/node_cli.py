@@ -20,11 +20,13 @@ import argparse
 import contextlib
 import dataclasses
 import errno
+import importlib.metadata
 import logging
 import math
 import socket
 import sys
 import tempfile
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, NoReturn, Protocol, TypeVar
@@ -202,6 +204,49 @@ def require_fraction(flag: str, value: float, *, zero_ok: bool) -> None:
 
 
 # -- serve ----------------------------------------------------------------------------
+
+#: The entry-point group of the built-in models (``--model tiny-random``): the demo world
+#: registers them (``pyproject.toml``), so no node imports it.
+BUILTIN_MODELS = "eventspec.builtin_models"
+
+
+#: The checkout's own ``pyproject.toml``, where this module runs from a source tree.
+SOURCE_PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+
+
+def find_entry_point(group: str, name: str) -> importlib.metadata.EntryPoint | None:
+    """The installed entry point, else the same one read from the checkout's
+    ``pyproject.toml``: a source tree run from ``PYTHONPATH`` without installing (the GPU
+    machine's ``make test-gpu`` / ``make gpu-gate`` and benchmarks) has no metadata, and
+    the table stays declared once either way."""
+    found = importlib.metadata.entry_points(group=group, name=name)
+    if found:
+        return next(iter(found))
+    try:
+        table = tomllib.loads(SOURCE_PYPROJECT.read_text())["project"]["entry-points"][group]
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return None
+    value = table.get(name)
+    return importlib.metadata.EntryPoint(name, value, group) if isinstance(value, str) else None
+
+
+def builtin_model(prog: str, node: str, name: str) -> Callable[[Path, int], Path]:
+    """The ``eventspec.builtin_models`` entry point ``<node>.<name>``: a function that
+    writes the model into a scratch directory for a seed and returns its path (``serve``'s
+    ``scratch_model``). Found now, loaded only when called, so the port checks still come
+    before torch is imported; missing, it is one line and exit 2."""
+    key = f"{node}.{name}"
+    entry_point = find_entry_point(BUILTIN_MODELS, key)
+    if entry_point is None:
+        refuse(prog, f"--model {name}: not installed (no {BUILTIN_MODELS!r} entry point "
+                     f"{key!r}; reinstall eventspec)")
+
+    def write(scratch: Path, seed: int) -> Path:
+        made: Path = entry_point.load()(scratch, seed)
+        return made
+
+    return write
+
 
 def serve(prog: str, args: argparse.Namespace, log: logging.Logger, settings: S,
           server: Callable[[S], NodeServer], *,

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from eventspec.cloud.device_timer import DeviceTimer
+from eventspec.cloud.scheduling.device_timer import DeviceTimer
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from eventspec.edge.align import load_adapter
-from eventspec.edge.draft_checkpoint import load_draft
-from eventspec.edge.drafter import Drafter
+from eventspec.edge.drafting.cache import DraftCache
+from eventspec.edge.drafting.checkpoint import load_draft
 from eventspec.edge.model_dirs import TOY_ADAPTER_DIR, TOY_DRAFT_DIR
-from eventspec.edge.onnx_vision import CUDA_EP, load_onnx_vision
+from eventspec.edge.vision.align import load_adapter
+from eventspec.edge.vision.onnx_backend import CUDA_EP, load_onnx_vision
 from tests.support.gpu_compare import Record
 from tests.support.onnx_vision import toy_onnx_export, toy_pixels
 
@@ -69,7 +69,7 @@ def test_cuda_fp16_features_match_torch(export: Path, record_property: Record) -
             worst[name] = max(worst[name], rel)
         drafts = []
         for model in (ref, draft):
-            drafter = Drafter(model)
+            drafter = DraftCache(model)
             drafter.prefill(QUESTION, pixels)
             seq: list[int] = []
             while len(seq) < 10 and (not seq or seq[-1] != model.eos_token_id):

@@ -15,11 +15,15 @@ import random
 import pytest
 import torch
 
-from eventspec.edge.draft import DraftModel
-from eventspec.edge.draft_checkpoint import load_draft
-from eventspec.edge.drafter import Drafter, draft_many
+from eventspec.edge.drafting.cache import DraftCache, draft_many
+from eventspec.edge.drafting.checkpoint import load_draft
+from eventspec.edge.drafting.eventgpt import DraftModel
+from eventspec.edge.drafting.static_backend import (
+    StaticDraftBackend,
+    draft_backend_for,
+    draft_engine_name,
+)
 from eventspec.edge.model_dirs import TOY_DRAFT_DIR
-from eventspec.edge.static_draft import StaticDraftBackend, draft_backend_for, draft_engine_name
 from tests.support.gpu_compare import Record, recorded
 
 pytestmark = [pytest.mark.gpu,
@@ -50,7 +54,7 @@ def test_graph_drafts_equal_hf_drafts_through_rollbacks(
     rng = random.Random(seed)
     s = draft.image_size
     pixels = torch.randn(5, 3, s, s, generator=torch.Generator().manual_seed(seed))
-    ref, fast = Drafter(draft), Drafter(backend)
+    ref, fast = DraftCache(draft), DraftCache(backend)
     ref.prefill(QUESTION, pixels)
     fast.prefill(QUESTION, pixels)
     committed: list[int] = []
@@ -86,7 +90,7 @@ def test_two_sessions_in_one_graphed_forward_draft_what_each_drafts_alone(
     refs, fasts, contexts = [], [], []
     for i in range(2):
         pixels = torch.randn(5, 3, s, s, generator=torch.Generator().manual_seed(40 + i))
-        ref, fast = Drafter(draft), Drafter(backend)
+        ref, fast = DraftCache(draft), DraftCache(backend)
         ref.prefill(QUESTION, pixels)
         fast.prefill(QUESTION, pixels)
         refs.append(ref)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eventspec.edge.draft_checkpoint import load_draft
-from eventspec.edge.drafter import Drafter
+from eventspec.edge.drafting.cache import DraftCache
+from eventspec.edge.drafting.checkpoint import load_draft
+from eventspec.edge.drafting.static_backend import StaticDraftBackend
 from eventspec.edge.model_dirs import TOY_DRAFT_DIR
-from eventspec.edge.static_draft import StaticDraftBackend
 from eventspec.shared.node.static.quant import (
     QuantMode,
     linear,
@@ -66,7 +66,7 @@ def test_graph_drafts_equal_eager_drafts_with_quantised_weights(
                              generator=torch.Generator().manual_seed(0))
         backend = StaticDraftBackend(draft, quant=QuantMode.parse(mode), use_graphs=graphs)
         backend.warm_up()
-        drafter = Drafter(backend)
+        drafter = DraftCache(backend)
         drafter.prefill("Which way is the object moving?", pixels)
         seq: list[int] = []
         for _ in range(12):

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from benchmarks import bench_e2e
-from eventspec.edge.oracle_draft import BENCHMARKS_ONLY
+from eventspec.edge.drafting.oracle_backend import BENCHMARKS_ONLY
 
 
 def test_the_rehearsal_writes_identical_answers_and_the_oracle_label(tmp_path: Path) -> None:

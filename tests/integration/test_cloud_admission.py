@@ -63,7 +63,7 @@ def _open(question: str = Q, *, request_id: str = "req-1", frames: Sequence[byte
 
 
 def _lines(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "eventspec.cloud.request_log"]
+    return [r.getMessage() for r in caplog.records if r.name == "eventspec.cloud.requests.log"]
 
 
 @pytest.fixture
@@ -142,7 +142,7 @@ async def test_one_principal_cannot_take_every_slot(
         stub = verifier_pb2_grpc.VerifierStub(channel)
         a1, a2 = await _hold(stub, TOKEN_A), await _hold(stub, TOKEN_A)
         third = stub.Generate(timeout=10, metadata=(("authorization", f"Bearer {TOKEN_A}"),))
-        with caplog.at_level(logging.INFO, logger="eventspec.cloud.request_log"):
+        with caplog.at_level(logging.INFO, logger="eventspec.cloud.requests.log"):
             await third.write(_open(aligned=True, request_id="a-third"))
             with pytest.raises(aio.AioRpcError) as err:
                 await third.read()
@@ -203,7 +203,7 @@ async def test_oversized_or_elongated_frames_are_refused_naming_the_frame(
 ) -> None:
     frames = list(h.make_frames(1003))
     frames[3] = _flat_png(*size)  # a few KB of PNG, megapixels once decoded
-    with caplog.at_level(logging.INFO, logger="eventspec.cloud.request_log"):
+    with caplog.at_level(logging.INFO, logger="eventspec.cloud.requests.log"):
         failure = await h.expect_failure(plain.port, [_open(frames=frames)])
     assert failure.code == grpc.StatusCode.INVALID_ARGUMENT
     assert failure.details.startswith("frame 3: "), failure.details

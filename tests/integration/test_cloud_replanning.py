@@ -8,7 +8,7 @@ import pytest
 
 from eventspec.cloud.engine.hf import HFEngine
 from eventspec.cloud.engine.paced import PacedEngine
-from eventspec.cloud.replanning import EVERY_TOKENS, Replanner
+from eventspec.cloud.requests.replanning import EVERY_TOKENS, Replanner
 from eventspec.cloud.server import VerifierServer
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_target import build_tiny_random_target

@@ -14,9 +14,9 @@ import pytest
 from eventspec.cloud.engine.hf import HFEngine
 from eventspec.cloud.engine.paced import PacedEngine
 from eventspec.cloud.server import VerifierServer
-from eventspec.edge.commit_log import read_log
 from eventspec.edge.config import EdgeSettings
 from eventspec.edge.events.toy import ToySource
+from eventspec.edge.learning.commit_log import read_log
 from eventspec.edge.model_dirs import (
     TOY_DRAFT_HEAD_DIR,
     TOY_MISALIGNED,

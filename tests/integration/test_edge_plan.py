@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from eventspec.cloud.runtime import VerifierRuntime
-from eventspec.edge.session import EdgeSession
+from eventspec.edge.ask.session import EdgeSession
 from eventspec.shared.client.edge_client import EdgeClient
 from eventspec.shared.contract.estimators import ThroughputEstimator
 from eventspec.shared.contract.timing import PlanInputs, TimingPlan

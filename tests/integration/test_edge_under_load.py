@@ -20,7 +20,7 @@ from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from eventspec.cloud.server import VerifierServer
-from eventspec.edge.cloud_link import CloudLink
+from eventspec.edge.uplink.channel import CloudLink
 from eventspec.shared.client.edge_client import AskError, EdgeClient
 from eventspec.shared.contract import convert_verifier
 from eventspec.shared.contract.errors import ResourceExhausted

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from eventspec.edge.config import EdgeSettings
+from eventspec.edge.drafting.static_backend import draft_engine_name
 from eventspec.edge.events.sources import NpzSource, open_source
 from eventspec.edge.server import EdgeServer
-from eventspec.edge.static_draft import draft_engine_name
 from eventspec.shared.client.edge_client import AskError
 from eventspec.shared.contract.types import (
     FeatureMode,

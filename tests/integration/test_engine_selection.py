@@ -15,7 +15,7 @@ from eventspec.cloud.config import CloudSettings
 from eventspec.cloud.engine.hf import HFEngine
 from eventspec.cloud.engine.static.build import kv_bytes_per_slot
 from eventspec.cloud.engine.static.engine import StaticEngine
-from eventspec.cloud.scheduler import Scheduler
+from eventspec.cloud.scheduling.scheduler import Scheduler
 from eventspec.cloud.server import VerifierServer, build_engine, choose_engine
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_target import build_tiny_random_target

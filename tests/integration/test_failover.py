@@ -19,9 +19,9 @@ import pytest
 from eventspec.cloud.engine.hf import HFEngine
 from eventspec.cloud.engine.paced import PacedEngine
 from eventspec.cloud.server import VerifierServer
-from eventspec.edge.cloud_link import CloudLink
-from eventspec.edge.cloud_replicas import cloud_target
-from eventspec.edge.failover import with_failover
+from eventspec.edge.uplink.channel import CloudLink
+from eventspec.edge.uplink.failover import with_failover
+from eventspec.edge.uplink.replicas import cloud_target
 from eventspec.shared.client.launch import entry_point_command
 from eventspec.shared.contract.errors import Unavailable
 from eventspec.shared.contract.timing import TimingPlan

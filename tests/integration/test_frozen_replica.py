@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from eventspec.edge.cloud_link import CloudLink
+from eventspec.edge.uplink.channel import CloudLink
 from eventspec.shared.client.edge_client import EdgeClient
 from eventspec.shared.contract.errors import DeadlineExceeded
 from eventspec.shared.contract.types import AskSpec, GenerationSettings, Mode

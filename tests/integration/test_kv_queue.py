@@ -13,7 +13,7 @@ import pytest
 import pytest_asyncio
 from grpc import aio
 
-from eventspec.cloud.kv_queue import KvWaitQueue
+from eventspec.cloud.requests.kv_queue import KvWaitQueue
 from eventspec.cloud.server import VerifierServer
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_target import build_tiny_random_target

@@ -60,7 +60,7 @@ async def test_onnx_needs_an_export_dir_and_refuses_a_stale_one(tmp_path: Path) 
         await EdgeServer(EdgeSettings(port=0, vision_backend="onnx")).start()
     # An export of the toy draft without its adapter: the toy edge loads the adapter.
     from eventspec.edge.model_dirs import TOY_DRAFT_DIR
-    from eventspec.edge.onnx_export import export_onnx
+    from eventspec.edge.vision.onnx_export import export_onnx
 
     bare = tmp_path / "bare"
     export_onnx(TOY_DRAFT_DIR, None, bare)

@@ -16,8 +16,8 @@ from eventspec.cloud.engine.hf import HFEngine
 from eventspec.cloud.engine.paced import PacedEngine
 from eventspec.cloud.server import VerifierServer
 from eventspec.edge.config import EdgeSettings
+from eventspec.edge.drafting.oracle_backend import BENCHMARKS_ONLY
 from eventspec.edge.events.toy import ToySource
-from eventspec.edge.oracle_draft import BENCHMARKS_ONLY
 from eventspec.edge.server import EdgeServer
 from eventspec.shared.client.edge_client import EdgeClient
 from eventspec.shared.contract.types import FinalEvent, Mode

@@ -18,9 +18,9 @@ from dataclasses import replace
 
 import pytest
 
-from eventspec.edge.cloud_link import CloudLink
 from eventspec.edge.config import EdgeSettings
 from eventspec.edge.server import EdgeServer
+from eventspec.edge.uplink.channel import CloudLink
 from tests.support.edge_harness import shared_models
 from tests.support.ports import refusing_port
 

@@ -19,12 +19,12 @@ import pytest
 import torch
 
 from eventspec.demoworld.train.commits import top1_matches, toy_examples, write_toy_log
-from eventspec.edge.draft_checkpoint import load_draft
-from eventspec.edge.head_training import HeadTraining
-from eventspec.edge.headed_draft import HeadedDraftBackend
+from eventspec.edge.drafting.checkpoint import load_draft
+from eventspec.edge.drafting.headed_backend import HeadedDraftBackend
+from eventspec.edge.learning.token_heads import load_head
+from eventspec.edge.learning.train import train_from_log
+from eventspec.edge.learning.train_settings import HeadTraining
 from eventspec.edge.model_dirs import TOY_MISALIGNED_DIR
-from eventspec.edge.token_heads import load_head
-from eventspec.edge.train_heads import train_from_log
 from tests.support.edge_harness import toy_target
 
 HELD_OUT = range(2_004_000, 2_004_012)

@@ -15,9 +15,9 @@ import torch
 
 from eventspec.cloud.model_dirs import SHIPPED_MODELS as CLOUD_MODELS
 from eventspec.cloud.target import load_target
-from eventspec.edge.align import load_adapter
-from eventspec.edge.draft_checkpoint import load_draft
+from eventspec.edge.drafting.checkpoint import load_draft
 from eventspec.edge.model_dirs import SHIPPED_MODELS as EDGE_MODELS
+from eventspec.edge.vision.align import load_adapter
 from eventspec.shared.client.launch import entry_point_command
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,11 +15,11 @@ from eventspec.demoworld.train import draft as draft_training
 from eventspec.demoworld.train import target as target_training
 from eventspec.demoworld.train.adapter import draft_clip_features
 from eventspec.demoworld.train.common import accuracy_by_type, examples_for
-from eventspec.edge.align import load_adapter
-from eventspec.edge.draft import DraftModel
-from eventspec.edge.draft_checkpoint import load_draft
+from eventspec.edge.drafting.checkpoint import load_draft
+from eventspec.edge.drafting.eventgpt import DraftModel
 from eventspec.edge.events.toy import ToySource
 from eventspec.edge.model_dirs import adapter_dir, draft_dir
+from eventspec.edge.vision.align import load_adapter
 from eventspec.shared.client.edge_client import EdgeClient
 from eventspec.shared.contract.types import AskSpec, FeatureMode, GenerationSettings, Mode
 from eventspec.shared.toyworld.qa import all_questions, parse_answer
@@ -104,8 +104,8 @@ def test_target_reads_direction_and_shape_from_adapted_event_features(
 ) -> None:
     """The aligned path: the trained adapter's features, injected in place of the video
     tower, let the target answer what events carry."""
-    from eventspec.cloud.decoding import DecodingSession
     from eventspec.cloud.engine.hf import HFEngine
+    from eventspec.cloud.speculation.decoding import DecodingSession
     from eventspec.shared.contract.types import GenerationSettings as Gen
     from tests.support.alone import decode_alone
 

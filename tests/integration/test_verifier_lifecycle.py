@@ -16,9 +16,9 @@ import pytest_asyncio
 import torch
 from grpc import aio
 
-from eventspec.cloud import gc_freeze
+from eventspec.cloud.process import gc_freeze
+from eventspec.cloud.requests.sessions import SessionRegistry
 from eventspec.cloud.server import VerifierServer
-from eventspec.cloud.sessions import SessionRegistry
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_target import build_tiny_random_target
 from eventspec.shared.contract import convert_verifier

@@ -28,11 +28,11 @@ import pytest
 import pytest_asyncio
 import torch
 
-from eventspec.cloud.decoding import DecodingSession
 from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.engine.hf import HFEngine
-from eventspec.cloud.sampler import BatchedSampler, SampleSpec, make_generator
+from eventspec.cloud.scheduling.sampler import BatchedSampler, SampleSpec, make_generator
 from eventspec.cloud.server import VerifierServer
+from eventspec.cloud.speculation.decoding import DecodingSession
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_target import build_tiny_random_target
 from eventspec.shared.contract.types import ROOT, DraftNode, DraftTail, GenerationSettings

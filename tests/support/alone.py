@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from eventspec.cloud.decoding import DecodingSession
 from eventspec.cloud.engine.base import BatchedEngine, PrefillRequest
-from eventspec.cloud.sampler import BatchedSampler, SampleSpec, make_generator
+from eventspec.cloud.scheduling.sampler import BatchedSampler, SampleSpec, make_generator
+from eventspec.cloud.speculation.decoding import DecodingSession
 from eventspec.shared.contract.types import DraftTail
 from eventspec.shared.node.static.batch import StepBatch
 

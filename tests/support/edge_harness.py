@@ -15,11 +15,11 @@ from eventspec.cloud.server import VerifierServer
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_draft import build_tiny_random_draft
 from eventspec.demoworld.tiny_target import build_tiny_random_target
-from eventspec.edge.align import FeatureAdapter, build_adapter_for
 from eventspec.edge.config import EdgeSettings
-from eventspec.edge.draft import DraftModel
+from eventspec.edge.drafting.eventgpt import DraftModel
 from eventspec.edge.events.base import EventSource
 from eventspec.edge.server import EdgeServer
+from eventspec.edge.vision.align import FeatureAdapter, build_adapter_for
 from eventspec.shared.client.edge_client import EdgeClient
 from eventspec.shared.contract.timing import CloudCost
 from eventspec.shared.contract.types import (

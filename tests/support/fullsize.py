@@ -19,7 +19,7 @@ from transformers import (
 
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_tokenizer import TINY_TEXT_VOCAB_SIZE, tiny_fast_tokenizer
-from eventspec.edge.draft import DraftModel, EventGPTConfig, EventGPTForCausalLM
+from eventspec.edge.drafting.eventgpt import DraftModel, EventGPTConfig, EventGPTForCausalLM
 
 FULL_SIZE_ID = "video-llava-7b-shaped-random"
 

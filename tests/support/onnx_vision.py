@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from eventspec.edge import cli as edge_cli
-from eventspec.edge.draft import DraftModel
+from eventspec.edge.drafting.eventgpt import DraftModel
 from eventspec.edge.events.render import canvas_for, event_pixel_values
 from eventspec.edge.events.toy import ToySource
 from eventspec.edge.events.windows import events_for_window, select_window

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from eventspec.cloud.sampler import nucleus
+from eventspec.cloud.scheduling.sampler import nucleus
 from eventspec.shared.contract.errors import InvalidInput
 
 

@@ -8,9 +8,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from eventspec.cloud.decoding import Committed, DecodingSession
-from eventspec.cloud.scheduler import Scheduler
-from eventspec.cloud.tickets import Failure, Ticket
+from eventspec.cloud.scheduling.scheduler import Scheduler
+from eventspec.cloud.scheduling.tickets import Failure, Ticket
+from eventspec.cloud.speculation.decoding import Committed, DecodingSession
 from eventspec.shared.contract.types import GenerationSettings
 from tests.support.fake_engine import EOS
 

@@ -3,7 +3,7 @@ tests play the streams (admit, submit, offer, cancel, release) and the engine lo
 plan answered with the verdicts the fake model of ``tests.support.fake_engine`` gives),
 and read every plan and every event.
 
-``Driver.iterate`` is the engine loop's iteration (``eventspec.cloud.engine_loop``) with
+``Driver.iterate`` is the engine loop's iteration (``eventspec.cloud.scheduling.engine_loop``) with
 the engine calls replaced by :func:`greedy_verdict`: take the commands, plan and "run"
 the prefill (or let its pieces ride the step), plan the step, answer it.
 """
@@ -17,15 +17,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eventspec.cloud.decoding import DecodingSession
 from eventspec.cloud.engine.base import PrefillRequest
-from eventspec.cloud.prefill_chunking import ChunkPolicy
-from eventspec.cloud.prefill_queue import Piece
-from eventspec.cloud.sampler import Verdict
-from eventspec.cloud.sit_out import SitOut
-from eventspec.cloud.step_plan import PrefillPlan, SessionStep, StepPlan
-from eventspec.cloud.step_scheduler import NEVER_SIT_OUT, StepScheduler
-from eventspec.cloud.tickets import SchedulerEvent, SlotPool, Ticket
+from eventspec.cloud.scheduling.prefill_chunking import ChunkPolicy
+from eventspec.cloud.scheduling.prefill_queue import Piece
+from eventspec.cloud.scheduling.sampler import Verdict
+from eventspec.cloud.scheduling.step_plan import PrefillPlan, SessionStep, StepPlan
+from eventspec.cloud.scheduling.step_scheduler import NEVER_SIT_OUT, StepScheduler
+from eventspec.cloud.scheduling.tickets import SchedulerEvent, SlotPool, Ticket
+from eventspec.cloud.speculation.decoding import DecodingSession
+from eventspec.cloud.speculation.sit_out import SitOut
 from eventspec.shared.contract.timing import CloudCost
 from eventspec.shared.contract.types import DraftTail, GenerationSettings
 from tests.support.fake_engine import EOS, next_token

@@ -46,12 +46,13 @@ def _lint(cwd: Path, tree: Path) -> subprocess.CompletedProcess[str]:
 
 PLANTED = [
     # (file, import line, the contract that must break)
-    ("shared/contract/types.py", "import eventspec.edge.agent", "Every arrow points down"),
-    ("shared/node/metrics.py", "import eventspec.cloud.scheduler", "Every arrow points down"),
-    ("edge/session.py", "import eventspec.cloud.sessions", "Every arrow points down"),
+    ("shared/contract/types.py", "import eventspec.edge.ask.agent", "Every arrow points down"),
+    ("shared/node/metrics.py", "import eventspec.cloud.scheduling.scheduler",
+     "Every arrow points down"),
+    ("edge/ask/session.py", "import eventspec.cloud.requests.sessions", "Every arrow points down"),
     ("shared/contract/codec.py", "import torch", "import no torch"),
-    ("cloud/scheduler.py", "import grpc", "gRPC is imported only by"),
-    ("edge/agent.py", "import transformers", "transformers is imported only by"),
+    ("cloud/scheduling/scheduler.py", "import grpc", "gRPC is imported only by"),
+    ("edge/ask/agent.py", "import transformers", "transformers is imported only by"),
     ("cloud/cli.py", "import eventspec.demoworld.train.run", "never imports a trainer"),
 ]
 

@@ -59,6 +59,7 @@ CLOUD: dict[str, Case] = {
     "engine": ("--engine", "hf", "hf"),
     "max_verify_tokens": ("--max-verify-tokens", "9", 9),
     "verify_width": ("--verify-width", "all", "all"),
+    "sit_out": ("--sit-out", "auto", "auto"),
     "prefill_chunk": ("--prefill-chunk", "256", "256"),
     "mixed_steps": ("--mixed-steps", "off", False),
     "prefix_cache_gb": ("--prefix-cache-gb", "4", 4.0),

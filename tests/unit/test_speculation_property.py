@@ -19,12 +19,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventspec.cloud.decoding import Committed, DecodingSession
 from eventspec.cloud.engine.base import PrefillRequest
-from eventspec.cloud.sampler import BatchedSampler, SampleSpec
-from eventspec.cloud.tree_checks import TreeChecks
-from eventspec.edge.draft_tree import TreeShape
-from eventspec.edge.session import EdgeSession, SendDrafts
+from eventspec.cloud.scheduling.sampler import BatchedSampler, SampleSpec
+from eventspec.cloud.speculation.decoding import Committed, DecodingSession
+from eventspec.cloud.speculation.tree_checks import TreeChecks
+from eventspec.edge.ask.session import EdgeSession, SendDrafts
+from eventspec.edge.drafting.tree import TreeShape
 from eventspec.shared.contract.timing import TimingPlan
 from eventspec.shared.contract.types import (
     CommitEvent,
@@ -119,7 +119,7 @@ def plan(hidden: int, lookahead: int, cadence: int) -> TimingPlan:
     return TimingPlan(True, hidden, lookahead, cadence, False, 0.8, 10.0, 1.0, 1.5, "test")
 
 
-#: What a cloud re-planning mid-answer may send (cloud/replanning.py), in turn: stop
+#: What a cloud re-planning mid-answer may send (cloud/requests/replanning.py), in turn: stop
 #: drafting, draft 2 ahead, draft 8 ahead two tokens a message, draft 1 ahead.
 REPLANS = (dataclasses.replace(plan(0, 0, 1), speculate=False), plan(0, 2, 1), plan(0, 8, 2),
            plan(0, 1, 1))

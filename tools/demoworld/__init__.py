@@ -12,7 +12,8 @@ classes because it builds and trains them, so it sits on the top floor (docs/lay
 
 The toy world they learn from (scenes, simulator, questions) is the numpy-only
 :mod:`eventspec.shared.toyworld`, and ``eventspec demo`` is the client's
-(:mod:`eventspec.shared.client.demo`). The nodes import nothing from here except the node
-CLIs' tiny-random builders, for ``--model tiny-random`` (two named exceptions in the
-import contracts); they never import a trainer or a tokenizer builder.
+(:mod:`eventspec.shared.client.demo`). The nodes import nothing from here: their CLIs find
+the tiny-random builders for ``--model tiny-random`` through the
+``eventspec.builtin_models`` entry points (``pyproject.toml``), as the client finds
+``eventspec toy`` through ``eventspec.commands``.
 """

@@ -13,8 +13,8 @@ import torch
 from transformers import CLIPVisionConfig
 
 from eventspec.demoworld.tiny_tokenizer import tiny_fast_tokenizer
-from eventspec.edge.draft import DraftModel, EventGPTConfig, EventGPTForCausalLM
-from eventspec.edge.draft_checkpoint import save_draft
+from eventspec.edge.drafting.checkpoint import save_draft
+from eventspec.edge.drafting.eventgpt import DraftModel, EventGPTConfig, EventGPTForCausalLM
 
 TINY_DRAFT_ID = "tiny-random-eventgpt"
 
@@ -81,6 +81,16 @@ def save_tiny_random_draft(directory: str | Path, seed: int = 0) -> Path:
     only ever loads a directory.
     """
     return save_draft(build_tiny_random_draft(seed), directory, layout="5.x", include_clip=True)
+
+
+def write_scratch_draft(scratch: Path, seed: int) -> Path:
+    """``eventspec-edge serve --model tiny-random``: the tiny random draft for ``seed``,
+    written into the node's scratch directory, which the server loads like any other.
+
+    The ``eventspec.builtin_models`` entry point ``edge.tiny-random`` (``pyproject.toml``):
+    the edge's CLI finds it there, so it imports nothing from the demo world.
+    """
+    return save_tiny_random_draft(scratch / f"{TINY_DRAFT_ID}-{seed}", seed)
 
 
 def _round_up(n: int, multiple: int) -> int:

@@ -110,5 +110,16 @@ def save_tiny_random_target(directory: str | Path, seed: int = 0) -> Path:
     return save_target(build_tiny_random_target(seed), directory)
 
 
+def write_scratch_target(scratch: Path, seed: int) -> Path:
+    """``eventspec-cloud serve --model tiny-random``: the tiny random target for ``seed``,
+    written into the node's scratch directory, which the server loads like any other.
+
+    The ``eventspec.builtin_models`` entry point ``cloud.tiny-random``
+    (``pyproject.toml``): the cloud's CLI finds it there, so it imports nothing from the
+    demo world.
+    """
+    return save_tiny_random_target(scratch / TINY_TARGET_ID, seed)
+
+
 def _round_up(n: int, multiple: int) -> int:
     return (n + multiple - 1) // multiple * multiple

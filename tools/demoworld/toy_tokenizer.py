@@ -7,7 +7,8 @@ event markers), every question paraphrase and every answer, then the prompt segm
 of a fixed set of training scenes so piece frequencies follow what the models see.
 
 The prompts are the product's own templates (``eventspec.cloud.target`` and
-``eventspec.edge.draft`` own one definition each). Prompt segments are split where a model's
+``eventspec.edge.drafting.eventgpt`` own one definition each). Prompt segments are split where a
+model's
 placeholder goes (``{video}`` for the target, ``<event>`` for the draft): the tokenizer never sees
 the placeholder itself, and each segment is normalised on its own, exactly as the models
 tokenize prompts.
@@ -30,8 +31,8 @@ from eventspec.demoworld.tokenizer import (
     train_llama_layout_tokenizer,
     write_tokenizer_files,
 )
-from eventspec.edge.draft import EVENT_PLACEHOLDER, SYSTEM_PROMPT
-from eventspec.edge.draft import PROMPT_TEMPLATE as DRAFT_PROMPT
+from eventspec.edge.drafting.eventgpt import EVENT_PLACEHOLDER, SYSTEM_PROMPT
+from eventspec.edge.drafting.eventgpt import PROMPT_TEMPLATE as DRAFT_PROMPT
 from eventspec.shared.toyworld.qa import QUESTION_TEMPLATES, all_answers, all_questions
 from eventspec.shared.toyworld.scenes import SPLITS, sample_scene
 

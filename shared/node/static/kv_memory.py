@@ -6,7 +6,7 @@ Both are a [layers, slots + 1, Hkv, T, D] tensor to every kernel, which addresse
 contiguous; the arena is an [layers, Hkv, A + T, D] tensor behind a strided view whose
 slot stride is one position, so "slot" s is the T-position window starting at position
 s and a session owns the run ``[s, s + n)`` its allocator gave it
-(``eventspec.cloud.kv_arena``); the window at A is the padding rows' scratch.
+(``eventspec.cloud.scheduling.kv_arena``); the window at A is the padding rows' scratch.
 """
 
 from __future__ import annotations

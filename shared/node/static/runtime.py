@@ -1,7 +1,7 @@
 """The static-KV runtime: one LLaMA decoder over preallocated KV slots, for both nodes.
 
 The cloud's engine (:mod:`eventspec.cloud.engine.static.engine`, many sessions of
-Video-LLaVA's language model) and the edge's drafter (:mod:`eventspec.edge.static_draft`,
+Video-LLaVA's language model) and the edge's drafter (:mod:`eventspec.edge.drafting.static_backend`,
 one session of EventGPT's LLM) run on this one runtime; each splices its own visual
 tokens into the prompt's embeddings and hands them to :meth:`StaticRuntime.prefill_embeds`.
 
@@ -15,7 +15,7 @@ tokens into the prompt's embeddings and hands them to :meth:`StaticRuntime.prefi
   position: slot ``s`` is the window starting at position ``s``, so a session owns
   the run ``[s, s + n)`` it :meth:`~StaticRuntime.reserve`-d and every kernel, which
   addresses ``slot * stride + pos * stride``, runs unchanged
-  (``eventspec.cloud.kv_arena`` hands out the runs). The scratch window starts at A.
+  (``eventspec.cloud.scheduling.kv_arena`` hands out the runs). The scratch window starts at A.
   What each slot holds (live, prompt positions written, the run reserved) and the
   checks every call makes before model work are :mod:`.slot_occupancy`'s.
 - **Attention** reads only each session's real length: a Triton split-KV kernel on

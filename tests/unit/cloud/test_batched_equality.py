@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 import torch
 
-from eventspec.cloud.decoding import DecodingSession
 from eventspec.cloud.engine.hf import HFEngine
-from eventspec.cloud.scheduler import Scheduler
+from eventspec.cloud.scheduling.scheduler import Scheduler
+from eventspec.cloud.scheduling.tickets import Failure
+from eventspec.cloud.speculation.decoding import DecodingSession
 from eventspec.cloud.target import TargetModel
-from eventspec.cloud.tickets import Failure
 from eventspec.demoworld.tiny_target import build_tiny_random_target
 from eventspec.shared.contract.types import DraftTail, GenerationSettings
 from tests.support.alone import decode_alone

@@ -1,12 +1,12 @@
-"""The engine's own time per step, apart from the loop's (``cloud/device_timer.py``):
+"""The engine's own time per step, apart from the loop's (``cloud/scheduling/device_timer.py``):
 on CPU the host's time around the call; the scheduler records it for every step."""
 
 from __future__ import annotations
 
 import torch
 
-from eventspec.cloud.device_timer import DeviceTimer
-from eventspec.cloud.scheduler import Scheduler
+from eventspec.cloud.scheduling.device_timer import DeviceTimer
+from eventspec.cloud.scheduling.scheduler import Scheduler
 from tests.support.fake_engine import TEXT_VOCAB, FakeEngine
 from tests.support.scheduler_sessions import answer, submit
 

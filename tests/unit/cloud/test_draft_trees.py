@@ -16,8 +16,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventspec.cloud.decoding import DecodingSession
-from eventspec.cloud.draft_forest import DraftForest
+from eventspec.cloud.speculation.decoding import DecodingSession
+from eventspec.cloud.speculation.draft_forest import DraftForest
 from eventspec.shared.contract.types import ROOT, DraftNode, DraftTail, GenerationSettings
 from tests.support.alone import decode_alone
 from tests.unit.test_speculation_property import (

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from eventspec.cloud.decoding import DecodingSession
 from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.engine.hf import HFEngine
+from eventspec.cloud.speculation.decoding import DecodingSession
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_target import build_tiny_random_target
 from eventspec.shared.contract.errors import FailedPrecondition, InvalidInput

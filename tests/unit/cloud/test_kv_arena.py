@@ -1,4 +1,4 @@
-"""KV by real length (cloud/kv_arena.py): the arena hands out runs that never overlap,
+"""KV by real length (cloud/scheduling/kv_arena.py): the arena hands out runs that never overlap,
 stay inside it and merge back on release, whatever the order; the pool refuses saying
 whether sessions or positions ran out."""
 
@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eventspec.cloud.kv_arena import ArenaPool, PositionArena
-from eventspec.cloud.scheduler import Scheduler
+from eventspec.cloud.scheduling.kv_arena import ArenaPool, PositionArena
+from eventspec.cloud.scheduling.scheduler import Scheduler
 from eventspec.shared.contract.errors import InvalidInput, ResourceExhausted
 from tests.support.fake_engine import TEXT_VOCAB
 from tests.support.scheduler_sessions import session_factory

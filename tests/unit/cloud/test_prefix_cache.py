@@ -9,16 +9,16 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eventspec.cloud.prefill_chunking import ChunkPolicy
-from eventspec.cloud.prefix_cache import (
+from eventspec.cloud.scheduling.prefill_chunking import ChunkPolicy
+from eventspec.cloud.scheduling.prefix_cache import (
     Prefix,
     PrefixCache,
     prefix_key,
     prefix_length,
     visual_key,
 )
-from eventspec.cloud.scheduler import Scheduler
-from eventspec.cloud.tickets import Failure, Ticket
+from eventspec.cloud.scheduling.scheduler import Scheduler
+from eventspec.cloud.scheduling.tickets import Failure, Ticket
 from tests.support.fake_engine import TEXT_VOCAB, ChunkedFakeEngine, target_only
 from tests.support.scheduler_sessions import answer, session_factory, submit
 

@@ -1,4 +1,4 @@
-"""Re-planning while a request decodes (cloud/replanning.py): when it re-runs the plan,
+"""Re-planning while a request decodes (cloud/requests/replanning.py): when it re-runs the plan,
 on what, and that it only sends a plan the edge would act on differently."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eventspec.cloud.replanning import EVERY_TOKENS, MIN_TRIALS, Replanner
+from eventspec.cloud.requests.replanning import EVERY_TOKENS, MIN_TRIALS, Replanner
 from eventspec.shared.contract.timing import CloudCost, EdgeCost, PlanInputs, TimingPlan
 from eventspec.shared.contract.timing_model import plan
 

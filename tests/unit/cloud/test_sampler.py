@@ -1,4 +1,4 @@
-"""The batched sampler (cloud/sampler.py): greedy acceptance and rejection sampling."""
+"""The batched sampler (cloud/scheduling/sampler.py): greedy acceptance and rejection sampling."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from eventspec.cloud.sampler import BatchedSampler, SampleSpec, Verdict, make_generator
+from eventspec.cloud.scheduling.sampler import BatchedSampler, SampleSpec, Verdict, make_generator
 from eventspec.shared.contract.errors import InvalidInput
 from tests.support.sampling import target_probs
 

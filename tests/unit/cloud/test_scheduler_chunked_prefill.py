@@ -15,15 +15,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eventspec.cloud.prefill_chunking import (
+from eventspec.cloud.scheduling.prefill_chunking import (
     AUTO_MIN_CHUNK_TOKENS,
     CHUNK_QUANTUM,
     ChunkPolicy,
     auto_chunk_tokens,
 )
-from eventspec.cloud.prefill_queue import SHORT_TAIL_TOKENS, SHORT_TAILS_PER_CALL, PrefillQueue
-from eventspec.cloud.scheduler import Scheduler
-from eventspec.cloud.tickets import Failure, Ticket
+from eventspec.cloud.scheduling.prefill_queue import (
+    SHORT_TAIL_TOKENS,
+    SHORT_TAILS_PER_CALL,
+    PrefillQueue,
+)
+from eventspec.cloud.scheduling.scheduler import Scheduler
+from eventspec.cloud.scheduling.tickets import Failure, Ticket
 from eventspec.shared.contract.timing import CloudCost
 from eventspec.shared.contract.types import FinishReason
 from tests.support.fake_engine import (

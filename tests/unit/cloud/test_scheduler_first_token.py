@@ -9,9 +9,9 @@ from collections.abc import Sequence
 
 import torch
 
-from eventspec.cloud.decoding import Committed, DecodingSession
 from eventspec.cloud.engine.base import PrefillRequest
-from eventspec.cloud.scheduler import Scheduler
+from eventspec.cloud.scheduling.scheduler import Scheduler
+from eventspec.cloud.speculation.decoding import Committed, DecodingSession
 from eventspec.shared.contract.types import GenerationSettings
 from eventspec.shared.node.static.batch import StepBatch
 from tests.support.fake_engine import EOS, TEXT_VOCAB, FakeEngine

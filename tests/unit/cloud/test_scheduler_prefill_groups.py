@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from eventspec.cloud.engine.base import PrefillRequest
-from eventspec.cloud.scheduler import Scheduler
-from eventspec.cloud.tickets import Failure
+from eventspec.cloud.scheduling.scheduler import Scheduler
+from eventspec.cloud.scheduling.tickets import Failure
 from eventspec.shared.contract.errors import InvalidInput
 from tests.support.fake_engine import TEXT_VOCAB, FakeEngine, target_only
 from tests.support.scheduler_sessions import answer, submit

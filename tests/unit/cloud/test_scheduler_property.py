@@ -17,9 +17,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventspec.cloud.decoding import DecodingSession
-from eventspec.cloud.scheduler import Scheduler
-from eventspec.cloud.tickets import Failure
+from eventspec.cloud.scheduling.scheduler import Scheduler
+from eventspec.cloud.scheduling.tickets import Failure
+from eventspec.cloud.speculation.decoding import DecodingSession
 from eventspec.shared.contract.errors import ResourceExhausted
 from eventspec.shared.contract.timing import CloudCost
 from eventspec.shared.contract.types import DraftTail, FinishReason, GenerationSettings

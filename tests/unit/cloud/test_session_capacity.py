@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from eventspec.cloud.cli import build_parser, settings_from_args
 from eventspec.cloud.config import CloudSettings, SettingsError
 from eventspec.cloud.engine.kv import GIB, fit_arena
-from eventspec.cloud.session_capacity import (
+from eventspec.cloud.requests.session_capacity import (
     AUTO_SESSIONS,
     CPU_AUTO_SESSIONS,
     GPU_SESSION_CEILING,

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from eventspec.cloud.config import CloudSettings
-from eventspec.cloud.sit_out import AUTO_MIN_SESSIONS, DryState, SitOut
+from eventspec.cloud.speculation.sit_out import AUTO_MIN_SESSIONS, DryState, SitOut
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.node.node_cli import SettingsError
 from tests.support.fake_engine import target_only

@@ -10,7 +10,7 @@ import torch
 
 from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.engine.static.engine import StaticEngine
-from eventspec.cloud.kv_arena import PositionArena
+from eventspec.cloud.scheduling.kv_arena import PositionArena
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_target import build_tiny_random_target
 from eventspec.shared.contract.errors import InvalidInput

@@ -4,9 +4,9 @@ The engine loop's side is played by ``tests.support.step_driver`` with a fake mo
 
 from __future__ import annotations
 
-from eventspec.cloud.decoding import Committed
-from eventspec.cloud.sampler import Verdict
-from eventspec.cloud.tickets import Failure, Ticket
+from eventspec.cloud.scheduling.sampler import Verdict
+from eventspec.cloud.scheduling.tickets import Failure, Ticket
+from eventspec.cloud.speculation.decoding import Committed
 from eventspec.shared.contract.errors import Unavailable
 from eventspec.shared.contract.timing import CloudCost
 from eventspec.shared.contract.types import FinishReason

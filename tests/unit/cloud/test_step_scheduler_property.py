@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventspec.cloud.decoding import Committed
-from eventspec.cloud.sit_out import SitOut
-from eventspec.cloud.tickets import Failure, Ticket
+from eventspec.cloud.scheduling.tickets import Failure, Ticket
+from eventspec.cloud.speculation.decoding import Committed
+from eventspec.cloud.speculation.sit_out import SitOut
 from eventspec.shared.contract.timing import CloudCost
 from eventspec.shared.contract.types import FinishReason
 from tests.support.fake_engine import TEXT_VOCAB, target_only

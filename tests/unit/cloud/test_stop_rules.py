@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eventspec.cloud.decoding import DecodingSession
+from eventspec.cloud.speculation.decoding import DecodingSession
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.contract.estimators import AcceptanceEstimator
 from eventspec.shared.contract.stops import StopMatcher, first_stop

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from eventspec.cloud.timeouts import (
+from eventspec.cloud.requests.timeouts import (
     FEATURES_BASE_TIMEOUT_S,
     FEATURES_MAX_TIMEOUT_S,
     FLOOR_UPLINK_BYTES_PER_S,

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eventspec.cloud.draft_forest import KEEP_BEHIND
-from eventspec.cloud.tree_checks import TreeChecks
+from eventspec.cloud.speculation.draft_forest import KEEP_BEHIND
+from eventspec.cloud.speculation.tree_checks import TreeChecks
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.contract.types import ROOT, DraftNode, DraftTail
 

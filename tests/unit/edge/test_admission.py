@@ -1,6 +1,6 @@
-"""The edge's admission queue (eventspec.edge.admission): never more in flight than the cloud's
-slots, waiters admitted in arrival order, an abandoned wait leaves no trace, and a full
-queue refuses at once."""
+"""The edge's admission queue (eventspec.edge.uplink.admission): never more in flight than
+the cloud's slots, waiters admitted in arrival order, an abandoned wait leaves no trace,
+and a full queue refuses at once."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eventspec.edge.admission import AdmissionQueue, cloud_slots
+from eventspec.edge.uplink.admission import AdmissionQueue, cloud_slots
 from eventspec.shared.contract.errors import DeadlineExceeded, ResourceExhausted
 from eventspec.shared.contract.types import ServerLimits
 

@@ -11,8 +11,8 @@ from dataclasses import replace
 import pytest
 
 from eventspec.demoworld.tiny_draft import build_tiny_random_draft
-from eventspec.edge.agent import EdgeAgent
-from eventspec.edge.draft import DraftModel
+from eventspec.edge.ask.agent import EdgeAgent
+from eventspec.edge.drafting.eventgpt import DraftModel
 from eventspec.edge.events.sources import open_source
 from eventspec.edge.readiness import CloudState, CloudView
 from eventspec.shared.contract.convert_verifier import CloudOutbound, EdgeInbound
@@ -148,7 +148,7 @@ async def test_vocabulary_mismatch_refuses_speculation_but_not_target_only(
     agent, link = agent_for(draft, info_for(draft, fingerprint="0" * 64))
     with pytest.raises(FailedPrecondition, match="use mode target_only"):
         await collect(agent, AskSpec(question="What is moving?"))
-    caplog.set_level(logging.INFO, logger="eventspec.edge.agent")
+    caplog.set_level(logging.INFO, logger="eventspec.edge.ask.agent")
     events = await collect(agent, replace(AskSpec(question="What is moving?"),
                                           mode=Mode.TARGET_ONLY))
     final = events[-1]
@@ -162,13 +162,13 @@ async def test_vocabulary_mismatch_refuses_speculation_but_not_target_only(
 
 def _ask_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records
-            if r.name == "eventspec.edge.agent" and r.getMessage().startswith("ask ")]
+            if r.name == "eventspec.edge.ask.agent" and r.getMessage().startswith("ask ")]
 
 
 async def test_a_refused_ask_is_one_line_with_its_code(
     draft: DraftModel, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="eventspec.edge.agent")
+    caplog.set_level(logging.INFO, logger="eventspec.edge.ask.agent")
     agent, _ = agent_for(draft, info_for(draft))
     with pytest.raises(InvalidInput):
         await collect(agent, AskSpec(question="x" * 65))
@@ -179,7 +179,7 @@ async def test_a_refused_ask_is_one_line_with_its_code(
 async def test_an_ask_the_client_abandons_is_one_cancelled_line(
     draft: DraftModel, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="eventspec.edge.agent")
+    caplog.set_level(logging.INFO, logger="eventspec.edge.ask.agent")
     agent, _ = agent_for(draft, info_for(draft))
     events = agent.ask(AskSpec(question="What is moving?", mode=Mode.TARGET_ONLY))
     await anext(events)  # the first Commit arrives, then the client goes away

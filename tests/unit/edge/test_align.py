@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from eventspec.edge.align import (
+from eventspec.edge.vision.align import (
     AdapterConfig,
     FeatureAdapter,
     build_adapter_for,
@@ -94,7 +94,7 @@ def test_check_geometry() -> None:
 def test_mixer_adapter_starts_as_the_plain_adapter_and_round_trips(tmp_path) -> None:
     import torch
 
-    from eventspec.edge.align import build_adapter_for, load_adapter, save_adapter
+    from eventspec.edge.vision.align import build_adapter_for, load_adapter, save_adapter
 
     plain = build_adapter_for((5, 17, 32), (8, 5, 48), seed=3)
     mixed = build_adapter_for((5, 17, 32), (8, 5, 48), seed=3, mixer_layers=2)

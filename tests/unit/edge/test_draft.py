@@ -11,13 +11,13 @@ from safetensors.torch import load_file, save_file
 
 from eventspec.demoworld.tiny_draft import build_tiny_random_draft
 from eventspec.demoworld.tokenizer import BOS_ID
-from eventspec.edge.draft import (
+from eventspec.edge.drafting.checkpoint import load_draft, save_clip, save_draft
+from eventspec.edge.drafting.eventgpt import (
     EVENT_TOKEN_INDEX,
     PROMPT_TEMPLATE,
     DraftModel,
     EventGPTConfig,
 )
-from eventspec.edge.draft_checkpoint import load_draft, save_clip, save_draft
 from eventspec.shared.contract.errors import InvalidInput, NotFound
 
 QUESTION = "What is moving?"
@@ -222,7 +222,7 @@ def test_clip_config_inferred_from_weights(tmp_path: Path) -> None:
     cfg = base.model.config.to_dict()
     cfg["vision_config"].update(hidden_size=64, num_attention_heads=1)  # 64-dim heads
     config = EventGPTConfig.from_dict(cfg)
-    from eventspec.edge.draft import EventGPTForCausalLM
+    from eventspec.edge.drafting.eventgpt import EventGPTForCausalLM
 
     torch.manual_seed(1)
     draft = DraftModel(EventGPTForCausalLM(config), base.tokenizer, "x")

@@ -1,4 +1,4 @@
-"""All of an edge's sessions drafting in one forward (issue 36, ``edge/draft_batcher.py``):
+"""All of an edge's sessions drafting in one forward (issue 36, ``edge/drafting/batcher.py``):
 requests that wait while a forward runs go together in the next; each gets its own
 answer; a failure reaches the requests of its forward only; the oracle drafts the same
 tokens batched as alone."""
@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import torch
 
-from eventspec.edge.draft_batcher import DraftBatcher
-from eventspec.edge.drafter import Drafter, draft_many, expand_many
-from eventspec.edge.oracle_draft import OracleDraftBackend, OracleSettings
+from eventspec.edge.drafting.batcher import DraftBatcher
+from eventspec.edge.drafting.cache import DraftCache, draft_many, expand_many
+from eventspec.edge.drafting.oracle_backend import OracleDraftBackend, OracleSettings
 from eventspec.edge.worker import ModelWorker
 
 V, EOS = 64, 2
@@ -80,10 +80,10 @@ class CountingBackend:
         return int(torch.argmax(logits_row))
 
 
-def _drafters(backend: Any, n: int) -> list[Drafter]:
+def _drafters(backend: Any, n: int) -> list[DraftCache]:
     out = []
     for i in range(n):
-        d = Drafter(backend)
+        d = DraftCache(backend)
         d.prefill("q" * (i + 1), None)  # type: ignore[arg-type]
         out.append(d)
     return out
@@ -105,7 +105,7 @@ async def test_requests_waiting_on_a_forward_go_together_in_the_next() -> None:
         worker.shutdown()
     assert backend.widths == [1, 3]
     assert batcher.stats.sizes == {1: 1, 3: 1} and batcher.stats.largest == 3
-    alone = [Drafter(CountingBackend()) for _ in range(4)]
+    alone = [DraftCache(CountingBackend()) for _ in range(4)]
     for i, d in enumerate(alone):
         d.prefill("q" * (i + 1), None)  # type: ignore[arg-type]
     assert tokens == [alone[0].draft_next([5]), *(d.draft_next([5, 6]) for d in alone[1:])]
@@ -161,8 +161,8 @@ def test_the_oracle_drafts_the_same_tokens_batched_and_alone() -> None:
     calls: list[int] = []
     many = batched.step_many
     batched.step_many = lambda items: (calls.append(len(items)), many(items))[1]  # type: ignore[method-assign]
-    mine = [Drafter(batched) for _ in range(4)]
-    theirs = [Drafter(alone) for _ in range(4)]
+    mine = [DraftCache(batched) for _ in range(4)]
+    theirs = [DraftCache(alone) for _ in range(4)]
     for i, (a, b) in enumerate(zip(mine, theirs, strict=True)):
         a.prefill(f"q{i}", None)  # type: ignore[arg-type]
         b.prefill(f"q{i}", None)  # type: ignore[arg-type]
@@ -181,7 +181,7 @@ def test_the_oracle_expands_several_trees_in_one_forward() -> None:
     calls: list[int] = []
     many = batched.expand_many
     batched.expand_many = lambda items: (calls.append(len(items)), many(items))[1]  # type: ignore[method-assign]
-    mine, theirs = [Drafter(batched) for _ in range(3)], [Drafter(alone) for _ in range(3)]
+    mine, theirs = [DraftCache(batched) for _ in range(3)], [DraftCache(alone) for _ in range(3)]
     for i, (a, b) in enumerate(zip(mine, theirs, strict=True)):
         a.prefill(f"q{i}", None)  # type: ignore[arg-type]
         b.prefill(f"q{i}", None)  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""The edge's draft tree (``edge/draft_tree.py``): grown likeliest path first within its
+"""The edge's draft tree (``edge/drafting/tree.py``): grown likeliest path first within its
 budget, nodes sent once in id order with parents first, re-rooted on commits (kept
 below C's new end, pruned elsewhere), and restarted at C's end when C leaves it."""
 
@@ -9,7 +9,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eventspec.edge.draft_tree import EdgeTree, Key, TreeShape
+from eventspec.edge.drafting.tree import EdgeTree, Key, TreeShape
 from eventspec.shared.contract.types import ROOT
 
 LOG_TOP, LOG_OTHER = math.log(0.8), math.log(0.1)

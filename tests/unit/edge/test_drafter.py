@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from eventspec.demoworld.tiny_draft import build_tiny_random_draft
-from eventspec.edge.draft import DraftModel
-from eventspec.edge.drafter import Drafter
+from eventspec.edge.drafting.cache import DraftCache
+from eventspec.edge.drafting.eventgpt import DraftModel
 
 QUESTION = "What is moving?"
 
@@ -37,7 +37,7 @@ def fresh_logits(draft: DraftModel, pixels: torch.Tensor, context: list[int]) ->
 
 
 def test_drafts_are_greedy_and_text_only(draft: DraftModel, pixels: torch.Tensor) -> None:
-    d = Drafter(draft)
+    d = DraftCache(draft)
     d.prefill(QUESTION, pixels)
     seq: list[int] = []
     for _ in range(6):
@@ -54,7 +54,7 @@ def test_random_commit_sequences_match_fresh_state(
     draft: DraftModel, pixels: torch.Tensor, seed: int
 ) -> None:
     rng = random.Random(seed)
-    d = Drafter(draft)
+    d = DraftCache(draft)
     d.prefill(QUESTION, pixels)
     committed: list[int] = []
     tail: list[int] = []
@@ -83,7 +83,7 @@ def test_random_commit_sequences_match_fresh_state(
 
 
 def test_empty_context_reuses_the_prefill(draft: DraftModel, pixels: torch.Tensor) -> None:
-    d = Drafter(draft)
+    d = DraftCache(draft)
     d.prefill(QUESTION, pixels)
     first = d.draft_next([])
     second = d.draft_next([first])
@@ -94,4 +94,4 @@ def test_empty_context_reuses_the_prefill(draft: DraftModel, pixels: torch.Tenso
 
 def test_draft_before_prefill_is_an_error(draft: DraftModel) -> None:
     with pytest.raises(RuntimeError, match="before prefill"):
-        Drafter(draft).draft_next([])
+        DraftCache(draft).draft_next([])

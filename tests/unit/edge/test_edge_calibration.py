@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from eventspec.demoworld.tiny_draft import build_tiny_random_draft
-from eventspec.edge import agent as agent_module
-from eventspec.edge.agent import EdgeAgent
+from eventspec.edge.ask import agent as agent_module
+from eventspec.edge.ask.agent import EdgeAgent
 from eventspec.edge.calibration import MEASURE_ROUNDS, EdgeMeasurement, agrees, measure_drafting
 from eventspec.edge.config import EdgeSettings
+from eventspec.edge.drafting.static_backend import draft_backend_for
 from eventspec.edge.events.toy import ToySource
-from eventspec.edge.static_draft import draft_backend_for
 from eventspec.shared.contract.profile import load_profile
 from eventspec.shared.node.static.quant import QuantMode
 

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from eventspec.edge.failover import with_failover
+from eventspec.edge.uplink.failover import with_failover
 from eventspec.shared.contract.errors import InvalidInput, Unavailable
 
 

@@ -17,15 +17,15 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eventspec.edge.align import load_adapter
-from eventspec.edge.draft import DraftModel
-from eventspec.edge.draft_checkpoint import load_draft
-from eventspec.edge.drafter import Drafter
+from eventspec.edge.drafting.cache import DraftCache
+from eventspec.edge.drafting.checkpoint import load_draft
+from eventspec.edge.drafting.eventgpt import DraftModel
+from eventspec.edge.drafting.static_backend import StaticDraftBackend
 from eventspec.edge.model_dirs import TOY_ADAPTER_DIR, TOY_DRAFT_DIR
-from eventspec.edge.onnx_manifest import read_manifest
-from eventspec.edge.onnx_vision import CPU_EP, CUDA_EP, choose_provider, load_onnx_vision
-from eventspec.edge.static_draft import StaticDraftBackend
-from eventspec.edge.vision_backend import TorchVision
+from eventspec.edge.vision.align import load_adapter
+from eventspec.edge.vision.backend import TorchVision
+from eventspec.edge.vision.onnx_backend import CPU_EP, CUDA_EP, choose_provider, load_onnx_vision
+from eventspec.edge.vision.onnx_manifest import read_manifest
 from eventspec.shared.contract.errors import FailedPrecondition, InvalidInput, NotFound
 from tests.support.onnx_vision import toy_onnx_export, toy_pixels
 
@@ -81,7 +81,7 @@ def test_features_match_torch_within_tolerance(export: Path, toy: DraftModel) ->
 
 
 def greedy(backend: object, draft: DraftModel, pixels: torch.Tensor, n: int = 12) -> list[int]:
-    drafter = Drafter(backend)  # type: ignore[arg-type]
+    drafter = DraftCache(backend)  # type: ignore[arg-type]
     drafter.prefill(QUESTION, pixels)
     seq: list[int] = []
     while len(seq) < n and (not seq or seq[-1] != draft.eos_token_id):

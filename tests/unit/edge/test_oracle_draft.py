@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from eventspec.edge.drafter import Drafter
-from eventspec.edge.oracle_draft import (
+from eventspec.edge.drafting.cache import DraftCache
+from eventspec.edge.drafting.oracle_backend import (
     BENCHMARKS_ONLY,
     OracleDraftBackend,
     OracleSettings,
     load_answers,
 )
-from eventspec.edge.static_draft import draft_engine_name
+from eventspec.edge.drafting.static_backend import draft_engine_name
 from eventspec.shared.contract.errors import InvalidInput
 
 V, EOS = 50, 2
@@ -32,7 +32,7 @@ def oracle(alpha: float, *, ms: float = 0.0, prefill_ms: float = 0.0, seed: int 
 
 def draft_along_answer(backend: OracleDraftBackend, question: str = "q") -> list[int]:
     """Draft every position from the true prefix, as the cloud's commits lead the edge."""
-    drafter = Drafter(backend)
+    drafter = DraftCache(backend)
     drafter.prefill(question, None)
     return [drafter.draft_next(ANSWER[:p]) for p in range(len(ANSWER))]
 
@@ -59,7 +59,7 @@ def test_alpha_is_the_share_of_right_drafts() -> None:
 
 def test_a_position_drafts_the_same_token_after_a_rollback() -> None:
     backend = oracle(0.5, seed=3)
-    drafter = Drafter(backend)
+    drafter = DraftCache(backend)
     drafter.prefill("q", None)
     first = [drafter.draft_next(ANSWER[:p]) for p in range(12)]
     # A Commit cuts the tail at 4 and the edge drafts on: the cache is rolled back.
@@ -75,12 +75,12 @@ def test_drafts_past_the_answer_and_for_an_unknown_question_are_arbitrary(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     backend = oracle(1.0)
-    drafter = Drafter(backend)
+    drafter = DraftCache(backend)
     drafter.prefill("q", None)
     past = drafter.draft_next(ANSWER)  # after EOS: nothing is right
     assert past != EOS
-    with caplog.at_level(logging.WARNING, logger="eventspec.edge.oracle_draft"):
-        unknown = Drafter(backend)
+    with caplog.at_level(logging.WARNING, logger="eventspec.edge.drafting.oracle_backend"):
+        unknown = DraftCache(backend)
         unknown.prefill("not in the file", None)
         drafts = [unknown.draft_next(ANSWER[:p]) for p in range(len(ANSWER))]
     # It knows no answer, so its drafts are arbitrary ids (never EOS): right only by
@@ -92,7 +92,7 @@ def test_drafts_past_the_answer_and_for_an_unknown_question_are_arbitrary(
 
 def test_pacing_is_a_lower_bound() -> None:
     backend = oracle(1.0, ms=4.0, prefill_ms=15.0)
-    drafter = Drafter(backend)
+    drafter = DraftCache(backend)
     t0 = time.perf_counter()
     drafter.prefill("q", None)
     assert (time.perf_counter() - t0) * 1e3 >= 15.0
@@ -129,8 +129,8 @@ def tree_oracle(alpha: float, coverage: float, *, ms: float = 0.0,
 
 
 def test_q_zero_keeps_chains_and_q_above_zero_expands_trees() -> None:
-    assert not Drafter(tree_oracle(0.8, 0.0)).expands_in_one_forward
-    assert Drafter(tree_oracle(0.8, 0.75)).expands_in_one_forward
+    assert not DraftCache(tree_oracle(0.8, 0.0)).expands_in_one_forward
+    assert DraftCache(tree_oracle(0.8, 0.75)).expands_in_one_forward
 
 
 def test_tree_children_rank_the_chain_draft_first_and_hold_the_truth_at_rate_q() -> None:
@@ -142,7 +142,7 @@ def test_tree_children_rank_the_chain_draft_first_and_hold_the_truth_at_rate_q()
     chain = oracle(0.8, answers=answers)
     wrong = covered = 0
     for q in answers:
-        drafter = Drafter(backend)
+        drafter = DraftCache(backend)
         drafter.prefill(q, None)
         rows = drafter.expand([ANSWER[:p] for p in range(len(ANSWER))], 4)
         chain_drafts = draft_along_answer(chain, q)
@@ -158,7 +158,7 @@ def test_tree_children_rank_the_chain_draft_first_and_hold_the_truth_at_rate_q()
 
 
 def test_tree_children_off_the_true_path_never_hold_the_truth_beyond_top_1() -> None:
-    drafter = Drafter(tree_oracle(0.0, 1.0))
+    drafter = DraftCache(tree_oracle(0.0, 1.0))
     drafter.prefill("q", None)
     off = (ANSWER[0] + 1,)  # a context the answer never had
     (row,) = drafter.expand([off], 4)
@@ -166,7 +166,7 @@ def test_tree_children_off_the_true_path_never_hold_the_truth_beyond_top_1() -> 
 
 
 def test_a_tree_expansion_is_paced_once_however_many_nodes() -> None:
-    drafter = Drafter(tree_oracle(0.8, 0.75, ms=30.0))
+    drafter = DraftCache(tree_oracle(0.8, 0.75, ms=30.0))
     drafter.prefill("q", None)
     t0 = time.perf_counter()
     drafter.expand([ANSWER[:p] for p in range(8)], 4)

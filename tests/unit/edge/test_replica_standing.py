@@ -3,8 +3,8 @@ requests again only after a probe answers; one that never failed is never probed
 
 from __future__ import annotations
 
-from eventspec.edge.cloud_link import CloudLink
-from eventspec.edge.replica_standing import Phase, ProbePolicy, ReplicaStanding
+from eventspec.edge.uplink.channel import CloudLink
+from eventspec.edge.uplink.standing import Phase, ProbePolicy, ReplicaStanding
 
 POLICY = ProbePolicy(timeout_s=1.0, first_gap_s=0.5, max_gap_s=2.0, log_every_s=60.0)
 

@@ -20,16 +20,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eventspec.demoworld.tiny_draft import build_tiny_random_draft
-from eventspec.edge.draft import DraftModel
-from eventspec.edge.draft_checkpoint import load_draft
-from eventspec.edge.drafter import Drafter, draft_many
-from eventspec.edge.model_dirs import TOY_DRAFT_DIR
-from eventspec.edge.static_draft import (
+from eventspec.edge.drafting.cache import DraftCache, draft_many
+from eventspec.edge.drafting.checkpoint import load_draft
+from eventspec.edge.drafting.eventgpt import DraftModel
+from eventspec.edge.drafting.static_backend import (
     StaticDraftBackend,
     draft_backend_for,
     draft_engine_name,
     draft_session_buckets,
 )
+from eventspec.edge.model_dirs import TOY_DRAFT_DIR
 from eventspec.shared.contract.errors import FailedPrecondition, InvalidInput
 from eventspec.shared.node.static.quant import QuantMode, dequantized_weights
 from eventspec.shared.node.static.weights import fuse_llama_weights
@@ -57,7 +57,7 @@ def _walk(pair: tuple[DraftModel, StaticDraftBackend], seed: int, steps: int = 1
     rng = random.Random(seed)
     pixels = _pixels(draft, seed)
     question = QUESTIONS[seed % len(QUESTIONS)]
-    ref, fast = Drafter(draft), Drafter(static)
+    ref, fast = DraftCache(draft), DraftCache(static)
     ref.prefill(question, pixels)
     fast.prefill(question, pixels)
     assert fast.cached_len() == ref.cached_len()
@@ -175,7 +175,7 @@ def test_a_quantised_backend_frees_the_dense_decoder_and_the_hf_path_says_so() -
     backend = draft_backend_for("auto", draft, QuantMode.INT8)  # CPU: static, since quantised
     assert draft_engine_name(backend) == "static int8"
     assert draft.model.model.layers[0].mlp.down_proj.weight.numel() == 0
-    ref, fast = Drafter(draft), Drafter(backend)
+    ref, fast = DraftCache(draft), DraftCache(backend)
     fast.prefill(QUESTIONS[0], _pixels(draft, 0))
     assert fast.draft_next([]) >= 0
     with pytest.raises(FailedPrecondition, match="quantised to int8"):
@@ -197,10 +197,10 @@ def test_requests_drafting_at_once_never_read_each_others_cache(num_slots: int) 
     draft = build_tiny_random_draft(seed=3)
     static = StaticDraftBackend(draft, num_slots=num_slots)
     rng = random.Random(num_slots)
-    pairs: list[tuple[Drafter, Drafter, list[int]]] = []
+    pairs: list[tuple[DraftCache, DraftCache, list[int]]] = []
     for i in range(3):
         pixels = _pixels(draft, 10 + i)
-        ref, fast = Drafter(draft), Drafter(static)
+        ref, fast = DraftCache(draft), DraftCache(static)
         ref.prefill(QUESTIONS[i], pixels)
         fast.prefill(QUESTIONS[i], pixels)
         pairs.append((ref, fast, []))
@@ -235,7 +235,7 @@ def test_sessions_drafting_in_one_forward_draft_what_each_drafts_alone(
     refs, fasts, contexts = [], [], []
     for i in range(3):
         pixels = _pixels(draft, 20 + i)
-        ref, fast = Drafter(draft), Drafter(static)
+        ref, fast = DraftCache(draft), DraftCache(static)
         ref.prefill(QUESTIONS[i], pixels)
         fast.prefill(QUESTIONS[i], pixels)
         refs.append(ref)

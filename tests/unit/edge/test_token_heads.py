@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from eventspec.edge.commit_log import CommitLogWriter, LogMeta, read_log
-from eventspec.edge.head_training import HeadTraining
-from eventspec.edge.token_heads import (
+from eventspec.edge.learning.commit_log import CommitLogWriter, LogMeta, read_log
+from eventspec.edge.learning.token_heads import (
     DraftHead,
     HeadCache,
     TokenHeadConfig,
@@ -22,7 +21,8 @@ from eventspec.edge.token_heads import (
     macs_per_token,
     save_head,
 )
-from eventspec.edge.train_heads import train_from_log
+from eventspec.edge.learning.train import train_from_log
+from eventspec.edge.learning.train_settings import HeadTraining
 from eventspec.shared.contract.errors import InvalidInput
 
 H, V = 16, 24

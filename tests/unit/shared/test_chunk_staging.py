@@ -10,7 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eventspec.cloud.prefill_chunking import ChunkPolicy, graphed_piece_rows
+from eventspec.cloud.scheduling.prefill_chunking import ChunkPolicy, graphed_piece_rows
 from eventspec.shared.node.static.chunk_staging import (
     CHUNK_SPLIT,
     CHUNK_TILE,

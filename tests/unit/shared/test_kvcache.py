@@ -17,7 +17,7 @@ from transformers import DynamicCache
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_draft import build_tiny_random_draft
 from eventspec.demoworld.tiny_target import build_tiny_random_target
-from eventspec.edge.draft import DraftModel
+from eventspec.edge.drafting.eventgpt import DraftModel
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.node.kvcache import CroppableCache, cache_kwarg, crop_cache
 

@@ -19,8 +19,8 @@ from eventspec.demoworld.toy_tokenizer import (
     corpus_lines,
     save_toy_tokenizer,
 )
-from eventspec.edge.draft import PROMPT_TEMPLATE as DRAFT_PROMPT
-from eventspec.edge.draft import SYSTEM_PROMPT
+from eventspec.edge.drafting.eventgpt import PROMPT_TEMPLATE as DRAFT_PROMPT
+from eventspec.edge.drafting.eventgpt import SYSTEM_PROMPT
 from eventspec.edge.model_dirs import TOY_DRAFT_DIR
 from eventspec.shared.toyworld.events import TOY_EVENT_DTYPE, events_in_window, simulate_events
 from eventspec.shared.toyworld.qa import (

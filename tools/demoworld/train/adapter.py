@@ -28,9 +28,14 @@ from eventspec.demoworld.train.common import (
 from eventspec.demoworld.train.draft import event_frames_for
 from eventspec.demoworld.train.settings import AdapterTraining
 from eventspec.demoworld.train.target import video_features
-from eventspec.edge.align import FeatureAdapter, build_adapter_for, load_adapter, save_adapter
-from eventspec.edge.draft import DraftModel
-from eventspec.edge.draft_checkpoint import load_draft
+from eventspec.edge.drafting.checkpoint import load_draft
+from eventspec.edge.drafting.eventgpt import DraftModel
+from eventspec.edge.vision.align import (
+    FeatureAdapter,
+    build_adapter_for,
+    load_adapter,
+    save_adapter,
+)
 
 log = logging.getLogger("eventspec.toy.adapter")
 

@@ -1,7 +1,7 @@
 """Toy commit logs and the offline speculation that judges drafting backends.
 
 Why: ``eventspec-edge train-adapter`` learns from what an edge logs at committed
-positions (``eventspec.edge.commit_log``). In the toy world the same rows can be made
+positions (``eventspec.edge.learning.commit_log``). In the toy world the same rows can be made
 without running the nodes: the target's greedy answer is what the cloud commits (it
 verifies greedily, so speculative output is token-identical to target-only), and
 feeding that answer to the drafter gives its hidden state at each committed position,
@@ -23,9 +23,9 @@ from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.train.common import examples_for, normalise
 from eventspec.demoworld.train.draft import event_frames_for
 from eventspec.demoworld.train.target import frames_for, greedy_answer_ids
-from eventspec.edge.commit_log import CommitLogWriter, LogMeta
-from eventspec.edge.draft import DraftModel
-from eventspec.edge.drafter import DraftBackend, Drafter
+from eventspec.edge.drafting.cache import DraftBackend, DraftCache
+from eventspec.edge.drafting.eventgpt import DraftModel
+from eventspec.edge.learning.commit_log import CommitLogWriter, LogMeta
 from eventspec.shared.toyworld.qa import QA
 
 
@@ -119,7 +119,7 @@ def top1_matches(backend: DraftBackend, examples: Sequence[Example]) -> list[boo
     drafts are accepted.)"""
     right: list[bool] = []
     for ex in examples:
-        drafter = Drafter(backend)
+        drafter = DraftCache(backend)
         drafter.prefill(ex.qa.question, ex.pixels)
         truth = list(ex.answer)
         right.extend(drafter.draft_next(truth[:p]) == truth[p] for p in range(len(truth)))
@@ -135,7 +135,7 @@ def speculate(backend: DraftBackend, examples: Sequence[Example], depth: int) ->
     counts = SpecCounts(depth)
     counts.top1_right = top1_matches(backend, examples)
     for ex in examples:
-        drafter = Drafter(backend)
+        drafter = DraftCache(backend)
         drafter.prefill(ex.qa.question, ex.pixels)
         truth = list(ex.answer)
         done = 0

@@ -37,13 +37,13 @@ from eventspec.demoworld.train.common import (
     write_card,
 )
 from eventspec.demoworld.train.settings import ModelTraining
-from eventspec.edge.draft import (
+from eventspec.edge.drafting.checkpoint import save_draft
+from eventspec.edge.drafting.eventgpt import (
     EVENT_TOKEN_INDEX,
     DraftModel,
     EventGPTConfig,
     EventGPTForCausalLM,
 )
-from eventspec.edge.draft_checkpoint import save_draft
 from eventspec.edge.events.render import events_to_frames
 from eventspec.shared.toyworld.events import events_in_window, simulate_events
 from eventspec.shared.toyworld.labels import attribute_labels

@@ -33,8 +33,8 @@ from eventspec.demoworld.train.common import (
 )
 from eventspec.demoworld.train.draft import _batch_embeds, _split_prompts, evaluate_draft
 from eventspec.demoworld.train.settings import ModelTraining
-from eventspec.edge.draft import DraftModel
-from eventspec.edge.draft_checkpoint import load_draft, save_draft
+from eventspec.edge.drafting.checkpoint import load_draft, save_draft
+from eventspec.edge.drafting.eventgpt import DraftModel
 
 log = logging.getLogger("eventspec.toy.misaligned")
 

@@ -479,7 +479,7 @@ class Stats(_message.Message):
     """Edge: time its draft forwards took, ms (after the draft prefill)."""
     plans_sent: _builtins.int
     """Cloud: Plans sent after the first, as the load and the request's acceptance changed
-    while it decoded (cloud/replanning.py).
+    while it decoded (cloud/requests/replanning.py).
     """
     steps_sat_out: _builtins.int
     """Cloud: steps the request sat out, dry, while the rest of a loaded batch stepped

@@ -757,7 +757,7 @@ Global___Done: _TypeAlias = Done  # noqa: Y015
 
 @_typing.final
 class CloudMessage(_message.Message):
-    """Plan first; later Plans re-plan the request while it decodes (cloud/replanning.py)."""
+    """Plan first; later Plans re-plan the request while it decodes (cloud/requests/replanning.py)."""
 
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -1,0 +1,181 @@
+"""The engine thread: the scheduler's plans run on the engine and the sampler, iteration
+after iteration, and their results handed to the event loop.
+
+Each iteration: take the commands (``StepScheduler.take_commands``, then the prefix
+cache's lookups of the new prefills); plan and run one prefill call
+(``eventspec.cloud.scheduling.prefill_calls``) unless its pieces ride the step; hand the first
+tokens over at once (so a busy batch adds no step to a time to first token); plan and run
+the batched step, one engine forward and one sampler call for every running session; hand
+its results over. Every hand-over is one ``call_soon_threadsafe`` (the
+:class:`~eventspec.cloud.scheduling.tickets.Outbox`).
+
+Failures: an engine or sampler error fails that call's requests (a mixed step that fails
+runs its pieces apart and its step plain, so a bad prompt fails alone) and the loop goes
+on; an error in the loop itself is a bug: the loop ends (``dead`` says why), every request
+in it fails with UNAVAILABLE, and ``on_death`` runs on the event loop so the server turns
+health NOT_SERVING.
+
+Why a thread and not an engine-core process: the loop's own Python work per step is
+tens of microseconds per session (``benchmarks/bench_scheduler_host.py``), small beside
+a forward, and torch releases the GIL inside its kernels; a process would add a msgpack
+round trip per step and a second copy of the request state. The thread's price is the
+GIL: it gives the lock up at every torch call and, while the gRPC event loop holds it,
+waits up to the interpreter's switch interval (5 ms by default) to get it back, a few
+dozen times a step. On an H100 at 16 and 64 sessions that put the step at 1.28 and
+1.23 times the device's time; with the interval at 0.1 ms (``switch_interval_s``, the
+server's ``--gil-switch-interval-ms``, set while the loop runs) 1.08 and 1.13
+(docs/scheduler.md, "The server as fast as its engine").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Sequence
+
+import torch
+
+from eventspec.cloud.engine.base import BatchedEngine, MixedStepEngine
+from eventspec.cloud.process import switch_interval
+from eventspec.cloud.scheduling.device_timer import DeviceTimer
+from eventspec.cloud.scheduling.prefill_calls import PrefillCalls, as_error
+from eventspec.cloud.scheduling.prefill_queue import Piece
+from eventspec.cloud.scheduling.sampler import BatchedSampler
+from eventspec.cloud.scheduling.stats import StepObserver
+from eventspec.cloud.scheduling.step_assembly import batch_of
+from eventspec.cloud.scheduling.step_plan import StepPlan
+from eventspec.cloud.scheduling.step_scheduler import StepScheduler
+
+log = logging.getLogger("eventspec.cloud.scheduling.scheduler")
+
+
+class EngineLoop:
+    """Runs ``scheduler``'s plans on ``engine`` in a thread of its own (see the module
+    docstring). ``observer`` hears of each step (metrics; None costs nothing);
+    ``switch_interval_s``: the interpreter's switch interval while the loop runs (None:
+    leave it)."""
+
+    def __init__(self, engine: BatchedEngine, scheduler: StepScheduler, sampler: BatchedSampler,
+                 prefill: PrefillCalls, *, observer: StepObserver | None = None,
+                 switch_interval_s: float | None = None,
+                 clock: Callable[[], float]) -> None:
+        self.engine = engine
+        self.scheduler = scheduler
+        self.sampler = sampler
+        self.prefill = prefill
+        self.observer = observer
+        self.switch_interval_s = switch_interval_s
+        self.dead: str | None = None  # why the loop ended, once it has
+        self._clock = clock
+        self._device_timer = DeviceTimer(torch.device(getattr(engine, "device", "cpu")))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._on_death: Callable[[str], None] | None = None
+        self._holds_switch_interval = False
+
+    def start(self, loop: asyncio.AbstractEventLoop,
+              on_death: Callable[[str], None] | None = None) -> None:
+        """Start the thread; results are delivered on ``loop``, and ``on_death(reason)``
+        runs there if the loop itself fails."""
+        self._loop = loop
+        self._on_death = on_death
+        if self.switch_interval_s is not None:  # process-wide; see the module docstring
+            switch_interval.hold(self.switch_interval_s)
+            self._holds_switch_interval = True
+        self._thread = threading.Thread(target=self._run, name="engine-core", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the loop and wait for it; requests still in it fail with UNAVAILABLE."""
+        self.scheduler.enqueue("stop")
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        if self._holds_switch_interval:
+            self._holds_switch_interval = False
+            switch_interval.let_go()
+
+    def _run(self) -> None:
+        sched = self.scheduler
+        try:
+            while not sched.stopping:
+                self.prefill.reuse_prefixes(sched.take_commands(block=sched.idle))
+                if sched.stopping:
+                    break
+                riding: Sequence[Piece] = ()
+                plan = sched.schedule_prefill()
+                if plan is not None and plan.ride:
+                    riding = plan.pieces
+                elif plan is not None:
+                    self.prefill.run(plan)
+                # The first token goes out now, not after the next step.
+                sched.outbox.flush(self._loop)
+                self._step(riding)
+                sched.outbox.flush(self._loop)
+        except BaseException as exc:  # a bug in the loop must not leave streams hanging
+            self.dead = f"{type(exc).__name__}: {exc}"
+            log.exception("the engine loop died")
+            if self._on_death is not None and self._loop is not None:
+                with contextlib.suppress(RuntimeError):
+                    self._loop.call_soon_threadsafe(self._on_death, self.dead)
+        finally:
+            if self.dead is None:
+                self.dead = "stopped"
+            sched.shut_down()
+            sched.outbox.flush(self._loop)
+
+    def _step(self, riding: Sequence[Piece]) -> None:
+        """One engine step and one sampler call for every running session; ``riding``
+        prompt pieces go through the same forward (a mixed step), or, if it fails, in a
+        call of their own before a plain step, so a bad piece fails alone."""
+        plan = self.scheduler.schedule_step(riding)
+        if plan is None:
+            if riding:
+                self.prefill.run_pieces(riding, self._clock())
+            return
+        batch = batch_of(plan.inputs, self.engine.device)
+        t_engine = self._clock()
+        chunk_logits: torch.Tensor | None = None
+        if plan.riding:
+            engine = self.engine
+            assert isinstance(engine, MixedStepEngine)
+            try:
+                self._device_timer.start()
+                logits, chunk_logits = engine.step_with_chunks(
+                    batch, self.prefill.chunks_of(plan.riding))
+                self._device_timer.stop()
+            except Exception:
+                log.warning("a mixed step of %d sessions and %d prompt pieces failed; "
+                            "running them apart", len(plan.sessions), len(plan.riding),
+                            exc_info=True)
+                self.prefill.run_pieces(plan.riding, self._clock())
+                self._step(())
+                return
+            self.prefill.after_pieces(plan.riding, chunk_logits, t_engine, own_call=False)
+        try:
+            if chunk_logits is None:
+                self._device_timer.start()
+                logits = self.engine.step(batch)  # [N, V]
+                self._device_timer.stop()
+            t_sampler = self._clock()
+            verdicts = self.sampler(logits, plan.specs)
+        except Exception as exc:  # the batch fails, the loop goes on
+            self.scheduler.fail(plan.tickets, as_error(exc, "step"))
+            return
+        t_done = self._clock()
+        self.scheduler.update_step(plan, verdicts, (t_done - t_engine) * 1e3)
+        self._record_step(plan, batch.num_tokens, t_engine, t_sampler, t_done)
+
+    def _record_step(self, plan: StepPlan, tokens: int, t_engine: float, t_sampler: float,
+                     t_done: float) -> None:
+        """Count the step and split its time into engine, sampler and the loop's own work
+        (planning before the engine call, and the commits after the sampler)."""
+        sessions = len(plan.sessions)
+        self.scheduler.stats.observe_step(
+            sessions, tokens, engine_ms=(t_sampler - t_engine) * 1e3,
+            sampler_ms=(t_done - t_sampler) * 1e3,
+            overhead_ms=((t_engine - plan.t_start) + (self._clock() - t_done)) * 1e3,
+            device_ms=self._device_timer.elapsed_ms())  # the sampler's read waited for it
+        if self.observer is not None:
+            self.observer.on_step(sessions, tokens, t_done - t_engine)

@@ -1,0 +1,178 @@
+"""The prefills waiting for the engine loop, and which of them go into one prefill call.
+
+First come, first served: a call takes the oldest waiting request, whatever its length,
+plus those after it while their prompts fit ``token_budget`` tokens in all; a request
+that ended while it waited (released, cancelled, overdue) is dropped as it comes up.
+With chunked prefill (``eventspec.cloud.scheduling.prefill_chunking``) a call takes pieces
+instead: a reused prefix's few remaining rows first (its question), then the rest of
+the oldest prompt, then the next prompts' beginnings, until the chunk budget is
+spent; a prompt left unfinished stays at the head with its progress.
+Kept apart from the scheduler (``eventspec.cloud.scheduling.step_scheduler``), which asks only for
+the next group, so the admission policy reads in one place. Only the engine thread changes the
+queue; its length is read from other threads (approximate) for the metrics.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from eventspec.cloud.engine.base import PrefillRequest
+from eventspec.cloud.scheduling.tickets import Ticket
+
+#: Prompt tokens one prefill call may take when several requests wait. One 2,103-token
+#: Video-LLaVA prompt already exceeds it, so on a GPU prefills stay one per call (each
+#: fills the device; grouping two would double the stall of running sessions for little
+#: gain); the toy's ~150-token prompts go up to 13 per call, so requests that arrive
+#: together start together and step in full batches. The oldest waiting request is
+#: always taken, whatever its length.
+DEFAULT_PREFILL_TOKEN_BUDGET = 2048
+#: A prompt whose prefix came from the cache and has at most this many rows left (its
+#: question) goes first in a chunked call, outside the call's budget, and so finishes
+#: in it: a repeated clip's question does not wait behind
+#: a long prompt's chunks (on the H200 its TTFT was 63-69 ms at 4-8 requests/s, the
+#: queue behind 512-token chunks a large part of it). At most
+#: :data:`SHORT_TAILS_PER_CALL` such rows ride in one call, so the call barely grows
+#: (a piece's cost on a GPU is mostly per call, not per row).
+SHORT_TAIL_TOKENS = 64
+SHORT_TAILS_PER_CALL = 256
+
+
+@dataclass(eq=False)
+class Pending:
+    """A queued prefill and how far its chunks have come."""
+
+    ticket: Ticket
+    request: PrefillRequest
+    done: int = 0  # prompt positions already in the slot
+    embeds: torch.Tensor | None = None  # [L - first, H] once its first chunk was planned
+    first: int = 0  # the prompt row ``embeds`` starts at (a reused prefix's length)
+    started: bool = False  # a piece of it has been written
+    prefix_key: str | None = None  # save its prefix under this key once it is written
+    prefix_len: int = 0
+    reused: int = 0  # prompt positions copied from the prefix cache (a hit)
+
+    @property
+    def length(self) -> int:
+        return len(self.request.input_ids)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Positions ``start`` .. ``end - 1`` of ``pending``'s prompt, for one call."""
+
+    pending: Pending
+    start: int
+    end: int
+
+    @property
+    def finishes(self) -> bool:
+        return self.end == self.pending.length
+
+
+class PrefillQueue:
+    """Queued prefills, oldest first, and the token budget of one call."""
+
+    def __init__(self, token_budget: int = DEFAULT_PREFILL_TOKEN_BUDGET) -> None:
+        if token_budget < 1:
+            raise ValueError(f"prefill_token_budget must be >= 1, got {token_budget}")
+        self.token_budget = token_budget
+        self._waiting: collections.deque[Pending] = collections.deque()
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def add(self, ticket: Ticket, request: PrefillRequest) -> Pending:
+        """Queue ``ticket``'s prefill behind the others."""
+        pending = Pending(ticket, request)
+        self._waiting.append(pending)
+        return pending
+
+    def peek(self) -> Pending | None:
+        """The oldest waiting prefill, left in the queue."""
+        return self._waiting[0] if self._waiting else None
+
+    def tickets(self) -> list[Ticket]:
+        """The waiting requests' tickets, oldest first (a copy)."""
+        return [p.ticket for p in self._waiting]
+
+    def clear(self) -> None:
+        self._waiting.clear()
+
+    def forget(self, ticket: Ticket) -> None:
+        """Drop ``ticket``'s prefill if it is still waiting."""
+        if any(p.ticket is ticket for p in self._waiting):
+            self._waiting = collections.deque(p for p in self._waiting if p.ticket is not ticket)
+
+    def next_group(
+        self, still_wanted: Callable[[Ticket], bool]
+    ) -> list[tuple[Ticket, PrefillRequest]]:
+        """Take the next call's requests off the queue (empty when none waits).
+
+        Each request leaves the queue before ``still_wanted`` is asked about it, since the
+        answer may end it (and the loop then ``forget``s it here); one not wanted takes no
+        room in the budget.
+        """
+        group: list[tuple[Ticket, PrefillRequest]] = []
+        tokens = 0
+        while self._waiting:
+            head = self._waiting[0]
+            if group and tokens + head.length > self.token_budget:
+                break
+            self._waiting.popleft()
+            if not still_wanted(head.ticket):
+                continue
+            group.append((head.ticket, head.request))
+            tokens += head.length
+        return group
+
+    def next_pieces(self, budget: int, still_wanted: Callable[[Ticket], bool]) -> list[Piece]:
+        """The next chunked call: first the short tails (prompts whose prefix came from
+        the cache, with at most :data:`SHORT_TAIL_TOKENS` rows left, oldest first, up to
+        :data:`SHORT_TAILS_PER_CALL` rows outside the budget), then pieces of the oldest
+        prompts, ``budget`` tokens in all (at least one token of the oldest). A prompt
+        whose piece reaches its end leaves the queue; one cut short stays at the head,
+        and its ``done`` moves on only when the caller records the call
+        (:meth:`advance`). Unwanted requests are dropped as they come up, as in
+        :meth:`next_group`."""
+        pieces: list[Piece] = []
+        taken: set[Pending] = set()
+        room = SHORT_TAILS_PER_CALL
+        for pending in list(self._waiting):
+            rest = pending.length - pending.done
+            untouched_reuse = pending.reused > 0 and pending.done == pending.reused
+            if not untouched_reuse or rest > min(SHORT_TAIL_TOKENS, room):
+                continue
+            if not still_wanted(pending.ticket):
+                self.forget(pending.ticket)
+                continue
+            pieces.append(Piece(pending, pending.done, pending.length))
+            taken.add(pending)
+            room -= rest
+        left = max(1, budget)
+        i = 0
+        while i < len(self._waiting) and left > 0:
+            pending = self._waiting[i]
+            if pending in taken:
+                i += 1
+                continue
+            if not still_wanted(pending.ticket):
+                self.forget(pending.ticket)
+                continue
+            end = min(pending.length, pending.done + left)
+            pieces.append(Piece(pending, pending.done, end))
+            left -= end - pending.done
+            i += 1
+        for piece in pieces:
+            if piece.finishes:
+                self._waiting.remove(piece.pending)
+        return pieces
+
+    @staticmethod
+    def advance(pieces: list[Piece]) -> None:
+        """Record that the pieces' call wrote them."""
+        for piece in pieces:
+            piece.pending.done = piece.end
