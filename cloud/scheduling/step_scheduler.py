@@ -22,13 +22,12 @@ The step is planned after the prefill's update, not with it: the prefill's first
 decide which new sessions step (a first token can end a request), and a new session
 steps in the same iteration as its prefill, as it did before the split.
 
-Every result goes to the :class:`~eventspec.cloud.scheduling.tickets.Outbox`, which the loop hands
-to
-the event loop; a request that ends (finished, failed, cancelled, overdue) gives its KV
-slot back here (``free_kv``: the engine's ``free``). Policy: every running session steps
-every iteration (none starves), except that with ``--sit-out`` on (off by default) a dry
-session in a loaded batch whose drafts are on their way may sit one step out
-(:mod:`eventspec.cloud.speculation.sit_out`); one prefill call per iteration.
+Every result goes to the :class:`~eventspec.cloud.scheduling.tickets.Outbox`, which the
+loop hands to the event loop; a request that ends (finished, failed, cancelled, overdue)
+gives its KV slot back here (``free_kv``: the engine's ``free``). Policy: every running
+session steps every iteration (none starves), except that with ``--sit-out`` on (off by
+default) a dry session in a loaded batch whose drafts are on their way may sit one step
+out (:mod:`eventspec.cloud.speculation.sit_out`); one prefill call per iteration.
 """
 
 from __future__ import annotations
