@@ -60,12 +60,24 @@ async def _list_services(channel: aio.Channel, security: ClientSecurity) -> list
     return names
 
 
+#: What ``grpc.aio``'s client reports instead of the server's status when its write of the
+#: request lands after the server already ended the call: a client-side race, open
+#: upstream (grpc/grpc#36066, fix proposed in grpc/grpc#43486). The server's side of each
+#: refusal is asserted from its own counters instead.
+CLIENT_RACE = (grpc.StatusCode.INTERNAL, "Internal error from Core")
+
+
 async def _code(channel: aio.Channel, security: ClientSecurity) -> tuple[grpc.StatusCode, str]:
     try:
         await _list_services(channel, security)
     except aio.AioRpcError as exc:
         return exc.code(), exc.details() or ""
     return grpc.StatusCode.OK, ""
+
+
+def _refused_as(outcomes: list[tuple[grpc.StatusCode, str]], code: grpc.StatusCode) -> bool:
+    """Every call got ``code``, or the client's race hid it (:data:`CLIENT_RACE`)."""
+    return all(c == code or (c, d) == CLIENT_RACE for c, d in outcomes)
 
 
 async def test_a_flooding_connection_is_cut_off_and_others_are_served(
@@ -81,7 +93,7 @@ async def test_a_flooding_connection_is_cut_off_and_others_are_served(
             open_channel(address, bad_sec, OWN_CONNECTION) as bad:
         assert "grpc.health.v1.Health" in await _list_services(good, good_sec)
         codes = [await _code(bad, bad_sec) for _ in range(LIMIT + 1)]
-        assert {c for c, _ in codes} == {grpc.StatusCode.UNAUTHENTICATED}, codes
+        assert _refused_as(codes, grpc.StatusCode.UNAUTHENTICATED), codes
         assert node.refusals.budget.cut_connections == 1
         # Cut off: its calls are held at HEADERS, then refused; auth never sees them.
         held = [asyncio.create_task(_code(bad, bad_sec)) for _ in range(20)]
@@ -89,8 +101,9 @@ async def test_a_flooding_connection_is_cut_off_and_others_are_served(
         for _ in range(5):
             assert "grpc.health.v1.Health" in await _list_services(good, good_sec)
         outcomes = await asyncio.gather(*held)
-        assert {c for c, _ in outcomes} == {grpc.StatusCode.RESOURCE_EXHAUSTED}, outcomes
-        assert all("cut off" in d and "unauthenticated" in d for _, d in outcomes), outcomes
+        assert _refused_as(outcomes, grpc.StatusCode.RESOURCE_EXHAUSTED), outcomes
+        assert all("cut off" in d and "unauthenticated" in d
+                   for c, d in outcomes if (c, d) != CLIENT_RACE), outcomes
         assert len(denied) == LIMIT + 1, denied
         assert node.refusals.budget.refused_cut == 20
         # The good connection was never counted.
