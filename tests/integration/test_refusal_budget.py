@@ -25,6 +25,7 @@ from eventspec.shared.wire.host import GrpcHost
 from eventspec.shared.wire.refusals import RefusalBudget
 from eventspec.shared.wire.security import ClientSecurity
 from tests.support import tls_harness as th
+from tests.support.grpc_races import CLIENT_RACE
 from tests.support.waiting import until
 
 LIMIT = 5
@@ -60,13 +61,6 @@ async def _list_services(channel: aio.Channel, security: ClientSecurity) -> list
     return names
 
 
-#: What ``grpc.aio``'s client reports instead of the server's status when its write of the
-#: request lands after the server already ended the call: a client-side race, open
-#: upstream (grpc/grpc#36066, fix proposed in grpc/grpc#43486). The server's side of each
-#: refusal is asserted from its own counters instead.
-CLIENT_RACE = (grpc.StatusCode.INTERNAL, "Internal error from Core")
-
-
 async def _code(channel: aio.Channel, security: ClientSecurity) -> tuple[grpc.StatusCode, str]:
     try:
         await _list_services(channel, security)
@@ -76,7 +70,9 @@ async def _code(channel: aio.Channel, security: ClientSecurity) -> tuple[grpc.St
 
 
 def _refused_as(outcomes: list[tuple[grpc.StatusCode, str]], code: grpc.StatusCode) -> bool:
-    """Every call got ``code``, or the client's race hid it (:data:`CLIENT_RACE`)."""
+    """Every call got ``code``, or the client's race hid it (:data:`CLIENT_RACE`); each
+    call counts against the budget, so none is retried: the server's side of each refusal
+    is asserted from its own counters."""
     return all(c == code or (c, d) == CLIENT_RACE for c, d in outcomes)
 
 
