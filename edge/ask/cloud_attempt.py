@@ -294,7 +294,7 @@ class CloudAttempt:
                            self.stage)
         tree = self.session.tree
         stats = replace(
-            stats, draft_forward_ms=drafter.draft_ms_total,
+            stats, draft_forward_ms=drafter.draft_busy_ms,
             tree_nodes_sent=tree.nodes_sent if tree is not None else 0,
             tree_nodes_pruned=tree.nodes_pruned if tree is not None else 0,
             tree_branch_hits=tree.branch_hits if tree is not None else 0)

@@ -54,7 +54,11 @@ class DraftCache:
         self._prefill_logits: torch.Tensor | None = None  # [V], after the prompt
         self.last_logits: torch.Tensor | None = None  # [V], after ``self._fed``
         self.prefill_ms = 0.0
+        #: Time this session waited on draft forwards (its latency: what the plan prices).
         self.draft_ms_total = 0.0
+        #: Its share of the edge's busy time: a forward shared by n sessions counts 1/n
+        #: here (what the request's ``draft_forward_ms`` reports).
+        self.draft_busy_ms = 0.0
         self.drafted_total = 0
         self.rollbacks = 0
         #: perf_counter at the prefill's start and end (a request's timeline).
@@ -130,8 +134,9 @@ class DraftCache:
         self._fed = ctx
         self.last_logits = rows[-1]
 
-    def _count(self, t0: float, t1: float, forwards: int) -> None:
+    def _count(self, t0: float, t1: float, forwards: int, sharers: int = 1) -> None:
         self.draft_ms_total += (t1 - t0) * 1e3
+        self.draft_busy_ms += (t1 - t0) * 1e3 / max(1, sharers)
         self.drafted_total += forwards
         if self.spans is not None and len(self.spans) < MAX_SPANS:
             self.spans.append((t0, t1))
@@ -173,7 +178,7 @@ def draft_many(requests: Sequence[tuple[DraftCache, Sequence[int]]]) -> list[int
     steps several sessions together (``step_many``) feed in one forward; any other in
     its own (issue 36: an edge's sessions no longer take turns at the model).
 
-    Each drafter's time counts the whole forward it shared."""
+    Each drafter's wait counts the whole forward it shared; its busy share, 1/n of it."""
     t0 = time.perf_counter()
     for d, _ in requests:
         if d._state is None or d._prefill_logits is None:
@@ -195,7 +200,7 @@ def draft_many(requests: Sequence[tuple[DraftCache, Sequence[int]]]) -> list[int
     for d, _ in requests:
         assert d.last_logits is not None
         tokens.append(d.backend.greedy_next(d.last_logits))
-        d._count(t0, t1, 1)
+        d._count(t0, t1, 1, sharers=len(requests))
     return tokens
 
 
@@ -219,7 +224,7 @@ def expand_many(requests: Sequence[tuple[DraftCache, Sequence[Sequence[int]], in
             t1 = time.perf_counter()
             for i, r in zip(group, results, strict=True):
                 out[i] = r
-                requests[i][0]._count(t0, t1, 1)
+                requests[i][0]._count(t0, t1, 1, sharers=len(group))
         else:
             for i in group:
                 d, contexts, k = requests[i]

@@ -335,7 +335,8 @@ class RequestStats:
     tree_nodes_sent: int = 0
     tree_nodes_pruned: int = 0
     tree_branch_hits: int = 0
-    #: Edge: time its draft forwards took, ms (after the draft prefill).
+    #: Edge: its share of the edge's draft forwards, ms (after the draft prefill); a
+    #: forward shared by n sessions counts 1/n to each.
     draft_forward_ms: float = 0.0
     #: Cloud: Plans sent after the first, re-planned while the answer decoded.
     plans_sent: int = 0

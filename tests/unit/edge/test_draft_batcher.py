@@ -189,3 +189,22 @@ def test_the_oracle_expands_several_trees_in_one_forward() -> None:
     got = expand_many([(d, c, 4) for d, c in zip(mine, contexts, strict=True)])
     assert got == [d.expand(c, 4) for d, c in zip(theirs, contexts, strict=True)]
     assert calls == [3]
+
+
+def test_a_shared_forward_counts_once_in_the_edges_busy_time() -> None:
+    """Four sessions in one forward: each waited the whole forward (its latency, which
+    the plan prices), but the edge was busy once, so the sessions' busy shares add up to
+    the forward's time, not four times it (the capacity JSONs' ``draft_ms_per_step``)."""
+    backend = _oracle()
+    mine = [DraftCache(backend) for _ in range(4)]
+    for i, d in enumerate(mine):
+        d.prefill(f"q{i}", None)  # type: ignore[arg-type]
+    draft_many([(d, []) for d in mine])
+    waited = [d.draft_ms_total for d in mine]
+    assert all(w == waited[0] for w in waited) and waited[0] > 0
+    busy = [d.draft_busy_ms for d in mine]
+    assert sum(busy) == pytest.approx(waited[0])
+    alone = DraftCache(_oracle())
+    alone.prefill("q0", None)  # type: ignore[arg-type]
+    alone.draft_next([])
+    assert alone.draft_busy_ms == alone.draft_ms_total > 0
