@@ -335,8 +335,7 @@ class RequestStats:
     tree_nodes_sent: int = 0
     tree_nodes_pruned: int = 0
     tree_branch_hits: int = 0
-    #: Edge: its share of the edge's draft forwards, ms (after the draft prefill); a
-    #: forward shared by n sessions counts 1/n to each.
+    #: Edge: its share of the draft forwards' time, ms (n sessions in one: 1/n each).
     draft_forward_ms: float = 0.0
     #: Cloud: Plans sent after the first, re-planned while the answer decoded.
     plans_sent: int = 0
