@@ -72,6 +72,11 @@ class Setup:
     sit_out: bool = False
     #: The edge's ``--drafts-every``: draft forwards (chains: tokens) per message.
     drafts_every: int = 1
+    #: "path": each step verifies the likeliest path of the kept tree (the product);
+    #: "tree": every kept branch at once (tree attention, not built), accepting along
+    #: whichever branch the answer takes (``DraftForest.match_depth``), up to
+    #: ``max_verify``. Prices what several branches a step would add.
+    verify: str = "path"
 
 
 @dataclass
@@ -140,6 +145,10 @@ def replay(setup: Setup, drafter: DraftCache, answer: Sequence[int], *, trees: b
     def verify() -> tuple[int, list[int]]:
         drafts = cloud.drafts_now()
         n = len(cloud.committed)
+        if setup.verify == "tree":  # every kept branch: the rows are the tree's nodes ahead
+            ok = min(cloud.drafts.match_depth(answer[n: n + setup.max_verify]),
+                     len(answer) - n)
+            return cloud.drafts.ahead, [*answer[n: n + ok + 1]]
         ok = 0
         while ok < len(drafts) and n + ok < len(answer) and drafts[ok] == answer[n + ok]:
             ok += 1
@@ -208,6 +217,7 @@ def run(setup: Setup, seeds: int) -> dict[str, Any]:
         "step_ms": setup.step_ms, "draft_ms": setup.draft_ms, "tokens": setup.tokens,
         "tree": None if setup.coverage <= 0 else vars(setup.shape),
         "sit_out": setup.sit_out,
+        "verify": setup.verify,
         "nodes_sent_per_step": (sum(o.nodes_sent for o in outs)
                                 / max(1, sum(o.steps for o in outs))),
         "sat_out_share": (sum(o.sat_out for o in outs)
@@ -238,6 +248,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--sit-out", action="store_true",
                    help="also run each configuration with a session sitting out a step it "
                         "has no drafts for (at most one in a row)")
+    p.add_argument("--verify", nargs="+", choices=("path", "tree"), default=["path"],
+                   help="path: each step verifies the kept tree's likeliest path (the "
+                        "product); tree: every kept branch at once (tree attention)")
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--out", type=Path, default=None, help="also write the runs here, stamped")
     a = p.parse_args(argv)
@@ -246,9 +259,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     runs = []
     for rtt in a.rtt_ms:
         for q in a.coverage:
-            for sit_out in (False, True) if a.sit_out else (False,):
+            for sit_out, verify in itertools.product(
+                    (False, True) if a.sit_out else (False,), a.verify):
                 setup = Setup(a.alpha, q, rtt, a.step_ms, a.draft_ms, tokens=a.tokens,
-                              max_verify=a.max_verify, shape=shape, sit_out=sit_out)
+                              max_verify=a.max_verify, shape=shape, sit_out=sit_out,
+                              verify=verify)
                 runs.append(run(setup, a.seeds))
                 print(json.dumps(runs[-1]))
     if a.out is not None:

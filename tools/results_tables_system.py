@@ -96,6 +96,8 @@ def pipeline_sim(runs: Named) -> list[str]:
                       f"{tree['top_k']}{branch}, {tree['per_forward']} per forward")
             if s.get("sit_out"):
                 drafts += f"; sits out when dry ({s['sat_out_share']:.0%} of its steps)"
+            if s.get("verify") == "tree":
+                drafts += "; every branch verified each step"
             rows.append((drafts, f"{s['step_ms']:g}", f"{s['draft_ms']:g}",
                          f"{s['rtt_ms']:g}", s["tokens"], f"{s['tokens_per_step']:.2f}",
                          f"{s['speedup']:.2f}", f"{s['accepted_over_verified']:.3f}"))

@@ -172,6 +172,22 @@ class DraftForest:
             frontier = list(best.children.values())
         return out
 
+    def match_depth(self, tokens: Sequence[int]) -> int:
+        """How many of ``tokens`` (what follows C) the kept tree holds as one path below
+        C's end (after :meth:`sync`): what a step verifying every kept branch at once
+        (tree attention; SpecInfer, EAGLE-2) would accept before its correction, where
+        :meth:`path` verifies only the likeliest branch. The simulator
+        (``benchmarks/pipeline_sim.py --verify tree``) prices that alternative with it."""
+        frontier = [c for a in self._on_c.get(self._synced - 1, []) for c in a.children.values()]
+        depth = 0
+        for tok in tokens:
+            nxt = [c for c in frontier if c.token == tok]
+            if not nxt:
+                break
+            depth += 1
+            frontier = [c for n in nxt for c in n.children.values()]
+        return depth
+
     @property
     def ahead(self) -> int:
         """Nodes ahead of C now (a walk of the live tree; for tests and statistics)."""

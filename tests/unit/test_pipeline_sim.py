@@ -4,6 +4,8 @@ perfect drafts are used, and useless ones cost nothing but steps."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from benchmarks.pipeline_sim import Setup, simulate
 
 
@@ -44,3 +46,16 @@ def test_a_session_that_sits_out_dry_steps_verifies_more_per_step_but_answers_la
     assert sit.sat_out > 0 and step.sat_out == 0
     assert sit.tokens_per_step > step.tokens_per_step
     assert sit.ms > step.ms
+
+
+def test_verifying_every_branch_accepts_at_least_what_the_likeliest_path_does() -> None:
+    """``--verify tree`` (tree attention, priced but not built) accepts along any kept
+    branch the answer takes: never fewer tokens a step than one path, and the answer is
+    still the target's (asserted inside). With chains there is one branch: the same."""
+    base = Setup(alpha=0.7, coverage=1.0, tokens=96, step_ms=19.0, rtt_ms=20.0)
+    path = simulate(base, seed=5)
+    tree = simulate(replace(base, verify="tree"), seed=5)
+    assert tree.tokens == path.tokens == 96
+    assert tree.tokens_per_step >= path.tokens_per_step
+    chains = replace(base, coverage=0.0)
+    assert simulate(replace(chains, verify="tree"), seed=5).steps == simulate(chains, seed=5).steps

@@ -129,6 +129,40 @@ def test_the_likeliest_child_is_verified_and_the_rest_kept() -> None:
     assert forest.path(8) == [] and forest.ahead == 0 and forest.pruned == 3
 
 
+def test_the_whole_tree_accepts_along_any_branch_the_likeliest_path_only_its_own() -> None:
+    """``match_depth``: what verifying every kept branch in one step would accept, for
+    the simulator's ``--verify tree``. The likeliest path is 6, 7; the answer 5, 8 runs
+    down the other branch, so one path accepts nothing and the whole tree two."""
+    forest = DraftForest()
+    forest.add_nodes(0, (DraftNode(0, ROOT, 5, -2.0), DraftNode(1, ROOT, 6, -0.1),
+                         DraftNode(2, 1, 7, -0.5), DraftNode(3, 0, 8, -0.1)), [])
+    assert forest.match_depth([5, 8, 9]) == 2 and forest.match_depth([6, 7]) == 2
+    assert forest.match_depth([6, 8]) == 1 and forest.match_depth([9]) == 0
+    assert forest.match_depth([]) == 0
+    forest.sync([5])
+    assert forest.match_depth([8, 1]) == 1 and forest.match_depth([7]) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(tails=st.lists(st.lists(st.integers(3, 6), min_size=1, max_size=5), min_size=1,
+                      max_size=6),
+       answer=st.lists(st.integers(3, 6), min_size=1, max_size=6))
+def test_the_whole_tree_accepts_at_least_the_likeliest_path(tails: list[list[int]],
+                                                            answer: list[int]) -> None:
+    """Chains from C's start merged into one tree: the whole tree accepts exactly the
+    longest agreement of the answer with any chain sent, never less than its likeliest
+    path does."""
+    forest = DraftForest()
+    for tail in tails:
+        forest.add_chain(0, tail, [])
+    path = forest.path(8)
+    along_path = next((i for i, (a, b) in enumerate(zip(path, answer, strict=False)) if a != b),
+                      min(len(path), len(answer)))
+    best = max(next((i for i, (a, b) in enumerate(zip(t, answer, strict=False)) if a != b),
+                    min(len(t), len(answer))) for t in tails)
+    assert forest.match_depth(answer) == best >= along_path
+
+
 def test_a_late_child_is_dropped_and_a_child_of_c_is_kept() -> None:
     forest = DraftForest()
     forest.add_nodes(0, (DraftNode(0, ROOT, 5), DraftNode(1, 0, 6)), [])
