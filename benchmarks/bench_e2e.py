@@ -123,6 +123,7 @@ def summarise(rows: list[dict[str, Any]], *, drafter: Drafter, rtt_ms: float, cl
         # not batch-invariant (issue 24), so they measure how far it is.
         "identical_share": float(np.mean(same)),
         "target_as_answers_share": float(np.mean(as_answers)),
+        "pair_repeats": args.pair_repeats,
         "speedup_p50": achieved, "speedup_p10": float(np.quantile(speedups, 0.1)),
         "share_slower_3pct": float(np.mean(speedups < 1 / SLOWER)),
         "spec_ms_p50": statistics.median(r["spec_ms"] for r in rows),
@@ -183,7 +184,8 @@ async def latency_points(args: argparse.Namespace, edges: Sequence[str],
     for n in args.clients:
         k = per_client(args, n)
         started = time.perf_counter()
-        per = await asyncio.gather(*(ask_pairs(edges[i % len(edges)], qs, args.max_new_tokens)
+        per = await asyncio.gather(*(ask_pairs(edges[i % len(edges)], qs, args.max_new_tokens,
+                                               args.pair_repeats)
                                      for i, qs in enumerate(split(pool, n, k))))
         rows = [r for rs in per for r in rs]
         point = summarise(rows, drafter=drafter, rtt_ms=rtt, clients=n, args=args,
@@ -340,6 +342,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", type=int, default=3, help="per client per point")
     p.add_argument("--point-requests", type=int, default=0,
                    help="at least this many requests per point: clients ask more at small N")
+    p.add_argument("--pair-repeats", type=int, default=1,
+                   help="latency points: each request's two modes this many rounds back to "
+                        "back (the order alternating), each mode's median time compared")
     p.add_argument("--max-edges", type=int, default=0,
                    help="edge processes at most (0: one per client); client i asks edge "
                         "i mod this")
@@ -413,8 +418,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = argv
     args.edge_args = args.edge_args or []
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    if args.requests < 1 or min([*args.clients, *args.capacity_clients]) < 1:
-        print("--clients, --capacity-clients and --requests must be >= 1", file=sys.stderr)
+    if (args.requests < 1 or args.pair_repeats < 1
+            or min([*args.clients, *args.capacity_clients]) < 1):
+        print("--clients, --capacity-clients, --requests and --pair-repeats must be >= 1",
+              file=sys.stderr)
         return 2
     try:
         args.alphas = [Drafter.parse(a, args.oracle_ms_per_token) for a in args.alphas]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -82,39 +83,65 @@ def speculative_first(question: str) -> bool:
     return hashlib.blake2b(question.encode(), digest_size=1).digest()[0] % 2 == 0
 
 
-async def ask_pairs(address: str, questions: Sequence[Question], max_new: int
-                    ) -> list[dict[str, Any]]:
-    """Each question speculative and target-only on one edge: one row per question.
+def pair_orders(question: str, repeats: int) -> list[bool]:
+    """Whether the speculative run goes first in each of a request's ``repeats`` rounds:
+    the question's coin for the first, then alternating, so a drift of the machine during
+    the pair weighs on both modes alike."""
+    first = speculative_first(question)
+    return [first != bool(r % 2) for r in range(max(1, repeats))]
+
+
+def pair_row(question: str, spec_runs: Sequence[tuple[FinalEvent, float]],
+             base_runs: Sequence[tuple[FinalEvent, float]]) -> dict[str, Any]:
+    """One request's row from its rounds: each mode's median time (one round: its time),
+    the speedup of those medians, and the last round's answers and statistics."""
+    spec, _ = spec_runs[-1]
+    base, _ = base_runs[-1]
+    spec_ms = statistics.median(ms for _, ms in spec_runs)
+    base_ms = statistics.median(ms for _, ms in base_runs)
+    s = spec.stats
+    return {
+        "question": question, "spec_ms": spec_ms, "target_ms": base_ms,
+        "speedup": base_ms / spec_ms, "tokens": len(spec.token_ids),
+        "spec_ms_runs": [ms for _, ms in spec_runs],
+        "target_ms_runs": [ms for _, ms in base_runs],
+        "same_across_runs": len({tuple(f.token_ids) for f, _ in (*spec_runs, *base_runs)}) == 1,
+        "spec_ids": list(spec.token_ids), "target_ids": list(base.token_ids),
+        "drafted": s.drafted, "accepted": s.accepted, "steps": s.target_steps,
+        "target_only_steps": base.stats.target_steps,
+        "hidden_drafted": s.hidden_drafted, "hidden_accepted": s.hidden_accepted,
+        "ttft_ms": s.ttft_ms, "target_ttft_ms": base.stats.ttft_ms,
+        "speculated": bool(spec.plan and spec.plan.speculate),
+        "lookahead": spec.plan.lookahead_tokens if spec.plan else 0,
+        "hidden_budget": spec.plan.hidden_draft_budget if spec.plan else 0,
+        "plan_prefill_ms": spec.plan.predicted_prefill_ms if spec.plan else 0.0,
+    }
+
+
+async def ask_pairs(address: str, questions: Sequence[Question], max_new: int,
+                    repeats: int = 1) -> list[dict[str, Any]]:
+    """Each question speculative and target-only on one edge, ``repeats`` rounds back to
+    back (:func:`pair_orders`): one row per question (:func:`pair_row`).
 
     Which mode goes first is drawn per request from the question's text (a seeded coin,
     independent of the edge and the client), so that with several clients both modes
     meet the same load: with speculative always first, the clients' speculative requests
     arrived together and queued behind each other's prefills while their target-only
     requests came staggered (α = 0, 4 clients: 0.87x, although nothing was drafted);
-    and an order tied to the edge made 64 clients 16 units (issue 36)."""
+    and an order tied to the edge made 64 clients 16 units (issue 36). Several rounds
+    give each mode a median time: one run each spread 44 identical requests (speculation
+    planned off, RTT 70 ms) by more than 3% both ways in 15 of them."""
     rows = []
     async with EdgeClient(address, timeout_s=300) as edge:
         for q in questions:
-            if speculative_first(q.text):
-                spec, spec_ms = await timed(edge, q.spec(Mode.SPECULATIVE, max_new))
-                base, base_ms = await timed(edge, q.spec(Mode.TARGET_ONLY, max_new))
-            else:
-                base, base_ms = await timed(edge, q.spec(Mode.TARGET_ONLY, max_new))
-                spec, spec_ms = await timed(edge, q.spec(Mode.SPECULATIVE, max_new))
-            s = spec.stats
-            rows.append({
-                "question": q.text, "spec_ms": spec_ms, "target_ms": base_ms,
-                "speedup": base_ms / spec_ms, "tokens": len(spec.token_ids),
-                "spec_ids": list(spec.token_ids), "target_ids": list(base.token_ids),
-                "drafted": s.drafted, "accepted": s.accepted, "steps": s.target_steps,
-                "target_only_steps": base.stats.target_steps,
-                "hidden_drafted": s.hidden_drafted, "hidden_accepted": s.hidden_accepted,
-                "ttft_ms": s.ttft_ms, "target_ttft_ms": base.stats.ttft_ms,
-                "speculated": bool(spec.plan and spec.plan.speculate),
-                "lookahead": spec.plan.lookahead_tokens if spec.plan else 0,
-                "hidden_budget": spec.plan.hidden_draft_budget if spec.plan else 0,
-                "plan_prefill_ms": spec.plan.predicted_prefill_ms if spec.plan else 0.0,
-            })
+            spec_runs: list[tuple[FinalEvent, float]] = []
+            base_runs: list[tuple[FinalEvent, float]] = []
+            for spec_first in pair_orders(q.text, repeats):
+                for mode in (Mode.SPECULATIVE, Mode.TARGET_ONLY) if spec_first else (
+                        Mode.TARGET_ONLY, Mode.SPECULATIVE):
+                    run = await timed(edge, q.spec(mode, max_new))
+                    (spec_runs if mode is Mode.SPECULATIVE else base_runs).append(run)
+            rows.append(pair_row(q.text, spec_runs, base_runs))
     return rows
 
 

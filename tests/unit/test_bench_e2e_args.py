@@ -5,6 +5,7 @@ tests/integration/test_bench_e2e.py)."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -150,3 +151,41 @@ async def test_an_uplink_mode_the_edge_refuses_is_a_row_not_the_end_of_the_run(
     monkeypatch.setattr(e2e_pool, "EdgeClient", _RefusingEdge(grpc.StatusCode.UNAVAILABLE))
     with pytest.raises(AskError):
         await e2e_pool.uplink_rows("127.0.0.1:1", question_pool(1)[0], 8, 10.0)
+
+
+@given(repeats=st.integers(1, 9))
+def test_a_requests_rounds_start_with_its_coin_and_alternate(repeats: int) -> None:
+    """``--pair-repeats``: both modes lead equally often (one more for the coin's mode
+    when the rounds are odd), so a drift during the pair weighs on both."""
+    for q in question_pool(6):
+        orders = e2e_pool.pair_orders(q.text, repeats)
+        assert len(orders) == repeats and orders[0] == e2e_pool.speculative_first(q.text)
+        assert all(a != b for a, b in itertools.pairwise(orders))
+        assert abs(sum(orders) - repeats / 2) <= 0.5
+
+
+def test_a_requests_row_compares_the_median_of_each_modes_rounds() -> None:
+    from eventspec.shared.contract.types import (
+        FinalEvent,
+        FinishReason,
+        Mode,
+        RequestStats,
+    )
+
+    def final(ids: tuple[int, ...]) -> FinalEvent:
+        return FinalEvent(answer="", token_ids=ids, mode=Mode.SPECULATIVE, feature_mode=None,
+                          finish_reason=FinishReason.MAX_TOKENS, plan=None, window=None,
+                          stats=RequestStats(drafted=4, accepted=3, target_steps=5))
+
+    spec = [(final((1, 2)), 100.0), (final((1, 2)), 80.0), (final((1, 2)), 300.0)]
+    base = [(final((1, 2)), 120.0), (final((1, 2)), 90.0), (final((1, 2)), 110.0)]
+    row = e2e_pool.pair_row("q", spec, base)
+    assert (row["spec_ms"], row["target_ms"]) == (100.0, 110.0)
+    assert row["speedup"] == 1.1 and row["same_across_runs"]
+    assert row["spec_ms_runs"] == [100.0, 80.0, 300.0] and row["drafted"] == 4
+    assert not e2e_pool.pair_row("q", [(final((1, 3)), 1.0)], base)["same_across_runs"]
+
+
+def test_main_refuses_zero_pair_repeats(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--pair-repeats", "0"]) == 2
+    assert "--pair-repeats" in capsys.readouterr().err
