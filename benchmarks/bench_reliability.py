@@ -210,7 +210,7 @@ async def item4() -> Records:
     with refusing_port() as port:
         ran = await run_cli("eventspec", ["wait", f"127.0.0.1:{port}"], timeout_s=120)
     out.append(check(4, "wait: nothing listens (no --retry-refused)",
-                     f"exit {ran.rc} after {ran.seconds:.1f} s: {ran.lines[-1][:160]}",
+                     f"exit {ran.rc} after {ran.seconds:.1f} s: {ran.last()}",
                      "exit 3 after the connect budget (30 s), not the --timeout (600 s)",
                      ran.rc == 3 and ran.seconds <= 35, **ran.facts()))
     host = GrpcHost("not.eventspec.Thing", max_message_bytes=1 << 20, max_rpcs=8)
@@ -224,7 +224,7 @@ async def item4() -> Records:
         ran2 = await run_cli("eventspec", ["wait", f"127.0.0.1:{web}"], timeout_s=120)
     for what, r in (("another gRPC service (health SERVING)", ran), ("an HTTP server", ran2)):
         out.append(check(4, f"wait: {what}", f"exit {r.rc} after {r.seconds:.2f} s: "
-                         f"{r.lines[-1][:160]}", "exit 3 at once (< 5 s), not after --timeout",
+                         f"{r.last()}", "exit 3 at once (< 5 s), not after --timeout",
                          r.rc == 3 and r.seconds < 5, **r.facts()))
     return out
 
@@ -295,10 +295,9 @@ async def item6_7(tmp: Path, asks: int) -> Records:
                 ("wait", ["wait", f"127.0.0.1:{port}"], 3)):
             ran = await run_cli("eventspec", args)
             hinted = "add --tls" in ran.stderr
-            last = ran.lines[-1][:200] if ran.lines else ""
             out.append(check(6, f"plaintext {what} at a TLS edge",
                              f"exit {ran.rc} in {ran.seconds:.2f} s, hint "
-                             f"{'given' if hinted else 'MISSING'}: {last}",
+                             f"{'given' if hinted else 'MISSING'}: {ran.last()}",
                              f"exit {code} with the hint 'add --tls', no raw gRPC line or "
                              "traceback", ran.rc == code and hinted and not ran.raw_grpc
                              and not ran.traceback, **ran.facts()))

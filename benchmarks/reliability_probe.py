@@ -44,6 +44,11 @@ WARM_LINES = ("verifier SERVING", "edge agent warm on")
 SHORT: list[tuple[str, str]] = []
 
 
+def clip(text: str, width: int = 240) -> str:
+    """``text`` cut at a word boundary (a flag cut in half would read as another flag)."""
+    return text if len(text) <= width else text[:width].rsplit(" ", 1)[0] + " …"
+
+
 def short(text: str) -> str:
     for path, name in SHORT:
         text = text.replace(path, name)
@@ -78,7 +83,10 @@ class Ran:
         return "Traceback" in self.stderr
 
     def first(self, width: int = 240) -> str:
-        return self.lines[0][:width] if self.lines else ""
+        return clip(self.lines[0], width) if self.lines else ""
+
+    def last(self, width: int = 240) -> str:
+        return clip(self.lines[-1], width) if self.lines else ""
 
     def facts(self) -> dict[str, Any]:
         return {"seconds": round(self.seconds, 2), "exit": self.rc,
@@ -118,7 +126,7 @@ def usage_check(item: int, what: str, ran: Ran, *needles: str, code: int = 2,
                 within_s: float = 1.0) -> dict[str, Any]:
     """A refusal: exit ``code`` in under ``within_s``, one stderr line holding every
     needle, no raw gRPC line, no traceback."""
-    said = ran.lines[-1][:240] if ran.lines else ""  # the error, after any log lines
+    said = ran.last()  # the error, after any log lines
     met = (ran.rc == code and ran.seconds < within_s and len(ran.lines) == 1
            and not ran.raw_grpc and not ran.traceback and all(n in ran.stderr for n in needles))
     figure = (f"exit {ran.rc} in {ran.seconds:.2f} s, {len(ran.lines)} line(s)"
@@ -219,12 +227,16 @@ def cloud_log_rate(text: str, t0: float, t1: float) -> dict[str, Any]:
             "repeated_lines": repeats, "summaries": summaries[:6],
             "backend_unhealthy": any("backend unhealthy" in msg for _, _, msg in mine),
             "rate_limited": repeats == 0 and len(summaries) <= allowed,
-            "lines": [msg[:200] for _, _, msg in mine[:12]]}
+            "lines": [clip(msg, 200) for _, _, msg in mine[:12]]}
 
 
 @contextlib.contextmanager
 def http_server() -> Iterator[int]:
-    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:  # the bench's output is its records
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Quiet)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield int(server.server_address[1])
