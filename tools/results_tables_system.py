@@ -315,6 +315,23 @@ def hardening(runs: Named) -> list[str]:
     return table(["scenario", "measured"], rows)
 
 
+def _cell(text: object) -> str:
+    """Text safe in a table cell: no pipe, no tag (``<path>`` would vanish as HTML)."""
+    return (str(text).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+            .replace("\n", " "))
+
+
+def reliability(runs: Named) -> list[str]:
+    """Issue 38's items, each measurement against what the issue asks for, then the tally."""
+    (_, r), = runs
+    verdict = {True: "met", False: "**missed**", None: "skipped"}
+    rows = [(c["item"], _cell(c["what"]), _cell(c["figure"]), _cell(c["expect"]),
+             verdict[c["met"]]) for c in r["checks"]]
+    rows.append(("", "**all**", f"{r['met']} of {r['measured']} met"
+                 + (f", {r['skipped']} skipped" if r["skipped"] else ""), "", ""))
+    return table(["item", "what", "measured", "expected (issue 38)", ""], rows)
+
+
 def toy_eval(runs: Named) -> list[str]:
     """Accuracy per question type of the target, the draft and the target on adapted
     event features (``eventspec toy eval --json``)."""
@@ -380,6 +397,7 @@ KINDS: dict[str, Callable[[Named], list[str]]] = {
     "int4-dense": int4_dense,
     "edge-vision": edge_vision,
     "hardening": hardening,
+    "reliability": reliability,
     "toy-eval": toy_eval,
     "test-gpu": test_gpu,
 }
