@@ -24,8 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eventspec.shared.contract.timing import CloudCost
-from eventspec.shared.node.static.chunk_staging import CHUNK_TILE
-from eventspec.shared.node.static.invariant_tiles import cdiv
+from eventspec.shared.node.static.buckets import CHUNK_TILE
 
 #: Chunks are multiples of this many tokens (and never smaller): GEMM-friendly, and a
 #: lower bound on progress when the cost model says a step is very cheap.
@@ -90,7 +89,7 @@ def graphed_piece_rows(policy: ChunkPolicy, max_seq_len: int) -> tuple[int, ...]
     if policy.mode != "fixed":
         return ()
     tile = CHUNK_TILE
-    rows = cdiv(policy.tokens, tile) * tile
+    rows = -(-policy.tokens // tile) * tile  # whole tiles
     return tuple(sorted(r for r in {tile, rows, rows + tile} if r <= max_seq_len))
 
 

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # annotations only: the cloud's settings read the buckets without torch
+    import torch
 
 SESSION_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 TOKEN_BUCKETS: tuple[int, ...] = (1, 2, 3, 5, 9, 17, 33)
+#: Queries per pseudo-session of a prompt piece in a graphed mixed step
+#: (:mod:`.chunk_staging`); here so the cloud's settings read it without torch.
+CHUNK_TILE = 64
 
 
 @dataclass(frozen=True)

@@ -30,11 +30,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from eventspec.shared.node.static.buckets import CHUNK_TILE as CHUNK_TILE  # re-exported
 from eventspec.shared.node.static.buckets import bucket
 from eventspec.shared.node.static.invariant_tiles import cdiv, prefill_pseudo_sessions
 
-#: Queries per pseudo-session of a piece in a graphed mixed step.
-CHUNK_TILE = 64
 #: Key positions per split of their attention (fewer, longer splits than a decode
 #: step's: a tile of 64 queries already gives the grid its programs) ...
 CHUNK_SPLIT = 1024

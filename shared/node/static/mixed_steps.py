@@ -21,9 +21,8 @@ import torch
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.node.static.attention import reference_attention
 from eventspec.shared.node.static.batch import StepBatch
-from eventspec.shared.node.static.buckets import StepInputs, bucket
+from eventspec.shared.node.static.buckets import CHUNK_TILE, StepInputs, bucket
 from eventspec.shared.node.static.chunk_staging import (
-    CHUNK_TILE,
     MAX_PIECES,
     ChunkInputs,
     ChunkStaging,

@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from eventspec.cloud.scheduling.prefill_chunking import ChunkPolicy, graphed_piece_rows
+from eventspec.shared.node.static.buckets import CHUNK_TILE
 from eventspec.shared.node.static.chunk_staging import (
     CHUNK_SPLIT,
-    CHUNK_TILE,
     MAX_PIECES,
     SMALL_PIECE_SPLIT,
     ChunkStaging,
