@@ -7,13 +7,14 @@ import logging
 import sys
 
 from eventspec.cloud.config import ENV_PREFIX, CloudSettings
-from eventspec.cloud.model_dirs import TINY_RANDOM
+from eventspec.cloud.model_dirs import TINY_RANDOM, TOY
 from eventspec.shared.helpfmt import DefaultsHelpFormatter
 from eventspec.shared.node.node_cli import (
     add_serve_flags,
     builtin_model,
     checked,
     env_defaults,
+    refuse_missing_directories,
     serve,
 )
 from eventspec.shared.node.serving import NodeServer
@@ -46,6 +47,8 @@ def settings_from_args(args: argparse.Namespace) -> CloudSettings:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = settings_from_args(args)
+    refuse_missing_directories(PROG, {"--model": settings.model},
+                               {"--model": (TOY, TINY_RANDOM)})
     return serve(PROG, args, log, settings, _server,
                  scratch_model=(builtin_model(PROG, "cloud", TINY_RANDOM)
                                 if settings.model == TINY_RANDOM else None))

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from eventspec.edge.config import ENV_PREFIX, EdgeSettings
-from eventspec.edge.model_dirs import TINY_RANDOM, TOY
+from eventspec.edge.model_dirs import TINY_RANDOM, TOY, TOY_MISALIGNED
 from eventspec.shared.helpfmt import DefaultsHelpFormatter
 from eventspec.shared.node.node_cli import (
     add_serve_flags,
@@ -17,6 +17,7 @@ from eventspec.shared.node.node_cli import (
     checked,
     env_defaults,
     refuse,
+    refuse_missing_directories,
     serve,
 )
 from eventspec.shared.node.serving import NodeServer
@@ -127,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "train-adapter":
         return train_adapter_command(args)
     settings = settings_from_args(args)
+    refuse_missing_directories(PROG, {
+        "--model": settings.model, "--adapter": settings.adapter,
+        "--draft-head": settings.draft_head,
+        "--onnx-dir": settings.onnx_dir if settings.vision_backend == "onnx" else None,
+    }, {"--model": (TOY, TOY_MISALIGNED, TINY_RANDOM), "--adapter": (TOY,)})
     _check_source(settings)
     return serve(PROG, args, log, settings, _server,
                  scratch_model=(builtin_model(PROG, "edge", TINY_RANDOM)

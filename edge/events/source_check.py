@@ -12,9 +12,12 @@ packet, events out of order, text past the event cap) is still the reader's.
 
 from __future__ import annotations
 
+import pickletools
 from pathlib import Path
 
-from eventspec.edge.events.base import reading
+import numpy as np
+
+from eventspec.edge.events.base import existing_file, reading
 from eventspec.edge.events.detect import check_forced_kind, detect_kind
 from eventspec.edge.events.limits import SourceLimits
 from eventspec.edge.events.sources import (
@@ -56,11 +59,32 @@ def check_source_spec(spec: str, *, allow_pickle: bool,
         raise NotFound(f"event file {path} does not exist")
     kind = scheme or detect_kind(path)
     check_forced_kind(path, kind)
-    if kind == "npy" and path.is_file() and not allow_pickle and npy_needs_pickle(path):
-        raise InvalidInput(
-            f"{path} is an EventGPT .npy holding a pickled object; loading it runs code "
-            "from the file. Pass --allow-pickle only for files you trust."
-        )
+    if kind == "npy" and path.is_file() and npy_needs_pickle(path):
+        if not allow_pickle:
+            raise InvalidInput(
+                f"{path} is an EventGPT .npy holding a pickled object; loading it runs code "
+                "from the file. Pass --allow-pickle only for files you trust."
+            )
+        check_pickle_complete(path)
     if path.is_file():
         with reading(path, kind):
             check_declared_sizes(kind, path, limits or SourceLimits())
+
+
+def check_pickle_complete(path: str | Path) -> None:
+    """InvalidInput naming ``path`` when its pickled object is cut short or garbled, found
+    by walking the pickle's opcodes (``pickletools.genops``: nothing is executed or
+    built), so a truncated EventGPT ``.npy`` is refused at start-up, not in warm-up."""
+    path = existing_file(path)
+    with path.open("rb") as fh:
+        version = np.lib.format.read_magic(fh)
+        if version == (1, 0):
+            np.lib.format.read_array_header_1_0(fh)
+        else:
+            np.lib.format.read_array_header_2_0(fh)
+        try:
+            for _ in pickletools.genops(fh):
+                pass
+        except ValueError as exc:
+            raise InvalidInput(f"could not read {path} as a pickled .npy: the pickle is "
+                               f"truncated or damaged ({exc})") from exc
