@@ -20,7 +20,7 @@ import signal
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from eventspec.shared.client.answer_view import (
     AnswerView,
@@ -52,7 +52,7 @@ from eventspec.shared.contract.types import (
     GenerationSettings,
     Mode,
 )
-from eventspec.shared.helpfmt import DefaultsHelpFormatter
+from eventspec.shared.helpfmt import DefaultsHelpFormatter, OneLineParser
 from eventspec.shared.wire.flags import add_client_security_args, client_security_from_args
 from eventspec.shared.wire.health import NeverServing, wait_for_serving
 
@@ -70,13 +70,6 @@ _HANDED_OVER = {
 COMMAND_GROUP = "eventspec.commands"
 #: Exit status when stdout's reader went away (``| head -1``), as a SIGPIPE death reads.
 EXIT_PIPE_CLOSED = 141
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """Argument errors as one line (``eventspec ask: error: ...``) and exit status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def spec_from_args(args: argparse.Namespace) -> AskSpec:

@@ -41,7 +41,7 @@ from eventspec.shared.client.launch import start_node, stop_node, wait_for_port
 from eventspec.shared.contract import convert
 from eventspec.shared.contract.timing import CloudCost
 from eventspec.shared.contract.types import AskSpec, FinalEvent, GenerationSettings, Mode
-from eventspec.shared.helpfmt import DefaultsHelpFormatter
+from eventspec.shared.helpfmt import DefaultsHelpFormatter, OneLineParser
 from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from eventspec.shared.toyworld.qa import QType, all_questions, parse_answer
 from eventspec.shared.toyworld.scenes import DEMO_SEED, sample_scene
@@ -255,8 +255,8 @@ def _same_type(qtype: QType, question: str) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``eventspec demo`` parser; ``--help`` shows every default."""
-    demo = argparse.ArgumentParser(prog="eventspec demo", description=__doc__.split("\n")[0],
-                                   formatter_class=DefaultsHelpFormatter)
+    demo = OneLineParser(prog="eventspec demo", description=__doc__.split("\n")[0],
+                         formatter_class=DefaultsHelpFormatter)
     demo.add_argument("--question", default=DEMO_QUESTION, help="the question asked")
     demo.add_argument("--source", default="toy", help="the edge's --source (toy: the demo "
                                                       "scene)")

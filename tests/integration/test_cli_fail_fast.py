@@ -114,3 +114,62 @@ def test_a_bind_failure_after_the_checks_prints_no_raw_grpc_line(busy_port: int,
                          capture_output=True, text=True, timeout=60, env=USER_ENV)
     assert "refused:" in out.stdout, (out.stdout, out.stderr)
     assert "add_port" not in out.stderr, out.stderr
+
+
+def truncated_pickled_npy(tmp_path: Path) -> Path:
+    """An EventGPT-style .npy (a pickled dict of event columns) cut in half."""
+    import numpy as np
+
+    path = tmp_path / "cut.npy"
+    n = 5000
+    events = {"x": np.arange(n) % 64, "y": np.arange(n) % 48, "t": np.arange(n) * 10,
+              "p": np.arange(n) % 2}
+    np.save(path, np.array(events, dtype=object), allow_pickle=True)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+@pytest.mark.parametrize(("args", "needles"), [
+    (["--model", "/nope/eventgpt"], ["--model", "/nope/eventgpt", "toy"]),
+    (["--model", "toy", "--adapter", "/nope/adapter"], ["--adapter", "/nope/adapter"]),
+    (["--model", "toy", "--draft-head", "/nope/head"], ["--draft-head", "/nope/head"]),
+    (["--model", "toy", "--source", "TRUNCATED", "--allow-pickle"],
+     ["cut.npy", "pickle", "truncated"]),
+])
+def test_edge_serve_refuses_missing_directories_and_a_cut_pickle_before_model_work(
+        args: list[str], needles: list[str], tmp_path: Path) -> None:
+    """Issue 38 item 3, the closing run's misses (benchmarks/results/reliability-cpu.json):
+    a missing --model directory was found when the model loaded (exit 1 after 4.7 s, the
+    port bound), and a truncated pickled .npy while the source opened in warm-up."""
+    args = [str(truncated_pickled_npy(tmp_path)) if a == "TRUNCATED" else a for a in args]
+    out, said, modules = run_traced("eventspec-edge", ["serve", *args])
+    assert_one_line_exit_2(out, said, *needles)
+    assert "torch" not in modules, "torch was imported before the refusal"
+
+
+@pytest.mark.parametrize(("args", "needles"), [
+    (["--host", "0.0.0.0"], ["refusing to serve plaintext"]),
+    (["--port", "BUSY"], ["is in use"]),
+    (["--max-sessions", "-3"], ["--max-sessions"]),
+    (["--model", "/nope/video-llava"], ["--model", "/nope/video-llava"]),
+])
+def test_cloud_serve_refuses_before_torch(args: list[str], needles: list[str],
+                                          busy_port: int) -> None:
+    """The cloud's settings no longer import torch (they did through the step buckets and
+    the chunk tiles: 1.7 s before the one line), and a missing --model directory is
+    refused with them (it was exit 1 after 5 s, the port bound)."""
+    args = [str(busy_port) if a == "BUSY" else a for a in args]
+    out, said, modules = run_traced("eventspec-cloud", ["serve", *(
+        args if "--model" in args else ["--model", "toy", *args])])
+    assert_one_line_exit_2(out, said, *needles)
+    assert "torch" not in modules, "torch was imported before the refusal"
+
+
+@pytest.mark.parametrize("args", [["demo", "--runs", "0"], ["demo", "--nope"],
+                                  ["toy", "eval", "--nope"], ["toy"]])
+def test_demo_and_toy_argument_errors_are_one_line(args: list[str]) -> None:
+    """They printed argparse's usage block above the error (8 and 2 lines in the closing
+    run); now one line, as every other ``eventspec`` command."""
+    out, said, _ = run_traced("eventspec", args)
+    assert_one_line_exit_2(out, said, "error:")

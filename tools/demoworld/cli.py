@@ -27,6 +27,7 @@ from eventspec.demoworld.train.settings import (
     check,
     output_dirs,
 )
+from eventspec.shared.helpfmt import OneLineParser
 
 #: The first evaluation seed, past ``scenes.EVAL_SEED_MIN``: never trained or tested on.
 DEFAULT_EVAL_SEED = 2_001_000
@@ -45,7 +46,7 @@ def _quant_list(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="eventspec toy", description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog="eventspec toy", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="toy_command", required=True)
     tr = sub.add_parser("train",
                         help="train target, draft and adapter (GPU: minutes; CPU: hours)")
