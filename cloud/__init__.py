@@ -1,12 +1,9 @@
 """The cloud node.
 
-Its commands print one line per failure, from the node's own log. gRPC's C core prints
-its errors to stderr on its own ("E1128 ... add_port.cc:83] Failed to add port"), before
-and beside that line, unless told not to, and it reads GRPC_VERBOSITY only once, when
-grpc is first imported: so it is set here, the first code of any cloud process, unless
-the environment already chose a level (GRPC_VERBOSITY=ERROR brings the lines back).
+Its commands print one line per failure, from the node's own log: gRPC's C core is told
+to keep quiet before anything imports grpc (``eventspec.shared.node.grpc_quiet``).
 """
 
-import os
+from eventspec.shared.node.grpc_quiet import quiet_grpc_core
 
-os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+quiet_grpc_core()

@@ -8,18 +8,14 @@ import sys
 
 from eventspec.cloud.config import ENV_PREFIX, CloudSettings
 from eventspec.cloud.model_dirs import TINY_RANDOM, TOY
-from eventspec.shared.helpfmt import DefaultsHelpFormatter
 from eventspec.shared.node.node_cli import (
-    add_serve_flags,
+    add_serve_command,
     builtin_model,
-    checked,
-    env_defaults,
     refuse_missing_directories,
     serve,
+    serve_settings,
 )
 from eventspec.shared.node.serving import NodeServer
-from eventspec.shared.node.settings_fields import settings_from_args as settings_from_flags
-from eventspec.shared.wire.flags import server_security_from_args
 
 PROG = "eventspec-cloud"
 
@@ -30,18 +26,15 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``eventspec-cloud`` parser; ``--help`` shows every default and its variable
     (each flag is declared once, on its ``CloudSettings`` field)."""
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve_cmd = sub.add_parser("serve", help="serve eventspec.v1.Verifier over gRPC",
-                               formatter_class=DefaultsHelpFormatter)
-    add_serve_flags(serve_cmd, env_defaults(PROG, ENV_PREFIX, CloudSettings.from_env),
-                    ENV_PREFIX, "the cloud verifier")
+    add_serve_command(parser.add_subparsers(dest="command", required=True), PROG,
+                      CloudSettings.from_env, ENV_PREFIX,
+                      help="serve eventspec.v1.Verifier over gRPC", node="the cloud verifier")
     return parser
 
 
 def settings_from_args(args: argparse.Namespace) -> CloudSettings:
     """The settings the flags describe, checked; a bad value exits with one line."""
-    return checked(PROG, settings_from_flags(
-        CloudSettings, args, security=server_security_from_args(args, ENV_PREFIX)))
+    return serve_settings(PROG, CloudSettings, args, ENV_PREFIX)
 
 
 def main(argv: list[str] | None = None) -> int:

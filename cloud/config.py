@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,22 +23,26 @@ from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.contract.types import ServerLimits
 from eventspec.shared.node.node_cli import (
     SettingsError,
-    health_port_setting,
-    metrics_host_setting,
-    metrics_port_setting,
-    metrics_principals_setting,
     require_fraction,
     require_int,
     require_seconds,
 )
-from eventspec.shared.node.serving import MODEL_DTYPES
-from eventspec.shared.node.settings_fields import (
-    Setting,
-    check_choices,
-    nested,
-    setting,
-    settings_from_env,
+from eventspec.shared.node.node_settings import (
+    FromEnv,
+    check_ports,
+    device_setting,
+    dtype_setting,
+    grace_setting,
+    health_port_setting,
+    host_setting,
+    metrics_host_setting,
+    metrics_port_setting,
+    metrics_principals_setting,
+    port_setting,
+    profile_path,
+    seed_setting,
 )
+from eventspec.shared.node.settings_fields import Setting, nested, setting
 from eventspec.shared.wire.security import ServerSecurity
 
 __all__ = ["ENV_PREFIX", "CloudSettings", "SettingsError"]
@@ -60,20 +63,24 @@ SEED_MAX = 2**64 - 1
 
 
 @dataclass(frozen=True)
-class CloudSettings:
+class CloudSettings(FromEnv):
     """Everything the verifier needs to start; see ``eventspec-cloud serve --help``.
 
-    Each setting is declared once, here: its field's ``setting`` is its flag, its
-    ``EVENTSPEC_CLOUD_*`` variable and its help (``eventspec.shared.node.settings_fields``).
+    Each setting is declared once, here (those both nodes have alike, in
+    ``eventspec.shared.node.node_settings``): its field's ``setting`` is its flag, its
+    ``EVENTSPEC_CLOUD_*`` variable (``from_env``) and its help
+    (``eventspec.shared.node.settings_fields``).
     """
+
+    ENV_PREFIX = ENV_PREFIX
 
     model: str = setting(
         "toy", help="a local Video-LLaVA-7B-hf directory, toy (the embedded toy-world "
                     "model) or tiny-random")
-    host: str = setting("127.0.0.1", help="bind address")
-    port: int = setting(50061, help="port, 1..65535; 0 picks a free one")
-    device: str = setting("cpu", help="cpu, cuda or cuda:N")
-    dtype: str = setting("float32", choices=MODEL_DTYPES, help="the model's weights")
+    host: str = host_setting()
+    port: int = port_setting(50061)
+    device: str = device_setting()
+    dtype: str = dtype_setting("the model's weights")
     #: ``limits.max_sessions`` 0 is ``--max-sessions auto``
     #: (``eventspec.cloud.requests.session_capacity``).
     limits: ServerLimits = nested(
@@ -215,10 +222,8 @@ class CloudSettings:
              "declares")
     drain_timeout_s: float = setting(
         2.0, help="after Done, how long to wait for the edge to close its side of the stream")
-    grace_s: float = setting(
-        5.0, help="on SIGTERM, how long requests in flight may finish before they are "
-                  "cancelled")
-    seed: int = setting(0, help="seed of --model tiny-random's random weights")
+    grace_s: float = grace_setting("requests")
+    seed: int = seed_setting()
     #: grpc.health.v1 alone on its own plaintext port (None: off), for probes.
     health_port: int | None = health_port_setting()
     #: Prometheus ``/metrics`` over HTTP on this port (0 picks one); None: off.
@@ -228,15 +233,6 @@ class CloudSettings:
     metrics_principals: str = metrics_principals_setting()
     #: TLS, tokens, allowed principals, --insecure, reflection (``eventspec.shared.wire.flags``).
     security: ServerSecurity = field(default_factory=ServerSecurity)
-
-    @staticmethod
-    def from_env() -> CloudSettings:
-        """Defaults overridden by EVENTSPEC_CLOUD_* environment variables, one per flag
-        (the security ones are read by ``eventspec.shared.wire.flags``).
-
-        Raises SettingsError naming the variable when one does not parse.
-        """
-        return settings_from_env(CloudSettings, ENV_PREFIX)
 
     def sit_out_policy(self) -> SitOut:
         """``--sit-out`` as the scheduler's policy (``eventspec.cloud.speculation.sit_out``)."""
@@ -249,12 +245,7 @@ class CloudSettings:
         0 ("the server's default") stays a request-side meaning, never a cap. Raises
         SettingsError naming the flag.
         """
-        check_choices(self)
-        require_int("--port", self.port, 0, 65535, "0 picks one")
-        if self.health_port is not None:
-            require_int("--health-port", self.health_port, 0, 65535, "0 picks one")
-        if self.metrics_port is not None:
-            require_int("--metrics-port", self.metrics_port, 0, 65535, "0 picks one")
+        check_ports(self)
         lim = self.limits
         require_int("--max-new-tokens", lim.max_new_tokens, 1, _INT32_MAX)
         require_int("--max-sessions", lim.max_sessions, 0, note="0: auto")
@@ -317,15 +308,13 @@ class CloudSettings:
         return max(CPU_AUTO_SESSIONS, GPU_SESSION_CEILING) + self.kv_queue
 
     def resolved_profile_path(self, model_id: str) -> Path:
-        if self.profile_path is not None:
-            return self.profile_path
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model_id)
-        base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+        """``--profile``, or one file per model, device, dtype, kernels and pacing under
+        ``$XDG_CACHE_HOME/eventspec``."""
         paced = ""
         if self.emulate_prefill_ms or self.emulate_step_ms:
             paced = f"-paced{self.emulate_prefill_ms:g}-{self.emulate_step_ms:g}"
-        return base / "eventspec" / (f"cloud-{safe}-{self.device}-{self.dtype}-"
-                                     f"{self.kernels}{paced}.msgpack")
+        return profile_path(self.profile_path, "cloud", model_id, self.device, self.dtype,
+                            self.kernels + paced)
 
     @property
     def kernels(self) -> str:

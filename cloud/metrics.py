@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
 from eventspec.shared.contract.errors import ErrorCode, EventSpecError
 from eventspec.shared.contract.principal import Principal
@@ -28,18 +28,14 @@ from eventspec.shared.node.metric_principals import principal_label
 from eventspec.shared.node.metrics import (
     COUNT_BUCKETS,
     LATENCY_BUCKETS,
-    PREFIX,
     STEP_BUCKETS,
     BoundedLabels,
+    NodeMetrics,
 )
 
 #: Draft positions with their own ``accepted_tokens_per_pos`` series; deeper ones are
 #: counted under the last (the verify width is capped at 33 tokens by default anyway).
 MAX_POSITIONS = 32
-
-
-def _name(suffix: str) -> str:
-    return PREFIX + suffix
 
 
 def edge_label(principal: Principal, principals: str = "name") -> str:
@@ -49,126 +45,116 @@ def edge_label(principal: Principal, principals: str = "name") -> str:
     return principal_label(principal, principals)
 
 
-class CloudMetrics:
+class CloudMetrics(NodeMetrics):
     """Every verifier metric, registered in ``registry`` (a fresh one by default);
     ``principals`` is ``--metrics-principals``: how the per-edge series name callers."""
 
     def __init__(self, registry: CollectorRegistry | None = None,
                  principals: str = "name") -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
-        r = self.registry
+        super().__init__(registry)
         self.principals = principals
         self.edges = BoundedLabels()
-        self.request_success = Counter(
-            _name("request_success"), "Generate requests that ended with Done, by mode and "
-            "finish reason", ["mode", "finished_reason"], registry=r)
-        self.request_failure = Counter(
-            _name("request_failure"), "Generate requests that ended with an error status, by "
-            "mode and status code", ["mode", "code"], registry=r)
-        self.sessions_rejected = Counter(
-            _name("sessions_rejected"), "Generate requests refused before they held a KV slot, "
-            "by reason", ["reason"], registry=r)
-        self.auth_failures = Counter(
-            _name("auth_failures"), "Calls refused by authentication or authorisation, by status",
-            ["code"], registry=r)
-        self.num_drafts = Counter(
-            _name("spec_decode_num_drafts"), "Target steps that verified at least one draft",
-            registry=r)
-        self.num_draft_tokens = Counter(
-            _name("spec_decode_num_draft_tokens"), "Draft tokens verified (Done.stats.drafted)",
-            registry=r)
-        self.num_accepted_tokens = Counter(
-            _name("spec_decode_num_accepted_tokens"), "Draft tokens accepted "
-            "(Done.stats.accepted)", registry=r)
-        self.accepted_per_pos = Counter(
-            _name("spec_decode_num_accepted_tokens_per_pos"), "Draft tokens accepted at each "
+        self.request_success = self.counter(
+            "request_success", "Generate requests that ended with Done, by mode and "
+            "finish reason", ["mode", "finished_reason"])
+        self.request_failure = self.counter(
+            "request_failure", "Generate requests that ended with an error status, by "
+            "mode and status code", ["mode", "code"])
+        self.sessions_rejected = self.counter(
+            "sessions_rejected", "Generate requests refused before they held a KV slot, "
+            "by reason", ["reason"])
+        self.auth_failures = self.counter(
+            "auth_failures", "Calls refused by authentication or authorisation, by status",
+            ["code"])
+        self.num_drafts = self.counter(
+            "spec_decode_num_drafts", "Target steps that verified at least one draft")
+        self.num_draft_tokens = self.counter(
+            "spec_decode_num_draft_tokens", "Draft tokens verified (Done.stats.drafted)")
+        self.num_accepted_tokens = self.counter(
+            "spec_decode_num_accepted_tokens", "Draft tokens accepted "
+            "(Done.stats.accepted)")
+        self.accepted_per_pos = self.counter(
+            "spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted at each "
             "position of a verify step (0 = the first draft after the committed token)",
-            ["position"], registry=r)
-        self.drafts_received = Counter(
-            _name("drafts_received"), "Drafts messages (draft tails) received from edges",
-            registry=r)
-        self.draft_tokens_received = Counter(
-            _name("draft_tokens_received"),
-            "Token ids in the Drafts messages received (a chain's tokens, a tree's nodes)",
-            registry=r)
-        self.stale_drafts = Counter(
-            _name("stale_drafts"), "Drafts messages dropped because their overlap disagreed "
-            "with the committed answer (Done.stats.stale_drafts)", registry=r)
-        self.prefix_cache = Counter(
-            _name("prefix_cache_requests"), "Requests looked up in the prefix cache, by "
-            "verdict (Done.stats.prefix_cache: hit or miss)", ["verdict"], registry=r)
-        self.prefix_reused_tokens = Counter(
-            _name("prefix_reused_tokens"), "Prompt positions copied from the prefix cache "
-            "instead of prefilled (Done.stats.prefix_reused_tokens)", registry=r)
-        self.hidden_drafts = Counter(
-            _name("hidden_draft_tokens"), "Drafts that reached the cloud before its prefill "
-            "ended (Done.stats.hidden_drafted)", registry=r)
-        self.hidden_accepted = Counter(
-            _name("hidden_accepted_tokens"), "Of the hidden drafts, accepted "
-            "(Done.stats.hidden_accepted)", registry=r)
-        self.target_steps = Counter(
-            _name("target_steps"), "Per-request target steps, prefill's first token included "
-            "(Done.stats.target_steps)", registry=r)
-        self.generation_tokens = Counter(
-            _name("generation_tokens"), "Committed answer tokens (Done.stats.new_tokens)",
-            registry=r)
-        self.prompt_tokens = Counter(
-            _name("prompt_tokens"), "Prompt tokens prefilled (visual placeholders included)",
-            registry=r)
-        self.batch_size = Histogram(
-            _name("iteration_batch_size"), "Sessions in one batched engine step",
-            buckets=COUNT_BUCKETS, registry=r)
-        self.step_tokens = Histogram(
-            _name("iteration_tokens"), "Tokens fed to one batched engine step (committed "
-            "tokens plus drafts, over all sessions)", buckets=COUNT_BUCKETS, registry=r)
-        self.step_seconds = Histogram(
-            _name("engine_step_seconds"), "One batched engine step: forward plus sampler",
-            buckets=STEP_BUCKETS, registry=r)
-        self.queue_seconds = Histogram(
-            _name("request_queue_time_seconds"), "From a request's prefill being queued to "
-            "its prefill starting", buckets=LATENCY_BUCKETS, registry=r)
-        self.prefill_seconds = Histogram(
-            _name("request_prefill_time_seconds"), "A request's prefill call, first-token "
-            "sampling included", buckets=LATENCY_BUCKETS, registry=r)
-        self.ttft_seconds = Histogram(
-            _name("time_to_first_token_seconds"), "From Open to the first committed token, "
-            "on the cloud (Done.stats.ttft_ms)", buckets=LATENCY_BUCKETS, registry=r)
-        self.itl_seconds = Histogram(
-            _name("inter_token_latency_seconds"), "Per Commit after the first: time since the "
-            "previous Commit divided by the tokens it carries", buckets=STEP_BUCKETS,
-            registry=r)
-        self.e2e_seconds = Histogram(
-            _name("e2e_request_latency_seconds"), "From Open to Done, on the cloud",
-            buckets=LATENCY_BUCKETS, registry=r)
-        self.edge_requests = Counter(
-            _name("requests_by_edge"), "Generate requests that ended with Done, per edge "
+            ["position"])
+        self.drafts_received = self.counter(
+            "drafts_received", "Drafts messages (draft tails) received from edges")
+        self.draft_tokens_received = self.counter(
+            "draft_tokens_received",
+            "Token ids in the Drafts messages received (a chain's tokens, a tree's nodes)")
+        self.stale_drafts = self.counter(
+            "stale_drafts", "Drafts messages dropped because their overlap disagreed "
+            "with the committed answer (Done.stats.stale_drafts)")
+        self.prefix_cache = self.counter(
+            "prefix_cache_requests", "Requests looked up in the prefix cache, by "
+            "verdict (Done.stats.prefix_cache: hit or miss)", ["verdict"])
+        self.prefix_reused_tokens = self.counter(
+            "prefix_reused_tokens", "Prompt positions copied from the prefix cache "
+            "instead of prefilled (Done.stats.prefix_reused_tokens)")
+        self.hidden_drafts = self.counter(
+            "hidden_draft_tokens", "Drafts that reached the cloud before its prefill "
+            "ended (Done.stats.hidden_drafted)")
+        self.hidden_accepted = self.counter(
+            "hidden_accepted_tokens", "Of the hidden drafts, accepted "
+            "(Done.stats.hidden_accepted)")
+        self.target_steps = self.counter(
+            "target_steps", "Per-request target steps, prefill's first token included "
+            "(Done.stats.target_steps)")
+        self.generation_tokens = self.counter(
+            "generation_tokens", "Committed answer tokens (Done.stats.new_tokens)")
+        self.prompt_tokens = self.counter(
+            "prompt_tokens", "Prompt tokens prefilled (visual placeholders included)")
+        self.batch_size = self.histogram(
+            "iteration_batch_size", "Sessions in one batched engine step",
+            buckets=COUNT_BUCKETS)
+        self.step_tokens = self.histogram(
+            "iteration_tokens", "Tokens fed to one batched engine step (committed "
+            "tokens plus drafts, over all sessions)", buckets=COUNT_BUCKETS)
+        self.step_seconds = self.histogram(
+            "engine_step_seconds", "One batched engine step: forward plus sampler",
+            buckets=STEP_BUCKETS)
+        self.queue_seconds = self.histogram(
+            "request_queue_time_seconds", "From a request's prefill being queued to "
+            "its prefill starting", buckets=LATENCY_BUCKETS)
+        self.prefill_seconds = self.histogram(
+            "request_prefill_time_seconds", "A request's prefill call, first-token "
+            "sampling included", buckets=LATENCY_BUCKETS)
+        self.ttft_seconds = self.histogram(
+            "time_to_first_token_seconds", "From Open to the first committed token, "
+            "on the cloud (Done.stats.ttft_ms)", buckets=LATENCY_BUCKETS)
+        self.itl_seconds = self.histogram(
+            "inter_token_latency_seconds", "Per Commit after the first: time since the "
+            "previous Commit divided by the tokens it carries", buckets=STEP_BUCKETS)
+        self.e2e_seconds = self.histogram(
+            "e2e_request_latency_seconds", "From Open to Done, on the cloud",
+            buckets=LATENCY_BUCKETS)
+        self.edge_requests = self.counter(
+            "requests_by_edge", "Generate requests that ended with Done, per edge "
             "(authenticated principal, as --metrics-principals shows it; at most "
             f"{self.edges.limit} names, then 'other')",
-            ["edge"], registry=r)
-        self.edge_request_seconds = Counter(
-            _name("request_seconds_by_edge"), "Seconds from Open to Done summed per edge (divide "
-            "by requests_by_edge_total for the mean)", ["edge"], registry=r)
-        self.edge_draft_tokens = Counter(
-            _name("draft_tokens_by_edge"), "Draft tokens verified, per edge", ["edge"], registry=r)
-        self.edge_accepted_tokens = Counter(
-            _name("accepted_tokens_by_edge"), "Draft tokens accepted, per edge", ["edge"],
-            registry=r)
-        self.running = Gauge(_name("num_requests_running"), "Generate streams registered now",
-                             registry=r)
-        self.waiting = Gauge(_name("num_requests_waiting"), "Prefills queued for the engine "
-                             "loop now", registry=r)
-        self.kv_used = Gauge(_name("kv_slots_used"), "KV slots held by requests now",
-                             registry=r)
-        self.kv_total = Gauge(_name("kv_slots_total"), "KV slots the engine reserved at "
-                              "start-up", registry=r)
-        self.kv_positions_used = Gauge(
-            _name("kv_positions_used"), "KV positions held by requests now (with KV by "
-            "length a request holds its prompt plus its answer cap; in slots, whole slots)",
-            registry=r)
-        self.kv_positions_total = Gauge(_name("kv_positions_total"), "KV positions the "
-                                        "engine reserved at start-up", registry=r)
-        self.kv_usage = Gauge(_name("kv_cache_usage_perc"), "Fraction of KV positions in "
-                              "use (0..1)", registry=r)
+            ["edge"])
+        self.edge_request_seconds = self.counter(
+            "request_seconds_by_edge", "Seconds from Open to Done summed per edge (divide "
+            "by requests_by_edge_total for the mean)", ["edge"])
+        self.edge_draft_tokens = self.counter(
+            "draft_tokens_by_edge", "Draft tokens verified, per edge", ["edge"])
+        self.edge_accepted_tokens = self.counter(
+            "accepted_tokens_by_edge", "Draft tokens accepted, per edge", ["edge"])
+        self.running = self.gauge(
+            "num_requests_running", "Generate streams registered now")
+        self.waiting = self.gauge(
+            "num_requests_waiting", "Prefills queued for the engine loop now")
+        self.kv_used = self.gauge(
+            "kv_slots_used", "KV slots held by requests now")
+        self.kv_total = self.gauge(
+            "kv_slots_total", "KV slots the engine reserved at start-up")
+        self.kv_positions_used = self.gauge(
+            "kv_positions_used", "KV positions held by requests now (with KV by "
+            "length a request holds its prompt plus its answer cap; in slots, whole slots)")
+        self.kv_positions_total = self.gauge(
+            "kv_positions_total", "KV positions the engine reserved at start-up")
+        self.kv_usage = self.gauge(
+            "kv_cache_usage_perc", "Fraction of KV positions in use (0..1)")
 
     def bind(self, *, running: Callable[[], int], waiting: Callable[[], int],
              kv_used: Callable[[], int], kv_total: int, positions_used: Callable[[], int],
@@ -198,10 +184,6 @@ class CloudMetrics:
     def request(self, principal: Principal) -> RequestProbe:
         """A probe for one Generate stream."""
         return RequestProbe(self, self.edges(edge_label(principal, self.principals)))
-
-    def on_auth_failure(self, code: str) -> None:
-        """A call was refused by the auth interceptor (UNAUTHENTICATED, PERMISSION_DENIED)."""
-        self.auth_failures.labels(code).inc()
 
 
 class RequestProbe:

@@ -44,7 +44,7 @@ from eventspec.cloud.target import TargetModel, load_target
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.contract.estimators import AcceptanceEstimator
 from eventspec.shared.contract.timing import CloudCost
-from eventspec.shared.node.serving import MODEL_DTYPES
+from eventspec.shared.node.serving import torch_dtype, warm_or_stop
 from eventspec.shared.node.tracing import tracer_from_env
 from eventspec.shared.pb.eventspec.v1 import verifier_pb2, verifier_pb2_grpc
 from eventspec.shared.wire.host import GrpcHost
@@ -63,10 +63,8 @@ class WarmUpStopped(Exception):
 
 def load_target_for(settings: CloudSettings) -> TargetModel:
     """The target in the directory ``--model`` names (``toy``: the shipped toy target)."""
-    import torch
-
-    dtype = getattr(torch, MODEL_DTYPES[settings.dtype])
-    return load_target(model_dir(settings.model), device=settings.device, dtype=dtype)
+    return load_target(model_dir(settings.model), device=settings.device,
+                       dtype=torch_dtype(settings.dtype))
 
 
 def choose_engine(requested: str, target: TargetModel, batch_invariant: bool = False) -> str:
@@ -281,13 +279,7 @@ class VerifierServer:
         self._host = host
         log.info("verifier listening on %s:%d (NOT_SERVING while warming up)",
                  self.settings.host, self.port)
-        if warm:
-            try:
-                await self.warm_up()
-            except BaseException:
-                await self.stop(0)
-                raise
-        return self.port
+        return await warm_or_stop(self, warm)
 
     async def warm_up(self) -> None:
         """Load the model and calibrate off the loop, then report SERVING."""
@@ -324,15 +316,13 @@ class VerifierServer:
     def _start_metrics(self, host: GrpcHost) -> None:
         """Serve ``/metrics`` from this server's own registry (imported only when on)."""
         from eventspec.cloud.metrics import CloudMetrics
-        from eventspec.shared.node.metrics import MetricsEndpoint, is_loopback
+        from eventspec.shared.node.metrics import is_loopback, serve_metrics
 
         s = self.settings
         self.metrics = CloudMetrics(principals=s.metrics_principals)
-        if host.auth is not None:
-            host.auth.on_denied = self.metrics.on_auth_failure
-        self._metrics_endpoint = MetricsEndpoint(self.metrics.registry, s.metrics_host,
-                                                 s.metrics_port or 0)
-        self.metrics_port = self._metrics_endpoint.start()
+        self._metrics_endpoint = serve_metrics(self.metrics, host.auth, s.metrics_host,
+                                               s.metrics_port)
+        self.metrics_port = self._metrics_endpoint.port
         if s.metrics_principals == "name" and not is_loopback(s.metrics_host):
             log.warning("metrics on %s name every authenticated caller in the per-edge "
                         "series; --metrics-principals hash or none keeps the names off "

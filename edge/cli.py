@@ -12,21 +12,15 @@ from eventspec.edge.config import ENV_PREFIX, EdgeSettings
 from eventspec.edge.model_dirs import TINY_RANDOM, TOY, TOY_MISALIGNED
 from eventspec.shared.helpfmt import DefaultsHelpFormatter
 from eventspec.shared.node.node_cli import (
-    add_serve_flags,
+    add_serve_command,
     builtin_model,
-    checked,
-    env_defaults,
     refuse,
     refuse_missing_directories,
     serve,
+    serve_settings,
 )
 from eventspec.shared.node.serving import NodeServer
-from eventspec.shared.node.settings_fields import settings_from_args as settings_from_flags
-from eventspec.shared.wire.flags import (
-    add_client_security_args,
-    client_security_from_args,
-    server_security_from_args,
-)
+from eventspec.shared.wire.flags import add_client_security_args, client_security_from_args
 
 PROG = "eventspec-edge"
 
@@ -38,10 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     (each ``serve`` setting's flag is declared once, on its ``EdgeSettings`` field)."""
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    serve_cmd = sub.add_parser("serve", help="serve eventspec.v1.EdgeAgent over gRPC",
-                               formatter_class=DefaultsHelpFormatter)
-    add_serve_flags(serve_cmd, env_defaults(PROG, ENV_PREFIX, EdgeSettings.from_env),
-                    ENV_PREFIX, "the edge")
+    serve_cmd = add_serve_command(sub, PROG, EdgeSettings.from_env, ENV_PREFIX,
+                                  help="serve eventspec.v1.EdgeAgent over gRPC", node="the edge")
     add_client_security_args(serve_cmd, prefix="cloud-", env_prefix=f"{ENV_PREFIX}CLOUD_",
                              peer="cloud verifier")
     add_export_onnx_parser(sub)
@@ -115,10 +107,9 @@ def train_adapter_command(args: argparse.Namespace) -> int:
 
 def settings_from_args(args: argparse.Namespace) -> EdgeSettings:
     """The settings the flags describe, checked; a bad value exits with one line."""
-    return checked(PROG, settings_from_flags(
-        EdgeSettings, args, security=server_security_from_args(args, ENV_PREFIX),
-        cloud_security=client_security_from_args(args, prefix="cloud-",
-                                                 env_prefix=f"{ENV_PREFIX}CLOUD_")))
+    return serve_settings(PROG, EdgeSettings, args, ENV_PREFIX,
+                          cloud_security=client_security_from_args(
+                              args, prefix="cloud-", env_prefix=f"{ENV_PREFIX}CLOUD_"))
 
 
 def main(argv: list[str] | None = None) -> int:

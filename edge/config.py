@@ -3,21 +3,30 @@
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from eventspec.shared.node.node_cli import (
     SettingsError,
-    health_port_setting,
-    metrics_host_setting,
-    metrics_port_setting,
     require_fraction,
     require_int,
     require_seconds,
 )
-from eventspec.shared.node.serving import MODEL_DTYPES
-from eventspec.shared.node.settings_fields import check_choices, setting, settings_from_env
+from eventspec.shared.node.node_settings import (
+    FromEnv,
+    check_ports,
+    device_setting,
+    dtype_setting,
+    grace_setting,
+    health_port_setting,
+    host_setting,
+    metrics_host_setting,
+    metrics_port_setting,
+    port_setting,
+    profile_path,
+    seed_setting,
+)
+from eventspec.shared.node.settings_fields import setting
 from eventspec.shared.wire.options import SMALL_REQUEST_BYTES
 from eventspec.shared.wire.security import ClientSecurity, ServerSecurity
 
@@ -62,12 +71,16 @@ def _sensor_size(text: str) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class EdgeSettings:
+class EdgeSettings(FromEnv):
     """Everything the edge agent needs; see ``eventspec-edge serve --help``.
 
-    Each setting is declared once, here: its field's ``setting`` is its flag, its
-    ``EVENTSPEC_EDGE_*`` variable and its help (``eventspec.shared.node.settings_fields``).
+    Each setting is declared once, here (those both nodes have alike, in
+    ``eventspec.shared.node.node_settings``): its field's ``setting`` is its flag, its
+    ``EVENTSPEC_EDGE_*`` variable (``from_env``) and its help
+    (``eventspec.shared.node.settings_fields``).
     """
+
+    ENV_PREFIX = ENV_PREFIX
 
     cloud: str | None = setting(
         None, help="the cloud verifier: HOST:PORT, dns:///NAME:PORT (every replica the name "
@@ -106,10 +119,10 @@ class EdgeSettings:
                     "acceptance, for --draft-head) or tiny-random")
     adapter: Path | None = setting(
         None, help="feature adapter directory, or toy (enables the aligned feature mode)")
-    host: str = setting("127.0.0.1", help="bind address")
-    port: int = setting(50062, help="port, 1..65535; 0 picks a free one")
-    device: str = setting("cpu", help="cpu, cuda or cuda:N")
-    dtype: str = setting("float32", choices=MODEL_DTYPES, help="the draft model's weights")
+    host: str = host_setting()
+    port: int = port_setting(50062)
+    device: str = device_setting()
+    dtype: str = dtype_setting("the draft model's weights")
     default_jpeg_quality: int = setting(
         90, flag="--jpeg-quality", help="JPEG quality of frames sent to the cloud, 1..100")
     #: Deadline for one request's Generate stream to the cloud.
@@ -230,9 +243,8 @@ class EdgeSettings:
         8 << 20, help=f"largest gRPC message to clients and to and from the cloud, "
                       f"{MIN_MESSAGE_BYTES}..{MAX_MESSAGE_BYTES} (a client's request: at most "
                       f"{SMALL_REQUEST_BYTES >> 20} MiB)")
-    grace_s: float = setting(
-        5.0, help="on SIGTERM, how long Asks in flight may finish before they are cancelled")
-    seed: int = setting(0, help="seed of --model tiny-random's random weights")
+    grace_s: float = grace_setting("Asks")
+    seed: int = seed_setting()
     #: grpc.health.v1 alone on its own plaintext port (None: off), for probes.
     health_port: int | None = health_port_setting()
     #: Prometheus ``/metrics`` over HTTP on this port (0 picks one); None: off.
@@ -243,25 +255,12 @@ class EdgeSettings:
     #: How this edge reaches the cloud: TLS / mutual TLS and its bearer token.
     cloud_security: ClientSecurity | None = None
 
-    @staticmethod
-    def from_env() -> EdgeSettings:
-        """Defaults overridden by EVENTSPEC_EDGE_* environment variables, one per flag
-        (the security ones are read by ``eventspec.shared.wire.flags``).
-
-        Raises SettingsError naming the variable when one does not parse.
-        """
-        return settings_from_env(EdgeSettings, ENV_PREFIX)
-
     def resolved_profile_path(self, model_id: str) -> Path:
         """``--profile``, or one file per model, device, dtype, drafter and quantisation
         under ``$XDG_CACHE_HOME/eventspec`` (so switching ``--draft-quant`` back and forth
         keeps both profiles)."""
-        if self.profile_path is not None:
-            return self.profile_path
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model_id)
-        base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-        name = f"edge-{safe}-{self.device}-{self.dtype}-{self.draft_engine}-{self.draft_quant}"
-        return base / "eventspec" / f"{name}.msgpack"
+        return profile_path(self.profile_path, "edge", model_id, self.device, self.dtype,
+                            self.draft_engine, self.draft_quant)
 
     def check(self) -> None:
         """Refuse at start-up what would otherwise fail every request later.
@@ -269,12 +268,7 @@ class EdgeSettings:
         A negative request timeout, for one, was accepted and then expired every
         request's cloud stream at once. Raises SettingsError naming the flag.
         """
-        check_choices(self)
-        require_int("--port", self.port, 0, 65535, "0 picks one")
-        if self.health_port is not None:
-            require_int("--health-port", self.health_port, 0, 65535, "0 picks one")
-        if self.metrics_port is not None:
-            require_int("--metrics-port", self.metrics_port, 0, 65535, "0 picks one")
+        check_ports(self)
         require_int("--draft-slots", self.draft_slots, 1, 1024)
         if self.draft_quant != "none" and self.draft_engine == "hf":
             raise SettingsError(

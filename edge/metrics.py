@@ -19,13 +19,19 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from eventspec.shared.contract.errors import EventSpecError
 from eventspec.shared.contract.types import AskEvent, CommittedEvent, FinalEvent, Mode, PreviewEvent
-from eventspec.shared.node.metrics import LATENCY_BUCKETS, PREFIX, STEP_BUCKETS, BoundedLabels
+from eventspec.shared.node.metrics import (
+    LATENCY_BUCKETS,
+    STEP_BUCKETS,
+    BoundedLabels,
+    NodeMetrics,
+    metric_name,
+)
 
 if TYPE_CHECKING:
     from eventspec.edge.ask.session import EdgeCounters
@@ -33,10 +39,6 @@ if TYPE_CHECKING:
 
 #: Distinct plan reasons kept as label values (the rest: "other").
 MAX_REASONS = 16
-
-
-def _name(suffix: str) -> str:
-    return PREFIX + suffix
 
 
 def mode_label(mode: Mode) -> str:
@@ -51,83 +53,77 @@ def plan_reason(reason: str) -> str:
     return re.split(r"[:;]", reason, maxsplit=1)[0].strip() or "none"
 
 
-class EdgeMetrics:
+class EdgeMetrics(NodeMetrics):
     """Every edge metric, registered in ``registry`` (a fresh one by default)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
-        r = self.registry
+        super().__init__(registry)
         self.reasons = BoundedLabels(MAX_REASONS)
-        self.requests = Counter(
-            _name("edge_request_success"), "Ask requests answered (a Final was sent), by mode "
-            "and finish reason", ["mode", "finished_reason"], registry=r)
-        self.failures = Counter(
-            _name("edge_request_failure"), "Ask requests that ended with an error status, by "
-            "mode and status code", ["mode", "code"], registry=r)
-        self.ttft = Histogram(
-            _name("edge_time_to_first_token_seconds"), "From the Ask reaching the cloud path "
-            "to the first committed token (Final.stats.ttft_ms)", buckets=LATENCY_BUCKETS,
-            registry=r)
-        self.e2e = Histogram(
-            _name("edge_e2e_request_latency_seconds"), "Whole Ask, as the edge measured it "
-            "(Final.stats.total_ms)", buckets=LATENCY_BUCKETS, registry=r)
-        self.draft_per_token = Histogram(
-            _name("edge_draft_time_per_token_seconds"), "The draft model's mean time per "
-            "drafted token, one observation per request that drafted", buckets=STEP_BUCKETS,
-            registry=r)
-        self.draft_prefill = Histogram(
-            _name("edge_draft_prefill_seconds"), "The draft model's prefill (events + prompt)",
-            buckets=LATENCY_BUCKETS, registry=r)
-        self.draft_tokens = Counter(
-            _name("edge_draft_tokens"), "Tokens the draft model drafted", registry=r)
-        self.drafts_sent = Counter(
-            _name("edge_drafts_sent"), "Drafts messages (draft tails) sent to the cloud",
-            registry=r)
-        self.drafts_discarded = Counter(
-            _name("edge_draft_tokens_discarded"), "Drafted tokens thrown away because a Commit "
-            "changed their context while they were computed", registry=r)
-        self.drafts_stale = Counter(
-            _name("edge_drafts_stale"), "Drafts messages the cloud dropped as stale "
-            "(Final.stats.stale_drafts)", registry=r)
-        self.rollbacks = Counter(
-            _name("edge_rollbacks"), "Commits that cut the edge's draft tail (a rejected draft)",
-            registry=r)
-        self.verified = Counter(
-            _name("edge_spec_decode_num_draft_tokens"), "Draft tokens the cloud verified "
-            "(Final.stats.drafted)", registry=r)
-        self.accepted = Counter(
-            _name("edge_spec_decode_num_accepted_tokens"), "Draft tokens the cloud accepted "
-            "(Final.stats.accepted)", registry=r)
-        self.hidden = Counter(
-            _name("edge_hidden_accepted_tokens"), "Hidden drafts accepted "
-            "(Final.stats.hidden_accepted)", registry=r)
-        self.preview_lag = Histogram(
-            _name("edge_preview_lag_seconds"), "How long a previewed token waited for the "
+        self.requests = self.counter(
+            "edge_request_success", "Ask requests answered (a Final was sent), by mode "
+            "and finish reason", ["mode", "finished_reason"])
+        self.failures = self.counter(
+            "edge_request_failure", "Ask requests that ended with an error status, by "
+            "mode and status code", ["mode", "code"])
+        self.ttft = self.histogram(
+            "edge_time_to_first_token_seconds", "From the Ask reaching the cloud path "
+            "to the first committed token (Final.stats.ttft_ms)", buckets=LATENCY_BUCKETS)
+        self.e2e = self.histogram(
+            "edge_e2e_request_latency_seconds", "Whole Ask, as the edge measured it "
+            "(Final.stats.total_ms)", buckets=LATENCY_BUCKETS)
+        self.draft_per_token = self.histogram(
+            "edge_draft_time_per_token_seconds", "The draft model's mean time per "
+            "drafted token, one observation per request that drafted", buckets=STEP_BUCKETS)
+        self.draft_prefill = self.histogram(
+            "edge_draft_prefill_seconds", "The draft model's prefill (events + prompt)",
+            buckets=LATENCY_BUCKETS)
+        self.draft_tokens = self.counter(
+            "edge_draft_tokens", "Tokens the draft model drafted")
+        self.drafts_sent = self.counter(
+            "edge_drafts_sent", "Drafts messages (draft tails) sent to the cloud")
+        self.drafts_discarded = self.counter(
+            "edge_draft_tokens_discarded", "Drafted tokens thrown away because a Commit "
+            "changed their context while they were computed")
+        self.drafts_stale = self.counter(
+            "edge_drafts_stale", "Drafts messages the cloud dropped as stale "
+            "(Final.stats.stale_drafts)")
+        self.rollbacks = self.counter(
+            "edge_rollbacks", "Commits that cut the edge's draft tail (a rejected draft)")
+        self.verified = self.counter(
+            "edge_spec_decode_num_draft_tokens", "Draft tokens the cloud verified "
+            "(Final.stats.drafted)")
+        self.accepted = self.counter(
+            "edge_spec_decode_num_accepted_tokens", "Draft tokens the cloud accepted "
+            "(Final.stats.accepted)")
+        self.hidden = self.counter(
+            "edge_hidden_accepted_tokens", "Hidden drafts accepted "
+            "(Final.stats.hidden_accepted)")
+        self.preview_lag = self.histogram(
+            "edge_preview_lag_seconds", "How long a previewed token waited for the "
             "Commit that confirmed it; one observation per such Commit (its longest wait)",
-            buckets=LATENCY_BUCKETS, registry=r)
-        self.uplink_bytes = Counter(
-            _name("edge_uplink_bytes"), "Bytes sent to the cloud (Final.stats.uplink_bytes)",
-            registry=r)
-        self.downlink_bytes = Counter(
-            _name("edge_downlink_bytes"), "Bytes received from the cloud "
-            "(Final.stats.downlink_bytes)", registry=r)
-        self.uplink_seconds = Histogram(
-            _name("edge_uplink_seconds"), "From Open sent to the visual input written "
-            "(Final.stats.stage_ms.edge_upload)", buckets=LATENCY_BUCKETS, registry=r)
-        self.plan_decisions = Counter(
-            _name("edge_plan_decisions"), "The timing plan's decision per cloud request, with "
-            "its reason's first words", ["speculate", "reason"], registry=r)
-        self.auth_failures = Counter(
-            _name("edge_auth_failures"), "Calls refused by authentication or authorisation, by "
-            "status", ["code"], registry=r)
-        self.rtt = Gauge(_name("edge_cloud_rtt_seconds"), "Smoothed round-trip time to the "
-                         "cloud (GetServerInfo)", registry=r)
-        self.acceptance = Gauge(_name("edge_acceptance_ewma"), "Smoothed acceptance rate the "
-                                "edge plans with", registry=r)
-        self.queued = Gauge(_name("edge_num_requests_waiting"), "Asks waiting for a cloud "
-                            "slot", registry=r)
-        self.in_flight = Gauge(_name("edge_num_requests_running"), "Asks in flight to the "
-                               "cloud", registry=r)
+            buckets=LATENCY_BUCKETS)
+        self.uplink_bytes = self.counter(
+            "edge_uplink_bytes", "Bytes sent to the cloud (Final.stats.uplink_bytes)")
+        self.downlink_bytes = self.counter(
+            "edge_downlink_bytes", "Bytes received from the cloud "
+            "(Final.stats.downlink_bytes)")
+        self.uplink_seconds = self.histogram(
+            "edge_uplink_seconds", "From Open sent to the visual input written "
+            "(Final.stats.stage_ms.edge_upload)", buckets=LATENCY_BUCKETS)
+        self.plan_decisions = self.counter(
+            "edge_plan_decisions", "The timing plan's decision per cloud request, with "
+            "its reason's first words", ["speculate", "reason"])
+        self.auth_failures = self.counter(
+            "edge_auth_failures", "Calls refused by authentication or authorisation, by "
+            "status", ["code"])
+        self.rtt = self.gauge(
+            "edge_cloud_rtt_seconds", "Smoothed round-trip time to the cloud (GetServerInfo)")
+        self.acceptance = self.gauge(
+            "edge_acceptance_ewma", "Smoothed acceptance rate the edge plans with")
+        self.queued = self.gauge(
+            "edge_num_requests_waiting", "Asks waiting for a cloud slot")
+        self.in_flight = self.gauge(
+            "edge_num_requests_running", "Asks in flight to the cloud")
 
     def bind(self, *, rtt_ms: Callable[[], float], acceptance: Callable[[], float],
              queued: Callable[[], int], in_flight: Callable[[], int],
@@ -228,19 +224,19 @@ class _LiveSourceCollector(Collector):
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         stats = self.source.buffer.stats()  # type: ignore[attr-defined]
-        yield CounterMetricFamily(_name("edge_source_events"), "Events the live source "
+        yield CounterMetricFamily(metric_name("edge_source_events"), "Events the live source "
                                   "received (rate() of it is the event rate)",
                                   value=stats.received)
-        yield CounterMetricFamily(_name("edge_source_events_dropped"), "Events the live "
+        yield CounterMetricFamily(metric_name("edge_source_events_dropped"), "Events the live "
                                   "source's ring buffer dropped (full)", value=stats.dropped)
-        yield GaugeMetricFamily(_name("edge_source_events_buffered"), "Events in the live "
+        yield GaugeMetricFamily(metric_name("edge_source_events_buffered"), "Events in the live "
                                 "source's ring buffer now", value=stats.buffered)
         health = getattr(self.source, "health", lambda: None)()
         connected = getattr(health, "connected", not getattr(self.source, "finished", False))
-        yield GaugeMetricFamily(_name("edge_source_connected"), "1 while the live stream is "
+        yield GaugeMetricFamily(metric_name("edge_source_connected"), "1 while the live stream is "
                                 "connected", value=1.0 if connected else 0.0)
-        yield CounterMetricFamily(_name("edge_source_reconnects"), "Reconnections of the live "
-                                  "stream", value=max(0, getattr(health, "reconnects", 0)))
+        yield CounterMetricFamily(metric_name("edge_source_reconnects"), "Reconnections of the "
+                                  "live stream", value=max(0, getattr(health, "reconnects", 0)))
 
     def describe(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         return iter(())

@@ -47,7 +47,7 @@ from eventspec.shared.contract.errors import (
     InvalidInput,
 )
 from eventspec.shared.node.repeat_log import RepeatLog
-from eventspec.shared.node.serving import MODEL_DTYPES
+from eventspec.shared.node.serving import torch_dtype, warm_or_stop
 from eventspec.shared.node.static.quant import QuantMode
 from eventspec.shared.node.tracing import tracer_from_env
 from eventspec.shared.pb.eventspec.v1 import edge_pb2, edge_pb2_grpc
@@ -66,10 +66,8 @@ SERVICE_NAME = edge_pb2.DESCRIPTOR.services_by_name["EdgeAgent"].full_name
 
 def load_draft_for(settings: EdgeSettings) -> DraftModel:
     """The draft in the directory ``--model`` names (``toy``: the shipped toy draft)."""
-    import torch
-
-    dtype = getattr(torch, MODEL_DTYPES[settings.dtype])
-    return load_draft(draft_dir(settings.model), device=settings.device, dtype=dtype)
+    return load_draft(draft_dir(settings.model), device=settings.device,
+                      dtype=torch_dtype(settings.dtype))
 
 
 def oracle_for(settings: EdgeSettings, draft: DraftModel) -> OracleDraftBackend:
@@ -176,13 +174,7 @@ class EdgeServer:
         self._host = host
         log.info("edge agent listening on %s:%d (NOT_SERVING while warming up)", s.host,
                  self.port)
-        if warm:
-            try:
-                await self.warm_up()
-            except BaseException:
-                await self.stop(0)
-                raise
-        return self.port
+        return await warm_or_stop(self, warm)
 
     async def warm_up(self) -> None:
         """Open the source, load the models, measure the draft's costs; then watch the
@@ -309,17 +301,14 @@ class EdgeServer:
     def _start_metrics(self, host: GrpcHost) -> None:
         """Serve ``/metrics`` from this server's own registry (imported only when on)."""
         from eventspec.edge.metrics import EdgeMetrics
-        from eventspec.shared.node.metrics import MetricsEndpoint
+        from eventspec.shared.node.metrics import serve_metrics
 
         assert self._servicer is not None
         self.metrics = EdgeMetrics()
         self._servicer.metrics = self.metrics
-        if host.auth is not None:
-            auth_failures = self.metrics.auth_failures
-            host.auth.on_denied = lambda code: auth_failures.labels(code).inc()
-        self._metrics_endpoint = MetricsEndpoint(self.metrics.registry, self.settings.metrics_host,
-                                                 self.settings.metrics_port or 0)
-        self.metrics_port = self._metrics_endpoint.start()
+        self._metrics_endpoint = serve_metrics(self.metrics, host.auth, self.settings.metrics_host,
+                                               self.settings.metrics_port)
+        self.metrics_port = self._metrics_endpoint.port
 
     def _bind_metrics(self, agent: EdgeAgent, source: EventSource) -> None:
         """Hook the metrics into the agent, its link and its source."""

@@ -16,9 +16,11 @@ from __future__ import annotations
 import ipaddress
 import logging
 import threading
+from collections.abc import Sequence
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,47 @@ class BoundedLabels:
                 self._known.add(value)
                 return value
         return OTHER
+
+
+def metric_name(suffix: str) -> str:
+    """``eventspec:<suffix>``."""
+    return PREFIX + suffix
+
+
+class NodeMetrics:
+    """What each node's metrics have alike: their own registry (a fresh one by default),
+    every metric declared in it under :data:`PREFIX`, and ``auth_failures``, the calls its
+    auth interceptor refused, by status."""
+
+    auth_failures: Counter
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+
+    def counter(self, suffix: str, help: str, labels: Sequence[str] = ()) -> Counter:
+        return Counter(metric_name(suffix), help, labels, registry=self.registry)
+
+    def histogram(self, suffix: str, help: str, *, buckets: Sequence[float]) -> Histogram:
+        return Histogram(metric_name(suffix), help, buckets=buckets, registry=self.registry)
+
+    def gauge(self, suffix: str, help: str) -> Gauge:
+        return Gauge(metric_name(suffix), help, registry=self.registry)
+
+    def on_auth_failure(self, code: str) -> None:
+        """A call was refused by the auth interceptor (UNAUTHENTICATED, PERMISSION_DENIED)."""
+        self.auth_failures.labels(code).inc()
+
+
+def serve_metrics(metrics: NodeMetrics, auth: Any, host: str, port: int | None
+                  ) -> MetricsEndpoint:
+    """``/metrics`` for ``metrics`` on ``host:port`` (None or 0: a free one), started;
+    ``auth`` (the server's auth interceptor, None without authentication) reports each
+    call it refuses to ``metrics``."""
+    if auth is not None:
+        auth.on_denied = metrics.on_auth_failure
+    endpoint = MetricsEndpoint(metrics.registry, host, port or 0)
+    endpoint.start()
+    return endpoint
 
 
 def is_loopback(host: str) -> bool:

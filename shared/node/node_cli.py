@@ -1,7 +1,7 @@
 """What ``eventspec-edge`` and ``eventspec-cloud`` share as commands: how a bad setting is
 refused, the flags of ``serve`` (each node's settings, declared once on its settings
-dataclass through ``eventspec.shared.node.settings_fields``, and the endpoint settings
-both declare alike), the value checks, and ``serve``'s run.
+dataclass through ``eventspec.shared.node.settings_fields``, those both declare alike in
+``eventspec.shared.node.node_settings``), the value checks, and ``serve``'s run.
 
 The convention both nodes follow: every setting ``--some-flag`` has the environment
 variable ``<PREFIX>SOME_FLAG`` (``EVENTSPEC_CLOUD_SESSION_TTL_S`` for ``--session-ttl-s``),
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, NoReturn, Protocol, TypeVar
 
-from eventspec.shared.node.metric_principals import PRINCIPAL_LABELS
+from eventspec.shared.helpfmt import DefaultsHelpFormatter
 from eventspec.shared.node.serving import (
     LOG_FORMAT,
     NodeServer,
@@ -39,9 +39,9 @@ from eventspec.shared.node.serving import (
     run_node,
 )
 from eventspec.shared.node.settings_fields import SettingsError as SettingsError
-from eventspec.shared.node.settings_fields import add_setting_flags, setting
+from eventspec.shared.node.settings_fields import add_setting_flags, settings_from_args
 from eventspec.shared.node.settings_fields import env_name as env_name
-from eventspec.shared.wire.flags import add_server_security_args
+from eventspec.shared.wire.flags import add_server_security_args, server_security_from_args
 from eventspec.shared.wire.security import (
     SecurityConfigError,
     ServerSecurity,
@@ -160,40 +160,23 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: CheckedSettings,
     add_server_security_args(parser, env_prefix)
 
 
-# -- the endpoint settings, declared alike by both nodes -------------------------------
-
-def health_port_setting() -> Any:
-    """``--health-port``: grpc.health.v1 alone on its own plaintext port, for probes."""
-    return setting(None, endpoint=True,
-                   help="also serve grpc.health.v1 (only) on this port, plaintext and without "
-                        "credentials, for Kubernetes probes: its own server, which no load or "
-                        "stalled stream on the main port can exhaust; 0 picks one")
-
-
-def metrics_port_setting() -> Any:
-    """``--metrics-port`` (eventspec.shared.node.metrics); default off."""
-    return setting(None, endpoint=True,
-                   help="serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a "
-                        "free port, logged; default: off)")
+def add_serve_command(sub: Any, prog: str, from_env: Callable[[], CheckedSettings],
+                      env_prefix: str, *, help: str, node: str) -> argparse.ArgumentParser:
+    """The ``serve`` subcommand: ``--help`` shows every default (the environment's, read
+    by ``from_env`` and checked first) and its variable."""
+    serve_cmd: argparse.ArgumentParser = sub.add_parser(
+        "serve", help=help, formatter_class=DefaultsHelpFormatter)
+    add_serve_flags(serve_cmd, env_defaults(prog, env_prefix, from_env), env_prefix, node)
+    return serve_cmd
 
 
-def metrics_host_setting() -> Any:
-    """``--metrics-host``: loopback unless told otherwise."""
-    return setting("127.0.0.1", endpoint=True,
-                   help="bind address of the metrics endpoint (it has no authentication: a "
-                        "non-loopback address is logged as a warning)")
-
-
-def metrics_principals_setting() -> Any:
-    """``--metrics-principals``, for a node whose series carry callers' principals: only
-    the cloud's do (its per-edge series), so only it declares one; the edge's metrics name
-    no caller, and a flag there would change nothing
-    (``eventspec.shared.node.metric_principals``, which says why the default is name)."""
-    return setting("name", endpoint=True, choices=PRINCIPAL_LABELS,
-                   help="how /metrics' per-edge series show the authenticated caller: "
-                        "its name; hash: the first 12 hex digits of the name's SHA-256 "
-                        "(stable across restarts and replicas); none: every caller as "
-                        "'redacted'")
+def serve_settings(prog: str, cls: type[S], args: argparse.Namespace, env_prefix: str,
+                   **given: Any) -> S:
+    """The settings ``serve``'s flags describe, with the security its security flags
+    describe (and ``given``, a node's other objects), checked: a bad value exits with one
+    line."""
+    return checked(prog, settings_from_args(
+        cls, args, security=server_security_from_args(args, env_prefix), **given))
 
 
 # -- value checks: SettingsError naming the flag --------------------------------------

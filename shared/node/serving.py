@@ -7,7 +7,7 @@ import contextlib
 import logging
 import signal
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 #: ``--dtype`` spellings both nodes accept -> the torch dtype's name.
@@ -25,6 +25,13 @@ def quiet_progress_bars() -> None:
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
 
+def torch_dtype(name: str) -> Any:
+    """The torch dtype ``--dtype name`` means (one of :data:`MODEL_DTYPES`); imports torch."""
+    import torch
+
+    return getattr(torch, MODEL_DTYPES[name])
+
+
 class NodeServer(Protocol):
     """What ``VerifierServer`` and ``EdgeServer`` offer the CLI."""
 
@@ -35,6 +42,18 @@ class NodeServer(Protocol):
     async def warm_up(self) -> None: ...
 
     async def stop(self, grace_s: float | None = None) -> None: ...
+
+
+async def warm_or_stop(server: NodeServer, warm: bool) -> int:
+    """The end of a node's ``start``: warm up when ``warm`` (a failed or cancelled
+    warm-up stops the server at once, no grace), then the bound port."""
+    if warm:
+        try:
+            await server.warm_up()
+        except BaseException:
+            await server.stop(0)
+            raise
+    return server.port
 
 
 async def serve_until_signalled(

@@ -22,7 +22,7 @@ import hmac
 import logging
 import re
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ import grpc
 from grpc import aio
 
 from eventspec.shared.contract.principal import Principal, set_principal
-from eventspec.shared.wire.handlers import wrap_handler
+from eventspec.shared.wire.handlers import MethodInterceptor, wrap_handler
 from eventspec.shared.wire.refusals import mark_refused
 from eventspec.shared.wire.security import SecurityConfigError, ServerSecurity
 
@@ -218,7 +218,7 @@ def _bearer_token(header: str, principal: str = "-") -> str:
     return token
 
 
-class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
+class AuthInterceptor(MethodInterceptor):
     """Refuse calls without valid credentials; bind the caller's principal."""
 
     def __init__(self, security: ServerSecurity) -> None:
@@ -256,16 +256,12 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
                           str(principal))
         return principal
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or method in OPEN_METHODS:
+    def wrap(self, handler: grpc.RpcMethodHandler,
+             call: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method = call.method
+        if method in OPEN_METHODS:
             return handler
-        metadata = tuple(handler_call_details.invocation_metadata or ())
+        metadata = tuple(call.invocation_metadata or ())
 
         @contextlib.asynccontextmanager
         async def guard(context: aio.ServicerContext[Any, Any]) -> AsyncIterator[None]:

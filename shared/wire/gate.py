@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -41,6 +41,7 @@ from eventspec.shared.contract.errors import EventSpecError
 from eventspec.shared.wire.handlers import (
     FACTORIES,
     Behaviour,
+    MethodInterceptor,
     close_request_stream,
     forget_frames,
 )
@@ -193,7 +194,7 @@ async def _then_nothing() -> AsyncIterator[Any]:
     yield  # an empty async generator: the stream closed with no message
 
 
-class FirstMessageGate(aio.ServerInterceptor):  # type: ignore[misc]
+class FirstMessageGate(MethodInterceptor):
     """Start every call at HEADERS and give it ``timeout_s`` to send its first message;
     the inner interceptors and the handler run only after it has. Calls of
     ``open_methods`` wait for it ``reads_per_connection`` at a time per connection."""
@@ -207,15 +208,9 @@ class FirstMessageGate(aio.ServerInterceptor):  # type: ignore[misc]
         self.open_methods = open_methods
         self.open_reads = ConnectionReads(reads_per_connection)
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        method = handler_call_details.method
+    def wrap(self, handler: grpc.RpcMethodHandler,
+             call: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method = call.method
         for kind, streaming in _STREAMING_KIND.items():
             fn = getattr(handler, kind)
             if fn is not None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -27,7 +27,13 @@ from google.protobuf.message import DecodeError
 from grpc import aio
 
 from eventspec.shared.contract.errors import EventSpecError, WarmingUp
-from eventspec.shared.wire.handlers import FACTORIES, Behaviour, forget_frames, wrap_handler
+from eventspec.shared.wire.handlers import (
+    FACTORIES,
+    Behaviour,
+    MethodInterceptor,
+    forget_frames,
+    wrap_handler,
+)
 from eventspec.shared.wire.refusals import mark_refused
 from eventspec.shared.wire.status import to_grpc
 
@@ -119,19 +125,13 @@ def _refusing_undecodable(fn: Behaviour, method: str) -> Behaviour:
     return coro
 
 
-class ErrorMappingInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
+class ErrorMappingInterceptor(MethodInterceptor):
     """Map ``EventSpecError`` (and undecodable requests) to a gRPC status for every RPC
     kind. Install it innermost: the parse it wraps is the one the outer wrappers keep."""
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        method = handler_call_details.method
+    def wrap(self, handler: grpc.RpcMethodHandler,
+             call: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method = call.method
 
         @contextlib.asynccontextmanager
         async def mapped(context: aio.ServicerContext[Any, Any]) -> AsyncIterator[None]:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 from grpc import aio
 
-from eventspec.shared.wire.handlers import wrap_handler
+from eventspec.shared.wire.handlers import MethodInterceptor, wrap_handler
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 HEALTH_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
 
 
-class ConcurrencyLimitInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
+class ConcurrencyLimitInterceptor(MethodInterceptor):
     """RESOURCE_EXHAUSTED beyond ``limit`` concurrent calls, except ``exempt`` methods."""
 
     def __init__(self, limit: int, exempt: frozenset[str]) -> None:
@@ -37,14 +37,10 @@ class ConcurrencyLimitInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         self.exempt = HEALTH_METHODS | exempt
         self.in_flight = 0
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or method in self.exempt:
+    def wrap(self, handler: grpc.RpcMethodHandler,
+             call: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method = call.method
+        if method in self.exempt:
             return handler
 
         @contextlib.asynccontextmanager

@@ -51,14 +51,14 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from grpc import aio
 
-from eventspec.shared.wire.handlers import wrap_handler
+from eventspec.shared.wire.handlers import MethodInterceptor, wrap_handler
 
 log = logging.getLogger(__name__)
 
@@ -174,21 +174,15 @@ class RefusalBudget:
                     self.window_s)
 
 
-class RefusalBudgetInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
+class RefusalBudgetInterceptor(MethodInterceptor):
     """Refuse the calls of a connection cut off by ``budget`` at HEADERS; count the calls
     the inner interceptors refuse (``mark_refused``). Install it outermost."""
 
     def __init__(self, budget: RefusalBudget | None = None) -> None:
         self.budget = budget or RefusalBudget()
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
+    def wrap(self, handler: grpc.RpcMethodHandler,
+             call: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
         budget = self.budget
 
         @contextlib.asynccontextmanager

@@ -12,15 +12,14 @@ checks in ``eventspec.shared.contract.wire_bounds`` cost microseconds.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import grpc
-from grpc import aio
 
 from eventspec.shared.contract.wire_bounds import check_ask_bytes, check_edge_message_bytes
 from eventspec.shared.pb.eventspec.v1 import edge_pb2, verifier_pb2
-from eventspec.shared.wire.handlers import FACTORIES
+from eventspec.shared.wire.handlers import FACTORIES, MethodInterceptor
 
 #: A check on one request message's bytes; raises an ``EventSpecError`` to refuse it.
 Guard = Callable[[bytes], None]
@@ -49,7 +48,7 @@ def guarded(guard: Guard, deserialize: Deserializer) -> Deserializer:
     return parse
 
 
-class RequestGuardInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
+class RequestGuardInterceptor(MethodInterceptor):
     """Run ``guards[method]`` on each request message's bytes before it is parsed.
 
     Install it innermost, after ``ErrorMappingInterceptor``: the deserializer each outer
@@ -58,14 +57,10 @@ class RequestGuardInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
     def __init__(self, guards: Mapping[str, Guard] = REQUEST_GUARDS) -> None:
         self.guards = dict(guards)
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        guard = self.guards.get(handler_call_details.method)
-        if handler is None or guard is None or handler.request_deserializer is None:
+    def wrap(self, handler: grpc.RpcMethodHandler,
+             call: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        guard = self.guards.get(call.method)
+        if guard is None or handler.request_deserializer is None:
             return handler
         parse = guarded(guard, handler.request_deserializer)
         for kind, factory in FACTORIES.items():
