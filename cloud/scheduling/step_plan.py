@@ -56,15 +56,11 @@ class SessionStep:
     input: StepInput | None = None
 
 
-@dataclass(frozen=True)
-class FirstTokens:
-    """The sampler call after a prefill call, for the prompts it finished (each checks
-    at most one hidden draft). ``own_call``: the prefill ran in a call of its own, so
-    its time counts as prefill time (not when it rode a step)."""
+class SessionsInOrder:
+    """What a call over sessions hands the sampler and the tickets: their sample specs
+    and tickets, in the sessions' order."""
 
     sessions: tuple[SessionStep, ...]
-    t0: float
-    own_call: bool
 
     @property
     def specs(self) -> list[SampleSpec]:
@@ -76,7 +72,18 @@ class FirstTokens:
 
 
 @dataclass(frozen=True)
-class StepPlan:
+class FirstTokens(SessionsInOrder):
+    """The sampler call after a prefill call, for the prompts it finished (each checks
+    at most one hidden draft). ``own_call``: the prefill ran in a call of its own, so
+    its time counts as prefill time (not when it rode a step)."""
+
+    sessions: tuple[SessionStep, ...]
+    t0: float
+    own_call: bool
+
+
+@dataclass(frozen=True)
+class StepPlan(SessionsInOrder):
     """One batched step: every running session once, in running order, with the tokens
     it feeds (C[-1] plus its drafts, cut to the verify width), and the prompt pieces
     that ride the same forward. ``t_start``: when planning began (the loop's own time
@@ -93,14 +100,6 @@ class StepPlan:
             assert s.input is not None
             out.append(s.input)
         return out
-
-    @property
-    def specs(self) -> list[SampleSpec]:
-        return [s.spec for s in self.sessions]
-
-    @property
-    def tickets(self) -> list[Ticket]:
-        return [s.ticket for s in self.sessions]
 
     @property
     def tokens(self) -> int:

@@ -22,7 +22,7 @@ from typing import Any, Final, Literal
 import msgpack
 
 from eventspec.shared.contract.errors import InvalidInput, NotFound
-from eventspec.shared.contract.timing import CloudCost, EdgeCost
+from eventspec.shared.contract.timing import CLOUD_COST_FIELDS, CloudCost, EdgeCost
 
 PROFILE_FORMAT_VERSION: Final[int] = 1
 _FORMAT_TAG: Final[str] = "eventspec-calibration"
@@ -31,14 +31,6 @@ _MAX_PROFILE_BYTES: Final[int] = 16 << 20
 
 Role = Literal["cloud", "edge"]
 
-_CLOUD_FIELDS: Final[tuple[str, ...]] = (
-    "prefill_base_ms",
-    "prefill_ms_per_visual_token",
-    "prefill_ms_per_text_token",
-    "step_base_ms",
-    "step_ms_per_token",
-    "step_ms_per_session",
-)
 _EDGE_FIELDS: Final[tuple[str, ...]] = (
     "draft_prefill_ms",
     "draft_ms_per_token",
@@ -82,7 +74,7 @@ def _to_document(profile: CalibrationProfile) -> dict[str, Any]:
         None
         if profile.cloud is None
         else {
-            **{f: getattr(profile.cloud, f) for f in _CLOUD_FIELDS},
+            **{f: getattr(profile.cloud, f) for f in CLOUD_COST_FIELDS},
             "device": profile.cloud.device,
         }
     )
@@ -159,7 +151,7 @@ def _parse(doc: Any, path: Path) -> CalibrationProfile:
             device = cloud_doc.get("device", "")
             if not isinstance(device, str):
                 raise _corrupt(path, "field 'cloud.device' is not a string")
-            numbers: dict[str, Any] = _numbers(cloud_doc, _CLOUD_FIELDS, path)
+            numbers: dict[str, Any] = _numbers(cloud_doc, CLOUD_COST_FIELDS, path)
             cloud = CloudCost(**numbers, device=device)
         edge = None
         if edge_doc is not None:

@@ -34,6 +34,17 @@ MIN_BYTES_PER_S = 1.0
 MAX_BYTES_PER_S = 1.25e11
 
 
+#: The fitted terms of :class:`CloudCost` (what calibration measures and a profile saves).
+CLOUD_COST_FIELDS: tuple[str, ...] = (
+    "prefill_base_ms",
+    "prefill_ms_per_visual_token",
+    "prefill_ms_per_text_token",
+    "step_base_ms",
+    "step_ms_per_token",
+    "step_ms_per_session",
+)
+
+
 @dataclass(frozen=True)
 class CloudCost:
     """The cloud's calibrated linear cost model (ms on its device); mirrors ``CloudProfile``.
@@ -60,15 +71,7 @@ class CloudCost:
     unreliable: bool = False
 
     def __post_init__(self) -> None:
-        for name in (
-            "prefill_base_ms",
-            "prefill_ms_per_visual_token",
-            "prefill_ms_per_text_token",
-            "step_base_ms",
-            "step_ms_per_token",
-            "step_ms_per_session",
-            "load_sessions",
-        ):
+        for name in (*CLOUD_COST_FIELDS, "load_sessions"):
             check_finite_nonneg("CloudCost", name, getattr(self, name))
         if self.step_base_ms + self.step_ms_per_token <= 0:
             raise InvalidInput(
