@@ -7,6 +7,7 @@ reason) and the ones the edge abandoned, not only those that reached Done (issue
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator
 
 import pytest
@@ -77,4 +78,6 @@ async def test_a_request_the_edge_abandons_is_one_cancelled_line(
         call.cancel()
     await h.wait_for_sessions(server, 0)
     line = await one_line(caplog, "Abandoned?")
-    assert ", CANCELLED, 0 tokens" in line
+    # The prefill's first token may be committed before the cancel reaches the cloud
+    # (a fresh-clone run saw "1 tokens"): the line is about the ending, not the count.
+    assert re.search(r", CANCELLED, [01] tokens, .*the edge went away", line), line
