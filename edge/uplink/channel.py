@@ -223,10 +223,25 @@ class CloudLink:
                                               timeout=timeout_s, metadata=self._metadata)
         except aio.AioRpcError as exc:
             view = _view_of(exc)
-        else:  # it answers, yet its health says NOT_SERVING (or it just turned SERVING)
+        else:
+            # It answers. Just after it turned SERVING the balanced channel's health
+            # watch may not have caught up: ready, not a warning. NOT_SERVING (draining,
+            # its engine down) is the cause to name.
+            if await self._probe_serving(replica, timeout_s):
+                return CloudView(CloudState.READY)
             view = CloudView(CloudState.UNREACHABLE, "it answers but reports NOT_SERVING")
         self.reachable, self.last_error = False, view.describe()
         return view
+
+    @staticmethod
+    async def _probe_serving(replica: Replica, timeout_s: float) -> bool:
+        """Whether ``replica``'s health says SERVING, asked on its probe channel."""
+        stub = health_pb2_grpc.HealthStub(replica.probe_channel)
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+        except grpc.RpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
     def open_stream(self, timeout_s: float) -> CloudStream:
         """Start a Generate call with a deadline of ``timeout_s`` on the next replica."""
