@@ -248,9 +248,13 @@ async def item5(tmp: Path, unreachable_s: float, watch_s: float) -> Records:
                       warm=False)
         await asyncio.sleep(unreachable_s)
         bound = time.time()
+        # Paced like an A100-class 7B, so calibrating takes seconds as on a GPU server
+        # (a real one warms up for 25-65 s); the toy's own warm-up can be over in a
+        # second, between two of the edge's polls, and then no poll sees it warming.
         await n.start("cloud-a", "eventspec-cloud", [
             "--model", "toy", "--port", str(cport), "--recalibrate", "--profile",
-            str(tmp / "cloud.profile")], warm=False)
+            str(tmp / "cloud.profile"), "--emulate-prefill-ms", "200",
+            "--emulate-step-ms", "30"], warm=False)
         await n.wait_text("edge-a", [f"cloud 127.0.0.1:{cport} ready"], 300)
         t1 = time.time()
         text = n.log("edge-a").read_text(errors="replace")
