@@ -206,6 +206,20 @@ def log_records(text: str) -> list[tuple[float, str, str, str]]:
     return out
 
 
+#: The longest a cloud's warm-up can go unseen by an edge that was refused before: one
+#: watcher poll (0.5 s) plus the channel's longest reconnect backoff (1 s).
+POLL_AND_BACKOFF_S = 1.5
+
+
+def warm_up_s(cloud_log: str) -> float | None:
+    """Seconds from a cloud's "verifier listening" line to its "verifier SERVING" line."""
+    marks = {msg.split(" ", 2)[1]: when for when, _, _, msg in log_records(cloud_log)
+             if msg.startswith(("verifier listening", "verifier SERVING"))}
+    if "listening" in marks and "SERVING" in marks:
+        return marks["SERVING"] - marks["listening"]
+    return None
+
+
 def cloud_log_rate(text: str, t0: float, t1: float) -> dict[str, Any]:
     """The edge's lines about its cloud (those that say "cloud") logged in [t0, t1] (epoch
     seconds): their count, the rate a minute, the count summaries ("(repeated N times in
