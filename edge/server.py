@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eventspec.edge.ask.agent import EdgeAgent
-from eventspec.edge.cloud_watch import CloudWatch
 from eventspec.edge.config import EdgeSettings
 from eventspec.edge.drafting.cache import DraftBackend
 from eventspec.edge.drafting.checkpoint import load_draft
@@ -36,15 +35,18 @@ from eventspec.edge.events.sources import open_source
 from eventspec.edge.learning.commit_recorder import CommitRecorder
 from eventspec.edge.learning.token_heads import load_head
 from eventspec.edge.model_dirs import TOY, TOY_MISALIGNED, adapter_dir, draft_dir
-from eventspec.edge.readiness import Readiness
+from eventspec.edge.readiness import CloudState, CloudView, Readiness
 from eventspec.edge.servicer import EdgeAgentServicer
 from eventspec.edge.uplink.channel import CloudLink
 from eventspec.edge.vision.align import load_adapter
 from eventspec.edge.vision.backend import Aligner
 from eventspec.shared.contract.errors import (
+    ErrorCode,
+    EventSpecError,
     FailedPrecondition,
     InvalidInput,
 )
+from eventspec.shared.node.repeat_log import RepeatLog
 from eventspec.shared.node.serving import torch_dtype, warm_or_stop
 from eventspec.shared.node.static.quant import QuantMode
 from eventspec.shared.node.tracing import tracer_from_env
@@ -89,6 +91,30 @@ def headed_backend_for(path: Path, draft: DraftModel) -> HeadedDraftBackend:
     return backend
 
 
+def warn_on_vocab_mismatch(cloud: str, cloud_fingerprint: str, draft_fingerprint: str) -> bool:
+    """Log a loud WARNING when the cloud's text vocabulary is not the draft's.
+
+    Such a cloud still answers target_only requests, so it is "reachable"; but every
+    speculative request to it is refused (drafts in another vocabulary would be
+    meaningless), which an operator must learn at start-up, not from clients. Returns
+    whether they differ.
+    """
+    if cloud_fingerprint == draft_fingerprint:
+        return False
+    log.warning(
+        "VOCABULARY MISMATCH: the cloud %s's text vocabulary (fingerprint %s) differs from "
+        "the draft model's (%s); speculative requests will be refused, only target_only "
+        "(and draft_only) work. Pair the draft with a target of the same tokenizer.",
+        cloud, cloud_fingerprint[:12], draft_fingerprint[:12],
+    )
+    return True
+
+
+#: How often the edge asks the cloud how it is: while it is ready, and while it is not.
+WATCH_READY_S = 5.0
+WATCH_WAITING_S = 0.5
+
+
 @dataclass
 class EdgeServer:
     """A running edge agent: ``await start()``, then ``port``; ``await stop()``.
@@ -121,8 +147,8 @@ class EdgeServer:
     #: An OpenTelemetry tracer (tests inject one); None: from the ``OTEL_*`` environment,
     #: which leaves tracing off unless it asks for an exporter (``eventspec.shared.node.tracing``).
     tracer: Any = None
-    #: Follows the cloud once warm-up reaches it (None: no --cloud, or not yet).
-    _cloud_watch: CloudWatch | None = None
+    #: The cloud's state in the log: one line per change, then one a minute with a count.
+    _cloud_log: RepeatLog = field(default_factory=lambda: RepeatLog(log))
 
     async def start(self, *, warm: bool = True) -> int:
         """Bind and report NOT_SERVING; then (``warm``) warm up. Returns the bound port."""
@@ -237,10 +263,8 @@ class EdgeServer:
             vision_backend=draft.vision.name, draft_engine=draft_engine_name(backend),
         )
         if self._link is not None:
-            watch = self._cloud_watch = CloudWatch(self._link, readiness,
-                                                   draft.vocab_fingerprint, s.rpc_timeout_s)
-            await watch.check(first=True)
-            self._watcher = asyncio.create_task(watch.run())
+            await self._check_cloud(self._link, draft, first=True)
+            self._watcher = asyncio.create_task(self._watch_cloud(self._link, draft))
         readiness.set_edge_phase(None)
         log.info("edge agent warm on %s:%d, source %s, draft %s (%s drafter, vision %s)%s",
                  s.host, self.port, source.describe(), draft.model_id,
@@ -297,6 +321,58 @@ class EdgeServer:
                      queued=lambda: agent.admission.waiting,
                      in_flight=lambda: agent.admission.in_flight, source=source)
 
+    async def _check_cloud(self, link: CloudLink, draft: DraftModel, *, first: bool) -> None:
+        """Ask the cloud how it is once, and tell readiness (and health) what it said."""
+        assert self.readiness is not None
+        was_ready = self.readiness.cloud.state == CloudState.READY
+        try:
+            info = await link.server_info(self.settings.rpc_timeout_s)
+        except EventSpecError as exc:
+            view = (await link.diagnose(self.settings.rpc_timeout_s)
+                    if exc.code in (ErrorCode.UNAVAILABLE, ErrorCode.DEADLINE_EXCEEDED)
+                    else CloudView(CloudState.UNREACHABLE, exc.message))
+        else:
+            view = CloudView(CloudState.READY)
+            await link.sample_rtt(self.settings.rpc_timeout_s)  # the plan's rtt, every 5 s
+            self._cloud_log.flush()
+            if first or not was_ready:
+                log.info("cloud %s ready: %s", link.address, info.model_id)
+                warn_on_vocab_mismatch(link.address, info.vocab_fingerprint,
+                                       draft.vocab_fingerprint)
+        if view.state != CloudState.READY:
+            self._log_cloud_view(link.address, view)
+        self.readiness.set_cloud(view)
+
+    def _log_cloud_view(self, address: str, view: CloudView) -> None:
+        """The cloud's state, by its real cause, once when it starts and then once a
+        minute with a count (the watcher polls every 0.5 s; each poll logged a raw
+        "GetServerInfo failed: UNAVAILABLE ... backend unhealthy" before)."""
+        if view.state == CloudState.WARMING_UP:
+            # Keyed on the state, not the phase: each new phase is already one line of
+            # its own ("edge agent NOT_SERVING: waiting for the cloud verifier: ...").
+            self._cloud_log.report(logging.INFO, view.state, "cloud verifier at %s is warming "
+                                   "up: %s", address, view.detail or "starting")
+        elif view.state == CloudState.NOT_A_VERIFIER:
+            self._cloud_log.report(logging.ERROR, view, "the server at %s is not an eventspec "
+                                   "Verifier (GetServerInfo: UNIMPLEMENTED; another edge's "
+                                   "port?); check --cloud", address)
+        elif view.state == CloudState.REFUSED:
+            self._cloud_log.report(logging.ERROR, view, "the cloud verifier at %s refused this "
+                                   "edge (%s): check --cloud-tls-cert and --cloud-token-file "
+                                   "against its --allow-principal", address, view.detail)
+        else:  # answering while NOT_SERVING: the moment between calibrated and serving
+            level = logging.INFO if view.detail.startswith("it answers") else logging.WARNING
+            self._cloud_log.report(level, view, "cloud verifier at %s is unreachable: %s",
+                                   address, view.detail or "no answer")
+
+    async def _watch_cloud(self, link: CloudLink, draft: DraftModel) -> None:
+        """Keep the view of the cloud fresh: often while it is not ready, seldom after."""
+        assert self.readiness is not None
+        while True:
+            ready = self.readiness.cloud.state == CloudState.READY
+            await self.readiness.next_change(WATCH_READY_S if ready else WATCH_WAITING_S)
+            await self._check_cloud(link, draft, first=False)
+
     def _health_follows(self, serving: bool) -> None:
         """Readiness changed: report it on grpc.health.v1, and log each new reason."""
         assert self.readiness is not None
@@ -321,8 +397,7 @@ class EdgeServer:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
-        if self._cloud_watch is not None:
-            self._cloud_watch.flush()  # how long the last cloud condition held
+        self._cloud_log.flush()  # how long the last cloud condition held
         await self._host.stop(self.settings.grace_s if grace_s is None else grace_s)
         if self._link is not None:
             await self._link.close()

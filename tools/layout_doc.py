@@ -50,10 +50,11 @@ OVER_LIMIT = {
     "shared/contract/types.py": 454,
     # EventGPT's model classes on stock transformers
     "edge/drafting/eventgpt.py": 451,
+    # the edge process: source, draft model, cloud link and server
+    "edge/server.py": 412,
 }
 # Left the list when they were split (issue 37): shared/node/static/runtime.py (609),
-# cloud/scheduler.py (441; now cloud/scheduling/scheduler.py), edge/server.py (412; the
-# cloud watching is edge/cloud_watch.py).
+# cloud/scheduler.py (441; now cloud/scheduling/scheduler.py).
 #: Generated code, outside the listing and the size rule.
 GENERATED = ("shared/pb",)
 #: What a package without a docstring is.
