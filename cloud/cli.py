@@ -7,7 +7,7 @@ import logging
 import sys
 
 from eventspec.cloud.config import ENV_PREFIX, CloudSettings
-from eventspec.cloud.model_dirs import TINY_RANDOM, TOY
+from eventspec.cloud.model_dirs import BUILTIN_MODELS, TINY_RANDOM
 from eventspec.shared.node.node_cli import (
     add_serve_command,
     builtin_model,
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = settings_from_args(args)
     refuse_missing_directories(PROG, {"--model": settings.model},
-                               {"--model": (TOY, TINY_RANDOM)})
+                               {"--model": BUILTIN_MODELS})
     return serve(PROG, args, log, settings, _server,
                  scratch_model=(builtin_model(PROG, "cloud", TINY_RANDOM)
                                 if settings.model == TINY_RANDOM else None))

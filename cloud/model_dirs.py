@@ -11,6 +11,8 @@ from pathlib import Path
 
 TOY = "toy"
 TINY_RANDOM = "tiny-random"
+#: What ``--model`` takes besides a checkpoint directory.
+BUILTIN_MODELS = (TOY, TINY_RANDOM)
 SHIPPED_MODELS = Path(__file__).resolve().parent / "models"
 TOY_TARGET_DIR = SHIPPED_MODELS / "toy-video-llava"
 

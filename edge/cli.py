@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from eventspec.edge.config import ENV_PREFIX, EdgeSettings
-from eventspec.edge.model_dirs import TINY_RANDOM, TOY, TOY_MISALIGNED
+from eventspec.edge.model_dirs import BUILTIN_MODELS, TINY_RANDOM, TOY
 from eventspec.shared.helpfmt import DefaultsHelpFormatter
 from eventspec.shared.node.node_cli import (
     add_serve_command,
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         "--model": settings.model, "--adapter": settings.adapter,
         "--draft-head": settings.draft_head,
         "--onnx-dir": settings.onnx_dir if settings.vision_backend == "onnx" else None,
-    }, {"--model": (TOY, TOY_MISALIGNED, TINY_RANDOM), "--adapter": (TOY,)})
+    }, {"--model": BUILTIN_MODELS, "--adapter": (TOY,)})
     _check_source(settings)
     return serve(PROG, args, log, settings, _server,
                  scratch_model=(builtin_model(PROG, "edge", TINY_RANDOM)

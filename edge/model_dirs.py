@@ -15,6 +15,8 @@ from pathlib import Path
 TOY = "toy"
 TOY_MISALIGNED = "toy-misaligned"
 TINY_RANDOM = "tiny-random"
+#: What ``--model`` takes besides a checkpoint directory.
+BUILTIN_MODELS = (TOY, TOY_MISALIGNED, TINY_RANDOM)
 SHIPPED_MODELS = Path(__file__).resolve().parent / "models"
 TOY_DRAFT_DIR = SHIPPED_MODELS / "toy-eventgpt"
 TOY_ADAPTER_DIR = SHIPPED_MODELS / "toy-adapter"

@@ -15,11 +15,9 @@ from __future__ import annotations
 import pickletools
 from pathlib import Path
 
-import numpy as np
-
 from eventspec.edge.events.base import existing_file, reading
 from eventspec.edge.events.detect import check_forced_kind, detect_kind
-from eventspec.edge.events.limits import SourceLimits
+from eventspec.edge.events.limits import SourceLimits, read_npy_header
 from eventspec.edge.events.sources import (
     LIVE_KINDS,
     check_declared_sizes,
@@ -77,11 +75,7 @@ def check_pickle_complete(path: str | Path) -> None:
     built), so a truncated EventGPT ``.npy`` is refused at start-up, not in warm-up."""
     path = existing_file(path)
     with path.open("rb") as fh:
-        version = np.lib.format.read_magic(fh)
-        if version == (1, 0):
-            np.lib.format.read_array_header_1_0(fh)
-        else:
-            np.lib.format.read_array_header_2_0(fh)
+        read_npy_header(fh, path)  # past the header, to the pickle
         try:
             for _ in pickletools.genops(fh):
                 pass

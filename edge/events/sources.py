@@ -37,7 +37,12 @@ from eventspec.edge.events.base import (
 from eventspec.edge.events.detect import check_forced_kind, detect_kind
 from eventspec.edge.events.dsec import DsecSource
 from eventspec.edge.events.ecd_txt import EcdTextSource, check_text_size
-from eventspec.edge.events.limits import SourceLimits, check_npy_file, check_npz
+from eventspec.edge.events.limits import (
+    SourceLimits,
+    check_npy_file,
+    check_npz,
+    read_npy_header,
+)
 from eventspec.edge.events.nmnist_bin import NmnistBinSource, check_bin_size
 from eventspec.edge.events.prophesee_dat import PropheseeDatSource
 from eventspec.edge.events.prophesee_raw import PropheseeRawSource
@@ -233,17 +238,8 @@ def _pickled_events(path: Path, limits: SourceLimits) -> np.ndarray:
 def npy_needs_pickle(path: str | Path) -> bool:
     """Whether a ``.npy`` holds Python objects, read from its header alone (no unpickling)."""
     path = existing_file(path)
-    try:
-        with path.open("rb") as fh:
-            version = np.lib.format.read_magic(fh)
-            if version == (1, 0):
-                _, _, dtype = np.lib.format.read_array_header_1_0(fh)
-            else:
-                _, _, dtype = np.lib.format.read_array_header_2_0(fh)
-    except Exception as exc:  # a damaged header dict also fails in tokenize/ast
-        raise InvalidInput(
-            f"{path} is not a .npy file: {type(exc).__name__}: {exc}") from exc
-    return bool(dtype.hasobject)
+    with path.open("rb") as fh:
+        return read_npy_header(fh, path).hasobject
 
 
 #: Kinds that name a file or directory, and the live kinds.

@@ -75,7 +75,7 @@ def refuse_missing_directories(prog: str, dirs: dict[str, str | Path | None],
         if not path.is_dir():
             what = "is not a directory" if path.exists() else "does not exist"
             also = f" (or one of: {', '.join(names)})" if names else ""
-            refuse(prog, f"{flag} {value} {what}: give a checkpoint directory{also}")
+            refuse(prog, f"{flag} {value} {what}: give a directory{also}")
 
 
 class CheckedSettings(Protocol):
