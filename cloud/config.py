@@ -43,6 +43,7 @@ from eventspec.shared.node.node_settings import (
     seed_setting,
 )
 from eventspec.shared.node.settings_fields import Setting, nested, setting
+from eventspec.shared.node.static.prefill_dtype import PREFILL_DTYPES
 from eventspec.shared.wire.security import ServerSecurity
 
 __all__ = ["ENV_PREFIX", "CloudSettings", "SettingsError"]
@@ -155,6 +156,15 @@ class CloudSettings(FromEnv):
                     "a GPU a number gets CUDA graphs of the step with its chunks (auto runs "
                     "them eagerly); with --batch-invariant the chunks run in calls of their "
                     "own, and off is faster")
+    #: ``eventspec.shared.node.static.fp8``: E4M3 GEMMs for prefill calls of their own;
+    #: decode and verify rows stay in the model's dtype.
+    prefill_dtype: str = setting(
+        "model", choices=PREFILL_DTYPES,
+        help="model: prefill in the model's dtype; fp8: a prompt's linear layers as E4M3 "
+             "GEMMs on fp8 copies of the weights (static engine on a GPU of compute "
+             "capability 8.9+, bfloat16; +1 byte a parameter; not with --batch-invariant). "
+             "Faster prefill, and later tokens may differ from a bf16 prefill's: "
+             "docs/results/engine-gpu.md measures both")
     #: Saved prompt prefixes (``eventspec.cloud.scheduling.prefix_cache``); taken out of the KV
     #: budget.
     prefix_cache_gb: float = setting(
@@ -262,6 +272,11 @@ class CloudSettings(FromEnv):
         if not (math.isfinite(self.prefix_cache_gb) and self.prefix_cache_gb >= 0):
             raise SettingsError(f"--prefix-cache-gb must be >= 0 (0: off), "
                                 f"got {self.prefix_cache_gb:g}")
+        if self.prefill_dtype == "fp8" and self.batch_invariant:
+            raise SettingsError("--prefill-dtype fp8 with --batch-invariant: an fp8 prompt row "
+                                "cannot have a decode step's bits; choose one")
+        if self.prefill_dtype == "fp8" and self.engine == "hf":
+            raise SettingsError("--prefill-dtype fp8 needs the static engine, not --engine hf")
         try:
             ChunkPolicy.parse(self.prefill_chunk)
         except ValueError as e:

@@ -17,11 +17,15 @@ from typing import TYPE_CHECKING, Any
 from eventspec.cloud.calibrate import Progress, load_or_calibrate, no_progress
 from eventspec.cloud.config import CloudSettings
 from eventspec.cloud.engine.base import BatchedEngine, ChunkedPrefillEngine, KvByLengthEngine
+from eventspec.cloud.engine.choice import choose_engine
 from eventspec.cloud.engine.hf import HFEngine
 from eventspec.cloud.engine.kv import GIB, auto_max_seq_len, kv_bytes_per_token, plan_kv
 from eventspec.cloud.engine.paced import PacedEngine
-from eventspec.cloud.engine.static.build import SCRATCH_SLOTS, build_static_engine
-from eventspec.cloud.engine.static.weights import static_unsupported_reason
+from eventspec.cloud.engine.static.build import (
+    SCRATCH_SLOTS,
+    build_static_engine,
+    fp8_prefill_bytes,
+)
 from eventspec.cloud.model_dirs import model_dir
 from eventspec.cloud.process import gc_freeze
 from eventspec.cloud.requests.kv_queue import KvWaitQueue
@@ -41,7 +45,6 @@ from eventspec.cloud.scheduling.scheduler import Scheduler
 from eventspec.cloud.scheduling.stats import StepObserver
 from eventspec.cloud.servicer import VerifierServicer
 from eventspec.cloud.target import TargetModel, load_target
-from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.contract.estimators import AcceptanceEstimator
 from eventspec.shared.contract.timing import CloudCost
 from eventspec.shared.node.serving import torch_dtype, warm_or_stop
@@ -65,30 +68,6 @@ def load_target_for(settings: CloudSettings) -> TargetModel:
     """The target in the directory ``--model`` names (``toy``: the shipped toy target)."""
     return load_target(model_dir(settings.model), device=settings.device,
                        dtype=torch_dtype(settings.dtype))
-
-
-def choose_engine(requested: str, target: TargetModel, batch_invariant: bool = False) -> str:
-    """``static`` or ``hf``: ``auto`` is static on CUDA (and wherever ``--batch-invariant``
-    asks for it); a model the static engine cannot serve falls back to the HF reference,
-    with the reason logged, unless batch invariance was asked for (then it is an error)."""
-    kind = requested
-    if kind == "auto":
-        kind = "static" if target.device.type == "cuda" or batch_invariant else "hf"
-    if kind not in ("static", "hf"):
-        raise InvalidInput(f"--engine must be auto, static or hf, got {requested!r}")
-    if batch_invariant and kind != "static":
-        raise InvalidInput("--batch-invariant needs the static engine (--engine static or auto)")
-    if kind == "static":
-        reason = static_unsupported_reason(target)
-        if reason is not None and batch_invariant:
-            raise InvalidInput(f"--batch-invariant needs the static engine, which cannot "
-                               f"serve {target.model_id}: {reason}")
-        if reason is not None:
-            log.warning("the static engine cannot serve %s (%s); using the hf engine",
-                        target.model_id, reason)
-            return "hf"
-    log.info("target engine: %s", kind)
-    return kind
 
 
 def prefix_cache_for(settings: CloudSettings, engine: BatchedEngine) -> PrefixCache | None:
@@ -125,7 +104,8 @@ def build_engine(settings: CloudSettings, target: TargetModel) -> BatchedEngine:
     ``--max-sessions auto`` (:mod:`eventspec.cloud.requests.session_capacity`): on a GPU, as many
     sessions as the KV holds at the default answer cap (at most the widest captured step);
     on a CPU, ``CPU_AUTO_SESSIONS``."""
-    kind = choose_engine(settings.engine, target, settings.batch_invariant)
+    kind = choose_engine(settings.engine, target, settings.batch_invariant,
+                         prefill_fp8=settings.prefill_dtype == "fp8")
     text_config = target.model.config.get_text_config(decoder=True)
     auto = settings.limits.max_sessions == AUTO_SESSIONS
     on_gpu = target.device.type == "cuda"
@@ -139,7 +119,9 @@ def build_engine(settings: CloudSettings, target: TargetModel) -> BatchedEngine:
         max_slots=settings.limits.max_sessions if not auto
         else GPU_SESSION_CEILING if on_gpu else CPU_AUTO_SESSIONS,
         scratch_slots=SCRATCH_SLOTS if kind == "static" else 0,
-        reserved_bytes=int(settings.prefix_cache_gb * GIB) if kind == "static" else 0,
+        reserved_bytes=int(settings.prefix_cache_gb * GIB) + (
+            fp8_prefill_bytes(text_config) if settings.prefill_dtype == "fp8" else 0)
+        if kind == "static" else 0,
         by_length=kind == "static" and settings.kv_layout == "by-length",
     )
     if auto and on_gpu and kv.arena_positions:  # by length: what the arena holds at the cap
@@ -153,7 +135,8 @@ def build_engine(settings: CloudSettings, target: TargetModel) -> BatchedEngine:
         policy = ChunkPolicy.parse(settings.prefill_chunk)
         engine = build_static_engine(
             target, kv, batch_invariant=settings.batch_invariant,
-            chunk_buckets=graphed_piece_rows(policy, kv.max_seq_len) if graphed else ())
+            chunk_buckets=graphed_piece_rows(policy, kv.max_seq_len) if graphed else (),
+            prefill_dtype=settings.prefill_dtype)
         if settings.batch_invariant and policy.enabled:
             log.warning("--prefill-chunk %s with --batch-invariant: the chunks run in calls "
                         "of their own (a batch-invariant step cannot carry them), slower than "

@@ -151,7 +151,8 @@ def plan_kv(
     by_length: bool = False,
 ) -> KVPlan:
     """The server's budget: ``kv_cache_gb``, else a fraction of free device memory (CUDA)
-    less ``reserved_bytes`` (the prefix cache's), or ``CPU_DEFAULT_KV_GB`` (CPU); then
+    less ``reserved_bytes`` (the prefix cache's, the fp8 prefill's weights), or
+    ``CPU_DEFAULT_KV_GB`` (CPU); then
     :func:`fit_slots`, at most ``max_slots`` (the session cap, since a slot nobody can
     use is wasted memory), or with ``by_length`` :func:`fit_arena` for at most
     ``max_slots`` sessions. Raises InvalidInput when not one request fits."""
@@ -166,7 +167,8 @@ def plan_kv(
         budget = max(0, int(free * memory_fraction) - reserved_bytes)
         source = f"{memory_fraction:.0%} of {free / GIB:.1f} GiB free on {device}"
         if reserved_bytes:
-            source += f" less {reserved_bytes / GIB:.1f} GiB for the prefix cache"
+            source += (f" less {reserved_bytes / GIB:.1f} GiB set aside (prefix cache, fp8 "
+                       "prefill weights)")
     else:
         budget, source = int(CPU_DEFAULT_KV_GB * GIB), f"the CPU default of {CPU_DEFAULT_KV_GB} GiB"
     if by_length:

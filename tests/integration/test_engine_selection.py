@@ -12,11 +12,12 @@ from dataclasses import replace
 import pytest
 
 from eventspec.cloud.config import CloudSettings
+from eventspec.cloud.engine.choice import choose_engine
 from eventspec.cloud.engine.hf import HFEngine
 from eventspec.cloud.engine.static.build import kv_bytes_per_slot
 from eventspec.cloud.engine.static.engine import StaticEngine
 from eventspec.cloud.scheduling.scheduler import Scheduler
-from eventspec.cloud.server import VerifierServer, build_engine, choose_engine
+from eventspec.cloud.server import VerifierServer, build_engine
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_target import build_tiny_random_target
 from tests.support import cloud_harness as h
@@ -37,9 +38,9 @@ def test_auto_is_hf_on_cpu(target: TargetModel) -> None:
 def test_unsupported_model_falls_back_with_a_logged_reason(
     target: TargetModel, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr("eventspec.cloud.server.static_unsupported_reason",
+    monkeypatch.setattr("eventspec.cloud.engine.choice.static_unsupported_reason",
                         lambda t: "rope type 'yarn'")
-    with caplog.at_level(logging.WARNING, logger="eventspec.cloud.server"):
+    with caplog.at_level(logging.WARNING, logger="eventspec.cloud.engine.choice"):
         assert choose_engine("static", target) == "hf"
     assert "rope type 'yarn'" in caplog.text
 

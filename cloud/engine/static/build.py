@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -14,6 +15,7 @@ from eventspec.cloud.engine.static.weights import static_unsupported_reason
 from eventspec.cloud.target import TargetModel
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.node.static.buckets import SESSION_BUCKETS, TOKEN_BUCKETS
+from eventspec.shared.node.static.fp8 import fp8_copy_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +32,17 @@ def kv_bytes_per_slot(target: TargetModel, max_seq_len: int) -> int:
     """K and V bytes of one slot of ``max_seq_len`` positions across all layers."""
     text_config = target.model.config.get_text_config(decoder=True)
     return kv_bytes_per_token(text_config, target.dtype) * max_seq_len
+
+
+def fp8_prefill_bytes(text_config: Any) -> int:
+    """Device bytes ``--prefill-dtype fp8`` adds for a LLaMA text config (the KV budget
+    leaves them free): :func:`~eventspec.shared.node.static.fp8.fp8_copy_bytes`."""
+    c = text_config
+    heads = int(c.num_attention_heads)
+    return fp8_copy_bytes(layers=int(c.num_hidden_layers), hidden=int(c.hidden_size),
+                          heads=heads, kv_heads=int(c.num_key_value_heads),
+                          head_dim=int(getattr(c, "head_dim", None) or c.hidden_size // heads),
+                          intermediate=int(c.intermediate_size))
 
 
 def static_kv_plan(
@@ -74,6 +87,7 @@ def build_static_engine(
     warm_up: bool = True,
     batch_invariant: bool = False,
     chunk_buckets: Sequence[int] = (),
+    prefill_dtype: str = "model",
 ) -> StaticEngine:
     """Build the engine with ``kv.num_slots`` slots of ``kv.max_seq_len``, capture its graphs.
 
@@ -82,7 +96,8 @@ def build_static_engine(
     for an Inductor-compiled one (measured slower; kept for comparison). Build it before
     serving: graph capture must not overlap other CUDA work. Raises ``InvalidInput``
     when the model is unsupported (:func:`static_unsupported_reason`) or the plan holds
-    no scratch slot.
+    no scratch slot. ``prefill_dtype`` "fp8": prefill calls on fp8 copies of the
+    decoder's weights (``eventspec.shared.node.static.fp8``; the plan must leave room).
     """
     reason = static_unsupported_reason(target_model)
     if reason is not None:
@@ -101,6 +116,7 @@ def build_static_engine(
         batch_invariant=batch_invariant,
         kv_positions=kv.arena_positions or None,
         chunk_buckets=chunk_buckets,
+        prefill_dtype=prefill_dtype,
     )
     if kv.arena_positions:
         logger.info("static engine: KV by length, %d positions for up to %d sessions "

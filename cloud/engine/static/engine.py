@@ -46,6 +46,7 @@ class StaticEngine(StaticRuntime):
         batch_invariant: bool = False,
         kv_positions: int | None = None,
         chunk_buckets: Sequence[int] = (),
+        prefill_dtype: str = "model",
     ) -> None:
         reason = static_unsupported_reason(target)
         if reason is not None:
@@ -65,7 +66,7 @@ class StaticEngine(StaticRuntime):
             max_seq_len=max_seq_len, use_graphs=use_graphs, compile_layers=compile_layers,
             session_buckets=session_buckets, token_buckets=token_buckets,
             batch_invariant=batch_invariant, kv_positions=kv_positions,
-            chunk_buckets=chunk_buckets,
+            chunk_buckets=chunk_buckets, prefill_dtype=prefill_dtype,
         )
 
     @torch.inference_mode()

@@ -49,7 +49,9 @@ from typing import Final
 import torch
 
 from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.node.static.fp8 import fp8_mm
 from eventspec.shared.node.static.int4_dense import dequantize_int4, prefers_dense
+from eventspec.shared.node.static.weight_formats import Fp8Weight
 from eventspec.shared.node.static.weight_formats import Int4Weight as Int4Weight
 from eventspec.shared.node.static.weight_formats import Int8Weight as Int8Weight
 from eventspec.shared.node.static.weight_formats import Weight as Weight
@@ -139,6 +141,8 @@ def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
     """``x @ w.T`` for x [M, K] -> [M, N], whatever ``w``'s storage."""
     if isinstance(w, torch.Tensor):
         return x @ w.t()
+    if isinstance(w, Fp8Weight):
+        return fp8_mm(x, w)
     if isinstance(w, Int8Weight):
         if x.device.type == "cuda":
             from eventspec.shared.node.static.quant_kernels import int8_weight_mm

@@ -34,21 +34,20 @@ tokens into the prompt's embeddings and hands them to :meth:`StaticRuntime.prefi
   per request, over all the call's requests' tokens at once; a whole prompt at its
   length rounded up to 128 rows, every rounded length planned at warm-up
   (:func:`.pieces.sdpa_piece_attention` says why).
+  With ``prefill_dtype="fp8"`` its linear layers run on fp8 copies (:mod:`.fp8`).
 - **Prompt rows inside steps** (:mod:`.mixed_steps`): text that continues a prompt runs
   as one verify step, and a mixed step (decode rows and prompt pieces in one forward)
   runs at fixed shapes from CUDA graphs (:mod:`.chunk_staging`).
-
 - **Batch-invariant** (``--batch-invariant``): a row's bits do not depend on the batch,
   the step's width or the row's place. On CUDA with Triton the layers stay fused and
   graphed, with a Triton GEMM of one tile per weight shape and split-KV attention of
   a fixed split size (:mod:`.invariant_kernels`); prefill runs the step's attention.
   Elsewhere (CPU, int8/int4 weights) the plain torch path of :mod:`.invariant`.
 
-Which of these kernels run is decided once (:mod:`.kernel_choice`); the layer, attention
-and LM head on that choice are :mod:`.layer_forward`'s.
-On CPU the same runtime runs the plain torch layer functions without graphs, which is
-what the equality tests against the HF references exercise. ``docs/engine.md`` has the
-H200 measurements behind these choices.
+Which kernels run is decided once (:mod:`.kernel_choice`); the layer, attention and LM
+head on that choice are :mod:`.layer_forward`'s. On CPU the same runtime runs the plain
+torch layer functions without graphs, which the equality tests against the HF
+references exercise. ``docs/engine.md`` has the H200 measurements behind these choices.
 """
 
 
@@ -65,6 +64,7 @@ from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.node.static.batch import StepBatch
 from eventspec.shared.node.static.buckets import SESSION_BUCKETS, TOKEN_BUCKETS, StepInputs, bucket
 from eventspec.shared.node.static.chunk_staging import CHUNK_TILE, MAX_PIECES, ChunkStaging
+from eventspec.shared.node.static.fp8 import prefill_weights_for
 from eventspec.shared.node.static.graph_capture import capture_graph, step_graph_shapes
 from eventspec.shared.node.static.kernel_choice import KernelChoice
 from eventspec.shared.node.static.kv_memory import kv_tensor, load_prefix, save_prefix
@@ -112,6 +112,7 @@ class StaticRuntime(PromptRowsInSteps):
         batch_invariant: bool = False,
         kv_positions: int | None = None,
         chunk_buckets: Sequence[int] = (),
+        prefill_dtype: str = "model",
     ) -> None:
         """``weights`` and ``cos``/``sin`` [T >= max_seq_len, D] from :mod:`.weights`.
 
@@ -127,6 +128,8 @@ class StaticRuntime(PromptRowsInSteps):
         ``batch_invariant``: every row's arithmetic independent of the batch, the step's
         width and the row's place in it. Which kernels that takes here, and every other
         kernel decision, is :func:`.kernel_choice.choose_kernels`' (:attr:`kernels`).
+
+        ``prefill_dtype``: "fp8": prefill calls' linear layers on fp8 copies (:mod:`.fp8`).
         """
         if num_slots < 1:
             raise InvalidInput("the static runtime needs at least one KV slot")
@@ -140,14 +143,16 @@ class StaticRuntime(PromptRowsInSteps):
         self.max_seq_len = max_seq_len
         self.weights = weights
         self.cos, self.sin = cos, sin  # each [T, D]
+        #: What prefill calls of their own run on: ``weights``, or fp8 copies (before
+        #: the KV, whose budget left room for them).
+        self.prefill_weights = prefill_weights_for(weights, prefill_dtype, batch_invariant)
         w = self.weights
         #: Positions of the KV arena (KV by length), or None: fixed slots.
         self.kv_positions = kv_positions
         #: What each slot holds; every call checks against it before model work.
         self.occupancy = SlotOccupancy(num_slots=num_slots, max_seq_len=max_seq_len,
                                        kv_positions=kv_positions)
-        # One slot more than served (or a window after the arena): the scratch that
-        # padding rows write into.
+        # One slot more than served (or a window after the arena): scratch for padding.
         self.k_cache = self._kv_tensor()  # [L, S+1, Hkv, T, D] (a strided view by length)
         self.v_cache = self._kv_tensor()  # [L, S+1, Hkv, T, D]
         #: Every kernel this runtime runs, decided once (:mod:`.kernel_choice`).
@@ -224,12 +229,12 @@ class StaticRuntime(PromptRowsInSteps):
         Checked before any model work: one bad piece fails the call, nothing written.
         """
         pieces = self._pieces(slots, embeds, starts)
-        w = self.weights
+        w = self.prefill_weights
         cos, sin = self.cos.index_select(0, pieces.pos), self.sin.index_select(0, pieces.pos)
         attend = self._prompt_attention(pieces)
         h = pieces.h  # [M, H]
         for i in range(len(w.layers)):
-            h = self._layer(i, h, cos, sin, pieces.write_slot, pieces.pos, attend)  # [M, H]
+            h = self._layer(i, h, cos, sin, pieces.write_slot, pieces.pos, attend, w)  # [M, H]
         x = self._fns.norm(h.index_select(0, pieces.last_rows), w.norm, w.eps)  # [R, H]
         self._mark_filled(pieces)
         logits: torch.Tensor = self._fns.lin(x, w.lm_head).float()  # [R, V]
@@ -376,15 +381,11 @@ class StaticRuntime(PromptRowsInSteps):
                               self.sm_count)
 
     def _forward(self, inp: StepInputs, out: torch.Tensor | None) -> torch.Tensor:
-        """The padded step: [M] ids -> [M, V] logits (into ``out`` when given).
-
-        Everything here is device work on static addresses, so it is what the CUDA
-        graphs capture.
-        """
+        """The padded step: [M] ids -> [M, V] logits (into ``out`` when given); device
+        work on static addresses only, so it is what the CUDA graphs capture."""
         w = self.weights
         h = w.embed.index_select(0, inp.ids)  # [M, H]
-        cos = self.cos.index_select(0, inp.pos)  # [M, D]
-        sin = self.sin.index_select(0, inp.pos)  # [M, D]
+        cos, sin = self.cos.index_select(0, inp.pos), self.sin.index_select(0, inp.pos)  # [M, D]
         attend = self._step_attention(inp)
         for i in range(len(w.layers)):
             h = self._layer(i, h, cos, sin, inp.write_slot, inp.write_pos, attend)  # [M, H]
@@ -392,8 +393,8 @@ class StaticRuntime(PromptRowsInSteps):
         return lm_head_logits(self.kernels, self._fns, w, x, out)  # [M, V]
 
     def _layer(self, i: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               write_slot: torch.Tensor, write_pos: torch.Tensor, attend: Attend
-               ) -> torch.Tensor:
-        """Decoder layer i over M rows (:func:`.layer_forward.decoder_layer`)."""
-        return decoder_layer(self.kernels, self._fns, self.weights, i, h, cos, sin,
+               write_slot: torch.Tensor, write_pos: torch.Tensor, attend: Attend,
+               weights: LanguageWeights | None = None) -> torch.Tensor:
+        """Decoder layer i over M rows on ``weights`` (default: the runtime's)."""
+        return decoder_layer(self.kernels, self._fns, weights or self.weights, i, h, cos, sin,
                              self.k_cache[i], self.v_cache[i], write_slot, write_pos, attend)

@@ -1,4 +1,4 @@
-"""How the static runtime stores a linear weight: dense, int8 or int4 (:data:`Weight`).
+"""How the static runtime stores a linear weight: dense, int8, int4 or fp8 (:data:`Weight`).
 
 The storage types alone, below both the decoder's weight layout (:mod:`.weights`, whose
 layers hold a ``Weight`` per matrix) and the quantisation that fills them
@@ -66,5 +66,26 @@ class Int4Weight:
         return ((q - 8) * sz[..., :1] + sz[..., 1:]).view(n, k)
 
 
-Weight = torch.Tensor | Int8Weight | Int4Weight
+@dataclass(frozen=True)
+class Fp8Weight:
+    """A linear weight [N, K] as float8 E4M3 rows and one float32 scale per row
+    (:mod:`.fp8`: the opt-in fp8 prefill's copy of a dense weight)."""
+
+    q: torch.Tensor  # [N, K] float8_e4m3fn
+    scales: torch.Tensor  # [N] float32
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return int(self.q.shape[0]), int(self.q.shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.numel() + self.scales.numel() * self.scales.element_size()
+
+    def dequantize(self) -> torch.Tensor:
+        """[N, K] float32: what the GEMM multiplies by (the tests' reference)."""
+        return self.q.float() * self.scales[:, None]
+
+
+Weight = torch.Tensor | Int8Weight | Int4Weight | Fp8Weight
 """A linear weight as the runtime holds it: dense [N, K], or quantised."""

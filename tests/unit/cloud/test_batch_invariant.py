@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from eventspec.cloud.engine.base import PrefillChunk, PrefillRequest
+from eventspec.cloud.engine.choice import choose_engine
 from eventspec.cloud.engine.static.build import (
     build_static_engine,
     kv_bytes_per_slot,
@@ -17,7 +18,6 @@ from eventspec.cloud.engine.static.build import (
 )
 from eventspec.cloud.engine.static.engine import StaticEngine
 from eventspec.cloud.engine.static.weights import fuse_language_weights
-from eventspec.cloud.server import choose_engine
 from eventspec.cloud.target import TargetModel
 from eventspec.demoworld.tiny_target import build_tiny_random_target
 from eventspec.shared.contract.errors import InvalidInput
