@@ -1,0 +1,151 @@
+"""What ``--prefill-dtype fp8`` buys and costs (issue 39 item 2): the prefill's time
+against the model's dtype, and how far the answers after it agree.
+
+One static engine holds both weight sets; the model-dtype prefill runs with its fp8
+copies swapped out. For every prompt (question x clip), slot A is prefilled in the
+model's dtype and slot B in fp8, then each decodes greedily on its own for
+``--answer-tokens`` (decode steps are the model's dtype in both). Reported:
+
+- ``prefill_ms``: the median whole prefill (tower included) in each mode;
+- ``first_token_equal``: the prefill's own argmax agrees;
+- ``answers_identical``: the whole greedy answer is the same;
+- ``positions_agreeing``: slot C, prefilled in fp8, is fed A's answer (teacher forcing)
+  and its argmax compared with A's next token at every position: the share that agree.
+
+Run ``python -m benchmarks.bench_fp8_prefill --target full`` on the GPU machine
+(random 7B-shaped weights; timing does not depend on their values), ``--target toy``
+for the shipped toy target, ``--target tiny`` for a CPU smoke run; writes
+``fp8-prefill-<target>-<card>.json`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.device_timing import median_ms
+from benchmarks.engine_agreement import pixels
+from benchmarks.stamp import write_result
+from eventspec.cloud.engine.base import PrefillRequest
+from eventspec.cloud.engine.static.build import (
+    build_static_engine,
+    kv_bytes_per_slot,
+    static_kv_plan,
+)
+from eventspec.cloud.engine.static.engine import StaticEngine
+from eventspec.cloud.model_dirs import model_dir
+from eventspec.cloud.target import TargetModel, load_target
+from eventspec.demoworld.tiny_target import build_tiny_random_target
+from eventspec.shared.node.static.batch import StepBatch
+
+QUESTIONS = ("What is moving in the scene, and which way does it go?",
+             "How many objects are there?", "Describe the scene.",
+             "Is anything turning left?")
+
+
+def load(target: str) -> TargetModel:
+    if target == "tiny":
+        return build_tiny_random_target(seed=0)
+    if target == "toy":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        return load_target(model_dir("toy"), device=device, dtype=dtype)
+    from tests.support.fullsize import build_full_target
+
+    return build_full_target("cuda")
+
+
+def _greedy(engine: StaticEngine, slot: int, ctx: int, first: int, n: int,
+            forced: list[int] | None = None) -> list[int]:
+    """n greedy tokens after ``first`` from ``slot`` (at ``ctx`` positions); with
+    ``forced``, feed those tokens instead of its own and return its argmaxes."""
+    vocab = engine.target.text_vocab_size
+    out, tok = [first], first
+    for t in range(n - 1):
+        batch = StepBatch((slot,), (ctx + t,), (1,), torch.tensor([tok], device=engine.device))
+        nxt = int(engine.step(batch)[0, :vocab].argmax())
+        out.append(nxt)
+        tok = forced[t + 1] if forced is not None else nxt
+    return out
+
+
+def agreement(engine: StaticEngine, target: TargetModel, clips: int, answer_tokens: int
+              ) -> dict[str, Any]:
+    vocab = target.text_vocab_size
+    fp8_weights, plain = engine.prefill_weights, engine.weights
+    first_equal = identical = agree = positions = 0
+    prompts = 0
+    for question in QUESTIONS:
+        ids = target.build_prompt_ids(question)
+        for clip in range(clips):
+            pix = pixels(target, clip)
+            heads = []
+            for slot, weights in ((0, plain), (1, fp8_weights), (2, fp8_weights)):
+                engine.free(slot)
+                engine.prefill_weights = weights
+                logits = engine.prefill([PrefillRequest(slot, ids, pixel_values_videos=pix)])
+                heads.append(int(logits[0, :vocab].argmax()))
+            engine.prefill_weights = fp8_weights
+            a = _greedy(engine, 0, len(ids), heads[0], answer_tokens)
+            b = _greedy(engine, 1, len(ids), heads[1], answer_tokens)
+            c = _greedy(engine, 2, len(ids), heads[2], answer_tokens, forced=a)
+            prompts += 1
+            first_equal += heads[0] == heads[1]
+            identical += a == b
+            agree += sum(x == y for x, y in zip(a, c, strict=True))
+            positions += len(a)
+    return {"prompts": prompts, "answer_tokens": answer_tokens,
+            "first_token_equal": first_equal / prompts, "answers_identical": identical / prompts,
+            "positions_agreeing": agree / positions}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--target", choices=("tiny", "toy", "full"), default="full")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--clips", type=int, default=4, help="clips per question")
+    parser.add_argument("--answer-tokens", type=int, default=64)
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    target = load(args.target)
+    max_seq = min(target.max_positions, len(target.build_prompt_ids(QUESTIONS[0])) + 320)
+    kv = static_kv_plan(target, kv_cache_bytes=4 * kv_bytes_per_slot(target, max_seq),
+                        max_seq_len=max_seq)
+    t0 = time.perf_counter()
+    engine = build_static_engine(target, kv, session_buckets=(1,), token_buckets=(1,),
+                                 prefill_dtype="fp8")
+    build_s = time.perf_counter() - t0
+    ids = target.build_prompt_ids(QUESTIONS[0])
+    req = PrefillRequest(0, ids, pixel_values_videos=pixels(target, 0))
+    fp8_weights = engine.prefill_weights
+    times = {}
+    for mode, weights in (("model", engine.weights), ("fp8", fp8_weights), ):
+        engine.prefill_weights = weights
+        times[mode] = median_ms(lambda: (engine.free(0), engine.prefill([req])), args.repeats)
+        logging.info("prefill, %s: %.2f ms", mode, times[mode])
+    engine.prefill_weights = fp8_weights
+    result: dict[str, Any] = {
+        "target": args.target,
+        "device": torch.cuda.get_device_name() if target.device.type == "cuda" else "cpu",
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "prompt_tokens": len(ids), "build_s": build_s,
+        "prefill_ms": times, "speedup": times["model"] / times["fp8"],
+        "agreement": agreement(engine, target, args.clips, args.answer_tokens),
+    }
+    logging.info("%s", result)
+    card = [w for w in str(result["device"]).split() if w[:1] in "ABH" and w[1:].isdigit()]
+    tag = (card or ["cpu"])[0].lower()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    write_result(Path(args.out, f"fp8-prefill-{args.target}-{tag}.json"), result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,187 @@
+"""``--prefill-dtype fp8`` (issue 39 item 2) on CPU, the code path the GPU runs
+(PyTorch's CPU ``_scaled_mm``): the quantisation's error bounds, the fp8 GEMM against
+its dequantised reference, where the fp8 copies are used (prefill calls only, never a
+decode step), the flag's refusals, and through the real server: speculative answers
+equal target-only ones with an fp8 prefill, whatever the drafts."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from eventspec.cloud.config import CloudSettings
+from eventspec.cloud.engine.base import PrefillRequest
+from eventspec.cloud.engine.choice import choose_engine
+from eventspec.cloud.engine.static.build import (
+    build_static_engine,
+    fp8_prefill_bytes,
+    kv_bytes_per_slot,
+    static_kv_plan,
+)
+from eventspec.cloud.engine.static.engine import StaticEngine
+from eventspec.cloud.server import VerifierServer
+from eventspec.cloud.target import TargetModel
+from eventspec.demoworld.tiny_target import build_tiny_random_target
+from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.node.settings_fields import SettingsError
+from eventspec.shared.node.static import fp8 as fp8_module
+from eventspec.shared.node.static.batch import StepBatch
+from eventspec.shared.node.static.fp8 import (
+    FP8_MAX,
+    fp8_mm,
+    fp8_prefill_weights,
+    fp8_unsupported_reason,
+    prefill_weights_for,
+    quantize_fp8,
+    quantize_rows,
+)
+from eventspec.shared.node.static.prefill_dtype import check_prefill_dtype
+from eventspec.shared.node.static.weight_formats import Fp8Weight
+from tests.support import cloud_harness as h
+
+QUESTION = "What is moving?"
+#: E4M3 keeps 3 mantissa bits: a normal value is within 2^-4 of itself; below the
+#: smallest normal (2^-6) the spacing is 2^-9 (in units of the scale).
+REL, ABS = 2.0**-4, 2.0**-9
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.sampled_from([16, 32, 48]), k=st.sampled_from([16, 64]),
+       seed=st.integers(0, 10_000), magnitude=st.sampled_from([1e-3, 1.0, 300.0]))
+def test_weights_and_rows_round_trip_within_e4m3s_spacing(n: int, k: int, seed: int,
+                                                          magnitude: float) -> None:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * magnitude  # [N, K]
+    q = quantize_fp8(w)
+    assert q.q.dtype == torch.float8_e4m3fn and q.scales.shape == (n,)
+    err = (q.dequantize() - w).abs()
+    bound = REL * w.abs() + ABS * q.scales[:, None]
+    assert bool((err <= bound).all())
+    assert bool((q.q.float().abs() <= FP8_MAX).all())
+    xq, xs = quantize_rows(w)  # rows of activations: the same rule per row
+    assert bool(((xq.float() * xs - w).abs() <= REL * w.abs() + ABS * xs).all())
+
+
+def test_the_fp8_gemm_is_its_dequantised_product_and_close_to_the_dense_one() -> None:
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(37, 64, generator=g), torch.randn(48, 64, generator=g)
+    wq = quantize_fp8(w)
+    xq, xs = quantize_rows(x)
+    reference = (xq.double() * xs.double()) @ (wq.q.double() * wq.scales.double()[:, None]).t()
+    got = fp8_mm(x, wq)  # [37, 48]
+    assert got.shape == (37, 48) and got.dtype == x.dtype
+    torch.testing.assert_close(got.double(), reference, rtol=1e-5, atol=1e-5)
+    dense = x @ w.t()
+    assert float((got - dense).norm() / dense.norm()) < 0.1  # two 3-bit mantissas
+
+
+def test_a_zero_row_stays_zero_and_finite() -> None:
+    x = torch.zeros(3, 32)
+    x[1] = torch.linspace(-2, 2, 32)
+    out = fp8_mm(x, quantize_fp8(torch.randn(16, 32)))
+    assert bool(torch.isfinite(out).all())
+    assert bool((out[0] == 0).all() and (out[2] == 0).all())
+
+
+def _engine(prefill_dtype: str, slots: int = 2) -> tuple[TargetModel, StaticEngine]:
+    target = build_tiny_random_target(seed=0)
+    kv = static_kv_plan(target, kv_cache_bytes=(slots + 1) * kv_bytes_per_slot(target, 256),
+                        max_seq_len=256)
+    return target, build_static_engine(target, kv, use_graphs=False, prefill_dtype=prefill_dtype)
+
+
+def test_fp8_copies_serve_prefill_calls_and_never_a_decode_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    target, engine = _engine("fp8")
+    assert isinstance(engine.weights.layers[0].wqkv, torch.Tensor)  # decode: the model's
+    assert all(isinstance(getattr(lw, m), Fp8Weight) for lw in engine.prefill_weights.layers
+               for m in ("wqkv", "wo", "w_gate_up", "w_down"))
+    calls: list[int] = []
+    real = fp8_module.fp8_mm
+    monkeypatch.setattr("eventspec.shared.node.static.quant.fp8_mm",
+                        lambda x, w: calls.append(int(x.shape[0])) or real(x, w))
+    ids = target.build_prompt_ids(QUESTION)
+    g = target.geometry
+    pixels = torch.randn((1, g.num_frames, 3, g.image_size, g.image_size),
+                         generator=torch.Generator().manual_seed(1))
+    logits = engine.prefill([PrefillRequest(0, ids, pixel_values_videos=pixels)])  # [1, V]
+    layers = len(engine.weights.layers)
+    assert calls == [len(ids)] * (4 * layers)  # every layer's four GEMMs, once each
+    calls.clear()
+    first = int(logits[0, : target.text_vocab_size].argmax())
+    engine.step(StepBatch((0,), (len(ids),), (1,), torch.tensor([first])))
+    assert calls == []  # the step read the model's weights
+
+
+def test_an_fp8_prefill_stays_close_to_the_model_dtypes() -> None:
+    target, fp8 = _engine("fp8")
+    _, plain = _engine("model")
+    ids = target.build_prompt_ids(QUESTION)
+    g = target.geometry
+    pixels = torch.randn((1, g.num_frames, 3, g.image_size, g.image_size),
+                         generator=torch.Generator().manual_seed(2))
+    a = fp8.prefill([PrefillRequest(0, ids, pixel_values_videos=pixels)])[0]
+    b = plain.prefill([PrefillRequest(0, ids, pixel_values_videos=pixels)])[0]
+    assert not torch.equal(a, b)  # it did run in fp8
+    assert float(torch.nn.functional.cosine_similarity(a, b, dim=0)) > 0.95  # 0.984 here
+
+
+def test_the_flag_is_refused_where_it_cannot_hold() -> None:
+    _, engine = _engine("model")
+    assert prefill_weights_for(engine.weights, "model", batch_invariant=True) is engine.weights
+    with pytest.raises(InvalidInput, match="--prefill-dtype fp8 with --batch-invariant"):
+        prefill_weights_for(engine.weights, "fp8", batch_invariant=True)
+    with pytest.raises(InvalidInput, match="--prefill-dtype must be one of model, fp8"):
+        check_prefill_dtype("fp16")
+    odd = replace(engine.weights.layers[0], wo=torch.zeros(20, 192))
+    bad = replace(engine.weights, layers=(odd, *engine.weights.layers[1:]))
+    assert "multiple of 16" in (fp8_unsupported_reason(bad) or "")
+    with pytest.raises(InvalidInput, match="layer 0 wo is \\[20, 192\\]"):
+        fp8_prefill_weights(bad)
+    quantised = fp8_prefill_weights(engine.weights)
+    assert "already quantised" in (fp8_unsupported_reason(quantised) or "")
+
+
+def test_the_kv_budget_leaves_exactly_the_copys_bytes() -> None:
+    target, engine = _engine("fp8")
+    held = sum(getattr(lw, m).nbytes for lw in engine.prefill_weights.layers
+               for m in ("wqkv", "wo", "w_gate_up", "w_down"))
+    assert fp8_prefill_bytes(target.model.config.get_text_config(decoder=True)) == held
+
+
+def test_settings_refuse_fp8_with_batch_invariance_or_the_hf_engine() -> None:
+    with pytest.raises(SettingsError, match="--prefill-dtype fp8 with --batch-invariant"):
+        CloudSettings(prefill_dtype="fp8", batch_invariant=True).check()
+    with pytest.raises(SettingsError, match="needs the static engine, not --engine hf"):
+        CloudSettings(prefill_dtype="fp8", engine="hf").check()
+    target = build_tiny_random_target(seed=0)
+    assert choose_engine("auto", target) == "hf"  # CPU
+    assert choose_engine("auto", target, prefill_fp8=True) == "static"
+
+
+@pytest.mark.parametrize("policy_name", ["perfect", "random_wrong", "all_wrong"])
+async def test_speculative_equals_target_only_with_an_fp8_prefill(policy_name: str) -> None:
+    settings = replace(h.settings(kv_cache_gb=0.05), prefill_dtype="fp8", prefill_chunk="off")
+    target = build_tiny_random_target(seed=0)
+    server = VerifierServer(settings, target=target, cost=h.TEST_COST)
+    await server.start()
+    try:
+        assert server.runtime is not None
+        engine = server.runtime.scheduler.engine
+        assert isinstance(engine, StaticEngine) and engine.prefill_weights is not engine.weights
+        for clip in (0, 1):
+            msg = h.open_msg(QUESTION, h.make_frames(clip), max_new_tokens=12)
+            alone = (await h.run_generate(server.port, msg)).tokens
+            vocab = target.text_vocab_size
+            policy = {"perfect": h.perfect(alone),
+                      "random_wrong": h.random_wrong(alone, vocab, seed=clip),
+                      "all_wrong": h.all_wrong(alone, vocab)}[policy_name]
+            spec = await h.run_generate(server.port, msg, policy=policy)
+            assert spec.tokens == alone, (policy_name, clip)
+    finally:
+        await server.stop()
