@@ -21,7 +21,12 @@ from eventspec.cloud.engine.static.build import (
 from eventspec.cloud.model_dirs import model_dir
 from eventspec.cloud.target import load_target
 from eventspec.shared.node.static.batch import StepBatch
-from eventspec.shared.node.static.fp8 import fp8_mm, quantize_fp8, quantize_rows
+from eventspec.shared.node.static.fp8 import (
+    fp8_mm,
+    quantize_fp8,
+    quantize_rows,
+    quantize_rows_torch,
+)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -73,3 +78,13 @@ def test_the_toy_target_prefills_in_fp8_with_graphs_and_decodes_after() -> None:
     out = engine.step(StepBatch((0, 1), (len(ids), len(ids)), (1, 1),
                                 torch.tensor(tokens, device="cuda")))  # a graph replay
     assert out.shape == (2, a.shape[0]) and bool(torch.isfinite(out).all())
+
+
+@pytest.mark.parametrize(("m", "k"), [(1, 4096), (2103, 11008), (37, 192)])
+def test_the_triton_row_quantisation_gives_the_torch_versions_bytes(m: int, k: int) -> None:
+    x = (torch.randn(m, k, device="cuda") * 3).bfloat16()
+    x[0] = 0  # a zero row: scale clamped, values zero
+    q, s = quantize_rows(x)  # the Triton kernel on CUDA
+    q_ref, s_ref = quantize_rows_torch(x)
+    assert torch.equal(s, s_ref)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))

@@ -30,6 +30,8 @@ from typing import Final
 import torch
 
 from eventspec.shared.contract.errors import InvalidInput
+from eventspec.shared.node.static.attention import HAVE_TRITON
+from eventspec.shared.node.static.fp8_kernels import quantize_rows_triton
 from eventspec.shared.node.static.prefill_dtype import check_prefill_dtype
 from eventspec.shared.node.static.weight_formats import Fp8Weight
 from eventspec.shared.node.static.weights import LanguageWeights, LayerWeights
@@ -73,7 +75,15 @@ def quantize_fp8(w: torch.Tensor) -> Fp8Weight:
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row E4M3 of activations x [M, K]: ([M, K] fp8, [M, 1] float32 scales)."""
+    """Per-row E4M3 of activations x [M, K]: ([M, K] fp8, [M, 1] float32 scales); one
+    Triton pass on CUDA (:mod:`.fp8_kernels`), the same arithmetic in torch elsewhere."""
+    if x.device.type == "cuda" and HAVE_TRITON and x.stride(1) == 1:
+        return quantize_rows_triton(x, FP8_MAX)
+    return quantize_rows_torch(x)
+
+
+def quantize_rows_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_rows` in plain torch ops (the CPU path and the GPU's reference)."""
     xf = x.float()  # [M, K]
     scales = (xf.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp(min=1e-12)  # [M, 1]
     return (xf / scales).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scales
