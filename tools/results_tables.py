@@ -235,7 +235,33 @@ def kv_arena(runs: Named) -> list[str]:
                    "mean wait s"], rows)
 
 
+def fp8_prefill(runs: Named) -> list[str]:
+    """``--prefill-dtype fp8`` against the model's dtype: time, and the answers after it."""
+    rows = []
+    for _, r in runs:
+        ms, a = r["prefill_ms"], r["agreement"]
+        rows.append((r["target"], r["device"], f"{r['prompt_tokens']:,}", f"{ms['model']:.2f}",
+                     f"{ms['fp8']:.2f}", f"{r['speedup']:.2f}×", a["prompts"],
+                     f"{a['first_token_equal']:.0%}", f"{a['answers_identical']:.0%}",
+                     f"{a['positions_agreeing']:.1%} of {a['answer_tokens']}"))
+    return table(["target", "device", "prompt tokens", "prefill ms, model dtype",
+                  "prefill ms, fp8", "speed-up", "prompts", "first token equal",
+                  "answers identical", "positions agreeing (teacher-forced)"], rows)
+
+
+def fp8_gemm(runs: Named) -> list[str]:
+    """The 7B decoder's GEMMs at a prompt's rows: bf16 against fp8, 32 layers summed."""
+    (_, r), = runs
+    rows = [(m, f"{t['bf16_ms']:.1f}", f"{t['fp8_rowwise_ms']:.1f}",
+             f"{t['fp8_tensorwise_ms']:.1f}", f"{t['quant_torch_ms']:.1f}",
+             f"{t['quant_triton_ms']:.1f}") for m, t in r["per_prefill_32_layers"].items()]
+    return table(["rows", "bf16 GEMMs ms", "fp8, per-row scales ms", "fp8, per-tensor ms",
+                  "row quantisation, torch ms", "row quantisation, Triton ms"], rows)
+
+
 KINDS: dict[str, Callable[[Named], list[str]]] = {
+    "fp8-prefill": fp8_prefill,
+    "fp8-gemm": fp8_gemm,
     "engine-steps": engine_steps,
     "engine-run": engine_run,
     "engine-attention": engine_attention,

@@ -6,8 +6,8 @@ copy of the activations (the cast, abs, amax, divide, clamp and cast back); at a
 ms in fp8 against 53.2 in bf16 with them, ``fp8-prefill-full-h200.json`` at 01dbcba).
 This kernel reads each row once into registers, takes its absolute maximum, and writes
 the E4M3 row and its float32 scale: one read of the bf16 row, one write of one byte
-per value. It divides by the scale as the torch version does, so on a GPU both give
-the same bytes (``tests/gpu/test_fp8_prefill_cuda.py``).
+per value. It divides by the scale as the torch version does (IEEE division, rounded to
+nearest), so on a GPU both give the same bytes (``tests/gpu/test_fp8_prefill_cuda.py``).
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ if HAVE_TRITON:
         m = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
         x = tl.load(X + m * s_x + offs, mask=offs < K, other=0.0).to(tl.float32)
-        scale = tl.maximum(tl.max(tl.abs(x), axis=0) / FP8_MAX, 1e-12)
-        q = tl.minimum(tl.maximum(x / scale, -FP8_MAX), FP8_MAX)
+        # IEEE division (Triton's "/" is the fast approximate one): torch's bytes.
+        scale = tl.maximum(tl.div_rn(tl.max(tl.abs(x), axis=0), FP8_MAX), 1e-12)
+        q = tl.minimum(tl.maximum(tl.div_rn(x, scale), -FP8_MAX), FP8_MAX)
         tl.store(Q + m * s_q + offs, q.to(Q.dtype.element_ty), mask=offs < K)
         tl.store(S + m, scale)
 
