@@ -43,7 +43,7 @@ from eventspec.shared.node.node_settings import (
     seed_setting,
 )
 from eventspec.shared.node.settings_fields import Setting, nested, setting
-from eventspec.shared.node.static.prefill_dtype import PREFILL_DTYPES
+from eventspec.shared.node.static.linear_dtypes import LINEAR_DTYPES
 from eventspec.shared.wire.security import ServerSecurity
 
 __all__ = ["ENV_PREFIX", "CloudSettings", "SettingsError"]
@@ -157,14 +157,21 @@ class CloudSettings(FromEnv):
                     "them eagerly); with --batch-invariant the chunks run in calls of their "
                     "own, and off is faster")
     #: ``eventspec.shared.node.static.fp8``: E4M3 GEMMs for prefill calls of their own;
-    #: decode and verify rows stay in the model's dtype.
+    #: decode and verify rows stay in the model's dtype unless ``step_dtype`` says fp8.
     prefill_dtype: str = setting(
-        "model", choices=PREFILL_DTYPES,
+        "model", choices=LINEAR_DTYPES,
         help="model: prefill in the model's dtype; fp8: a prompt's linear layers as E4M3 "
              "GEMMs on fp8 copies of the weights (static engine on a GPU of compute "
              "capability 8.9+, bfloat16; +1 byte a parameter; not with --batch-invariant). "
              "Faster prefill, and later tokens may differ from a bf16 prefill's: "
              "docs/results/engine-gpu.md measures both")
+    #: The same for every step (decode, verify, mixed): the weights read per step halve.
+    step_dtype: str = setting(
+        "model", choices=LINEAR_DTYPES,
+        help="model: steps in the model's dtype; fp8: every step's linear layers (decode, "
+             "verify, mixed) as E4M3 GEMMs on the fp8 copies (as --prefill-dtype fp8): a "
+             "step reads half the weight bytes, and answers are the fp8 model's, not the "
+             "bf16 target's (speculative still equals target-only under the same flags)")
     #: Saved prompt prefixes (``eventspec.cloud.scheduling.prefix_cache``); taken out of the KV
     #: budget.
     prefix_cache_gb: float = setting(
@@ -272,11 +279,11 @@ class CloudSettings(FromEnv):
         if not (math.isfinite(self.prefix_cache_gb) and self.prefix_cache_gb >= 0):
             raise SettingsError(f"--prefix-cache-gb must be >= 0 (0: off), "
                                 f"got {self.prefix_cache_gb:g}")
-        if self.prefill_dtype == "fp8" and self.batch_invariant:
-            raise SettingsError("--prefill-dtype fp8 with --batch-invariant: an fp8 prompt row "
-                                "cannot have a decode step's bits; choose one")
-        if self.prefill_dtype == "fp8" and self.engine == "hf":
-            raise SettingsError("--prefill-dtype fp8 needs the static engine, not --engine hf")
+        if self.fp8_flag and self.batch_invariant:
+            raise SettingsError(f"{self.fp8_flag} with --batch-invariant: an fp8 row cannot "
+                                "have the model dtype's bits; choose one")
+        if self.fp8_flag and self.engine == "hf":
+            raise SettingsError(f"{self.fp8_flag} needs the static engine, not --engine hf")
         try:
             ChunkPolicy.parse(self.prefill_chunk)
         except ValueError as e:
@@ -304,6 +311,13 @@ class CloudSettings(FromEnv):
             if not math.isfinite(value) or value < 0:
                 raise SettingsError(f"{flag} must be >= 0 (0: off), got {value:g}")
         require_int("--seed", self.seed, 0, SEED_MAX)
+
+    @property
+    def fp8_flag(self) -> str:
+        """The flag that asks for fp8 linear layers ("" when none does)."""
+        if self.step_dtype == "fp8":
+            return "--step-dtype fp8"
+        return "--prefill-dtype fp8" if self.prefill_dtype == "fp8" else ""
 
     @property
     def per_principal_cap(self) -> int:

@@ -24,7 +24,7 @@ from eventspec.cloud.engine.paced import PacedEngine
 from eventspec.cloud.engine.static.build import (
     SCRATCH_SLOTS,
     build_static_engine,
-    fp8_prefill_bytes,
+    fp8_copy_bytes_for,
 )
 from eventspec.cloud.model_dirs import model_dir
 from eventspec.cloud.process import gc_freeze
@@ -105,7 +105,7 @@ def build_engine(settings: CloudSettings, target: TargetModel) -> BatchedEngine:
     sessions as the KV holds at the default answer cap (at most the widest captured step);
     on a CPU, ``CPU_AUTO_SESSIONS``."""
     kind = choose_engine(settings.engine, target, settings.batch_invariant,
-                         prefill_fp8=settings.prefill_dtype == "fp8")
+                         fp8=settings.fp8_flag)
     text_config = target.model.config.get_text_config(decoder=True)
     auto = settings.limits.max_sessions == AUTO_SESSIONS
     on_gpu = target.device.type == "cuda"
@@ -120,7 +120,7 @@ def build_engine(settings: CloudSettings, target: TargetModel) -> BatchedEngine:
         else GPU_SESSION_CEILING if on_gpu else CPU_AUTO_SESSIONS,
         scratch_slots=SCRATCH_SLOTS if kind == "static" else 0,
         reserved_bytes=int(settings.prefix_cache_gb * GIB) + (
-            fp8_prefill_bytes(text_config) if settings.prefill_dtype == "fp8" else 0)
+            fp8_copy_bytes_for(text_config) if settings.fp8_flag else 0)
         if kind == "static" else 0,
         by_length=kind == "static" and settings.kv_layout == "by-length",
     )
@@ -136,7 +136,7 @@ def build_engine(settings: CloudSettings, target: TargetModel) -> BatchedEngine:
         engine = build_static_engine(
             target, kv, batch_invariant=settings.batch_invariant,
             chunk_buckets=graphed_piece_rows(policy, kv.max_seq_len) if graphed else (),
-            prefill_dtype=settings.prefill_dtype)
+            prefill_dtype=settings.prefill_dtype, step_dtype=settings.step_dtype)
         if settings.batch_invariant and policy.enabled:
             log.warning("--prefill-chunk %s with --batch-invariant: the chunks run in calls "
                         "of their own (a batch-invariant step cannot carry them), slower than "

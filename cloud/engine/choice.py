@@ -13,12 +13,12 @@ log = logging.getLogger(__name__)
 
 
 def choose_engine(requested: str, target: TargetModel, batch_invariant: bool = False,
-                  prefill_fp8: bool = False) -> str:
+                  fp8: str = "") -> str:
     """``static`` or ``hf``: ``auto`` is static on CUDA (and wherever ``--batch-invariant``
-    or ``--prefill-dtype fp8`` asks for it); a model the static engine cannot serve falls
-    back to the HF reference, with the reason logged, unless one of those flags asked for
-    the static engine (then it is an error naming the flag)."""
-    flag = "--batch-invariant" if batch_invariant else "--prefill-dtype fp8" if prefill_fp8 else ""
+    or an fp8 flag, named by ``fp8``, asks for it); a model the static engine cannot
+    serve falls back to the HF reference, with the reason logged, unless one of those
+    flags asked for the static engine (then it is an error naming the flag)."""
+    flag = "--batch-invariant" if batch_invariant else fp8
     kind = requested
     if kind == "auto":
         kind = "static" if target.device.type == "cuda" or flag else "hf"

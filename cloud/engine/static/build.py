@@ -34,9 +34,9 @@ def kv_bytes_per_slot(target: TargetModel, max_seq_len: int) -> int:
     return kv_bytes_per_token(text_config, target.dtype) * max_seq_len
 
 
-def fp8_prefill_bytes(text_config: Any) -> int:
-    """Device bytes ``--prefill-dtype fp8`` adds for a LLaMA text config (the KV budget
-    leaves them free): :func:`~eventspec.shared.node.static.fp8.fp8_copy_bytes`."""
+def fp8_copy_bytes_for(text_config: Any) -> int:
+    """Device bytes ``--prefill-dtype fp8`` or ``--step-dtype fp8`` add for a LLaMA text
+    config, so the KV budget leaves them free (``fp8.fp8_copy_bytes``)."""
     c = text_config
     heads = int(c.num_attention_heads)
     return fp8_copy_bytes(layers=int(c.num_hidden_layers), hidden=int(c.hidden_size),
@@ -88,6 +88,7 @@ def build_static_engine(
     batch_invariant: bool = False,
     chunk_buckets: Sequence[int] = (),
     prefill_dtype: str = "model",
+    step_dtype: str = "model",
 ) -> StaticEngine:
     """Build the engine with ``kv.num_slots`` slots of ``kv.max_seq_len``, capture its graphs.
 
@@ -96,8 +97,9 @@ def build_static_engine(
     for an Inductor-compiled one (measured slower; kept for comparison). Build it before
     serving: graph capture must not overlap other CUDA work. Raises ``InvalidInput``
     when the model is unsupported (:func:`static_unsupported_reason`) or the plan holds
-    no scratch slot. ``prefill_dtype`` "fp8": prefill calls on fp8 copies of the
-    decoder's weights (``eventspec.shared.node.static.fp8``; the plan must leave room).
+    no scratch slot. ``prefill_dtype`` / ``step_dtype`` "fp8": prefill calls / steps on
+    fp8 copies of the decoder's weights (``eventspec.shared.node.static.fp8``; one copy
+    for both, and the plan must leave room: :func:`fp8_copy_bytes_for`).
     """
     reason = static_unsupported_reason(target_model)
     if reason is not None:
@@ -117,6 +119,7 @@ def build_static_engine(
         kv_positions=kv.arena_positions or None,
         chunk_buckets=chunk_buckets,
         prefill_dtype=prefill_dtype,
+        step_dtype=step_dtype,
     )
     if kv.arena_positions:
         logger.info("static engine: KV by length, %d positions for up to %d sessions "

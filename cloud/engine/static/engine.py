@@ -47,6 +47,7 @@ class StaticEngine(StaticRuntime):
         kv_positions: int | None = None,
         chunk_buckets: Sequence[int] = (),
         prefill_dtype: str = "model",
+        step_dtype: str = "model",
     ) -> None:
         reason = static_unsupported_reason(target)
         if reason is not None:
@@ -66,7 +67,7 @@ class StaticEngine(StaticRuntime):
             max_seq_len=max_seq_len, use_graphs=use_graphs, compile_layers=compile_layers,
             session_buckets=session_buckets, token_buckets=token_buckets,
             batch_invariant=batch_invariant, kv_positions=kv_positions,
-            chunk_buckets=chunk_buckets, prefill_dtype=prefill_dtype,
+            chunk_buckets=chunk_buckets, prefill_dtype=prefill_dtype, step_dtype=step_dtype,
         )
 
     @torch.inference_mode()

@@ -32,7 +32,7 @@ import torch
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.node.static.attention import HAVE_TRITON
 from eventspec.shared.node.static.fp8_kernels import quantize_rows_triton
-from eventspec.shared.node.static.prefill_dtype import check_prefill_dtype
+from eventspec.shared.node.static.linear_dtypes import check_linear_dtype
 from eventspec.shared.node.static.weight_formats import Fp8Weight
 from eventspec.shared.node.static.weights import LanguageWeights, LayerWeights
 
@@ -100,13 +100,14 @@ def fp8_mm(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
 
 
 @torch.no_grad()
-def fp8_prefill_weights(weights: LanguageWeights) -> LanguageWeights:
+def fp8_weights(weights: LanguageWeights) -> LanguageWeights:
     """``weights`` with every layer's four matrices as :class:`Fp8Weight` copies; the
-    embeddings, norms and LM head shared (the LM head stays in the model's dtype: it is
-    one row per prompt). InvalidInput when :func:`fp8_unsupported_reason` says why not."""
+    embeddings, norms and LM head shared (the LM head stays in the model's dtype: its
+    logits decide every token). InvalidInput when :func:`fp8_unsupported_reason` says
+    why not."""
     reason = fp8_unsupported_reason(weights)
     if reason is not None:
-        raise InvalidInput(f"--prefill-dtype fp8: {reason}")
+        raise InvalidInput(f"fp8 linear layers: {reason}")
     layers = []
     for lw in weights.layers:
         assert isinstance(lw.wqkv, torch.Tensor) and isinstance(lw.wo, torch.Tensor)
@@ -118,22 +119,28 @@ def fp8_prefill_weights(weights: LanguageWeights) -> LanguageWeights:
     return replace(weights, layers=tuple(layers))
 
 
-def prefill_weights_for(weights: LanguageWeights, prefill_dtype: str,
-                        batch_invariant: bool) -> LanguageWeights:
-    """What a runtime's prefill calls run on for ``--prefill-dtype``: ``weights``
-    ("model"), or fp8 copies ("fp8"; InvalidInput with ``batch_invariant``, whose
-    prompt rows must have a decode step's bits)."""
-    if check_prefill_dtype(prefill_dtype) == "model":
-        return weights
+def runtime_weights(weights: LanguageWeights, *, prefill_dtype: str, step_dtype: str,
+                    batch_invariant: bool) -> tuple[LanguageWeights, LanguageWeights]:
+    """(what steps run on, what prefill calls of their own run on) for ``--step-dtype``
+    and ``--prefill-dtype``: ``weights`` ("model"), or one set of fp8 copies shared by
+    both ("fp8"). InvalidInput with ``batch_invariant``, whose rows must not depend on
+    the batch (an fp8 row's scale is its own, but a prompt row must have a decode
+    step's bits)."""
+    dtypes = (check_linear_dtype("--step-dtype", step_dtype),
+              check_linear_dtype("--prefill-dtype", prefill_dtype))
+    if "fp8" not in dtypes:
+        return weights, weights
     if batch_invariant:
-        raise InvalidInput("--prefill-dtype fp8 with --batch-invariant: an fp8 prompt row "
-                           "cannot have a decode step's bits")
-    return fp8_prefill_weights(weights)
+        flag = "--step-dtype" if step_dtype == "fp8" else "--prefill-dtype"
+        raise InvalidInput(f"{flag} fp8 with --batch-invariant: an fp8 row cannot have "
+                           "the model dtype's bits; choose one")
+    fp8 = fp8_weights(weights)
+    return (fp8 if step_dtype == "fp8" else weights), (fp8 if prefill_dtype == "fp8" else weights)
 
 
 def fp8_copy_bytes(*, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int,
                    intermediate: int) -> int:
-    """Device bytes :func:`fp8_prefill_weights` adds for a LLaMA decoder of this shape
+    """Device bytes :func:`fp8_weights` adds for a LLaMA decoder of this shape
     (known before its weights are fused, so a KV budget can leave room): one per
     parameter of each layer's four matrices and a float32 scale per output channel."""
     rows_and_cols = (((heads + 2 * kv_heads) * head_dim, hidden), (hidden, heads * head_dim),

@@ -166,7 +166,7 @@ def choose_kernels(
 def _reason(device_type: str, have_triton: bool, dense: bool, batch_invariant: bool,
             use_graphs: bool, graphs: bool, fused: bool) -> str:
     where = f"{device_type}, {'with' if have_triton else 'without'} Triton, " + (
-        "dense weights" if dense else "int8/int4 weights")
+        "dense weights" if dense else "int8/int4/fp8 weights")
     if batch_invariant and fused:
         how = "batch-invariant through the Triton GEMM and fixed-split attention"
     elif batch_invariant:

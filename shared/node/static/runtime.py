@@ -33,8 +33,8 @@ tokens into the prompt's embeddings and hands them to :meth:`StaticRuntime.prefi
 - **Prefill** runs the same layer functions with causal SDPA (flash attention on CUDA)
   per request, over all the call's requests' tokens at once; a whole prompt at its
   length rounded up to 128 rows, every rounded length planned at warm-up
-  (:func:`.pieces.sdpa_piece_attention` says why).
-  With ``prefill_dtype="fp8"`` its linear layers run on fp8 copies (:mod:`.fp8`).
+  (:func:`.pieces.sdpa_piece_attention` says why). ``prefill_dtype="fp8"``
+  (``step_dtype`` for steps): linear layers on fp8 copies (:mod:`.fp8`).
 - **Prompt rows inside steps** (:mod:`.mixed_steps`): text that continues a prompt runs
   as one verify step, and a mixed step (decode rows and prompt pieces in one forward)
   runs at fixed shapes from CUDA graphs (:mod:`.chunk_staging`).
@@ -64,7 +64,7 @@ from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.node.static.batch import StepBatch
 from eventspec.shared.node.static.buckets import SESSION_BUCKETS, TOKEN_BUCKETS, StepInputs, bucket
 from eventspec.shared.node.static.chunk_staging import CHUNK_TILE, MAX_PIECES, ChunkStaging
-from eventspec.shared.node.static.fp8 import prefill_weights_for
+from eventspec.shared.node.static.fp8 import runtime_weights
 from eventspec.shared.node.static.graph_capture import capture_graph, step_graph_shapes
 from eventspec.shared.node.static.kernel_choice import KernelChoice
 from eventspec.shared.node.static.kv_memory import kv_tensor, load_prefix, save_prefix
@@ -113,6 +113,7 @@ class StaticRuntime(PromptRowsInSteps):
         kv_positions: int | None = None,
         chunk_buckets: Sequence[int] = (),
         prefill_dtype: str = "model",
+        step_dtype: str = "model",
     ) -> None:
         """``weights`` and ``cos``/``sin`` [T >= max_seq_len, D] from :mod:`.weights`.
 
@@ -129,8 +130,8 @@ class StaticRuntime(PromptRowsInSteps):
         width and the row's place in it. Which kernels that takes here, and every other
         kernel decision, is :func:`.kernel_choice.choose_kernels`' (:attr:`kernels`).
 
-        ``prefill_dtype``: "fp8": prefill calls' linear layers on fp8 copies (:mod:`.fp8`).
-        """
+        ``prefill_dtype``, ``step_dtype``: "fp8": prefill calls', steps' linear layers on
+        fp8 copies of the weights (:mod:`.fp8`)."""
         if num_slots < 1:
             raise InvalidInput("the static runtime needs at least one KV slot")
         if not 0 < max_seq_len <= cos.shape[0]:
@@ -141,11 +142,12 @@ class StaticRuntime(PromptRowsInSteps):
         self.dtype = weights.embed.dtype
         self.num_slots = num_slots
         self.max_seq_len = max_seq_len
-        self.weights = weights
         self.cos, self.sin = cos, sin  # each [T, D]
-        #: What prefill calls of their own run on: ``weights``, or fp8 copies (before
-        #: the KV, whose budget left room for them).
-        self.prefill_weights = prefill_weights_for(weights, prefill_dtype, batch_invariant)
+        #: What steps, and prefill calls of their own, run on: ``weights`` or fp8 copies
+        #: (made before the KV, whose budget left room for them).
+        self.weights, self.prefill_weights = runtime_weights(
+            weights, prefill_dtype=prefill_dtype, step_dtype=step_dtype,
+            batch_invariant=batch_invariant)
         w = self.weights
         #: Positions of the KV arena (KV by length), or None: fixed slots.
         self.kv_positions = kv_positions
@@ -156,7 +158,7 @@ class StaticRuntime(PromptRowsInSteps):
         self.k_cache = self._kv_tensor()  # [L, S+1, Hkv, T, D] (a strided view by length)
         self.v_cache = self._kv_tensor()  # [L, S+1, Hkv, T, D]
         #: Every kernel this runtime runs, decided once (:mod:`.kernel_choice`).
-        self.kernels: KernelChoice = kernels_for(weights, batch_invariant=batch_invariant,
+        self.kernels: KernelChoice = kernels_for(w, batch_invariant=batch_invariant,
                                                  use_graphs=use_graphs,
                                                  compile_layers=compile_layers)
         logger.info("static runtime kernels: %s", self.kernels.reason)
@@ -286,11 +288,9 @@ class StaticRuntime(PromptRowsInSteps):
 
     def release(self) -> None:
         """Give the device memory back: KV, the CUDA graphs and their pool, the static
-        step buffers (not the weights, which the caller may share). The runtime serves
-        nothing after this. Why: a process that builds one engine after another (a
-        benchmark of several server configurations) otherwise holds every old engine's
-        KV as long as anything references it; on an 80 GB card the second one did not fit.
-        """
+        step buffers (not the weights, which the caller may share); it serves nothing
+        after. Why: a process that builds one engine after another otherwise holds every
+        old engine's KV while anything references it (an 80 GB card fit no second one)."""
         self.occupancy.release()
         self.step_graphs.clear()
         self.mixed_graphs.clear()

@@ -1,8 +1,9 @@
-"""``--prefill-dtype fp8`` (issue 39 item 2) on CPU, the code path the GPU runs
-(PyTorch's CPU ``_scaled_mm``): the quantisation's error bounds, the fp8 GEMM against
-its dequantised reference, where the fp8 copies are used (prefill calls only, never a
-decode step), the flag's refusals, and through the real server: speculative answers
-equal target-only ones with an fp8 prefill, whatever the drafts."""
+"""``--prefill-dtype fp8`` and ``--step-dtype fp8`` (issue 39 item 2) on CPU, the code
+path the GPU runs (PyTorch's CPU ``_scaled_mm``): the quantisation's error bounds, the
+fp8 GEMM against its dequantised reference, which calls read the fp8 copies (prefill
+calls with one flag, steps with the other, one copy for both), the flags' refusals,
+and through the real server: speculative answers equal target-only ones under the
+same flags, whatever the drafts."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.engine.choice import choose_engine
 from eventspec.cloud.engine.static.build import (
     build_static_engine,
-    fp8_prefill_bytes,
+    fp8_copy_bytes_for,
     kv_bytes_per_slot,
     static_kv_plan,
 )
@@ -33,13 +34,13 @@ from eventspec.shared.node.static.batch import StepBatch
 from eventspec.shared.node.static.fp8 import (
     FP8_MAX,
     fp8_mm,
-    fp8_prefill_weights,
     fp8_unsupported_reason,
-    prefill_weights_for,
+    fp8_weights,
     quantize_fp8,
     quantize_rows,
+    runtime_weights,
 )
-from eventspec.shared.node.static.prefill_dtype import check_prefill_dtype
+from eventspec.shared.node.static.linear_dtypes import check_linear_dtype
 from eventspec.shared.node.static.weight_formats import Fp8Weight
 from tests.support import cloud_harness as h
 
@@ -118,6 +119,32 @@ def test_fp8_copies_serve_prefill_calls_and_never_a_decode_step(
     assert calls == []  # the step read the model's weights
 
 
+def test_fp8_steps_share_one_copy_with_an_fp8_prefill_and_read_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    target = build_tiny_random_target(seed=0)
+    kv = static_kv_plan(target, kv_cache_bytes=3 * kv_bytes_per_slot(target, 256),
+                        max_seq_len=256)
+    both = build_static_engine(target, kv, use_graphs=False, prefill_dtype="fp8",
+                               step_dtype="fp8")
+    assert both.weights is both.prefill_weights  # one copy, not two
+    steps_only = build_static_engine(target, kv, use_graphs=False, step_dtype="fp8")
+    assert isinstance(steps_only.prefill_weights.layers[0].wqkv, torch.Tensor)
+    assert isinstance(steps_only.weights.layers[0].wqkv, Fp8Weight)
+    calls: list[int] = []
+    real = fp8_module.fp8_mm
+    monkeypatch.setattr("eventspec.shared.node.static.quant.fp8_mm",
+                        lambda x, w: calls.append(int(x.shape[0])) or real(x, w))
+    ids = target.build_prompt_ids(QUESTION)
+    g = target.geometry
+    pixels = torch.randn((1, g.num_frames, 3, g.image_size, g.image_size),
+                         generator=torch.Generator().manual_seed(1))
+    steps_only.prefill([PrefillRequest(0, ids, pixel_values_videos=pixels)])
+    assert calls == []  # the prompt ran in the model's dtype
+    steps_only.step(StepBatch((0,), (len(ids),), (3,), torch.tensor([5, 6, 7])))
+    assert calls == [3] * (4 * len(steps_only.weights.layers))
+
+
 def test_an_fp8_prefill_stays_close_to_the_model_dtypes() -> None:
     target, fp8 = _engine("fp8")
     _, plain = _engine("model")
@@ -133,17 +160,23 @@ def test_an_fp8_prefill_stays_close_to_the_model_dtypes() -> None:
 
 def test_the_flag_is_refused_where_it_cannot_hold() -> None:
     _, engine = _engine("model")
-    assert prefill_weights_for(engine.weights, "model", batch_invariant=True) is engine.weights
-    with pytest.raises(InvalidInput, match="--prefill-dtype fp8 with --batch-invariant"):
-        prefill_weights_for(engine.weights, "fp8", batch_invariant=True)
+    w = engine.weights
+    assert runtime_weights(w, prefill_dtype="model", step_dtype="model",
+                           batch_invariant=True) == (w, w)
+    for flag, prefill, step in (("--prefill-dtype", "fp8", "model"),
+                                ("--step-dtype", "model", "fp8")):
+        with pytest.raises(InvalidInput, match=f"{flag} fp8 with --batch-invariant"):
+            runtime_weights(w, prefill_dtype=prefill, step_dtype=step, batch_invariant=True)
+    with pytest.raises(InvalidInput, match="--step-dtype must be one of model, fp8"):
+        runtime_weights(w, prefill_dtype="model", step_dtype="fp16", batch_invariant=False)
     with pytest.raises(InvalidInput, match="--prefill-dtype must be one of model, fp8"):
-        check_prefill_dtype("fp16")
+        check_linear_dtype("--prefill-dtype", "fp16")
     odd = replace(engine.weights.layers[0], wo=torch.zeros(20, 192))
     bad = replace(engine.weights, layers=(odd, *engine.weights.layers[1:]))
     assert "multiple of 16" in (fp8_unsupported_reason(bad) or "")
     with pytest.raises(InvalidInput, match="layer 0 wo is \\[20, 192\\]"):
-        fp8_prefill_weights(bad)
-    quantised = fp8_prefill_weights(engine.weights)
+        fp8_weights(bad)
+    quantised = fp8_weights(engine.weights)
     assert "already quantised" in (fp8_unsupported_reason(quantised) or "")
 
 
@@ -151,29 +184,37 @@ def test_the_kv_budget_leaves_exactly_the_copys_bytes() -> None:
     target, engine = _engine("fp8")
     held = sum(getattr(lw, m).nbytes for lw in engine.prefill_weights.layers
                for m in ("wqkv", "wo", "w_gate_up", "w_down"))
-    assert fp8_prefill_bytes(target.model.config.get_text_config(decoder=True)) == held
+    assert fp8_copy_bytes_for(target.model.config.get_text_config(decoder=True)) == held
 
 
 def test_settings_refuse_fp8_with_batch_invariance_or_the_hf_engine() -> None:
     with pytest.raises(SettingsError, match="--prefill-dtype fp8 with --batch-invariant"):
         CloudSettings(prefill_dtype="fp8", batch_invariant=True).check()
-    with pytest.raises(SettingsError, match="needs the static engine, not --engine hf"):
-        CloudSettings(prefill_dtype="fp8", engine="hf").check()
+    with pytest.raises(SettingsError, match="--step-dtype fp8 with --batch-invariant"):
+        CloudSettings(step_dtype="fp8", batch_invariant=True).check()
+    with pytest.raises(SettingsError, match="--step-dtype fp8 needs the static engine, not"):
+        CloudSettings(step_dtype="fp8", engine="hf").check()
     target = build_tiny_random_target(seed=0)
     assert choose_engine("auto", target) == "hf"  # CPU
-    assert choose_engine("auto", target, prefill_fp8=True) == "static"
+    assert choose_engine("auto", target, fp8="--prefill-dtype fp8") == "static"
+    with pytest.raises(InvalidInput, match="--step-dtype fp8 needs the static engine"):
+        choose_engine("hf", target, fp8="--step-dtype fp8")
 
 
+@pytest.mark.parametrize("step_dtype", ["model", "fp8"])
 @pytest.mark.parametrize("policy_name", ["perfect", "random_wrong", "all_wrong"])
-async def test_speculative_equals_target_only_with_an_fp8_prefill(policy_name: str) -> None:
-    settings = replace(h.settings(kv_cache_gb=0.05), prefill_dtype="fp8", prefill_chunk="off")
+async def test_speculative_equals_target_only_with_fp8(policy_name: str, step_dtype: str) -> None:
+    settings = replace(h.settings(kv_cache_gb=0.05), prefill_dtype="fp8", prefill_chunk="off",
+                       step_dtype=step_dtype)
     target = build_tiny_random_target(seed=0)
     server = VerifierServer(settings, target=target, cost=h.TEST_COST)
     await server.start()
     try:
         assert server.runtime is not None
         engine = server.runtime.scheduler.engine
-        assert isinstance(engine, StaticEngine) and engine.prefill_weights is not engine.weights
+        assert isinstance(engine, StaticEngine)
+        assert isinstance(engine.prefill_weights.layers[0].wqkv, Fp8Weight)
+        assert isinstance(engine.weights.layers[0].wqkv, Fp8Weight) == (step_dtype == "fp8")
         for clip in (0, 1):
             msg = h.open_msg(QUESTION, h.make_frames(clip), max_new_tokens=12)
             alone = (await h.run_generate(server.port, msg)).tokens
