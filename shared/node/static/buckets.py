@@ -20,6 +20,9 @@ TOKEN_BUCKETS: tuple[int, ...] = (1, 2, 3, 5, 9, 17, 33)
 #: Queries per pseudo-session of a prompt piece in a graphed mixed step
 #: (:mod:`.chunk_staging`); here so the cloud's settings read it without torch.
 CHUNK_TILE = 64
+#: Pieces one graphed mixed step carries at most (:mod:`.chunk_staging`); here, as
+#: :data:`CHUNK_TILE`, so the cloud's scheduler reads it without torch.
+MAX_PIECES = 4
 
 
 @dataclass(frozen=True)
