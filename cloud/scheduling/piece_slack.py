@@ -60,10 +60,11 @@ DEFAULT_SLACK_RATIO = 1.5
 #: about five steps, and one outlier moves an estimate by a quarter of its error.
 EWMA_WEIGHT = 0.25
 #: Capacity guard: when the oldest waiting prompt has waited this long, pieces take the
-#: largest bucket, as ``--prefill-chunk 512`` does. A 2,103-token prompt takes five or six
-#: steps of 20 ms in slack pieces, about 120 ms; a wait twice that means prompts queue
-#: faster than slack pieces drain them, and the TTFT SLO (p99 <= 1 s) is what breaks
-#: next (256-row pieces broke it at 8/s on the H100). ITL then degrades to 512's.
+#: largest bucket, as ``--prefill-chunk 512`` does. A 2,103-token prompt takes six
+#: 384-row pieces, about 120 ms at 16 sessions on the H100's step times (an estimate,
+#: not a run); a wait twice that means prompts queue faster than slack pieces drain
+#: them, and the TTFT SLO (p99 <= 1 s) is what breaks next (256-row pieces broke it at
+#: 8/s there). ITL then degrades to 512's.
 BACKLOG_WAIT_MS = 250.0
 
 
@@ -221,24 +222,34 @@ class PieceSlack:
                waited_ms: float = 0.0) -> Split:
         """This iteration's split for a step of ``sessions`` feeding ``tokens`` (the
         module docstring's rule); ``waited_ms``: how long the oldest prompt has waited."""
-        tail_tiles = sum(tiles(w.rows) for w in queue if w.tail)
-        floor = split(queue, tail_tiles + 1)
-        floor = Split(floor.tokens or CHUNK_TILE, floor.rows, floor.towers)
+        floor = self._floor(queue)
         if not self.buckets:
             return floor
         if waited_ms > self.backlog_ms:
-            top = split(queue, self.buckets[-1] // CHUNK_TILE)
+            top = self._split(queue, self.buckets[-1] // CHUNK_TILE)
             return top if top.tokens >= floor.tokens else floor
         limit = self.times.plain_ms(sessions, tokens)
         for b in reversed(self.buckets):
-            s = split(queue, b // CHUNK_TILE)
+            s = self._split(queue, b // CHUNK_TILE)
             if s.tokens < floor.tokens:
                 break
-            rows = bucket(s.rows, self.buckets) or s.rows
-            ms = self.times.predict(sessions, tokens, rows, s.towers)
+            ms = self.times.predict(sessions, tokens, s.rows, s.towers)
             if limit is not None and ms is not None and ms <= self.ratio * limit:
-                return Split(s.tokens, rows, s.towers)
+                return s
         return floor
+
+    def _floor(self, queue: Sequence[Waiting]) -> Split:
+        """One tile of the oldest prompt (or its rest, if shorter), beside the tails."""
+        head = next((w for w in queue if not w.tail and w.rows > 0), None)
+        tail_tiles = sum(tiles(w.rows) for w in queue if w.tail)
+        rows = (tail_tiles + 1) * CHUNK_TILE
+        return Split(CHUNK_TILE if head is None else min(CHUNK_TILE, head.rows),
+                     bucket(rows, self.buckets) or rows, int(head is not None and head.tower))
+
+    def _split(self, queue: Sequence[Waiting], max_tiles: int) -> Split:
+        """:func:`split`, its rows padded up to the bucket the engine runs them in."""
+        s = split(queue, max_tiles)
+        return Split(s.tokens, bucket(s.rows, self.buckets) or s.rows, s.towers)
 
     def observe(self, sessions: int, tokens: int, lengths: Sequence[int], towers: int,
                 ms: float | None) -> bool:
