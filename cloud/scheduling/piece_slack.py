@@ -42,6 +42,7 @@ from eventspec.shared.contract.timing import CloudCost
 from eventspec.shared.node.static.buckets import (
     CHUNK_TILE,
     MAX_PIECES,
+    MIXED_MAX_TOKENS,
     SESSION_BUCKETS,
     TOKEN_BUCKETS,
     bucket,
@@ -252,12 +253,15 @@ class PieceSlack:
         return Split(s.tokens, bucket(s.rows, self.buckets) or s.rows, s.towers)
 
     def observe(self, sessions: int, tokens: int, lengths: Sequence[int], towers: int,
-                ms: float | None) -> bool:
-        """A step's device time, with its pieces' ``lengths`` (none: a plain step) and
-        the towers it ran. Steps the engine cannot run at a captured shape (more than
-        :data:`MAX_PIECES` pieces, more rows than the largest bucket) run eagerly at a
-        cost the budget never predicts: not read."""
+                ms: float | None, *, widest: int = 1) -> bool:
+        """A step's device time, with its pieces' ``lengths`` (none: a plain step), the
+        towers it ran and its ``widest`` session's tokens. Mixed steps the engine cannot
+        run at a captured shape (more than :data:`MAX_PIECES` pieces, more rows than the
+        largest bucket, more than :data:`MIXED_MAX_TOKENS` tokens a session) run eagerly
+        at a cost the budget never predicts: not read."""
         rows = self.padded_rows(lengths) if lengths else 0
-        if len(lengths) > MAX_PIECES or (self.buckets and rows > self.buckets[-1]):
+        eager = (len(lengths) > MAX_PIECES or (bool(self.buckets) and rows > self.buckets[-1])
+                 or widest > MIXED_MAX_TOKENS)
+        if lengths and eager:
             return False
         return self.times.observe(sessions, tokens, rows, towers, ms)

@@ -282,7 +282,8 @@ class StepScheduler:
         if self.slack is not None:
             self.slack.observe(len(plan.sessions), plan.tokens,
                                [p.end - p.start for p in plan.riding],
-                               sum(p.tower for p in plan.riding), device_ms)
+                               sum(p.tower for p in plan.riding), device_ms,
+                               widest=max(len(i.tokens) for i in plan.inputs))
 
     # -- ends ----------------------------------------------------------------------------------
 

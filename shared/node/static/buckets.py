@@ -23,6 +23,10 @@ CHUNK_TILE = 64
 #: Pieces one graphed mixed step carries at most (:mod:`.chunk_staging`); here, as
 #: :data:`CHUNK_TILE`, so the cloud's scheduler reads it without torch.
 MAX_PIECES = 4
+#: Mixed steps run at fixed shapes only with at most this many tokens per session (8
+#: drafts): each further token bucket would capture another graph per piece bucket.
+#: (:mod:`.mixed_steps`; here so the cloud's scheduler reads it without torch.)
+MIXED_MAX_TOKENS = 9
 
 
 @dataclass(frozen=True)

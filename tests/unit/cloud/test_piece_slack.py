@@ -224,6 +224,7 @@ def test_steps_the_engine_runs_eagerly_are_not_read() -> None:
     slack = PieceSlack(1.5, H100ISH)
     assert not slack.observe(16, 16, [10] * (MAX_PIECES + 1), 0, 50.0)
     assert not slack.observe(16, 16, [600], 0, 50.0)
+    assert not slack.observe(16, 16 * 12, [64], 0, 50.0, widest=12)
     assert slack.times.row_ms == H100ISH.prefill_ms_per_visual_token
     assert slack.observe(16, 16, [100, 30], 0, 20.0)  # three tiles: the 256 bucket
 
