@@ -55,6 +55,7 @@ from grpc import aio
 from benchmarks.load_report import plot
 from benchmarks.stamp import write_result
 from eventspec.cloud.config import CloudSettings
+from eventspec.cloud.scheduling.prefill_chunking import ChunkPolicy
 from eventspec.cloud.server import VerifierServer, load_target_for
 from eventspec.cloud.target import TargetModel
 from eventspec.shared.contract import convert_verifier
@@ -75,6 +76,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SEED0 = EVAL_SEED_MIN + 11000
 
 
+#: ``--configs``' options after the GiB.
+OPTIONS = frozenset({"apart", "eager", "thaw"})
+
+
 @dataclass(frozen=True)
 class Config:
     """One server configuration: ``NAME:PREFILL_CHUNK:PREFIX_CACHE_GB[:OPTION...]``;
@@ -92,16 +97,23 @@ class Config:
 
     @classmethod
     def parse(cls, text: str) -> Config:
+        """``PREFILL_CHUNK`` may be ``slack:R`` (``n:slack:1.5:0``): after ``slack``,
+        two more numbers are R and the GiB; one is the GiB (R defaults)."""
         try:
-            name, chunk, gb, *rest = text.split(":")
-            if not set(rest) <= {"apart", "eager", "thaw"} or len(set(rest)) != len(rest):
+            name, chunk, *more = text.split(":")
+            if chunk.lower() == "slack" and len(more) >= 2 and more[1] not in OPTIONS:
+                chunk, more = f"{chunk}:{more[0]}", more[1:]
+            gb, *rest = more
+            if not set(rest) <= OPTIONS or len(set(rest)) != len(rest):
                 raise ValueError(text)
+            ChunkPolicy.parse(chunk)
             return cls(name, chunk, float(gb), mixed_steps="apart" not in rest,
                        graphed="eager" not in rest, gc_freeze="thaw" not in rest)
         except ValueError:
             raise argparse.ArgumentTypeError(
                 f"--configs: {text!r} is not NAME:PREFILL_CHUNK:PREFIX_CACHE_GB[:OPTION...] "
-                "(options: apart, eager, thaw)") from None
+                "(PREFILL_CHUNK: off, auto, N, slack or slack:R; options: apart, eager, "
+                "thaw)") from None
 
 
 def workload(n: int, clips: int, per_clip: int, max_new: int) -> list[OpenRequest]:

@@ -57,6 +57,8 @@ def prefill_mode(policy: ChunkPolicy) -> str:
     """``--prefill-chunk`` in words."""
     if not policy.enabled:
         return "whole"
+    if policy.mode == "slack":
+        return f"chunks: slack {policy.ratio:g}"
     return "chunks: auto" if policy.mode == "auto" else f"chunks of {policy.tokens}"
 
 

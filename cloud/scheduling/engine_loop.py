@@ -170,12 +170,16 @@ class EngineLoop:
     def _record_step(self, plan: StepPlan, tokens: int, t_engine: float, t_sampler: float,
                      t_done: float) -> None:
         """Count the step and split its time into engine, sampler and the loop's own work
-        (planning before the engine call, and the commits after the sampler)."""
+        (planning before the engine call, and the commits after the sampler); its device
+        time (a mixed step's includes the video tower of a prompt it starts: the
+        embeddings are made inside the timed call) goes to the scheduler."""
         sessions = len(plan.sessions)
+        device_ms = self._device_timer.elapsed_ms()  # the sampler's read waited for it
         self.scheduler.stats.observe_step(
             sessions, tokens, engine_ms=(t_sampler - t_engine) * 1e3,
             sampler_ms=(t_done - t_sampler) * 1e3,
             overhead_ms=((t_engine - plan.t_start) + (self._clock() - t_done)) * 1e3,
-            device_ms=self._device_timer.elapsed_ms())  # the sampler's read waited for it
+            device_ms=device_ms)
+        self.scheduler.step_timed(plan, device_ms)  # --prefill-chunk slack's estimates
         if self.observer is not None:
             self.observer.on_step(sessions, tokens, t_done - t_engine)

@@ -16,13 +16,17 @@ almost all video), floored to a multiple of ``CHUNK_QUANTUM`` and held within
 [``AUTO_MIN_CHUNK_TOKENS``, the loop's prefill token budget floored likewise]. With
 nothing decoding there is no one to stall: the oldest prompt goes whole (and those
 behind it, within the budget), as without chunks. ``--prefill-chunk N`` fixes N tokens;
-``off`` prefills whole prompts always.
+``off`` prefills whole prompts always. ``--prefill-chunk slack`` (or ``slack:R``) sizes
+each iteration's pieces from the step's measured slack, so that a step with a piece
+stays within R (1.5) times one without: :mod:`eventspec.cloud.scheduling.piece_slack`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from eventspec.cloud.scheduling.piece_slack import DEFAULT_SLACK_RATIO, SLACK_PIECE_ROWS, PieceSlack
 from eventspec.shared.contract.timing import CloudCost
 from eventspec.shared.node.static.buckets import CHUNK_TILE
 
@@ -44,22 +48,27 @@ AUTO_MIN_CHUNK_TOKENS = 1024
 
 @dataclass(frozen=True)
 class ChunkPolicy:
-    """``--prefill-chunk``: "off", "auto" or a fixed number of tokens."""
+    """``--prefill-chunk``: "off", "auto", a fixed number of tokens, or "slack" with
+    its step-time ratio R (``ratio``)."""
 
-    mode: str  # "off" | "auto" | "fixed"
+    mode: str  # "off" | "auto" | "fixed" | "slack"
     tokens: int = 0
+    ratio: float = 0.0  # slack's R
 
     @classmethod
     def parse(cls, text: str) -> ChunkPolicy:
-        """Raises ValueError naming the flag for anything but off, auto or N >= 1."""
+        """Raises ValueError naming the flag for anything but off, auto, N >= 1, slack
+        or slack:R with a finite R > 1."""
         value = text.strip().lower()
         if value in ("off", "auto"):
             return cls(value)
+        if value == "slack" or value.startswith("slack:"):
+            return cls("slack", ratio=_slack_ratio(text, value))
         try:
             tokens = int(value)
         except ValueError:
-            raise ValueError(f"--prefill-chunk must be off, auto or a number of tokens, "
-                             f"got {text!r}") from None
+            raise ValueError(f"--prefill-chunk must be off, auto, slack[:R] or a number of "
+                             f"tokens, got {text!r}") from None
         if tokens < 1:
             raise ValueError(f"--prefill-chunk must be >= 1 token, got {tokens}")
         return cls("fixed", tokens)
@@ -71,12 +80,30 @@ class ChunkPolicy:
     def budget(self, cost: CloudCost | None, sessions: int, step_tokens: int,
                whole_budget: int) -> int | None:
         """Prompt tokens this iteration may prefill; None: whole prompts (nothing
-        decodes, or chunking is off)."""
+        decodes, or chunking is off). ``slack`` needs the measured times this call has
+        not got: the scheduler asks its :class:`~.piece_slack.PieceSlack` instead, and
+        a caller without one gets slack's floor, one tile."""
         if not self.enabled or sessions == 0:
             return None
         if self.mode == "fixed":
             return self.tokens
+        if self.mode == "slack":
+            return CHUNK_TILE
         return auto_chunk_tokens(cost, sessions, step_tokens, whole_budget)
+
+
+def _slack_ratio(text: str, value: str) -> float:
+    """R of ``slack`` (the default) or ``slack:R``; ValueError naming the flag."""
+    if value == "slack":
+        return DEFAULT_SLACK_RATIO
+    try:
+        ratio = float(value.removeprefix("slack:"))
+    except ValueError:
+        ratio = math.nan
+    if not (math.isfinite(ratio) and ratio > 1):
+        raise ValueError(f"--prefill-chunk slack:R needs a step-time ratio R > 1 (a step "
+                         f"with a piece within R times one without), got {text!r}")
+    return ratio
 
 
 def graphed_piece_rows(policy: ChunkPolicy, max_seq_len: int) -> tuple[int, ...]:
@@ -84,13 +111,28 @@ def graphed_piece_rows(policy: ChunkPolicy, max_seq_len: int) -> tuple[int, ...]
     (``StaticRuntime(chunk_buckets=...)``): with ``--prefill-chunk N``, N rounded up to
     whole 64-row tiles, one tile more (a step whose budget ends one prompt and starts
     the next carries two pieces, each padded to whole tiles), and one tile alone (a
-    new question after a reused clip, a prompt's last words). None for ``off``, and
-    none for ``auto``, whose budgets vary step by step: its pieces run eagerly."""
+    new question after a reused clip, a prompt's last words). With ``slack``, its
+    buckets (:data:`~.piece_slack.SLACK_PIECE_ROWS`: five against ``N``'s three; its
+    budgets are cut to fit them, so no extra tile). None for ``off``, and none for
+    ``auto``, whose budgets vary step by step: its pieces run eagerly."""
+    if policy.mode == "slack":
+        return tuple(r for r in SLACK_PIECE_ROWS if r <= max_seq_len)
     if policy.mode != "fixed":
         return ()
     tile = CHUNK_TILE
     rows = -(-policy.tokens // tile) * tile  # whole tiles
     return tuple(sorted(r for r in {tile, rows, rows + tile} if r <= max_seq_len))
+
+
+def slack_for(policy: ChunkPolicy, cost: CloudCost | None, max_seq_len: int,
+              token_budget: int) -> PieceSlack | None:
+    """``--prefill-chunk slack``'s state, over the buckets the engine captures within
+    the loop's prefill token budget; None under any other policy."""
+    if policy.mode != "slack":
+        return None
+    cap = max(CHUNK_TILE, token_budget)
+    return PieceSlack(policy.ratio, cost,
+                      buckets=[b for b in graphed_piece_rows(policy, max_seq_len) if b <= cap])
 
 
 def auto_chunk_tokens(cost: CloudCost | None, sessions: int, step_tokens: int,

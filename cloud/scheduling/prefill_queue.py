@@ -21,7 +21,9 @@ from dataclasses import dataclass
 import torch
 
 from eventspec.cloud.engine.base import PrefillRequest
+from eventspec.cloud.scheduling.piece_slack import Waiting
 from eventspec.cloud.scheduling.tickets import Ticket
+from eventspec.shared.node.static.buckets import MAX_PIECES
 
 #: Prompt tokens one prefill call may take when several requests wait. One 2,103-token
 #: Video-LLaVA prompt already exceeds it, so on a GPU prefills stay one per call (each
@@ -59,14 +61,32 @@ class Pending:
     def length(self) -> int:
         return len(self.request.input_ids)
 
+    @property
+    def tower_due(self) -> bool:
+        """Its next piece runs the video tower: its embeddings are not made yet
+        (``PrefillCalls.chunks_of`` makes them at its first piece), it has pixels to
+        encode, and no reused prefix holds its video rows."""
+        return (self.embeds is None and self.reused == 0
+                and self.request.pixel_values_videos is not None)
+
+    def short_tail(self, room: int) -> bool:
+        """A reused prefix's rest of at most ``min(SHORT_TAIL_TOKENS, room)`` rows,
+        untouched yet: it rides first, whole, outside the call's budget."""
+        rest = self.length - self.done
+        untouched_reuse = self.reused > 0 and self.done == self.reused
+        return untouched_reuse and rest <= min(SHORT_TAIL_TOKENS, room)
+
 
 @dataclass(frozen=True)
 class Piece:
-    """Positions ``start`` .. ``end - 1`` of ``pending``'s prompt, for one call."""
+    """Positions ``start`` .. ``end - 1`` of ``pending``'s prompt, for one call;
+    ``tower``: the call runs its prompt's video tower (``Pending.tower_due`` when it
+    was planned), which ``--prefill-chunk slack`` prices."""
 
     pending: Pending
     start: int
     end: int
+    tower: bool = False
 
     @property
     def finishes(self) -> bool:
@@ -142,16 +162,14 @@ class PrefillQueue:
         taken: set[Pending] = set()
         room = SHORT_TAILS_PER_CALL
         for pending in list(self._waiting):
-            rest = pending.length - pending.done
-            untouched_reuse = pending.reused > 0 and pending.done == pending.reused
-            if not untouched_reuse or rest > min(SHORT_TAIL_TOKENS, room):
+            if not pending.short_tail(room):
                 continue
             if not still_wanted(pending.ticket):
                 self.forget(pending.ticket)
                 continue
             pieces.append(Piece(pending, pending.done, pending.length))
             taken.add(pending)
-            room -= rest
+            room -= pending.length - pending.done
         left = max(1, budget)
         i = 0
         while i < len(self._waiting) and left > 0:
@@ -163,13 +181,32 @@ class PrefillQueue:
                 self.forget(pending.ticket)
                 continue
             end = min(pending.length, pending.done + left)
-            pieces.append(Piece(pending, pending.done, end))
+            pieces.append(Piece(pending, pending.done, end, pending.tower_due))
             left -= end - pending.done
             i += 1
         for piece in pieces:
             if piece.finishes:
                 self._waiting.remove(piece.pending)
         return pieces
+
+    def outlook(self) -> list[Waiting]:
+        """The waiting prompts as ``--prefill-chunk slack`` sizes a call over them
+        (:func:`~eventspec.cloud.scheduling.piece_slack.split`), oldest first: the rows
+        each has left, whether its next piece runs the tower, whether it is a short
+        tail (as :meth:`next_pieces` takes them); every tail, and the first
+        :data:`MAX_PIECES` others (a call holds no more)."""
+        out, room, others = [], SHORT_TAILS_PER_CALL, 0
+        for pending in self._waiting:
+            rest = pending.length - pending.done
+            tail = pending.short_tail(room)
+            if tail:
+                room -= rest
+            elif others == MAX_PIECES:
+                continue
+            else:
+                others += 1
+            out.append(Waiting(rest, pending.tower_due, tail))
+        return out
 
     @staticmethod
     def advance(pieces: list[Piece]) -> None:

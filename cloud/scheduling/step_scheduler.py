@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 
 from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.scheduling.kv_arena import ArenaPool
-from eventspec.cloud.scheduling.prefill_chunking import ChunkPolicy
+from eventspec.cloud.scheduling.prefill_chunking import ChunkPolicy, slack_for
 from eventspec.cloud.scheduling.prefill_queue import (
     DEFAULT_PREFILL_TOKEN_BUDGET,
     Pending,
@@ -109,6 +109,8 @@ class StepScheduler:
         self.alpha_prior = alpha_prior
         self.padded_tokens = padded_tokens
         self.sit_out = sit_out
+        #: ``--prefill-chunk slack``'s estimates and rule (None under other policies).
+        self.slack = slack_for(chunking, chunk_cost, pool.max_seq_len, prefill_token_budget)
         self.stats = SchedulerStats()
         self.outbox = Outbox()
         self.running: list[Ticket] = []
@@ -173,15 +175,22 @@ class StepScheduler:
     def _schedule_pieces(self) -> PrefillPlan | None:
         """Pieces of the oldest prompts within this iteration's budget
         (``ChunkPolicy.budget``: about a step's worth while sessions decode, whole
-        prompts otherwise); with mixed steps and sessions decoding they ride the step."""
+        prompts otherwise; under ``slack``, :class:`PieceSlack` sizes it from the
+        measured times); with mixed steps and sessions decoding they ride the step."""
         head = self.prefills.peek()
         if head is None:
             return None
         running = len(self.running)
         sessions = max(running, self.last_step[0]) if running else 0
-        budget = self.chunking.budget(self.chunk_cost, sessions,
-                                      max(sessions, self.last_step[1]),
-                                      self.prefills.token_budget)
+        tokens = max(sessions, self.last_step[1])
+        budget: int | None
+        if self.slack is not None and sessions:
+            waited_ms = (self._clock() - head.ticket.submitted_at) * 1e3
+            budget = self.slack.choose(sessions, tokens, self.prefills.outlook(),
+                                       waited_ms=waited_ms).tokens
+        else:
+            budget = self.chunking.budget(self.chunk_cost, sessions, tokens,
+                                          self.prefills.token_budget)
         if budget is None:  # nothing decodes: whole prompts, as without chunks
             budget = max(self.prefills.token_budget, head.length - head.done)
         pieces = self.prefills.next_pieces(budget, self._still_wanted)
@@ -266,6 +275,15 @@ class StepScheduler:
             else:
                 self.end(s.ticket, done)
         self.last_step = (len(plan.sessions), plan.tokens)
+
+    def step_timed(self, plan: StepPlan, device_ms: float | None) -> None:
+        """The step's device time (None: not read), for ``--prefill-chunk slack``'s
+        estimates: a plain step's, or a mixed one's with the pieces and towers it ran."""
+        if self.slack is not None:
+            self.slack.observe(len(plan.sessions), plan.tokens,
+                               [p.end - p.start for p in plan.riding],
+                               sum(p.tower for p in plan.riding), device_ms,
+                               widest=max(len(i.tokens) for i in plan.inputs))
 
     # -- ends ----------------------------------------------------------------------------------
 

@@ -52,6 +52,13 @@ def test_a_config_names_how_its_chunks_run() -> None:
     assert parse("m:512:0:apart") == bench_load.Config("m", "512", 0.0, False, True, True)
     assert parse("m:512:0:eager") == bench_load.Config("m", "512", 0.0, True, False, True)
     assert parse("m:512:0:eager:thaw") == bench_load.Config("m", "512", 0.0, True, False, False)
-    for bad in ("m:512:0:fast", "m:512:0:thaw:thaw"):
+    # slack's R after PREFILL_CHUNK: two numbers are R and the GiB, one is the GiB.
+    assert parse("s:slack:0") == bench_load.Config("s", "slack", 0.0, True, True, True)
+    assert parse("s:slack:1.25:0.5") == bench_load.Config("s", "slack:1.25", 0.5,
+                                                          True, True, True)
+    assert parse("s:slack:1.5:0:eager") == bench_load.Config("s", "slack:1.5", 0.0,
+                                                             True, False, True)
+    assert parse("s:slack:0:eager") == bench_load.Config("s", "slack", 0.0, True, False, True)
+    for bad in ("m:512:0:fast", "m:512:0:thaw:thaw", "s:slack:1:0", "m:lots:0"):
         with pytest.raises(argparse.ArgumentTypeError, match=re.escape("apart, eager, thaw")):
             parse(bad)

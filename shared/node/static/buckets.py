@@ -20,6 +20,13 @@ TOKEN_BUCKETS: tuple[int, ...] = (1, 2, 3, 5, 9, 17, 33)
 #: Queries per pseudo-session of a prompt piece in a graphed mixed step
 #: (:mod:`.chunk_staging`); here so the cloud's settings read it without torch.
 CHUNK_TILE = 64
+#: Pieces one graphed mixed step carries at most (:mod:`.chunk_staging`); here, as
+#: :data:`CHUNK_TILE`, so the cloud's scheduler reads it without torch.
+MAX_PIECES = 4
+#: Mixed steps run at fixed shapes only with at most this many tokens per session (8
+#: drafts): each further token bucket would capture another graph per piece bucket.
+#: (:mod:`.mixed_steps`; here so the cloud's scheduler reads it without torch.)
+MIXED_MAX_TOKENS = 9
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from eventspec.shared.node.static.buckets import CHUNK_TILE as CHUNK_TILE  # re-exported
+from eventspec.shared.node.static.buckets import MAX_PIECES as MAX_PIECES  # re-exported
 from eventspec.shared.node.static.buckets import bucket
 from eventspec.shared.node.static.invariant_tiles import cdiv, prefill_pseudo_sessions
 
@@ -46,8 +47,6 @@ SMALL_PIECE_SPLIT = 256
 def chunk_split(rows: int) -> int:
     """Key positions per attention split for pieces padded to ``rows``."""
     return SMALL_PIECE_SPLIT if rows <= 2 * CHUNK_TILE else CHUNK_SPLIT
-#: Pieces one graphed mixed step carries at most.
-MAX_PIECES = 4
 
 
 def chunk_rows_for(lengths: Sequence[int], buckets: Sequence[int]) -> int | None:

@@ -21,7 +21,12 @@ import torch
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.node.static.attention import reference_attention
 from eventspec.shared.node.static.batch import StepBatch
-from eventspec.shared.node.static.buckets import CHUNK_TILE, StepInputs, bucket
+from eventspec.shared.node.static.buckets import (
+    CHUNK_TILE,
+    MIXED_MAX_TOKENS,
+    StepInputs,
+    bucket,
+)
 from eventspec.shared.node.static.chunk_staging import (
     MAX_PIECES,
     ChunkInputs,
@@ -41,10 +46,6 @@ from eventspec.shared.node.static.weights import LanguageWeights
 logger = logging.getLogger("eventspec.shared.node.static.runtime")
 
 __all__ = ["MIXED_MAX_TOKENS", "PromptRowsInSteps"]
-
-#: Mixed steps run at fixed shapes only with at most this many tokens per session (8
-#: drafts): each further token bucket would capture another graph per piece bucket.
-MIXED_MAX_TOKENS = 9
 
 
 class PromptRowsInSteps:

@@ -303,6 +303,7 @@ def test_a_reused_prefixs_question_rides_first_outside_the_budget(
 class _Request:
     def __init__(self, n: int) -> None:
         self.input_ids = list(range(n))
+        self.pixel_values_videos = None  # text only: no piece runs a tower
 
 
 @settings(max_examples=30, deadline=None)

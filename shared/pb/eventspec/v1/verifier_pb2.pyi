@@ -127,7 +127,9 @@ class VerifierStats(_message.Message):
     uptime_s: _builtins.float
     """Seconds since the server started."""
     prefill: _builtins.str
-    """How prompts are prefilled: "whole", or "chunks of N" / "chunks: auto" (--prefill-chunk)."""
+    """How prompts are prefilled: "whole", or "chunks of N" / "chunks: auto" / "chunks: slack R"
+    (--prefill-chunk).
+    """
     prefill_chunks: _builtins.int
     """Prompt pieces written by chunked prefill calls since start."""
     prefix_cache_entries: _builtins.int

@@ -1,0 +1,267 @@
+"""``--prefill-chunk slack``: prompt pieces sized by the step's measured slack.
+
+Why: a mixed step (Sarathi-Serve's stall-free batching, Agrawal et al., OSDI 2024)
+carries a prompt piece through the decoding sessions' forward, and a session's time
+between tokens is that step's time. With fixed 512-row pieces a step of 16 sessions took
+13.1 ms alone and 20.9 ms with a piece on an H100, so ITL p99 / p50 was 2.24 at 8
+requests/s; 256-row pieces brought it to 1.56 and lost capacity (TTFT p99 over 1 s at
+8/s; docs/results/load-gpu.md). What a step can carry without slowing by more than R
+times depends on the step: (R - 1) x its own time. So the piece follows the step, as
+Sarathi-Serve's token budget does, set from the device times the engine loop measures
+rather than from a profile.
+
+The rule, each iteration while sessions decode: the largest captured bucket ``b`` of
+piece rows (:data:`SLACK_PIECE_ROWS`) such that
+
+    predicted(step with the pieces of b) <= R x predicted(step without),
+
+where the step without is the plain step's device time at this shape and the step with
+adds the pieces' rows times the marginal ms per row and, for each prompt whose first
+piece the iteration writes, its video tower (which runs in the same iteration, inside
+the timed engine call: ``PrefillCalls.chunks_of`` makes a prompt's embeddings at its
+first piece). The pieces are laid out as the engine pads them, each in whole 64-row
+tiles (:func:`split`): a budget that ends one prompt and starts the next is cut so both
+fit ``b``'s tiles, so no bucket beyond the largest is needed. The floor is one tile (a
+prompt always advances, whatever the estimates say); a step that would start a tower
+before any tower has been measured takes the floor. When the oldest waiting prompt has
+waited more than :data:`BACKLOG_WAIT_MS`, the pieces take the largest bucket whatever
+the ratio (capacity before smoothness, see the constant).
+
+The estimates (:class:`StepTimes`) are EWMAs of measured device times, seeded from the
+calibrated :class:`CloudCost` before anything is measured. Plain, pure and single
+threaded: the engine thread asks for budgets and reports times.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from eventspec.shared.contract.timing import CloudCost
+from eventspec.shared.node.static.buckets import (
+    CHUNK_TILE,
+    MAX_PIECES,
+    MIXED_MAX_TOKENS,
+    SESSION_BUCKETS,
+    TOKEN_BUCKETS,
+    bucket,
+)
+
+#: The piece-row buckets slack chooses from, and the engine captures mixed-step graphs
+#: for: five, against three for ``--prefill-chunk 512`` (64, 512 and 576), so two more
+#: graphs per (sessions, tokens) step shape: 70 more at 64 slots (35 shapes). Steps
+#: alone cost about 5 ms at one session and 13 ms at 16 on an H100, and a row about 15
+#: us, so at R = 1.5 the budget runs from about 128 to 512 rows; 64 is the floor.
+SLACK_PIECE_ROWS: tuple[int, ...] = (64, 128, 256, 384, 512)
+#: ``--prefill-chunk slack``'s R: a step with a piece within 1.5 x one without.
+DEFAULT_SLACK_RATIO = 1.5
+#: Weight of a new reading in every estimate: the last few steps of a shape dominate,
+#: so a change of load (other work on the device, longer contexts) is followed within
+#: about five steps, and one outlier moves an estimate by a quarter of its error.
+EWMA_WEIGHT = 0.25
+#: Capacity guard: when the oldest waiting prompt has waited this long, pieces take the
+#: largest bucket, as ``--prefill-chunk 512`` does. A 2,103-token prompt takes six
+#: 384-row pieces, about 120 ms at 16 sessions on the H100's step times (an estimate,
+#: not a run); a wait twice that means prompts queue faster than slack pieces drain
+#: them, and the TTFT SLO (p99 <= 1 s) is what breaks next (256-row pieces broke it at
+#: 8/s there). ITL then degrades to 512's.
+BACKLOG_WAIT_MS = 250.0
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A waiting prompt as the budget sees it: rows still to write, whether its next
+    piece runs the video tower (its first, with pixels to encode), and whether it is a
+    reused prefix's short tail (rides whole, outside the budget: ``PrefillQueue``)."""
+
+    rows: int
+    tower: bool = False
+    tail: bool = False
+
+
+@dataclass(frozen=True)
+class Split:
+    """What a budget writes: ``tokens`` for ``PrefillQueue.next_pieces`` (tails not
+    counted), ``rows`` the pieces take padded to whole tiles (tails counted), and
+    ``towers`` how many prompts it starts with a tower."""
+
+    tokens: int
+    rows: int
+    towers: int
+
+
+def tiles(rows: int) -> int:
+    """Whole 64-row tiles a piece of ``rows`` rows takes."""
+    return -(-rows // CHUNK_TILE)
+
+
+def split(queue: Sequence[Waiting], max_tiles: int) -> Split:
+    """The largest split of ``queue`` (oldest first) into ``max_tiles`` tiles, as
+    ``next_pieces`` cuts it: the tails whole, then whole prompts while they fit, then
+    as many whole tiles of the next as are left; at most :data:`MAX_PIECES` pieces (a
+    graphed step's limit)."""
+    used = sum(tiles(w.rows) for w in queue if w.tail)
+    pieces = sum(1 for w in queue if w.tail)
+    tokens = towers = 0
+    for w in queue:
+        room = max_tiles - used
+        if w.tail or w.rows < 1:
+            continue
+        if room <= 0 or pieces >= MAX_PIECES:
+            break
+        take = min(w.rows, room * CHUNK_TILE)
+        tokens, used, pieces = tokens + take, used + tiles(take), pieces + 1
+        towers += w.tower
+        if take < w.rows:
+            break
+    return Split(tokens, used * CHUNK_TILE, towers)
+
+
+def _usable(ms: float | None) -> bool:
+    return ms is not None and math.isfinite(ms) and ms >= 0
+
+
+class StepTimes:
+    """Online estimates of device ms: the plain step per shape (sessions bucket, tokens
+    per session bucket: the static engine's padded shapes), the marginal ms per piece
+    row, and the tower's ms per prompt. Before any reading: the cost model's step (times
+    the measured / modelled ratio of the plain steps read so far, once there are some)
+    and its prefill ms per prompt row (the larger of visual and text: a whole prompt's
+    rate, tower included, so a high guess: pieces start small); the tower is unknown."""
+
+    def __init__(self, cost: CloudCost | None, *, weight: float = EWMA_WEIGHT) -> None:
+        if not 0 < weight <= 1:
+            raise ValueError(f"the estimates' weight must be in (0, 1], got {weight}")
+        self.cost = cost
+        self.weight = weight
+        self._plain: dict[tuple[int, int], float] = {}
+        self._scale: float | None = None  # measured / modelled plain steps
+        per_row = 0.0 if cost is None else max(cost.prefill_ms_per_visual_token,
+                                               cost.prefill_ms_per_text_token)
+        self.row_ms: float | None = per_row if per_row > 0 else None
+        self.tower_ms: float | None = None
+
+    @staticmethod
+    def shape(sessions: int, tokens: int) -> tuple[int, int]:
+        """The estimate's key for a step of ``sessions`` feeding ``tokens`` in all."""
+        s = max(1, sessions)
+        width = -(-max(tokens, s) // s)  # tokens per session, rounded up
+        return bucket(s, SESSION_BUCKETS) or s, bucket(width, TOKEN_BUCKETS) or width
+
+    def _ewma(self, old: float | None, new: float) -> float:
+        return new if old is None else old + self.weight * (new - old)
+
+    def plain_ms(self, sessions: int, tokens: int) -> float | None:
+        """A step without pieces at this shape (None: nothing measured, no cost model)."""
+        measured = self._plain.get(self.shape(sessions, tokens))
+        if measured is not None:
+            return measured
+        if self.cost is None:
+            return None
+        return self.cost.batch_step_ms(sessions, tokens) * (self._scale or 1.0)
+
+    def predict(self, sessions: int, tokens: int, rows: int, towers: int) -> float | None:
+        """A step with ``rows`` padded piece rows starting ``towers`` towers (None:
+        a term it needs is not known yet)."""
+        plain = self.plain_ms(sessions, tokens)
+        if plain is None or (rows and self.row_ms is None) or (towers and self.tower_ms is None):
+            return None
+        return plain + rows * (self.row_ms or 0.0) + towers * (self.tower_ms or 0.0)
+
+    def observe(self, sessions: int, tokens: int, rows: int, towers: int,
+                ms: float | None) -> bool:
+        """One step's device time (None, NaN, infinite or negative: ignored). A plain
+        step (``rows`` 0) updates its shape; a mixed one, what it took beyond the plain
+        estimate: per row when it started no tower, else per tower after the rows'
+        share. Returns whether the reading was used."""
+        if rows < 0 or towers < 0 or (towers and not rows):
+            raise ValueError(f"a step of {rows} piece rows cannot start {towers} towers")
+        if not _usable(ms):
+            return False
+        assert ms is not None
+        if rows == 0:
+            key = self.shape(sessions, tokens)
+            self._plain[key] = self._ewma(self._plain.get(key), ms)
+            modelled = 0.0 if self.cost is None else self.cost.batch_step_ms(sessions, tokens)
+            if modelled > 0:
+                self._scale = self._ewma(self._scale, ms / modelled)
+            return True
+        plain = self.plain_ms(sessions, tokens)
+        if plain is None:
+            return False
+        extra = ms - plain
+        if towers == 0:
+            self.row_ms = self._ewma(self.row_ms, max(0.0, extra) / rows)
+        else:
+            rest = extra - rows * (self.row_ms or 0.0)
+            self.tower_ms = self._ewma(self.tower_ms, max(0.0, rest) / towers)
+        return True
+
+
+class PieceSlack:
+    """The slack policy's state: R, the buckets and the estimates (module docstring)."""
+
+    def __init__(self, ratio: float, cost: CloudCost | None, *,
+                 buckets: Sequence[int] = SLACK_PIECE_ROWS, weight: float = EWMA_WEIGHT,
+                 backlog_ms: float = BACKLOG_WAIT_MS) -> None:
+        if not (math.isfinite(ratio) and ratio > 1):
+            raise ValueError(f"--prefill-chunk slack:R needs a finite R > 1, got {ratio}")
+        if any(b < CHUNK_TILE or b % CHUNK_TILE for b in buckets):
+            raise ValueError(f"slack buckets must be multiples of {CHUNK_TILE}, got {buckets}")
+        self.ratio = ratio
+        self.buckets = tuple(sorted(set(buckets)))
+        self.backlog_ms = backlog_ms
+        self.times = StepTimes(cost, weight=weight)
+
+    def padded_rows(self, lengths: Sequence[int]) -> int:
+        """Rows pieces of ``lengths`` take in the engine: whole tiles, up to a bucket."""
+        rows = sum(tiles(n) for n in lengths) * CHUNK_TILE
+        return bucket(rows, self.buckets) or rows
+
+    def choose(self, sessions: int, tokens: int, queue: Sequence[Waiting], *,
+               waited_ms: float = 0.0) -> Split:
+        """This iteration's split for a step of ``sessions`` feeding ``tokens`` (the
+        module docstring's rule); ``waited_ms``: how long the oldest prompt has waited."""
+        floor = self._floor(queue)
+        if not self.buckets:
+            return floor
+        if waited_ms > self.backlog_ms:
+            top = self._split(queue, self.buckets[-1] // CHUNK_TILE)
+            return top if top.tokens >= floor.tokens else floor
+        limit = self.times.plain_ms(sessions, tokens)
+        for b in reversed(self.buckets):
+            s = self._split(queue, b // CHUNK_TILE)
+            if s.tokens < floor.tokens:
+                break
+            ms = self.times.predict(sessions, tokens, s.rows, s.towers)
+            if limit is not None and ms is not None and ms <= self.ratio * limit:
+                return s
+        return floor
+
+    def _floor(self, queue: Sequence[Waiting]) -> Split:
+        """One tile of the oldest prompt (or its rest, if shorter), beside the tails."""
+        head = next((w for w in queue if not w.tail and w.rows > 0), None)
+        tail_tiles = sum(tiles(w.rows) for w in queue if w.tail)
+        rows = (tail_tiles + 1) * CHUNK_TILE
+        return Split(CHUNK_TILE if head is None else min(CHUNK_TILE, head.rows),
+                     bucket(rows, self.buckets) or rows, int(head is not None and head.tower))
+
+    def _split(self, queue: Sequence[Waiting], max_tiles: int) -> Split:
+        """:func:`split`, its rows padded up to the bucket the engine runs them in."""
+        s = split(queue, max_tiles)
+        return Split(s.tokens, bucket(s.rows, self.buckets) or s.rows, s.towers)
+
+    def observe(self, sessions: int, tokens: int, lengths: Sequence[int], towers: int,
+                ms: float | None, *, widest: int = 1) -> bool:
+        """A step's device time, with its pieces' ``lengths`` (none: a plain step), the
+        towers it ran and its ``widest`` session's tokens. Mixed steps the engine cannot
+        run at a captured shape (more than :data:`MAX_PIECES` pieces, more rows than the
+        largest bucket, more than :data:`MIXED_MAX_TOKENS` tokens a session) run eagerly
+        at a cost the budget never predicts: not read."""
+        rows = self.padded_rows(lengths) if lengths else 0
+        eager = (len(lengths) > MAX_PIECES or (bool(self.buckets) and rows > self.buckets[-1])
+                 or widest > MIXED_MAX_TOKENS)
+        if lengths and eager:
+            return False
+        return self.times.observe(sessions, tokens, rows, towers, ms)
