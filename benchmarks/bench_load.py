@@ -273,7 +273,7 @@ async def run_config(args: argparse.Namespace, target: TargetModel, config: Conf
     server = VerifierServer(settings, target=target, cost=None if args.calibrate else TEST_COST)
     await server.start()
     if not config.graphed and server.runtime is not None:
-        getattr(server.runtime.scheduler.engine, "_mixed_graphs", {}).clear()
+        getattr(server.runtime.scheduler.engine, "mixed_graphs", {}).clear()
     try:
         await run_rate(server, workload(2, 1, 1, 4), 100.0, args.seed, (1e9, 1e9))  # warm-up
         gc_tracked = len(gc.get_objects())
