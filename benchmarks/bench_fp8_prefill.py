@@ -1,5 +1,6 @@
-"""What ``--prefill-dtype fp8`` buys and costs (issue 39 item 2): the prefill's time
-against the model's dtype, and how far the answers after it agree.
+"""What ``--prefill-dtype fp8`` and ``--step-dtype fp8`` buy and cost (issue 39 item
+2): the prefill's and the steps' time against the model's dtype, and how far the
+answers agree.
 
 One static engine holds both weight sets; the model-dtype prefill runs with its fp8
 copies swapped out. For every prompt (question x clip), slot A is prefilled in the
@@ -11,6 +12,12 @@ model's dtype and slot B in fp8, then each decodes greedily on its own for
 - ``answers_identical``: the whole greedy answer is the same;
 - ``positions_agreeing``: slot C, prefilled in fp8, is fed A's answer (teacher forcing)
   and its argmax compared with A's next token at every position: the share that agree.
+
+With ``--steps``, a second engine with fp8 steps and prefill (``--step-dtype fp8
+--prefill-dtype fp8``) is built on the same target, and ``steps`` gets both engines'
+step times at the prompt's context (B = 1, k = 0 and B = 16, k = 8, medians) and
+``all_fp8_agreement``: its greedy answers against the model-dtype engine's (first
+token, whole answers, teacher-forced positions as above).
 
 Run ``python -m benchmarks.bench_fp8_prefill --target full`` on the GPU machine
 (random 7B-shaped weights; timing does not depend on their values), ``--target toy``
@@ -31,6 +38,7 @@ import torch
 
 from benchmarks.device_timing import median_ms
 from benchmarks.engine_agreement import pixels
+from benchmarks.engine_prefill import fill_slots
 from benchmarks.stamp import write_result
 from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.engine.static.build import (
@@ -105,22 +113,69 @@ def agreement(engine: StaticEngine, target: TargetModel, clips: int, answer_toke
             "positions_agreeing": agree / positions}
 
 
+#: (sessions, drafts) of the timed steps.
+STEP_SHAPES = ((1, 0), (16, 8))
+
+
+def step_ms(engine: StaticEngine, ctx: int, repeats: int) -> dict[str, float]:
+    """Median step at ``ctx`` positions for each of :data:`STEP_SHAPES` (slot 0's KV
+    copied to the others: timing does not depend on values)."""
+    fill_slots(engine, max(b for b, _ in STEP_SHAPES))
+    out = {}
+    for b, k in STEP_SHAPES:
+        batch = StepBatch(tuple(range(b)), (ctx,) * b, (k + 1,) * b,
+                          torch.randint(5, 500, (b * (k + 1),), device=engine.device))
+        out[f"B{b}_k{k}"] = median_ms(lambda batch=batch: engine.step(batch), repeats)
+    return out
+
+
+def all_fp8_agreement(plain: StaticEngine, fp8: StaticEngine, target: TargetModel,
+                      clips: int, answer_tokens: int) -> dict[str, Any]:
+    """Greedy answers of the all-fp8 engine against the model-dtype one's."""
+    vocab = target.text_vocab_size
+    first_equal = identical = agree = positions = prompts = 0
+    for question in QUESTIONS:
+        ids = target.build_prompt_ids(question)
+        for clip in range(clips):
+            pix = pixels(target, clip)
+            heads = []
+            for engine, slot in ((plain, 0), (fp8, 0), (fp8, 1)):
+                engine.free(slot)
+                logits = engine.prefill([PrefillRequest(slot, ids, pixel_values_videos=pix)])
+                heads.append(int(logits[0, :vocab].argmax()))
+            a = _greedy(plain, 0, len(ids), heads[0], answer_tokens)
+            b = _greedy(fp8, 0, len(ids), heads[1], answer_tokens)
+            c = _greedy(fp8, 1, len(ids), heads[2], answer_tokens, forced=a)
+            prompts += 1
+            first_equal += heads[0] == heads[1]
+            identical += a == b
+            agree += sum(x == y for x, y in zip(a, c, strict=True))
+            positions += len(a)
+    return {"prompts": prompts, "answer_tokens": answer_tokens,
+            "first_token_equal": first_equal / prompts, "answers_identical": identical / prompts,
+            "positions_agreeing": agree / positions}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", choices=("tiny", "toy", "full"), default="full")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--clips", type=int, default=4, help="clips per question")
     parser.add_argument("--answer-tokens", type=int, default=64)
+    parser.add_argument("--steps", action="store_true",
+                        help="also an all-fp8 engine's steps and answers (a second engine)")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     target = load(args.target)
     max_seq = min(target.max_positions, len(target.build_prompt_ids(QUESTIONS[0])) + 320)
-    kv = static_kv_plan(target, kv_cache_bytes=4 * kv_bytes_per_slot(target, max_seq),
+    slots = max(b for b, _ in STEP_SHAPES) if args.steps else 3
+    kv = static_kv_plan(target, kv_cache_bytes=(slots + 1) * kv_bytes_per_slot(target, max_seq),
                         max_seq_len=max_seq)
+    buckets = {"session_buckets": (1, 16) if args.steps else (1,),
+               "token_buckets": (1, 9) if args.steps else (1,)}
     t0 = time.perf_counter()
-    engine = build_static_engine(target, kv, session_buckets=(1,), token_buckets=(1,),
-                                 prefill_dtype="fp8")
+    engine = build_static_engine(target, kv, prefill_dtype="fp8", **buckets)
     build_s = time.perf_counter() - t0
     ids = target.build_prompt_ids(QUESTIONS[0])
     req = PrefillRequest(0, ids, pixel_values_videos=pixels(target, 0))
@@ -139,6 +194,20 @@ def main() -> int:
         "prefill_ms": times, "speedup": times["model"] / times["fp8"],
         "agreement": agreement(engine, target, args.clips, args.answer_tokens),
     }
+    if args.steps:
+        engine.prefill_weights = engine.weights  # the model-dtype engine from here on
+        all_fp8 = build_static_engine(target, kv, prefill_dtype="fp8", step_dtype="fp8",
+                                      **buckets)
+        for e in (engine, all_fp8):
+            e.free(0)
+            e.prefill([req])
+        result["steps"] = {"model": step_ms(engine, len(ids), args.repeats),
+                           "fp8": step_ms(all_fp8, len(ids), args.repeats)}
+        for e in (engine, all_fp8):
+            for slot in range(1, slots):
+                e.free(slot)
+        result["all_fp8_agreement"] = all_fp8_agreement(engine, all_fp8, target, args.clips,
+                                                        args.answer_tokens)
     logging.info("%s", result)
     card = [w for w in str(result["device"]).split() if w[:1] in "ABH" and w[1:].isdigit()]
     tag = (card or ["cpu"])[0].lower()
