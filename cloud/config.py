@@ -159,7 +159,8 @@ class CloudSettings(FromEnv):
                     "chunks (auto runs them eagerly); with --batch-invariant the chunks run "
                     "in calls of their own, and off is faster")
     #: ``eventspec.shared.node.static.fp8``: E4M3 GEMMs for prefill calls of their own;
-    #: decode and verify rows stay in the model's dtype unless ``step_dtype`` says fp8.
+    #: decode and verify rows stay in the model's dtype (fp8 steps were slower on an H200:
+    #: ``fp8-prefill-full-h200.json``'s ``steps``, so no flag offers them).
     prefill_dtype: str = setting(
         "model", choices=LINEAR_DTYPES,
         help="model: prefill in the model's dtype; fp8: a prompt's linear layers as E4M3 "
@@ -167,13 +168,6 @@ class CloudSettings(FromEnv):
              "capability 8.9+, bfloat16; +1 byte a parameter; not with --batch-invariant). "
              "Faster prefill, and later tokens may differ from a bf16 prefill's: "
              "docs/results/engine-gpu.md measures both")
-    #: The same for every step (decode, verify, mixed): the weights read per step halve.
-    step_dtype: str = setting(
-        "model", choices=LINEAR_DTYPES,
-        help="model: steps in the model's dtype; fp8: every step's linear layers (decode, "
-             "verify, mixed) as E4M3 GEMMs on the fp8 copies (as --prefill-dtype fp8): a "
-             "step reads half the weight bytes, and answers are the fp8 model's, not the "
-             "bf16 target's (speculative still equals target-only under the same flags)")
     #: Saved prompt prefixes (``eventspec.cloud.scheduling.prefix_cache``); taken out of the KV
     #: budget.
     prefix_cache_gb: float = setting(
@@ -317,8 +311,6 @@ class CloudSettings(FromEnv):
     @property
     def fp8_flag(self) -> str:
         """The flag that asks for fp8 linear layers ("" when none does)."""
-        if self.step_dtype == "fp8":
-            return "--step-dtype fp8"
         return "--prefill-dtype fp8" if self.prefill_dtype == "fp8" else ""
 
     @property

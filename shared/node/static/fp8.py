@@ -121,17 +121,19 @@ def fp8_weights(weights: LanguageWeights) -> LanguageWeights:
 
 def runtime_weights(weights: LanguageWeights, *, prefill_dtype: str, step_dtype: str,
                     batch_invariant: bool) -> tuple[LanguageWeights, LanguageWeights]:
-    """(what steps run on, what prefill calls of their own run on) for ``--step-dtype``
+    """(what steps run on, what prefill calls of their own run on) for ``step_dtype``
     and ``--prefill-dtype``: ``weights`` ("model"), or one set of fp8 copies shared by
-    both ("fp8"). InvalidInput with ``batch_invariant``, whose rows must not depend on
-    the batch (an fp8 row's scale is its own, but a prompt row must have a decode
-    step's bits)."""
-    dtypes = (check_linear_dtype("--step-dtype", step_dtype),
+    both ("fp8"). InvalidInput with ``batch_invariant``, whose prompt rows must have a
+    decode step's bits. ``step_dtype`` "fp8" is an engine parameter, not a server
+    flag: on an H200 ``torch._scaled_mm`` made decode steps slower than bf16 (4.65 ->
+    5.26 ms at B = 1, ``fp8-prefill-full-h200.json``'s ``steps``); it is kept for
+    that measurement (``bench_fp8_prefill --steps``)."""
+    dtypes = (check_linear_dtype("step_dtype", step_dtype),
               check_linear_dtype("--prefill-dtype", prefill_dtype))
     if "fp8" not in dtypes:
         return weights, weights
     if batch_invariant:
-        flag = "--step-dtype" if step_dtype == "fp8" else "--prefill-dtype"
+        flag = "step_dtype" if step_dtype == "fp8" else "--prefill-dtype"
         raise InvalidInput(f"{flag} fp8 with --batch-invariant: an fp8 row cannot have "
                            "the model dtype's bits; choose one")
     fp8 = fp8_weights(weights)

@@ -1,5 +1,5 @@
-"""``--prefill-dtype`` and ``--step-dtype``: what a prompt's and a step's linear layers
-run in, without torch (the cloud's settings import this before any model is loaded;
+"""``--prefill-dtype`` (and the engine's ``step_dtype``): what a prompt's and a step's
+linear layers run in, without torch (the cloud's settings import this before any model is loaded;
 :mod:`.fp8` is what "fp8" runs)."""
 
 from __future__ import annotations
