@@ -259,8 +259,24 @@ def fp8_gemm(runs: Named) -> list[str]:
                   "row quantisation, torch ms", "row quantisation, Triton ms"], rows)
 
 
+def fp8_steps(runs: Named) -> list[str]:
+    """An engine with fp8 steps (``step_dtype="fp8"``) against the model dtype's."""
+    (_, r), = runs
+    s, a = r["steps"], r["all_fp8_agreement"]
+    rows = [(key.replace("_", ", ").replace("B", "B = ").replace("k", "k = "),
+             f"{s['model'][key]:.2f}", f"{s['fp8'][key]:.2f}",
+             f"{s['model'][key] / s['fp8'][key]:.2f}×") for key in s["model"]]
+    lines = table(["step", "model dtype ms", "fp8 steps and prefill ms", "speed-up"], rows)
+    return lines + ["", f"All-fp8 answers against the model dtype's ({a['prompts']} prompts, "
+                        f"{a['answer_tokens']} tokens): first token equal "
+                        f"{a['first_token_equal']:.0%}, answers identical "
+                        f"{a['answers_identical']:.0%}, teacher-forced positions agreeing "
+                        f"{a['positions_agreeing']:.1%}."]
+
+
 KINDS: dict[str, Callable[[Named], list[str]]] = {
     "fp8-prefill": fp8_prefill,
+    "fp8-steps": fp8_steps,
     "fp8-gemm": fp8_gemm,
     "engine-steps": engine_steps,
     "engine-run": engine_run,
