@@ -267,7 +267,7 @@ def fp8_steps(runs: Named) -> list[str]:
              f"{s['model'][key]:.2f}", f"{s['fp8'][key]:.2f}",
              f"{s['model'][key] / s['fp8'][key]:.2f}×") for key in s["model"]]
     lines = table(["step", "model dtype ms", "fp8 steps and prefill ms", "speed-up"], rows)
-    return lines + ["", f"All-fp8 answers against the model dtype's ({a['prompts']} prompts, "
+    return [*lines, "", f"All-fp8 answers against the model dtype's ({a['prompts']} prompts, "
                         f"{a['answer_tokens']} tokens): first token equal "
                         f"{a['first_token_equal']:.0%}, answers identical "
                         f"{a['answers_identical']:.0%}, teacher-forced positions agreeing "
