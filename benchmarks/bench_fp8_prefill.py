@@ -51,6 +51,7 @@ from eventspec.cloud.model_dirs import model_dir
 from eventspec.cloud.target import TargetModel, load_target
 from eventspec.demoworld.tiny_target import build_tiny_random_target
 from eventspec.shared.node.static.batch import StepBatch
+from eventspec.shared.node.static.weights import LanguageWeights
 
 QUESTIONS = ("What is moving in the scene, and which way does it go?",
              "How many objects are there?", "Describe the scene.",
@@ -83,26 +84,33 @@ def _greedy(engine: StaticEngine, slot: int, ctx: int, first: int, n: int,
     return out
 
 
-def agreement(engine: StaticEngine, target: TargetModel, clips: int, answer_tokens: int
-              ) -> dict[str, Any]:
+#: An engine, a slot, and the weights its prefill runs on.
+Run = tuple[StaticEngine, int, LanguageWeights]
+
+
+def compare(runs: tuple[Run, Run, Run], target: TargetModel, clips: int,
+            answer_tokens: int) -> dict[str, Any]:
+    """For every prompt: run A (the reference) and run B (the mode measured) prefill
+    and decode greedily on their own; run C (the mode measured) is fed A's answer.
+    The share of first tokens and whole answers A and B agree on, and of C's argmaxes
+    that are A's next token (teacher-forced positions)."""
     vocab = target.text_vocab_size
-    fp8_weights, plain = engine.prefill_weights, engine.weights
-    first_equal = identical = agree = positions = 0
-    prompts = 0
+    first_equal = identical = agree = positions = prompts = 0
     for question in QUESTIONS:
         ids = target.build_prompt_ids(question)
         for clip in range(clips):
             pix = pixels(target, clip)
             heads = []
-            for slot, weights in ((0, plain), (1, fp8_weights), (2, fp8_weights)):
+            for engine, slot, weights in runs:
                 engine.free(slot)
-                engine.prefill_weights = weights
+                kept, engine.prefill_weights = engine.prefill_weights, weights
                 logits = engine.prefill([PrefillRequest(slot, ids, pixel_values_videos=pix)])
+                engine.prefill_weights = kept
                 heads.append(int(logits[0, :vocab].argmax()))
-            engine.prefill_weights = fp8_weights
-            a = _greedy(engine, 0, len(ids), heads[0], answer_tokens)
-            b = _greedy(engine, 1, len(ids), heads[1], answer_tokens)
-            c = _greedy(engine, 2, len(ids), heads[2], answer_tokens, forced=a)
+            (ea, sa, _), (eb, sb, _), (ec, sc, _) = runs
+            a = _greedy(ea, sa, len(ids), heads[0], answer_tokens)
+            b = _greedy(eb, sb, len(ids), heads[1], answer_tokens)
+            c = _greedy(ec, sc, len(ids), heads[2], answer_tokens, forced=a)
             prompts += 1
             first_equal += heads[0] == heads[1]
             identical += a == b
@@ -127,33 +135,6 @@ def step_ms(engine: StaticEngine, ctx: int, repeats: int) -> dict[str, float]:
                           torch.randint(5, 500, (b * (k + 1),), device=engine.device))
         out[f"B{b}_k{k}"] = median_ms(lambda batch=batch: engine.step(batch), repeats)
     return out
-
-
-def all_fp8_agreement(plain: StaticEngine, fp8: StaticEngine, target: TargetModel,
-                      clips: int, answer_tokens: int) -> dict[str, Any]:
-    """Greedy answers of the all-fp8 engine against the model-dtype one's."""
-    vocab = target.text_vocab_size
-    first_equal = identical = agree = positions = prompts = 0
-    for question in QUESTIONS:
-        ids = target.build_prompt_ids(question)
-        for clip in range(clips):
-            pix = pixels(target, clip)
-            heads = []
-            for engine, slot in ((plain, 0), (fp8, 0), (fp8, 1)):
-                engine.free(slot)
-                logits = engine.prefill([PrefillRequest(slot, ids, pixel_values_videos=pix)])
-                heads.append(int(logits[0, :vocab].argmax()))
-            a = _greedy(plain, 0, len(ids), heads[0], answer_tokens)
-            b = _greedy(fp8, 0, len(ids), heads[1], answer_tokens)
-            c = _greedy(fp8, 1, len(ids), heads[2], answer_tokens, forced=a)
-            prompts += 1
-            first_equal += heads[0] == heads[1]
-            identical += a == b
-            agree += sum(x == y for x, y in zip(a, c, strict=True))
-            positions += len(a)
-    return {"prompts": prompts, "answer_tokens": answer_tokens,
-            "first_token_equal": first_equal / prompts, "answers_identical": identical / prompts,
-            "positions_agreeing": agree / positions}
 
 
 def main() -> int:
@@ -192,7 +173,8 @@ def main() -> int:
         "dtype": str(target.dtype).removeprefix("torch."),
         "prompt_tokens": len(ids), "build_s": build_s,
         "prefill_ms": times, "speedup": times["model"] / times["fp8"],
-        "agreement": agreement(engine, target, args.clips, args.answer_tokens),
+        "agreement": compare(((engine, 0, engine.weights), (engine, 1, fp8_weights),
+                              (engine, 2, fp8_weights)), target, args.clips, args.answer_tokens),
     }
     if args.steps:
         engine.prefill_weights = engine.weights  # the model-dtype engine from here on
@@ -206,8 +188,9 @@ def main() -> int:
         for e in (engine, all_fp8):
             for slot in range(1, slots):
                 e.free(slot)
-        result["all_fp8_agreement"] = all_fp8_agreement(engine, all_fp8, target, args.clips,
-                                                        args.answer_tokens)
+        fp8_runs = ((engine, 0, engine.weights), (all_fp8, 0, all_fp8.prefill_weights),
+                    (all_fp8, 1, all_fp8.prefill_weights))
+        result["all_fp8_agreement"] = compare(fp8_runs, target, args.clips, args.answer_tokens)
     logging.info("%s", result)
     card = [w for w in str(result["device"]).split() if w[:1] in "ABH" and w[1:].isdigit()]
     tag = (card or ["cpu"])[0].lower()

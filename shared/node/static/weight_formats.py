@@ -16,11 +16,12 @@ from eventspec.shared.contract.errors import InvalidInput
 
 
 @dataclass(frozen=True)
-class Int8Weight:
-    """A linear weight [N, K] as int8 rows and one scale per row."""
+class RowScaledWeight:
+    """A linear weight [N, K] as one byte per value and one scale per output row: what
+    int8 and fp8 storage share."""
 
-    q: torch.Tensor  # [N, K] int8
-    scales: torch.Tensor  # [N], the activations' dtype
+    q: torch.Tensor  # [N, K], one byte each
+    scales: torch.Tensor  # [N]
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -33,6 +34,11 @@ class Int8Weight:
     def dequantize(self) -> torch.Tensor:
         """[N, K] float32: what the kernels multiply by (the tests' reference)."""
         return self.q.float() * self.scales.float()[:, None]
+
+
+@dataclass(frozen=True)
+class Int8Weight(RowScaledWeight):
+    """int8 rows (``q`` [N, K] int8) and scales in the activations' dtype (:mod:`.quant`)."""
 
 
 @dataclass(frozen=True)
@@ -67,24 +73,9 @@ class Int4Weight:
 
 
 @dataclass(frozen=True)
-class Fp8Weight:
-    """A linear weight [N, K] as float8 E4M3 rows and one float32 scale per row
-    (:mod:`.fp8`: the opt-in fp8 prefill's copy of a dense weight)."""
-
-    q: torch.Tensor  # [N, K] float8_e4m3fn
-    scales: torch.Tensor  # [N] float32
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return int(self.q.shape[0]), int(self.q.shape[1])
-
-    @property
-    def nbytes(self) -> int:
-        return self.q.numel() + self.scales.numel() * self.scales.element_size()
-
-    def dequantize(self) -> torch.Tensor:
-        """[N, K] float32: what the GEMM multiplies by (the tests' reference)."""
-        return self.q.float() * self.scales[:, None]
+class Fp8Weight(RowScaledWeight):
+    """float8 E4M3 rows (``q`` [N, K]) and float32 scales: the fp8 prefill's copy of a
+    dense weight (:mod:`.fp8`)."""
 
 
 Weight = torch.Tensor | Int8Weight | Int4Weight | Fp8Weight

@@ -88,6 +88,14 @@ def test_a_zero_row_stays_zero_and_finite() -> None:
     assert bool((out[0] == 0).all() and (out[2] == 0).all())
 
 
+def _prompt(target: TargetModel, seed: int) -> tuple[list[int], torch.Tensor]:
+    """The question's prompt ids and a random clip's pixels [1, F, 3, S, S]."""
+    g = target.geometry
+    pixels = torch.randn((1, g.num_frames, 3, g.image_size, g.image_size),
+                         generator=torch.Generator().manual_seed(seed))
+    return target.build_prompt_ids(QUESTION), pixels
+
+
 def _engine(prefill_dtype: str, slots: int = 2) -> tuple[TargetModel, StaticEngine]:
     target = build_tiny_random_target(seed=0)
     kv = static_kv_plan(target, kv_cache_bytes=(slots + 1) * kv_bytes_per_slot(target, 256),
@@ -106,10 +114,7 @@ def test_fp8_copies_serve_prefill_calls_and_never_a_decode_step(
     real = fp8_module.fp8_mm
     monkeypatch.setattr("eventspec.shared.node.static.quant.fp8_mm",
                         lambda x, w: calls.append(int(x.shape[0])) or real(x, w))
-    ids = target.build_prompt_ids(QUESTION)
-    g = target.geometry
-    pixels = torch.randn((1, g.num_frames, 3, g.image_size, g.image_size),
-                         generator=torch.Generator().manual_seed(1))
+    ids, pixels = _prompt(target, seed=1)
     logits = engine.prefill([PrefillRequest(0, ids, pixel_values_videos=pixels)])  # [1, V]
     layers = len(engine.weights.layers)
     assert calls == [len(ids)] * (4 * layers)  # every layer's four GEMMs, once each
@@ -135,10 +140,7 @@ def test_fp8_steps_share_one_copy_with_an_fp8_prefill_and_read_it(
     real = fp8_module.fp8_mm
     monkeypatch.setattr("eventspec.shared.node.static.quant.fp8_mm",
                         lambda x, w: calls.append(int(x.shape[0])) or real(x, w))
-    ids = target.build_prompt_ids(QUESTION)
-    g = target.geometry
-    pixels = torch.randn((1, g.num_frames, 3, g.image_size, g.image_size),
-                         generator=torch.Generator().manual_seed(1))
+    ids, pixels = _prompt(target, seed=1)
     steps_only.prefill([PrefillRequest(0, ids, pixel_values_videos=pixels)])
     assert calls == []  # the prompt ran in the model's dtype
     steps_only.step(StepBatch((0,), (len(ids),), (3,), torch.tensor([5, 6, 7])))
@@ -148,10 +150,7 @@ def test_fp8_steps_share_one_copy_with_an_fp8_prefill_and_read_it(
 def test_an_fp8_prefill_stays_close_to_the_model_dtypes() -> None:
     target, fp8 = _engine("fp8")
     _, plain = _engine("model")
-    ids = target.build_prompt_ids(QUESTION)
-    g = target.geometry
-    pixels = torch.randn((1, g.num_frames, 3, g.image_size, g.image_size),
-                         generator=torch.Generator().manual_seed(2))
+    ids, pixels = _prompt(target, seed=2)
     a = fp8.prefill([PrefillRequest(0, ids, pixel_values_videos=pixels)])[0]
     b = plain.prefill([PrefillRequest(0, ids, pixel_values_videos=pixels)])[0]
     assert not torch.equal(a, b)  # it did run in fp8
