@@ -82,13 +82,13 @@ def test_the_toy_target_prefills_in_fp8_with_graphs_and_decodes_after() -> None:
 
 @pytest.mark.parametrize(("m", "k"), [(1, 4096), (2103, 11008), (37, 192)])
 def test_the_triton_row_quantisation_matches_the_torch_one(m: int, k: int) -> None:
-    """Same scales; codes equal but for rare ties, where Triton's conversion (through
-    fp16 on this path) rounds a value to the neighbouring E4M3 code: one step apart."""
+    """Scales within one float32 rounding of torch's; codes equal but for rare ties,
+    where Triton's conversion rounds a value to the neighbouring E4M3 code."""
     x = (torch.randn(m, k, device="cuda") * 3).bfloat16()
     x[0] = 0  # a zero row: scale clamped, values zero
     q, s = quantize_rows(x)  # the Triton kernel on CUDA
     q_ref, s_ref = quantize_rows_torch(x)
-    assert torch.equal(s, s_ref)
+    torch.testing.assert_close(s, s_ref, rtol=2.0**-23, atol=0.0)
     a, b = q.float(), q_ref.float()
     differ = float((a != b).float().mean())
     assert differ < 1e-2, differ

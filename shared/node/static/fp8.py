@@ -85,7 +85,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def quantize_rows_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`quantize_rows` in plain torch ops (the CPU path and the GPU's reference)."""
     xf = x.float()  # [M, K]
-    scales = (xf.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp(min=1e-12)  # [M, 1]
+    scales = (xf.abs().amax(dim=1, keepdim=True) * (1.0 / FP8_MAX)).clamp(min=1e-12)  # [M, 1]
     return (xf / scales).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scales
 
 
