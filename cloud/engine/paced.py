@@ -10,9 +10,10 @@ each call is padded.
 A batched step costs what a real GPU step of that shape costs, scaled: ``step_ms`` is the
 one-session, one-token step, and each extra session and each extra token fed adds the
 fraction of it that the static engine measured on an H200
-(``benchmarks/results/engine_h200.json``: a relative least-squares fit of its 20 (B, k)
-steps, anchored at the single-token step, gives 4.4% of it per extra session and 0.33%
-per token fed; every measured step is then within 13%). A flat floor would
+(``benchmarks/results/engine_h200_run6.json``: a relative least-squares fit of its 20
+(B, k) steps, anchored at the single-token step, gives 4.4% of it per extra session and
+0.33% per token fed; every measured step is then within 13%; on the later run in
+``engine_h200.json`` within 16%, B = 64 with 16 drafts the furthest). A flat floor would
 let B = 16 sessions with 8 drafts each step as fast as one token alone and flatter
 every toy-world speedup.
 
