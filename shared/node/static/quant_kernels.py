@@ -64,12 +64,11 @@ if HAVE_TRITON:
                 X + offs_m[:, None].to(tl.int64) * s_xm + (k0 + offs_k)[None, :],
                 mask=m_ok[:, None] & k_ok[None, :], other=0.0,
             )  # [BM, BK]
-            # No ``other``: Triton cannot cast an integer fill to fp8; the masked-off
-            # values are zeroed after widening (an fp8 NaN there would poison the sum).
-            w_ok = n_ok[None, :] & k_ok[:, None]
-            q = tl.load(Q + offs_n[None, :].to(tl.int64) * s_qn + (k0 + offs_k)[:, None],
-                        mask=w_ok)  # [BK, BN] int8 or fp8
-            acc += tl.dot(x, tl.where(w_ok, q.to(x.dtype), 0.0))
+            q = tl.load(
+                Q + offs_n[None, :].to(tl.int64) * s_qn + (k0 + offs_k)[:, None],
+                mask=n_ok[None, :] & k_ok[:, None], other=0,
+            )  # [BK, BN] int8 or fp8
+            acc += tl.dot(x, q.to(x.dtype))
         scale = tl.load(S + offs_n, mask=n_ok, other=0.0).to(tl.float32)  # [BN]
         acc = acc * scale[None, :]
         dst = Out + offs_m[:, None].to(tl.int64) * s_om + offs_n[None, :]
