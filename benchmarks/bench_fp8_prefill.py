@@ -1,5 +1,5 @@
-"""What ``--prefill-dtype fp8`` and ``--step-dtype fp8`` buy and cost (issue 39 items
-1-2): the prefill's and the steps' time against the model's dtype, and how far the
+"""What ``--prefill-dtype fp8`` and the engine's ``step_dtype="fp8"`` buy and cost
+(issue 39 item 2): the prefill's and the steps' time against the model's dtype, and how far the
 answers agree.
 
 One static engine holds both weight sets; the model-dtype prefill runs with its fp8
@@ -13,8 +13,8 @@ model's dtype and slot B in fp8, then each decodes greedily on its own for
 - ``positions_agreeing``: slot C, prefilled in fp8, is fed A's answer (teacher forcing)
   and its argmax compared with A's next token at every position: the share that agree.
 
-With ``--steps``, a second engine with fp8 steps (weight-only) and prefill (both flags)
-is built on the same target, and ``steps`` gets both engines'
+With ``--steps``, a second engine with fp8 steps and prefill (``step_dtype`` and
+``prefill_dtype`` "fp8") is built on the same target, and ``steps`` gets both engines'
 step times at the prompt's context (B = 1, k = 0 and B = 16, k = 8, medians) and
 ``all_fp8_agreement``: its greedy answers against the model-dtype engine's (first
 token, whole answers, teacher-forced positions as above).

@@ -1,11 +1,9 @@
-"""Where an fp8 prefill's or step's time goes, per GEMM of the 7B decoder (issue 39
-items 1-2): bf16 ``mm`` against ``torch._scaled_mm`` with per-row and with per-tensor
-scales, the steps' weight-only fp8 kernel (``--step-dtype fp8``), and the activations'
-quantisation (torch ops against the one-pass Triton kernel). Medians of ``--repeats``
-CUDA-event timings; 32 layers' worth summed.
+"""Where an fp8 prefill's time goes, per GEMM of the 7B decoder at a prompt's rows
+(issue 39 item 2): bf16 ``mm`` against ``torch._scaled_mm`` with per-row and with
+per-tensor scales, and the activations' quantisation (torch ops against the one-pass
+Triton kernel). Medians of ``--repeats`` CUDA-event timings; 32 layers' worth summed.
 
-    python -m benchmarks.probe_fp8_gemm --out $OUT               # a prompt's rows
-    python -m benchmarks.probe_fp8_gemm --rows 1 9 144 576 --out $OUT   # a step's rows
+    python -m benchmarks.probe_fp8_gemm --out $OUT     # on the GPU machine
 """
 
 from __future__ import annotations
@@ -21,12 +19,10 @@ from benchmarks.device_timing import median_ms
 from benchmarks.stamp import write_result
 from eventspec.shared.node.static.fp8 import (
     FP8_MAX,
-    fp8_weight_only_mm,
     quantize_fp8,
     quantize_rows,
     quantize_rows_torch,
 )
-from eventspec.shared.node.static.weight_formats import Fp8StepWeight
 
 #: (name, N, K) of one 7B layer's GEMMs.
 SHAPES = (("qkv", 12288, 4096), ("o", 4096, 4096), ("gate_up", 22016, 4096),
@@ -40,7 +36,6 @@ def measure(m: int, name: str, n: int, k: int, repeats: int) -> dict[str, Any]:
     wq = quantize_fp8(w)
     xq, xs = quantize_rows(x)
     one = torch.ones((), device="cuda")
-    step = Fp8StepWeight(q=wq.q, scales=wq.scales)
     return {
         "M": m, "gemm": name, "N": n, "K": k,
         "bf16_ms": median_ms(lambda: x @ w.t(), repeats),
@@ -49,7 +44,6 @@ def measure(m: int, name: str, n: int, k: int, repeats: int) -> dict[str, Any]:
             repeats),
         "fp8_tensorwise_ms": median_ms(lambda: torch._scaled_mm(
             xq, wq.q.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16), repeats),
-        "fp8_weight_only_ms": median_ms(lambda: fp8_weight_only_mm(x, step), repeats),
         "quant_torch_ms": median_ms(lambda: quantize_rows_torch(x), repeats),
         "quant_triton_ms": median_ms(lambda: quantize_rows(x), repeats),
     }
@@ -73,13 +67,12 @@ def main() -> int:
         sel = [r for r in rows if r["M"] == m]
         totals[str(m)] = {key: 32 * sum(r[key] for r in sel) for key in
                           ("bf16_ms", "fp8_rowwise_ms", "fp8_tensorwise_ms",
-                           "fp8_weight_only_ms", "quant_torch_ms", "quant_triton_ms")}
+                           "quant_torch_ms", "quant_triton_ms")}
     print(totals)
     result = {"device": torch.cuda.get_device_name(), "fp8_max": FP8_MAX, "rows": rows,
               "per_prefill_32_layers": totals}
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    name = "fp8-gemm-probe" if min(args.rows) > 64 else "fp8-gemm-steps-probe"
-    write_result(Path(args.out, f"{name}.json"), result)
+    write_result(Path(args.out, "fp8-gemm-probe.json"), result)
     return 0
 
 

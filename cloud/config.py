@@ -159,21 +159,14 @@ class CloudSettings(FromEnv):
                     "chunks (auto runs them eagerly); with --batch-invariant the chunks run "
                     "in calls of their own, and off is faster")
     #: ``eventspec.shared.node.static.fp8``: E4M3 GEMMs for prefill calls of their own;
-    #: decode and verify rows follow --step-dtype.
+    #: decode and verify rows stay in the model's dtype (fp8 steps were slower on an H200:
+    #: ``fp8-prefill-full-h200.json``'s ``steps``, so no flag offers them).
     prefill_dtype: str = setting(
         "model", choices=LINEAR_DTYPES,
         help="model: prefill in the model's dtype; fp8: a prompt's linear layers as E4M3 "
              "GEMMs on fp8 copies of the weights (static engine on a GPU of compute "
              "capability 8.9+, bfloat16; +1 byte a parameter; not with --batch-invariant). "
              "Faster prefill, and later tokens may differ from a bf16 prefill's: "
-             "docs/results/engine-gpu.md measures both")
-    #: ``eventspec.shared.node.static.fp8``: steps read the same fp8 copy weight-only.
-    step_dtype: str = setting(
-        "model", choices=LINEAR_DTYPES,
-        help="model: decode and verify steps in the model's dtype; fp8: their linear layers "
-             "read fp8 copies of the weights, widened inside the matmul (same requirements "
-             "and copy as --prefill-dtype fp8, shared with it). Faster steps, and answers "
-             "are the fp8 weights' (speculation still reproduces them exactly): "
              "docs/results/engine-gpu.md measures both")
     #: Saved prompt prefixes (``eventspec.cloud.scheduling.prefix_cache``); taken out of the KV
     #: budget.
@@ -317,10 +310,8 @@ class CloudSettings(FromEnv):
 
     @property
     def fp8_flag(self) -> str:
-        """The flags that ask for fp8 linear layers ("" when none does)."""
-        return " and ".join(f"--{name}-dtype fp8" for name, value in
-                            (("prefill", self.prefill_dtype), ("step", self.step_dtype))
-                            if value == "fp8")
+        """The flag that asks for fp8 linear layers ("" when none does)."""
+        return "--prefill-dtype fp8" if self.prefill_dtype == "fp8" else ""
 
     @property
     def per_principal_cap(self) -> int:

@@ -136,7 +136,7 @@ def build_engine(settings: CloudSettings, target: TargetModel) -> BatchedEngine:
         engine = build_static_engine(
             target, kv, batch_invariant=settings.batch_invariant,
             chunk_buckets=graphed_piece_rows(policy, kv.max_seq_len) if graphed else (),
-            prefill_dtype=settings.prefill_dtype, step_dtype=settings.step_dtype)
+            prefill_dtype=settings.prefill_dtype)
         if settings.batch_invariant and policy.enabled:
             log.warning("--prefill-chunk %s with --batch-invariant: the chunks run in calls "
                         "of their own (a batch-invariant step cannot carry them), slower than "

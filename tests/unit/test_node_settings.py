@@ -62,7 +62,6 @@ CLOUD: dict[str, Case] = {
     "sit_out": ("--sit-out", "auto", "auto"),
     "prefill_chunk": ("--prefill-chunk", "256", "256"),
     "prefill_dtype": ("--prefill-dtype", "fp8", "fp8"),
-    "step_dtype": ("--step-dtype", "fp8", "fp8"),
     "mixed_steps": ("--mixed-steps", "off", False),
     "prefix_cache_gb": ("--prefix-cache-gb", "4", 4.0),
     "batch_invariant": ("--batch-invariant", "1", True),

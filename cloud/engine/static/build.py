@@ -35,7 +35,7 @@ def kv_bytes_per_slot(target: TargetModel, max_seq_len: int) -> int:
 
 
 def fp8_copy_bytes_for(text_config: Any) -> int:
-    """Device bytes ``--prefill-dtype fp8`` or ``--step-dtype fp8`` add for a LLaMA text
+    """Device bytes ``--prefill-dtype fp8`` (or ``step_dtype="fp8"``) add for a LLaMA text
     config, so the KV budget leaves them free (``fp8.fp8_copy_bytes``)."""
     c = text_config
     heads = int(c.num_attention_heads)

@@ -1,5 +1,4 @@
-"""The opt-in fp8 linear layers: ``eventspec-cloud serve --prefill-dtype fp8`` for
-prefill calls, ``--step-dtype fp8`` for decode and verify steps.
+"""The opt-in fp8 prefill (``eventspec-cloud serve --prefill-dtype fp8``).
 
 A 2,103-token Video-LLaVA prefill is GEMM-bound: on an H200 the decoder's GEMMs are
 about 36 of its 44 ms of device time, at ~80% of the dense bf16 tensor-core peak
@@ -14,26 +13,13 @@ GEMMs (``torch._scaled_mm``):
   (dynamic per-token scaling, as vLLM's and TensorRT-LLM's fp8 linear layers do;
   Micikevicius et al. 2022, "FP8 Formats for Deep Learning", for E4M3's range).
 
-``--prefill-dtype fp8`` alone changes prefill calls of their own: the decode and verify
-rows of every step, and prompt pieces riding a mixed step (one GEMM for both) stay in
-the model's dtype. The KV a prompt leaves behind is therefore not the bf16 prefill's,
-and later tokens may differ from a bf16 prefill's: the opt-in trades that for time to
-first token, which is why the default stays the model's dtype
-(``benchmarks/bench_fp8_prefill.py`` measures both the time and the agreement).
-
-``--step-dtype fp8``: a step reads every weight once for a few rows, so its time is the
-weights' bytes (a B = 1 step of the 7B target: GEMMs 3.47 of 4.32 ms of kernels on an
-H200, at ~90% of copy bandwidth, ``engine_h200.json``). An fp8 GEMM through
-``_scaled_mm`` made steps slower (its kernels are tiled for many rows, and the rows'
-quantisation adds a pass); here steps read the same fp8 copy weight-only
-(:class:`~.weight_formats.Fp8StepWeight`): the values widened to bf16 inside the
-matmul (the Triton kernel of :mod:`.quant_kernels`, as gpt-fast's int8 decode does),
-the scale on the fp32 accumulator, the activations untouched. Every token then comes
-from the fp8 weights, so answers are the fp8 target's, which speculation reproduces
-as it does any target's; their agreement with bf16 is measured the same way.
-
-The same functions run on CPU (PyTorch's CPU ``_scaled_mm``; the dequantised matmul
-for steps), so CI tests the code path the GPU runs.
+Only prefill calls of their own use it: the decode and verify rows of every step, and
+prompt pieces riding a mixed step (one GEMM for both) stay in the model's dtype. The
+KV a prompt leaves behind is therefore not the bf16 prefill's, and later tokens may
+differ from a bf16 prefill's: the opt-in trades that for time to first token, which is
+why the default stays the model's dtype (``benchmarks/bench_fp8_prefill.py`` measures
+both the time and the agreement). The same functions run on CPU (PyTorch's CPU
+``_scaled_mm``), so CI tests the code path the GPU runs.
 """
 
 from __future__ import annotations
@@ -47,8 +33,7 @@ from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.node.static.attention import HAVE_TRITON
 from eventspec.shared.node.static.fp8_kernels import quantize_rows_triton
 from eventspec.shared.node.static.linear_dtypes import check_linear_dtype
-from eventspec.shared.node.static.quant_kernels import weight_only_mm
-from eventspec.shared.node.static.weight_formats import Fp8StepWeight, Fp8Weight
+from eventspec.shared.node.static.weight_formats import Fp8Weight
 from eventspec.shared.node.static.weights import LanguageWeights, LayerWeights
 
 FP8_DTYPE: Final = torch.float8_e4m3fn
@@ -114,35 +99,6 @@ def fp8_mm(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
     return out
 
 
-def fp8_weight_only_mm(x: torch.Tensor, w: Fp8StepWeight) -> torch.Tensor:
-    """``x @ w.T`` for a step's rows x [M, K] -> [M, N] in x's dtype, the fp8 values
-    widened inside the matmul (one Triton kernel on CUDA; the same arithmetic, fp32
-    accumulation then the scale, in torch elsewhere)."""
-    if x.device.type == "cuda" and HAVE_TRITON:
-        return weight_only_mm(x, w.q, w.scales)
-    return fp8_weight_only_reference(x, w)
-
-
-def fp8_weight_only_reference(x: torch.Tensor, w: Fp8StepWeight) -> torch.Tensor:
-    """:func:`fp8_weight_only_mm` in plain torch: the CPU path and the GPU's reference.
-    E4M3 values are exact in bf16 and float32, so only the summation order differs."""
-    acc = x.float() @ w.q.float().t()  # [M, N] float32
-    return (acc * w.scales.float()[None, :]).to(x.dtype)
-
-
-def fp8_step_weights(fp8: LanguageWeights) -> LanguageWeights:
-    """The fp8 copy of :func:`fp8_weights` as steps read it (:class:`Fp8StepWeight`,
-    weight-only), sharing its tensors: no second copy."""
-    def step(w: object) -> Fp8StepWeight:
-        assert isinstance(w, Fp8Weight)
-        return Fp8StepWeight(q=w.q, scales=w.scales)
-
-    layers = tuple(LayerWeights(ln_attn=lw.ln_attn, wqkv=step(lw.wqkv), wo=step(lw.wo),
-                                ln_mlp=lw.ln_mlp, w_gate_up=step(lw.w_gate_up),
-                                w_down=step(lw.w_down)) for lw in fp8.layers)
-    return replace(fp8, layers=layers)
-
-
 @torch.no_grad()
 def fp8_weights(weights: LanguageWeights) -> LanguageWeights:
     """``weights`` with every layer's four matrices as :class:`Fp8Weight` copies; the
@@ -165,22 +121,23 @@ def fp8_weights(weights: LanguageWeights) -> LanguageWeights:
 
 def runtime_weights(weights: LanguageWeights, *, prefill_dtype: str, step_dtype: str,
                     batch_invariant: bool) -> tuple[LanguageWeights, LanguageWeights]:
-    """(what steps run on, what prefill calls of their own run on) for ``--step-dtype``
+    """(what steps run on, what prefill calls of their own run on) for ``step_dtype``
     and ``--prefill-dtype``: ``weights`` ("model"), or one set of fp8 copies shared by
-    both ("fp8": weight-only for steps, :func:`fp8_step_weights`; fp8 GEMMs for
-    prefill). InvalidInput with ``batch_invariant``, whose prompt rows must have a
-    decode step's bits."""
-    dtypes = (check_linear_dtype("--step-dtype", step_dtype),
+    both ("fp8"). InvalidInput with ``batch_invariant``, whose prompt rows must have a
+    decode step's bits. ``step_dtype`` "fp8" is an engine parameter, not a server
+    flag: on an H200 ``torch._scaled_mm`` made decode steps slower than bf16 (4.65 ->
+    5.26 ms at B = 1, ``fp8-prefill-full-h200.json``'s ``steps``); it is kept for
+    that measurement (``bench_fp8_prefill --steps``)."""
+    dtypes = (check_linear_dtype("step_dtype", step_dtype),
               check_linear_dtype("--prefill-dtype", prefill_dtype))
     if "fp8" not in dtypes:
         return weights, weights
     if batch_invariant:
-        flag = "--step-dtype" if step_dtype == "fp8" else "--prefill-dtype"
+        flag = "step_dtype" if step_dtype == "fp8" else "--prefill-dtype"
         raise InvalidInput(f"{flag} fp8 with --batch-invariant: an fp8 row cannot have "
                            "the model dtype's bits; choose one")
     fp8 = fp8_weights(weights)
-    steps = fp8_step_weights(fp8) if step_dtype == "fp8" else weights
-    return steps, (fp8 if prefill_dtype == "fp8" else weights)
+    return (fp8 if step_dtype == "fp8" else weights), (fp8 if prefill_dtype == "fp8" else weights)
 
 
 def fp8_copy_bytes(*, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int,

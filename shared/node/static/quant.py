@@ -16,7 +16,6 @@ The kernels are PyTorch core's, so the same code runs on the CPU (CI) and the GP
 | | CPU | CUDA |
 |---|---|---|
 | int8 | ``_weight_int8pack_mm`` | a Triton kernel (:mod:`.quant_kernels`) |
-| fp8 steps (:mod:`.fp8`) | the dequantised matmul | the same Triton kernel |
 | int4 | ``_weight_int4pack_mm_for_cpu`` | ``_weight_int4pack_mm`` (bf16 only) |
 
 Core's CUDA ``_weight_int8pack_mm`` exists but runs one thread per output: on an H100
@@ -50,9 +49,9 @@ from typing import Final
 import torch
 
 from eventspec.shared.contract.errors import InvalidInput
-from eventspec.shared.node.static.fp8 import fp8_mm, fp8_weight_only_mm
+from eventspec.shared.node.static.fp8 import fp8_mm
 from eventspec.shared.node.static.int4_dense import dequantize_int4, prefers_dense
-from eventspec.shared.node.static.weight_formats import Fp8StepWeight, Fp8Weight
+from eventspec.shared.node.static.weight_formats import Fp8Weight
 from eventspec.shared.node.static.weight_formats import Int4Weight as Int4Weight
 from eventspec.shared.node.static.weight_formats import Int8Weight as Int8Weight
 from eventspec.shared.node.static.weight_formats import Weight as Weight
@@ -144,13 +143,11 @@ def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
         return x @ w.t()
     if isinstance(w, Fp8Weight):
         return fp8_mm(x, w)
-    if isinstance(w, Fp8StepWeight):
-        return fp8_weight_only_mm(x, w)
     if isinstance(w, Int8Weight):
         if x.device.type == "cuda":
-            from eventspec.shared.node.static.quant_kernels import weight_only_mm
+            from eventspec.shared.node.static.quant_kernels import int8_weight_mm
 
-            return weight_only_mm(x, w.q, w.scales)
+            return int8_weight_mm(x, w.q, w.scales)
         out: torch.Tensor = torch.ops.aten._weight_int8pack_mm(x, w.q, w.scales)
         return out
     if prefers_dense(int(x.shape[0]), x.device):
@@ -168,10 +165,10 @@ def linear_add_(h: torch.Tensor, x: torch.Tensor, w: Weight) -> torch.Tensor:
     """``h += x @ w.T`` in place (the residual add; fused into the GEMM when dense)."""
     if isinstance(w, torch.Tensor):
         return h.addmm_(x, w.t())
-    if isinstance(w, Int8Weight | Fp8StepWeight) and x.device.type == "cuda":
-        from eventspec.shared.node.static.quant_kernels import weight_only_mm
+    if isinstance(w, Int8Weight) and x.device.type == "cuda":
+        from eventspec.shared.node.static.quant_kernels import int8_weight_mm
 
-        return weight_only_mm(x, w.q, w.scales, accumulate_into=h)
+        return int8_weight_mm(x, w.q, w.scales, accumulate_into=h)
     if isinstance(w, Int4Weight) and prefers_dense(int(x.shape[0]), x.device):
         return h.addmm_(x, dequantize_int4(w).t())
     return h.add_(linear(x, w))

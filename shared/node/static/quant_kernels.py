@@ -1,10 +1,8 @@
-"""The weight-only matmul of the static runtime's CUDA path (Triton): int8 or fp8 rows.
+"""The int8 weight-only matmul of the static runtime's CUDA path (Triton).
 
 ``out[M, N] = x[M, K] @ (q[N, K] * s[N]).T`` for the few rows a draft or verify step
-has (M <= 16 after bucketing; larger M is tiled too), with ``q`` one byte per value:
-int8 (the drafter's ``--draft-quant int8``) or float8 E4M3 (the cloud's
-``--step-dtype fp8``, :mod:`.fp8`). The byte tile is widened to the activations' dtype
-in registers and fed to ``tl.dot``; the per-row scale is applied
+has (M <= 16 after bucketing; larger M is tiled too). The int8 tile is widened to the
+activations' dtype in registers and fed to ``tl.dot``; the per-row scale is applied
 once to the fp32 accumulator, so the result is the dense matmul with the dequantised
 weight up to accumulation order. Each program owns a BLOCK_N stripe of outputs and
 walks all of K (no split-K: deterministic, and at 7B widths there are enough stripes
@@ -35,14 +33,13 @@ if HAVE_TRITON:
             for bn, bk, w, s in (
                 (32, 256, 4, 4), (64, 128, 4, 4), (64, 256, 4, 3),
                 (32, 512, 4, 3), (128, 128, 4, 3), (16, 512, 4, 4),
-                (32, 256, 4, 6), (16, 1024, 4, 3), (64, 256, 8, 4),
             )
         ],
         key=["M_BUCKET", "N", "K"],
         restore_value=["Out"],  # the autotuner's trial runs must not accumulate twice
     )
     @triton.jit  # type: ignore[untyped-decorator]
-    def _weight_only_kernel(  # type: ignore[no-untyped-def]
+    def _int8_wo_kernel(  # type: ignore[no-untyped-def]
         X, Q, S, Out, M, N, K, s_xm, s_qn, s_om, M_BUCKET,
         ACCUMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
@@ -67,7 +64,7 @@ if HAVE_TRITON:
             q = tl.load(
                 Q + offs_n[None, :].to(tl.int64) * s_qn + (k0 + offs_k)[:, None],
                 mask=n_ok[None, :] & k_ok[:, None], other=0,
-            )  # [BK, BN] int8 or fp8
+            )  # [BK, BN] int8
             acc += tl.dot(x, q.to(x.dtype))
         scale = tl.load(S + offs_n, mask=n_ok, other=0.0).to(tl.float32)  # [BN]
         acc = acc * scale[None, :]
@@ -78,23 +75,19 @@ if HAVE_TRITON:
         tl.store(dst, acc.to(Out.dtype.element_ty), mask=mask)
 
 
-#: The byte formats the kernel widens: int8 codes and float8 E4M3 values.
-WEIGHT_BYTE_DTYPES = (torch.int8, torch.float8_e4m3fn)
-
-
-def weight_only_mm(
+def int8_weight_mm(
     x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
     *, accumulate_into: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [M, K] (bf16/fp16) @ (q [N, K] int8 or fp8 * scales [N]).T -> [M, N], or added
-    into ``accumulate_into`` [M, N] (returned)."""
+    """x [M, K] (bf16/fp16) @ (q [N, K] int8 * scales [N]).T -> [M, N], or added into
+    ``accumulate_into`` [M, N] (returned)."""
     if not HAVE_TRITON or x.device.type != "cuda":
-        raise InvalidInput("the weight-only Triton kernel needs a CUDA device and Triton")
+        raise InvalidInput("the int8 Triton kernel needs a CUDA device and Triton")
     m, k = x.shape
     n = q.shape[0]
-    if q.shape[1] != k or q.dtype not in WEIGHT_BYTE_DTYPES or scales.shape != (n,):
+    if q.shape[1] != k or q.dtype != torch.int8 or scales.shape != (n,):
         raise InvalidInput(
-            f"weight-only matmul: x {list(x.shape)}, q {list(q.shape)} {q.dtype}, scales "
+            f"int8 matmul: x {list(x.shape)}, q {list(q.shape)} {q.dtype}, scales "
             f"{list(scales.shape)} do not fit"
         )
     x = x.contiguous()
@@ -105,7 +98,7 @@ def weight_only_mm(
     def grid(meta: dict[str, Any]) -> tuple[int, int]:
         return triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, block_m)
 
-    _weight_only_kernel[grid](
+    _int8_wo_kernel[grid](
         x, q, scales, out, m, n, k, x.stride(0), q.stride(0), out.stride(0), m_bucket,
         ACCUMULATE=accumulate_into is not None, BLOCK_M=block_m,
     )

@@ -78,12 +78,5 @@ class Fp8Weight(RowScaledWeight):
     dense weight (:mod:`.fp8`)."""
 
 
-@dataclass(frozen=True)
-class Fp8StepWeight(RowScaledWeight):
-    """The same fp8 copy as steps read it (``--step-dtype fp8``, :mod:`.fp8`): the
-    values widened to the activations' dtype inside the matmul (weight-only), so a
-    step's few rows skip the activations' quantisation."""
-
-
-Weight = torch.Tensor | Int8Weight | Int4Weight | Fp8Weight | Fp8StepWeight
+Weight = torch.Tensor | Int8Weight | Int4Weight | Fp8Weight
 """A linear weight as the runtime holds it: dense [N, K], or quantised."""

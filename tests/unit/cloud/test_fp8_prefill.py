@@ -1,10 +1,9 @@
-"""``--prefill-dtype fp8`` and ``--step-dtype fp8`` (issue 39 items 1-2) on CPU, the
-code path the GPU runs (PyTorch's CPU ``_scaled_mm``; the dequantised matmul for
-steps): the quantisation's error bounds, the fp8 GEMM and the steps' weight-only
-matmul against their dequantised references, which calls read the fp8 copies (prefill
-calls with one flag, steps with the other, one copy for both), the refusals, and
-through the real server: speculative answers equal target-only ones with an fp8
-prefill and with fp8 steps, whatever the drafts."""
+"""``--prefill-dtype fp8`` (issue 39 item 2; and the engine's ``step_dtype``) on CPU,
+the code path the GPU runs (PyTorch's CPU ``_scaled_mm``): the quantisation's error
+bounds, the fp8 GEMM against its dequantised reference, which calls read the fp8
+copies (prefill calls with the flag, steps with ``step_dtype``, one copy for both),
+the refusals, and through the real server: speculative answers equal target-only ones
+with an fp8 prefill, whatever the drafts."""
 
 from __future__ import annotations
 
@@ -35,17 +34,14 @@ from eventspec.shared.node.static.batch import StepBatch
 from eventspec.shared.node.static.fp8 import (
     FP8_MAX,
     fp8_mm,
-    fp8_step_weights,
     fp8_unsupported_reason,
-    fp8_weight_only_mm,
-    fp8_weight_only_reference,
     fp8_weights,
     quantize_fp8,
     quantize_rows,
     runtime_weights,
 )
 from eventspec.shared.node.static.linear_dtypes import check_linear_dtype
-from eventspec.shared.node.static.weight_formats import Fp8StepWeight, Fp8Weight
+from eventspec.shared.node.static.weight_formats import Fp8Weight
 from tests.support import cloud_harness as h
 
 QUESTION = "What is moving?"
@@ -128,7 +124,7 @@ def test_fp8_copies_serve_prefill_calls_and_never_a_decode_step(
     assert calls == []  # the step read the model's weights
 
 
-def test_fp8_steps_share_one_copy_with_an_fp8_prefill_and_read_it_weight_only(
+def test_fp8_steps_share_one_copy_with_an_fp8_prefill_and_read_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     target = build_tiny_random_target(seed=0)
@@ -136,53 +132,19 @@ def test_fp8_steps_share_one_copy_with_an_fp8_prefill_and_read_it_weight_only(
                         max_seq_len=256)
     both = build_static_engine(target, kv, use_graphs=False, prefill_dtype="fp8",
                                step_dtype="fp8")
-    for step_w, prefill_w in zip(both.weights.layers, both.prefill_weights.layers, strict=True):
-        for m in ("wqkv", "wo", "w_gate_up", "w_down"):
-            a, b = getattr(step_w, m), getattr(prefill_w, m)
-            assert isinstance(a, Fp8StepWeight) and isinstance(b, Fp8Weight)
-            assert a.q is b.q and a.scales is b.scales  # one copy, not two
+    assert both.weights is both.prefill_weights  # one copy, not two
     steps_only = build_static_engine(target, kv, use_graphs=False, step_dtype="fp8")
     assert isinstance(steps_only.prefill_weights.layers[0].wqkv, torch.Tensor)
-    assert isinstance(steps_only.weights.layers[0].wqkv, Fp8StepWeight)
-    gemms: list[int] = []
-    weight_only: list[int] = []
-    real_mm, real_wo = fp8_module.fp8_mm, fp8_module.fp8_weight_only_mm
+    assert isinstance(steps_only.weights.layers[0].wqkv, Fp8Weight)
+    calls: list[int] = []
+    real = fp8_module.fp8_mm
     monkeypatch.setattr("eventspec.shared.node.static.quant.fp8_mm",
-                        lambda x, w: gemms.append(int(x.shape[0])) or real_mm(x, w))
-    monkeypatch.setattr("eventspec.shared.node.static.quant.fp8_weight_only_mm",
-                        lambda x, w: weight_only.append(int(x.shape[0])) or real_wo(x, w))
+                        lambda x, w: calls.append(int(x.shape[0])) or real(x, w))
     ids, pixels = _prompt(target, seed=1)
     steps_only.prefill([PrefillRequest(0, ids, pixel_values_videos=pixels)])
-    assert gemms == weight_only == []  # the prompt ran in the model's dtype
+    assert calls == []  # the prompt ran in the model's dtype
     steps_only.step(StepBatch((0,), (len(ids),), (3,), torch.tensor([5, 6, 7])))
-    assert gemms == []  # a step's rows are never quantised
-    assert weight_only == [3] * (4 * len(steps_only.weights.layers))
-
-
-@settings(max_examples=30, deadline=None)
-@given(m=st.integers(1, 40), n=st.sampled_from([16, 48]), k=st.sampled_from([32, 96]),
-       seed=st.integers(0, 10_000), dtype=st.sampled_from([torch.float32, torch.bfloat16]))
-def test_the_steps_weight_only_matmul_is_the_dequantised_product(
-    m: int, n: int, k: int, seed: int, dtype: torch.dtype,
-) -> None:
-    g = torch.Generator().manual_seed(seed)
-    x, w = torch.randn(m, k, generator=g).to(dtype), torch.randn(n, k, generator=g)
-    q = quantize_fp8(w)
-    step = Fp8StepWeight(q=q.q, scales=q.scales)
-    got = fp8_weight_only_mm(x, step)  # [M, N]
-    assert got.shape == (m, n) and got.dtype == dtype
-    reference = x.double() @ q.dequantize().double().t()  # the activations untouched
-    tol = 1e-5 if dtype == torch.float32 else 2.0**-7
-    torch.testing.assert_close(got.double(), reference, rtol=tol, atol=tol * 4)
-    torch.testing.assert_close(got, fp8_weight_only_reference(x, step))
-    rows = fp8_mm(x.float(), q)  # the prefill's GEMM quantises the rows too: it differs
-    assert m * n < 8 or not torch.equal(rows, fp8_weight_only_mm(x.float(), step))
-
-
-def test_step_weights_refuse_what_is_not_an_fp8_copy() -> None:
-    _, engine = _engine("model")
-    with pytest.raises(AssertionError):
-        fp8_step_weights(engine.weights)
+    assert calls == [3] * (4 * len(steps_only.weights.layers))
 
 
 def test_an_fp8_prefill_stays_close_to_the_model_dtypes() -> None:
@@ -201,10 +163,10 @@ def test_the_flag_is_refused_where_it_cannot_hold() -> None:
     assert runtime_weights(w, prefill_dtype="model", step_dtype="model",
                            batch_invariant=True) == (w, w)
     for flag, prefill, step in (("--prefill-dtype", "fp8", "model"),
-                                ("--step-dtype", "model", "fp8")):
+                                ("step_dtype", "model", "fp8")):
         with pytest.raises(InvalidInput, match=f"{flag} fp8 with --batch-invariant"):
             runtime_weights(w, prefill_dtype=prefill, step_dtype=step, batch_invariant=True)
-    with pytest.raises(InvalidInput, match="--step-dtype must be one of model, fp8"):
+    with pytest.raises(InvalidInput, match="step_dtype must be one of model, fp8"):
         runtime_weights(w, prefill_dtype="model", step_dtype="fp16", batch_invariant=False)
     with pytest.raises(InvalidInput, match="--prefill-dtype must be one of model, fp8"):
         check_linear_dtype("--prefill-dtype", "fp16")
@@ -229,11 +191,6 @@ def test_settings_refuse_fp8_with_batch_invariance_or_the_hf_engine() -> None:
         CloudSettings(prefill_dtype="fp8", batch_invariant=True).check()
     with pytest.raises(SettingsError, match="--prefill-dtype fp8 needs the static engine, not"):
         CloudSettings(prefill_dtype="fp8", engine="hf").check()
-    with pytest.raises(SettingsError, match="--step-dtype fp8 with --batch-invariant"):
-        CloudSettings(step_dtype="fp8", batch_invariant=True).check()
-    both = CloudSettings(prefill_dtype="fp8", step_dtype="fp8")
-    assert both.fp8_flag == "--prefill-dtype fp8 and --step-dtype fp8"
-    assert CloudSettings().fp8_flag == ""
     target = build_tiny_random_target(seed=0)
     assert choose_engine("auto", target) == "hf"  # CPU
     assert choose_engine("auto", target, fp8="--prefill-dtype fp8") == "static"
@@ -242,11 +199,8 @@ def test_settings_refuse_fp8_with_batch_invariance_or_the_hf_engine() -> None:
 
 
 @pytest.mark.parametrize("policy_name", ["perfect", "random_wrong", "all_wrong"])
-@pytest.mark.parametrize("flag", ["prefill_dtype", "step_dtype"])
-async def test_speculative_equals_target_only_with_fp8_linear_layers(
-    flag: str, policy_name: str,
-) -> None:
-    settings = replace(h.settings(kv_cache_gb=0.05), prefill_chunk="off", **{flag: "fp8"})
+async def test_speculative_equals_target_only_with_an_fp8_prefill(policy_name: str) -> None:
+    settings = replace(h.settings(kv_cache_gb=0.05), prefill_dtype="fp8", prefill_chunk="off")
     target = build_tiny_random_target(seed=0)
     server = VerifierServer(settings, target=target, cost=h.TEST_COST)
     await server.start()
@@ -254,10 +208,8 @@ async def test_speculative_equals_target_only_with_fp8_linear_layers(
         assert server.runtime is not None
         engine = server.runtime.scheduler.engine
         assert isinstance(engine, StaticEngine)
-        fp8_side, model_side = ((engine.prefill_weights, engine.weights) if flag == "prefill_dtype"
-                                else (engine.weights, engine.prefill_weights))
-        assert isinstance(fp8_side.layers[0].wqkv, Fp8Weight | Fp8StepWeight)
-        assert isinstance(model_side.layers[0].wqkv, torch.Tensor)
+        assert isinstance(engine.prefill_weights.layers[0].wqkv, Fp8Weight)
+        assert isinstance(engine.weights.layers[0].wqkv, torch.Tensor)  # steps: the model's
         for clip in (0, 1):
             msg = h.open_msg(QUESTION, h.make_frames(clip), max_new_tokens=12)
             alone = (await h.run_generate(server.port, msg)).tokens
