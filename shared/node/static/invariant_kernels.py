@@ -86,8 +86,10 @@ from eventspec.shared.node.static.invariant_tiles import (
     MmConfig,
     PrefillTiles,
     attention_launch,
+    mm_config,
     mm_launch,
 )
+from eventspec.shared.node.static.invariant_tma import persistent_invariant_mm, tma_available
 from eventspec.shared.node.static.quant import Weight
 from eventspec.shared.node.static.weights import LanguageWeights
 
@@ -240,8 +242,11 @@ def invariant_mm(
         raise InvalidInput("invariant_mm: the output overlaps the input")
     if m == 0:
         return dest
+    c = config or mm_config(n, k, m, x.dtype)
+    if c.persistent and x.dtype != torch.float32 and tma_available(x.device):
+        return persistent_invariant_mm(x, w, dest, c, accumulate=accumulate_into is not None)
     grid, meta = mm_launch(m, n, k, x.dtype, accumulate=accumulate_into is not None,
-                           config=config)  # fmt: skip
+                           config=c)  # fmt: skip
     kernel: Any = _invariant_mm_kernel
     kernel[grid](x, w, dest, m, n, k, w.stride(0), **meta)
     return dest

@@ -48,6 +48,9 @@ class MmConfig:
     #: Row tiles of one column stripe that run next to each other (they share the
     #: stripe's weights in L2); a scheduling choice only, it changes no bits.
     group_m: int = 8
+    #: The persistent TMA-fed kernel (:mod:`.invariant_tma`; compute capability 9.0+,
+    #: 16-bit dtypes) instead of the pointer-fed one: the same arithmetic, fed faster.
+    persistent: bool = False
 
 
 #: Why a tile may follow M at all: a row's bits depend on the order K is summed in and
