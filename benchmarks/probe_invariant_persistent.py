@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 from pathlib import Path
@@ -136,16 +137,14 @@ def probe_attention() -> dict[str, Any]:
             equal = equal and torch.equal(nine[0], prompt[p:p + 9])
         key = f"tile{tile}_split{split}"
         row: dict[str, Any] = {"decode_rows_equal_prompt_rows": bool(equal), "prompt_ms": bench_ms(
-            lambda tiles=tiles, split=split: prefill_fixed_split_attention(q, kc, vc, tiles,
-                                                                           split=split))}
+            functools.partial(prefill_fixed_split_attention, q, kc, vc, tiles, split=split))}
         for b in (1, 16, 64):
             for nq in (1, 9):
                 qb = torch.randn(b, nq, HEADS, HEAD_DIM, device="cuda", generator=gen).bfloat16()
                 slots, starts = torch.arange(b, device=dev), torch.full((b,), PROMPT, device=dev)
-                row[f"B{b}_Q{nq}_ms"] = bench_ms(
-                    lambda qb=qb, slots=slots, starts=starts, nq=nq, tile=tile, split=split:
-                    fixed_split_attention(qb, kc, vc, slots, starts, starts + nq, split=split,
-                                          query_tile=tile))
+                row[f"B{b}_Q{nq}_ms"] = bench_ms(functools.partial(
+                    fixed_split_attention, qb, kc, vc, slots, starts, starts + nq, split=split,
+                    query_tile=tile))
         out[key] = row
         print(key, row, flush=True)
     return out

@@ -67,30 +67,37 @@ class MmConfig:
 #:
 #: (last M of the bucket, tile): decode steps are bandwidth-bound and want many column
 #: stripes; prompts (M ~ 2,100) are compute-bound and want big tiles. Each is the
-#: fastest bit-equal tile at the measured M of its bucket (1/16/64, 144, 576, 2,100).
+#: fastest bit-equal tile at the measured M of its bucket (1/16/64, 144, 576, 2,100),
+#: pointer-fed or persistent (``P``, :mod:`.invariant_tma`): ``python -m
+#: benchmarks.probe_invariant_persistent`` on an H200 found every persistent tile tried
+#: bitwise equal to the pointer-fed table's, and the decoder's GEMMs at 2,100 rows
+#: 1.15x cuBLAS with them against 1.54x without
+#: (``benchmarks/results/invariant-persistent-probe-h200.json``).
 MmBuckets = tuple[tuple[int, MmConfig], ...]
 #: A bucket bound past any M (the last bucket's).
 ANY_M: Final = 1 << 62
-_QKV: Final[MmBuckets] = ((64, MmConfig(64, 32, 64, 4, 4)), (320, MmConfig(128, 64, 64, 8, 3)),
-                          (1024, MmConfig(128, 128, 64, 8, 3)),
-                          (ANY_M, MmConfig(256, 128, 64, 8, 3)))
-_WO_DOWN: Final[MmBuckets] = ((64, MmConfig(64, 32, 128, 4, 4)),
-                              (320, MmConfig(64, 128, 128, 4, 4)),
-                              (1024, MmConfig(64, 64, 64, 4, 4)),
-                              (ANY_M, MmConfig(128, 128, 64, 8, 3)))
+#: The persistent tile most prompts' GEMMs run on.
+_P128x256: Final = MmConfig(128, 256, 64, 8, 3, persistent=True)
+_QKV: Final[MmBuckets] = ((64, MmConfig(64, 32, 64, 4, 4)), (320, _P128x256),
+                          (1024, _P128x256), (ANY_M, _P128x256))
+_WO: Final[MmBuckets] = ((64, MmConfig(64, 32, 128, 4, 4)),
+                         (320, MmConfig(64, 128, 128, 4, 4)), (1024, _P128x256),
+                         (ANY_M, MmConfig(64, 128, 128, 4, 4, persistent=True)))
+_DOWN: Final[MmBuckets] = ((64, MmConfig(64, 32, 128, 4, 4)),
+                           (320, MmConfig(64, 128, 128, 4, 4, persistent=True)),
+                           (1024, _P128x256),
+                           (ANY_M, MmConfig(64, 128, 128, 4, 4, persistent=True)))
 _GATE_UP: Final[MmBuckets] = ((64, MmConfig(64, 64, 64, 4, 4)),
                               (320, MmConfig(64, 128, 64, 4, 4)),
-                              (1024, MmConfig(128, 128, 64, 8, 3)),
-                              (ANY_M, MmConfig(256, 128, 64, 8, 3)))
-_LM_HEAD: Final[MmBuckets] = ((320, MmConfig(64, 128, 64, 4, 4)),
-                              (1024, MmConfig(128, 256, 64, 8, 3)),
-                              (ANY_M, MmConfig(128, 128, 128, 8, 3)))
+                              (1024, _P128x256), (ANY_M, _P128x256))
+_LM_HEAD: Final[MmBuckets] = ((320, MmConfig(64, 128, 64, 4, 4)), (1024, _P128x256),
+                              (ANY_M, _P128x256))
 #: The tiles of every 7B (LLaMA-7B / Video-LLaVA-7B) weight shape, keyed by (N, K).
 MM_CONFIGS: Final[dict[tuple[int, int], MmBuckets]] = {
     (12288, 4096): _QKV,  # fused QKV
-    (4096, 4096): _WO_DOWN,  # wo
+    (4096, 4096): _WO,  # wo
     (22016, 4096): _GATE_UP,  # fused gate-up
-    (4096, 11008): _WO_DOWN,  # down
+    (4096, 11008): _DOWN,  # down
     (32000, 4096): _LM_HEAD,  # LLaMA's LM head
     (32064, 4096): _LM_HEAD,  # Video-LLaVA's LM head
 }
@@ -105,8 +112,10 @@ WIDE_N: Final = 8192
 QUERY_TILE: Final = 16
 #: Key positions per attention split, counted from position 0. Larger splits mean
 #: fewer partial outputs (memory [B Q, cdiv(T, SPLIT), H, D] fp32 and its traffic),
-#: smaller ones more programs for a lone session; the benchmark times 64/128/256.
-SPLIT: Final = 128
+#: smaller ones more programs for a lone session. On an H200 256 beat 128 for a
+#: 2,100-token prompt (0.47 against 0.60 ms a layer) and for steps of 16 and 64
+#: sessions (``invariant-persistent-probe-h200.json``, ``invariant-kernels-h200.json``).
+SPLIT: Final = 256
 #: Key positions per block inside a split (SPLIT must be a multiple).
 ATTN_BLOCK_N: Final = 64
 #: Warps of the split kernel (fixed: it changes the MMA layout).

@@ -47,8 +47,11 @@ def test_every_7b_shape_has_its_own_tiles_all_of_one_mma_family(n: int, k: int) 
         # The one condition under which a row's bits do not depend on the tile:
         # every tile a wgmma tile (the module docstring of invariant_kernels).
         assert c.block_m % 64 == 0 and c.num_warps % 4 == 0, c
+        if c.persistent:  # TMA boxes: at most 256 elements a side, rows of 16-byte units
+            assert max(c.block_m, c.block_n, c.block_k) <= 256 and c.block_k * 2 % 16 == 0
     decode = mm_config(n, k, 1)
     assert -(-n // decode.block_n) >= 128, "a decode step needs column stripes for every SM"
+    assert not decode.persistent, "decode steps keep the pointer-fed tiles (faster at M <= 64)"
 
 
 @pytest.mark.parametrize(("n", "k"), SHAPES_7B)
