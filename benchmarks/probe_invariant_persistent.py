@@ -5,9 +5,9 @@
    M in {1, 16, 64, 144, 576, 2100}: does a row keep the table's bits (a 2,100-row call
    and a 1-row call, bitwise), and how long does each take (``triton.testing.do_bench``
    medians, L2 flushed)?
-2. **Attention**: does a prompt row get a decode row's bits when both run in 64-query
-   tiles (wgmma) at a split of 256 keys, as they do in 16-query tiles (mma) at 128
-   (today's)? Decode (1 query) and verify (9 queries) rows at several positions against
+2. **Attention**: does a prompt row get a decode row's bits in each layout: 16-query
+   tiles (mma) at splits of 128 and 256 keys, the prompt's grouped four to a program
+   (``shared/node/static/invariant_prompt.py``), and 64-query tiles (wgmma)? Decode (1 query) and verify (9 queries) rows at several positions against
    the prompt's, bitwise; and each layout's time for a 2,100-token prompt and for decode
    steps of B = 1, 16, 64 sessions of Q = 1, 9 queries over 2,100 positions.
 
@@ -44,9 +44,12 @@ from eventspec.shared.node.static.invariant_tiles import MmConfig, mm_config, pr
 #: Tiles tried persistent besides the table's own (BM, BN, BK, warps, stages).
 PERSISTENT_TILES = ((64, 64, 64, 4, 4), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4),
                     (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3),
-                    (128, 128, 64, 4, 4))
-#: (query tile, split) layouts of the attention; the first is today's.
-LAYOUTS = ((16, 128), (16, 256), (64, 256), (64, 128))
+                    (128, 128, 64, 4, 4), (256, 64, 64, 8, 3), (64, 256, 64, 4, 3),
+                    (128, 64, 64, 8, 3), (256, 64, 64, 8, 4))
+#: (query tile, split, four pseudo-sessions per program) layouts of the attention: the
+#: step's 16-query tiles (grouped for prompts, :mod:`.invariant_prompt`, or not) and
+#: 64-query ones (wgmma: other bits).
+LAYOUTS = ((16, 128, False), (16, 256, False), (16, 256, True), (64, 256, False))
 PROMPT = 2100
 #: Positions whose decode / verify rows are compared with the prompt's.
 PROBE_POSITIONS = (0, 1, 63, 64, 200, 1000, 2000, PROMPT - 9)
@@ -123,8 +126,10 @@ def probe_attention() -> dict[str, Any]:
     out: dict[str, Any] = {"flash_sdpa_ms": bench_ms(
         lambda: F.scaled_dot_product_attention(q.transpose(0, 1)[None], kc[0:1, :, :PROMPT],
                                                vc[0:1, :, :PROMPT], is_causal=True))}
-    for tile, split in LAYOUTS:
+    for tile, split, grouped in LAYOUTS:
         tiles = prefill_tiles([0], [0], [PROMPT], dev, tile)
+        if not grouped:
+            tiles = dataclasses.replace(tiles, groups=None)
         prompt = prefill_fixed_split_attention(q, kc, vc, tiles, split=split)  # [L, H, D]
         equal = True
         for p in PROBE_POSITIONS:
@@ -135,7 +140,7 @@ def probe_attention() -> dict[str, Any]:
                                          query_tile=tile)
             equal = equal and torch.equal(one[0, 0], prompt[p])
             equal = equal and torch.equal(nine[0], prompt[p:p + 9])
-        key = f"tile{tile}_split{split}"
+        key = f"tile{tile}_split{split}" + ("_grouped" if grouped else "")
         row: dict[str, Any] = {"decode_rows_equal_prompt_rows": bool(equal), "prompt_ms": bench_ms(
             functools.partial(prefill_fixed_split_attention, q, kc, vc, tiles, split=split))}
         for b in (1, 16, 64):

@@ -79,10 +79,12 @@ import torch
 
 from eventspec.shared.contract.errors import InvalidInput
 from eventspec.shared.node.static.attention import HAVE_TRITON
+from eventspec.shared.node.static.invariant_prompt import grouped_prompt_splits
 from eventspec.shared.node.static.invariant_tiles import (
     ATTN_BLOCK_N,
     QUERY_TILE,
     SPLIT,
+    AttentionLaunch,
     MmConfig,
     PrefillTiles,
     attention_launch,
@@ -303,13 +305,20 @@ def fixed_split_attention(
         o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse.stride(0), lse.stride(1), qk_scale, **launch.meta,
     )  # fmt: skip
+    _combine(o_part, lse, out, starts, seq_lens, nq, launch)
+    return out
+
+
+def _combine(o_part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, starts: torch.Tensor,
+             seq_lens: torch.Tensor, nq: int, launch: AttentionLaunch) -> None:
+    """The splits' partials [B Q, splits, H, D] merged into out [B, Q, H, D]."""
+    nh, hd = out.shape[2], out.shape[3]
     combine: Any = _fixed_combine_kernel
     combine[launch.combine_grid](
-        o_part, lse, out, starts, seq_lens, nq, num_alloc,
+        o_part, lse, out, starts, seq_lens, nq, launch.num_alloc,
         o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse.stride(0), lse.stride(1), nh * hd, hd, **launch.combine_meta,
     )  # fmt: skip
-    return out
 
 
 def prefill_fixed_split_attention(
@@ -332,10 +341,23 @@ def prefill_fixed_split_attention(
     tile = tiles.tile
     padded = q.new_zeros((p * tile, nh, hd))  # [P tile, H, D]
     padded.index_copy_(0, tiles.rows, q)
-    o = fixed_split_attention(padded.view(p, tile, nh, hd), k_cache, v_cache,
-                              tiles.slots, tiles.starts, tiles.seq_lens, split=split,
-                              query_tile=tile)
-    return o.view(p * tile, nh, hd).index_select(0, tiles.rows)  # [M, H, D]
+    if tiles.groups is None:
+        o = fixed_split_attention(padded.view(p, tile, nh, hd), k_cache, v_cache,
+                                  tiles.slots, tiles.starts, tiles.seq_lens, split=split,
+                                  query_tile=tile)
+        return o.view(p * tile, nh, hd).index_select(0, tiles.rows)  # [M, H, D]
+    _need_cuda("prefill_fixed_split_attention", q, k_cache, v_cache)
+    launch = attention_launch(p, tile, nh, hd, k_cache.shape[1], k_cache.shape[2], q.dtype,
+                              split, tile)
+    o_part = torch.empty((p * tile, launch.num_alloc, nh, hd), device=q.device,
+                         dtype=torch.float32)  # [P tile, splits, H, D]
+    lse = torch.empty((p * tile, launch.num_alloc, nh), device=q.device,
+                      dtype=torch.float32)  # [P tile, splits, H]
+    grouped_prompt_splits(padded, k_cache, v_cache, tiles, launch, o_part, lse,
+                          hd**-0.5 * 1.4426950408889634)
+    out = torch.empty((p, tile, nh, hd), device=q.device, dtype=q.dtype)  # [P, tile, H, D]
+    _combine(o_part, lse, out, tiles.starts, tiles.seq_lens, tile, launch)
+    return out.view(p * tile, nh, hd).index_select(0, tiles.rows)  # [M, H, D]
 
 
 def all_dense(weights: LanguageWeights) -> bool:

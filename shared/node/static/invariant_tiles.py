@@ -20,6 +20,7 @@ __all__ = [
     "ATTN_BLOCK_N",
     "ATTN_WARPS",
     "MM_CONFIGS",
+    "PROMPT_GROUP",
     "QUERY_TILE",
     "SPLIT",
     "AttentionLaunch",
@@ -28,6 +29,7 @@ __all__ = [
     "attention_launch",
     "cdiv",
     "dot_precision",
+    "group_pseudo_sessions",
     "mm_config",
     "mm_launch",
     "num_splits_for_slot",
@@ -116,6 +118,9 @@ QUERY_TILE: Final = 16
 #: 2,100-token prompt (0.47 against 0.60 ms a layer) and for steps of 16 and 64
 #: sessions (``invariant-persistent-probe-h200.json``, ``invariant-kernels-h200.json``).
 SPLIT: Final = 256
+#: Pseudo-sessions of one prompt piece one program of the prompt kernel runs on one
+#: load of each key block (:mod:`.invariant_prompt`).
+PROMPT_GROUP: Final = 4
 #: Key positions per block inside a split (SPLIT must be a multiple).
 ATTN_BLOCK_N: Final = 64
 #: Warps of the split kernel (fixed: it changes the MMA layout).
@@ -186,6 +191,24 @@ class PrefillTiles:
     rows: torch.Tensor  # [M] padded row of each query
     #: Queries per pseudo-session (the attention kernel's query tile).
     tile: int = QUERY_TILE
+    #: [G, PROMPT_GROUP] pseudo-sessions each program of the prompt kernel runs (-1:
+    #: none), from :func:`group_pseudo_sessions`; None: one program per pseudo-session.
+    groups: torch.Tensor | None = None
+
+
+def group_pseudo_sessions(slots: Sequence[int], group: int = PROMPT_GROUP) -> list[list[int]]:
+    """Consecutive pseudo-sessions in groups of up to ``group`` (their indices, -1
+    padding the last of a run): a group never spans two slots, since its program reads
+    one slot's keys for all of them."""
+    if group < 1:
+        raise InvalidInput(f"a group of {group} pseudo-sessions")
+    out: list[list[int]] = []
+    for i, slot in enumerate(slots):
+        if out and len([j for j in out[-1] if j >= 0]) < group and slots[out[-1][0]] == slot:
+            out[-1][out[-1].index(-1)] = i
+        else:
+            out.append([i] + [-1] * (group - 1))
+    return out
 
 
 def prefill_tiles(
@@ -195,12 +218,15 @@ def prefill_tiles(
     """:func:`prefill_layout` of the pieces (slot r from start r, length r) as tensors,
     in pseudo-sessions of ``tile`` queries."""
     pieces, tile_starts, tile_lens, rows = prefill_layout(starts, lengths, tile)
+    tile_slots = [slots[p] for p in pieces]
 
     def t(values: Sequence[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long).to(device)
 
-    return PrefillTiles(t([slots[p] for p in pieces]), t(tile_starts), t(tile_lens), t(rows),
-                        tile)
+    groups = None
+    if tile == QUERY_TILE:
+        groups = torch.tensor(group_pseudo_sessions(tile_slots), dtype=torch.long).to(device)
+    return PrefillTiles(t(tile_slots), t(tile_starts), t(tile_lens), t(rows), tile, groups)
 
 
 def cdiv(a: int, b: int) -> int:

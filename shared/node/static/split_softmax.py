@@ -10,7 +10,9 @@ which of them a combine reads are each kernel's own; the arithmetic is here:
 
 - :func:`online_softmax_split`: the loop over one split's keys in blocks of ``BLOCK_N``
   (scores in log2 units, masked to the keys each query may see, running max, sum and
-  output in fp32) and the split's normalised output and LSE;
+  output in fp32) and the split's normalised output and LSE; its body and ending are
+  :func:`online_softmax_step` and :func:`finish_split`, which the prompt kernel of
+  :mod:`.invariant_prompt` runs for four query tiles on one load of each key block;
 - :func:`merge_splits`: one (row, head)'s partials weighted by ``exp2(lse - max)``.
 
 Four switches are compile-time arguments, so each kernel compiles to the arithmetic it
@@ -34,7 +36,8 @@ Importable without Triton (CPU installs): the functions exist only where it does
 
 from __future__ import annotations
 
-__all__ = ["HAVE_TRITON", "merge_splits", "online_softmax_split"]
+__all__ = ["HAVE_TRITON", "finish_split", "merge_splits", "online_softmax_split",
+           "online_softmax_step"]
 
 try:  # Triton exists where CUDA does; CPU-only installs never call these.
     import triton
@@ -57,6 +60,45 @@ if HAVE_TRITON:
         return r
 
     @triton.jit  # type: ignore[untyped-decorator]
+    def online_softmax_step(  # type: ignore[no-untyped-def]
+        q, k, v, kv, in_len, q_pos, qk_scale, m_i, l_i, acc,
+        PRECISION: tl.constexpr, KEEP_UNSEEN: tl.constexpr,
+    ):  # fmt: skip
+        """One block of keys k, v [BN, D] (positions kv [BN], ``in_len`` the ones in
+        range) into queries q [BM, D]'s running (max m_i [BM], sum l_i [BM], output
+        acc [BM, D]); a key is seen by the queries at or after it. Returns the new
+        (m_i, l_i, acc)."""
+        scores = _dot(q, tl.trans(k), PRECISION) * qk_scale  # [BM, BN], log2 units
+        ok = in_len[None, :] & (kv[None, :] <= q_pos[:, None])  # [BM, BN]
+        scores = tl.where(ok, scores, float("-inf"))
+        m_blk = tl.max(scores, 1)  # [BM]
+        seen = m_blk > float("-inf")  # [BM] rows that see a key of this block
+        m_new = tl.maximum(m_i, m_blk)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(scores - m_safe[:, None])  # [BM, BN]; masked keys: +0
+        alpha = tl.exp2(m_i - m_safe)  # [BM]
+        # The running state's update, in each kernel's own order of operations.
+        if KEEP_UNSEEN:
+            pv = _dot(p.to(v.dtype), v, PRECISION)  # [BM, D]
+            l_i = tl.where(seen, l_i * alpha + tl.sum(p, 1), l_i)
+            acc = tl.where(seen[:, None], acc * alpha[:, None] + pv, acc)
+            m_i = tl.where(seen, m_new, m_i)
+        else:
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION)
+            m_i = m_new
+        return m_i, l_i, acc
+
+    @triton.jit
+    def finish_split(m_i, l_i, acc):  # type: ignore[no-untyped-def]
+        """(output [BM, D] normalised, LSE [BM] in log2 units) of a split's running
+        state; -inf and 0 for a query that saw no key."""
+        has = l_i > 0.0
+        out = acc / tl.where(has, l_i, 1.0)[:, None]  # [BM, D]
+        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+        return out, lse
+
+    @triton.jit  # type: ignore[untyped-decorator]
     def online_softmax_split(  # type: ignore[no-untyped-def]
         q, k_base, v_base, sk_t, sv_t, lo, hi, q_pos, qk_scale,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -64,9 +106,9 @@ if HAVE_TRITON:
     ):  # fmt: skip
         """Online softmax of queries q [BM, D] (at positions q_pos [BM]) over keys
         [lo, hi) of one head (key p at ``k_base + p * sk_t``, values likewise), in
-        blocks of BLOCK_N from lo; a key is seen by the queries at or after it. Returns
-        (output [BM, D] fp32 normalised, LSE [BM] in log2 units; -inf and 0 for a query
-        that saw no key)."""
+        blocks of BLOCK_N from lo (:func:`online_softmax_step`). Returns (output [BM, D]
+        fp32 normalised, LSE [BM] in log2 units; -inf and 0 for a query that saw no
+        key)."""
         offs_d = tl.arange(0, HEAD_DIM)
         offs_n = tl.arange(0, BLOCK_N)
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -83,29 +125,9 @@ if HAVE_TRITON:
                         mask=in_len[:, None], other=0.0)  # [BN, D]
             v = tl.load(v_base + rows * sv_t + offs_d[None, :],
                         mask=in_len[:, None], other=0.0)  # [BN, D]
-            scores = _dot(q, tl.trans(k), PRECISION) * qk_scale  # [BM, BN], log2 units
-            ok = in_len[None, :] & (kv[None, :] <= q_pos[:, None])  # [BM, BN]
-            scores = tl.where(ok, scores, float("-inf"))
-            m_blk = tl.max(scores, 1)  # [BM]
-            seen = m_blk > float("-inf")  # [BM] rows that see a key of this block
-            m_new = tl.maximum(m_i, m_blk)
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(scores - m_safe[:, None])  # [BM, BN]; masked keys: +0
-            alpha = tl.exp2(m_i - m_safe)  # [BM]
-            # The running state's update, in each kernel's own order of operations.
-            if KEEP_UNSEEN:
-                pv = _dot(p.to(v.dtype), v, PRECISION)  # [BM, D]
-                l_i = tl.where(seen, l_i * alpha + tl.sum(p, 1), l_i)
-                acc = tl.where(seen[:, None], acc * alpha[:, None] + pv, acc)
-                m_i = tl.where(seen, m_new, m_i)
-            else:
-                l_i = l_i * alpha + tl.sum(p, 1)
-                acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION)
-                m_i = m_new
-        has = l_i > 0.0
-        out = acc / tl.where(has, l_i, 1.0)[:, None]  # [BM, D]
-        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-        return out, lse
+            m_i, l_i, acc = online_softmax_step(q, k, v, kv, in_len, q_pos, qk_scale, m_i,
+                                                l_i, acc, PRECISION, KEEP_UNSEEN)
+        return finish_split(m_i, l_i, acc)
 
     @triton.jit  # type: ignore[untyped-decorator]
     def merge_splits(lse, parts, EMPTY_SAFE: tl.constexpr):  # type: ignore[no-untyped-def]

@@ -18,11 +18,13 @@ from eventspec.shared.node.static.invariant_tiles import (
     QUERY_TILE,
     SPLIT,
     attention_launch,
+    group_pseudo_sessions,
     mm_config,
     mm_launch,
     num_splits_for_slot,
     prefill_layout,
     prefill_pseudo_sessions,
+    prefill_tiles,
 )
 
 #: (N, K) of a LLaMA-7B / Video-LLaVA-7B layer's fused QKV, wo, fused gate-up, down, and
@@ -151,3 +153,31 @@ def test_a_bad_piece_is_refused() -> None:
         prefill_pseudo_sessions(5, 0)
     with pytest.raises(InvalidInput):
         prefill_pseudo_sessions(-1, 3)
+
+
+@given(runs=st.lists(st.tuples(st.integers(0, 5), st.integers(1, 11)), min_size=1, max_size=6),
+       group=st.integers(1, 5))
+def test_prompt_groups_cover_each_pseudo_session_once_and_never_span_two_slots(
+        runs: list[tuple[int, int]], group: int) -> None:
+    slots = [slot for slot, n in runs for _ in range(n)]
+    groups = group_pseudo_sessions(slots, group)
+    assert all(len(g) == group for g in groups)
+    members = [i for g in groups for i in g if i >= 0]
+    assert members == list(range(len(slots)))  # every one, once, in order
+    for g in groups:
+        real = [i for i in g if i >= 0]
+        assert real and g[: len(real)] == real, "padding only after the members"
+        assert len({slots[i] for i in real}) == 1, "one slot's keys per program"
+    # No group is cut short unless the next pseudo-session is another slot's.
+    for a, b in zip(groups, groups[1:], strict=False):
+        if -1 in a:
+            assert slots[max(a)] != slots[b[0]] or len(slots) == 0
+
+
+def test_prefill_tiles_group_only_the_steps_query_tile() -> None:
+    grouped = prefill_tiles([3, 5], [0, 0], [70, 20], torch.device("cpu"))
+    assert grouped.groups is not None
+    assert grouped.groups.tolist() == [[0, 1, 2, 3], [4, -1, -1, -1], [5, 6, -1, -1]]
+    assert prefill_tiles([3], [0], [70], torch.device("cpu"), tile=64).groups is None
+    with pytest.raises(InvalidInput):
+        group_pseudo_sessions([1], 0)
