@@ -7,8 +7,9 @@
    medians, L2 flushed)?
 2. **Attention**: does a prompt row get a decode row's bits in each layout: 16-query
    tiles (mma) at splits of 128 and 256 keys, the prompt's grouped four to a program
-   (``shared/node/static/invariant_prompt.py``), and 64-query tiles (wgmma)? Decode (1 query) and verify (9 queries) rows at several positions against
-   the prompt's, bitwise; and each layout's time for a 2,100-token prompt and for decode
+   (``shared/node/static/invariant_prompt.py``), and 64-query tiles (wgmma)? Decode
+   (1 query) and verify (9 queries) rows at several positions against the prompt's,
+   bitwise; and each layout's time for a 2,100-token prompt and for decode
    steps of B = 1, 16, 64 sessions of Q = 1, 9 queries over 2,100 positions.
 
     python -m benchmarks.probe_invariant_persistent --out "$OUT"
