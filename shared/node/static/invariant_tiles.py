@@ -83,7 +83,7 @@ _P128x256: Final = MmConfig(128, 256, 64, 8, 3, persistent=True)
 _QKV: Final[MmBuckets] = ((64, MmConfig(64, 32, 64, 4, 4)), (320, _P128x256),
                           (1024, _P128x256), (ANY_M, _P128x256))
 _WO: Final[MmBuckets] = ((64, MmConfig(64, 32, 128, 4, 4)),
-                         (320, MmConfig(64, 128, 128, 4, 4)), (1024, _P128x256),
+                         (320, MmConfig(64, 128, 128, 4, 4, persistent=True)), (1024, _P128x256),
                          (ANY_M, MmConfig(64, 128, 128, 4, 4, persistent=True)))
 _DOWN: Final[MmBuckets] = ((64, MmConfig(64, 32, 128, 4, 4)),
                            (320, MmConfig(64, 128, 128, 4, 4, persistent=True)),
