@@ -23,8 +23,12 @@ every reduction is fixed by the row alone:
   :mod:`.split_softmax`'s (shared with :mod:`.attention`'s kernel), with the switches
   this kernel's bits need.
 - :func:`prefill_fixed_split_attention`: a prompt piece cut into pseudo-sessions of 16
-  queries run through the same kernel, so a prompt row is computed exactly as a
-  verify or decode row at its position.
+  queries, each run with the step kernel's arithmetic (four of a slot to a program,
+  :mod:`.invariant_prompt`), so a prompt row is computed exactly as a verify or
+  decode row at its position.
+
+From 144 rows on, the table's tiles run in a persistent kernel fed by TMA
+(:mod:`.invariant_tma`): the same arithmetic, measured bit-equal.
 
 RMSNorm, RoPE + KV write and SiLU-mul (:mod:`.kernels`) are one program per row or
 per element already, so they are batch-invariant as they are.
@@ -65,7 +69,9 @@ The host-side rules (the tile table, the launch arguments, the pseudo-sessions) 
 benchmarks.bench_invariant_kernels``, ``benchmarks/results/invariant-kernels-h200.json``):
 every candidate tile is row-invariant; one tile per shape cost 1.10x cuBLAS at M <= 64,
 1.76x at M = 144 and 2.51x at M = 2,100 (``--cross-tiles``: the table's tiles by M,
-1.09x / 1.49x / 1.49x, ``invariant-cross-tiles-h200.json``), and the engine gave
+1.09x / 1.49x / 1.49x, ``invariant-cross-tiles-h200.json``; with the persistent
+tiles 1.39x at 144 and 1.15x at 2,100, ``invariant-persistent-probe-h200.json``), and
+the engine gave
 bitwise-equal logits alone and beside 3/15/63 sessions (``batch-invariance-h200-
 invariant.json``). Not claimed: that the bits equal cuBLAS's or the CPU path's (they do
 not: different kernels, same arithmetic up to rounding).
