@@ -19,8 +19,11 @@ The vision path alone (``vision``): five frames through CLIP, projector, adaptor
 the feature adapter (to the target's video geometry), torch eager in the draft's dtype
 vs ONNX Runtime on an export of the same shapes (``eventspec.edge.vision.onnx_export``): the
 CUDA execution provider with the fused fp16 graphs on a GPU (the row is skipped, with
-a note, when this ONNX Runtime has no CUDA EP), the CPU EP in fp32 with ``--tiny``.
-``--no-vision`` skips it. Writes ``edge_<device>.json`` to ``--out`` ($OUT or .).
+a note, when this ONNX Runtime has no CUDA EP), the CPU EP in fp32 with ``--tiny``. On
+a GPU it times the sessions with CUDA graphs (``cuda_graph`` says whether every graph
+captured) and ``without_cuda_graphs``, and ``tensorrt``: TensorRT's EP where it opens,
+else why not (``--no-tensorrt`` skips it). ``--no-vision`` skips the vision path.
+Writes ``edge_<device>.json`` to ``--out`` ($OUT or .).
 """
 
 from __future__ import annotations
@@ -93,8 +96,8 @@ def draft_timings(draft: DraftModel, backend: DraftBackend, repeats: int) -> dic
     }
 
 
-def vision_timings(draft: DraftModel, dst: tuple[int, int, int], repeats: int
-                   ) -> dict[str, Any]:
+def vision_timings(draft: DraftModel, dst: tuple[int, int, int], repeats: int,
+                   tensorrt: bool = True) -> dict[str, Any]:
     """Five frames through CLIP + projector + adaptor + adapter: torch eager vs ONNX
     Runtime, each stage and the chain, in ms."""
     s, dev = draft.image_size, draft.device
@@ -106,7 +109,7 @@ def vision_timings(draft: DraftModel, dst: tuple[int, int, int], repeats: int
         draft.clip_features, lambda c: draft.model.event_tokens(c.to(draft.dtype)), adapter,
         pixels, repeats)
     result["torch"]["dtype"] = str(draft.dtype)
-    result["onnx"] = _onnx_timings(draft, adapter, pixels, repeats)
+    result["onnx"] = _onnx_timings(draft, adapter, pixels, repeats, tensorrt)
     return result
 
 
@@ -128,18 +131,15 @@ def _stage_timings(clip_fn: Callable[[torch.Tensor], torch.Tensor],
 
 
 def _onnx_timings(draft: DraftModel, adapter: FeatureAdapter, pixels: torch.Tensor,
-                  repeats: int) -> dict[str, Any]:
+                  repeats: int, tensorrt: bool = True) -> dict[str, Any]:
     """Export a vision-only model of the draft's shapes (one LLM layer: the export never
-    reads the LLM) and time it on the provider ``--vision-backend onnx`` would pick."""
+    reads the LLM) and time it on the provider ``--vision-backend onnx`` would pick: on
+    a GPU with CUDA graphs (the default), then the same export without, then TensorRT
+    where its execution provider opens (its reason recorded where it does not)."""
     try:
         import onnxruntime
 
-        from eventspec.edge.vision.onnx_backend import (
-            CUDA_EP,
-            OnnxVision,
-            OrtGraph,
-            choose_provider,
-        )
+        from eventspec.edge.vision.onnx_backend import CUDA_EP, TRT_EP, choose_provider
         from eventspec.edge.vision.onnx_export import export_graphs
     except ImportError as exc:
         return {"skipped": f"ONNX Runtime or onnx not installed ({exc})"}
@@ -155,16 +155,56 @@ def _onnx_timings(draft: DraftModel, adapter: FeatureAdapter, pixels: torch.Tens
         t0 = time.perf_counter()
         graphs = export_graphs(EventGPTForCausalLM(cfg), copy.deepcopy(adapter), Path(tmp))
         export_s = time.perf_counter() - t0
-        files = graphs.files
-        run = {name: OrtGraph(Path(tmp) / files[name][precision], provider, dev)
-               for name in files}
-        vision = OnnxVision(run["clip"], run["events"], dev, f"onnx ({provider}, {precision})")
-        timings = _stage_timings(vision.clip_features, vision.event_tokens, run["adapter"],
-                                 pixels, repeats)
+        files = {name: {p: Path(tmp) / f for p, f in pair.items()}
+                 for name, pair in graphs.files.items()}
+        timings = _ort_timings(files, provider, dev, pixels, repeats, cuda_graph=True)
+        if dev.type == "cuda":
+            timings["without_cuda_graphs"] = _ort_timings(files, provider, dev, pixels,
+                                                          repeats, cuda_graph=False)
+            timings["tensorrt"] = (
+                _ort_timings(files, TRT_EP, dev, pixels, repeats, cuda_graph=True,
+                             trt_cache=Path(tmp) / "trt") if tensorrt and TRT_EP in available
+                else {"skipped": "--no-tensorrt" if not tensorrt else
+                      f"this ONNX Runtime has no {TRT_EP} (providers: {', '.join(available)})"})
     timings.update({"provider": provider, "precision": precision, "export_s": export_s,
                     "fused_operators": graphs.fused,
                     "max_abs_diff_fp32_cpu": graphs.max_abs_diff,
                     "onnxruntime": onnxruntime.__version__})
+    return timings
+
+
+def _ort_timings(files: dict[str, dict[str, Path]], provider: str, dev: torch.device,
+                 pixels: torch.Tensor, repeats: int, *, cuda_graph: bool,
+                 trt_cache: Path | None = None) -> dict[str, Any]:
+    """The stages on sessions of ``provider`` (with or without CUDA graphs), and whether
+    each graph did capture; TensorRT's failure to open is recorded, not raised."""
+    from eventspec.edge.vision.onnx_backend import (
+        GRAPH_FILE,
+        PRECISION,
+        TRT_EP,
+        OnnxVision,
+        describe,
+    )
+    from eventspec.edge.vision.onnx_session import OrtGraph
+
+    t0 = time.perf_counter()
+    try:
+        run = {name: OrtGraph(pair[GRAPH_FILE[provider]], provider, dev,
+                              cuda_graph=cuda_graph, trt_cache=trt_cache)
+               for name, pair in files.items()}
+    except Exception as exc:
+        if provider != TRT_EP:
+            raise
+        return {"skipped": f"{provider} could not open the export: {type(exc).__name__}: {exc}"}
+    open_s = time.perf_counter() - t0
+    on = {name: g.cuda_graph for name, g in run.items()}
+    name = describe(provider, PRECISION[provider], on)
+    vision = OnnxVision(run["clip"], run["events"], dev, name)
+    timings = _stage_timings(vision.clip_features, vision.event_tokens, run["adapter"],
+                             pixels, repeats)
+    fallbacks = {n: g.graph_fallback for n, g in run.items() if g.graph_fallback}
+    timings.update({"name": name, "cuda_graph": all(on.values()), "cuda_graphs": on,
+                    "open_s": open_s, **({"graph_fallback": fallbacks} if fallbacks else {})})
     return timings
 
 
@@ -199,6 +239,12 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=25)
     parser.add_argument("--no-vision", action="store_true",
                         help="skip the vision path's torch vs ONNX Runtime timings")
+    parser.add_argument("--no-tensorrt", action="store_true",
+                        help="do not try ONNX Runtime's TensorRT EP (it builds its engines "
+                             "when the session opens, slowly for CLIP)")
+    parser.add_argument("--vision-only", action="store_true",
+                        help="time only the vision path (no drafters, no cloud step); "
+                             "writes edge-vision_<device>.json")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -210,14 +256,17 @@ def main() -> int:
     dev = draft.device
     result: dict[str, Any] = {
         "command": "python -m benchmarks.bench_edge" + (" --tiny" if args.tiny else "")
-                   + (" --no-vision" if args.no_vision else ""),
+                   + (" --no-vision" if args.no_vision else "")
+                   + (" --no-tensorrt" if args.no_tensorrt else "")
+                   + (" --vision-only" if args.vision_only else ""),
         "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
         "torch": torch.__version__, "transformers": __import__("transformers").__version__,
         "dtype": str(draft.dtype), "draft_model": draft.model_id, "target_model": target.model_id,
         "repeats": args.repeats, "engines": {},
     }
-    result["engines"]["hf"] = draft_timings(draft, draft, args.repeats)
-    for quant in QuantMode:
+    if not args.vision_only:
+        result["engines"]["hf"] = draft_timings(draft, draft, args.repeats)
+    for quant in () if args.vision_only else QuantMode:
         name = "static" if quant is QuantMode.NONE else f"static_{quant.value}"
         t0 = time.perf_counter()
         static = StaticDraftBackend(draft, max_seq_len=min(draft.max_positions, 2048),
@@ -230,15 +279,19 @@ def main() -> int:
         del static
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-    result["cloud"] = cloud_steps(target, args.repeats, max_seq)
-    if not args.no_vision:
+    if not args.vision_only:
+        result["cloud"] = cloud_steps(target, args.repeats, max_seq)
+    if not args.no_vision or args.vision_only:
         g = target.geometry
         result["vision"] = vision_timings(
-            draft, (g.num_frames, g.tokens_per_frame, g.feature_dim), args.repeats)
+            draft, (g.num_frames, g.tokens_per_frame, g.feature_dim), args.repeats,
+            tensorrt=not args.no_tensorrt)
         v = result["vision"]
+        o = v["onnx"]
+        plain = o.get("without_cuda_graphs", {}).get("total_ms")
         logging.info("vision path, 5 frames: torch %.2f ms, onnx %s", v["torch"]["total_ms"],
-                     v["onnx"].get("skipped") or f"{v['onnx']['total_ms']:.2f} ms "
-                                                  f"({v['onnx']['provider']})")
+                     o.get("skipped") or f"{o['total_ms']:.2f} ms ({o['name']})"
+                     + (f", {plain:.2f} ms without CUDA graphs" if plain else ""))
     for name, e in result["engines"].items():
         e["c_B1"] = e["draft_ms_per_token"] / result["cloud"]["step_B1_k0_ms"]
         e["c_B16"] = e["draft_ms_per_token"] / result["cloud"]["step_B16_k8_ms"]
@@ -247,7 +300,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = "cpu" if dev.type != "cuda" else torch.cuda.get_device_name().split()[1].lower()
-    path = out / f"edge_{tag}.json"
+    path = out / f"{'edge-vision' if args.vision_only else 'edge'}_{tag}.json"
     write_result(path, result)
     print(json.dumps(result, indent=1))
     print(f"wrote {path}")

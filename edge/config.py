@@ -45,6 +45,9 @@ DRAFT_ENGINES = ("auto", "static", "hf", "oracle")
 DRAFT_QUANTS = ("none", "int8", "int4")
 #: ``--vision-backend`` choices (eventspec.edge.vision.backend).
 VISION_BACKENDS = ("torch", "onnx")
+#: ``--vision-ort-provider`` choices (eventspec.edge.vision.onnx_backend.PROVIDER_CHOICES,
+#: kept apart so the settings import no ONNX Runtime; a unit test holds them equal).
+VISION_ORT_PROVIDERS = ("auto", "cuda", "tensorrt")
 #: ``--seed`` spans what ``torch.manual_seed`` takes.
 SEED_MAX = 2**64 - 1
 #: ``--max-message-bytes``: below 1 MiB an Open with its frames may not fit; gRPC's own
@@ -220,6 +223,16 @@ class EdgeSettings(FromEnv):
     onnx_dir: Path | None = setting(
         None, help="an export of --model (and --adapter) made by `eventspec-edge export-onnx`, "
                    "for --vision-backend onnx; a stale one is refused")
+    vision_ort_provider: str = setting(
+        "auto", choices=VISION_ORT_PROVIDERS,
+        help="--vision-backend onnx's execution provider: auto (CUDA with a CUDA --device and "
+             "onnxruntime-gpu, else CPU), cuda (the CUDA EP or refuse to start), tensorrt "
+             "(TensorRT building fp16 engines, cached under ~/.cache/eventspec/ort-trt; "
+             "the CUDA EP, with a warning, where TensorRT's libraries are absent)")
+    vision_ort_cuda_graphs: bool = setting(
+        True, on_off=True,
+        help="--vision-backend onnx on a GPU: replay each graph as a CUDA graph captured at "
+             "start (a graph that cannot be captured runs without, with a warning)")
     acceptance_prior: float = setting(
         0.5, help="the share of drafts the plan expects the cloud to accept before any "
                   "request has been observed, 0..1")

@@ -276,8 +276,7 @@ class EdgeServer:
         """``--vision-backend onnx``: the draft's vision path (and the adapter, when one
         was loaded from a directory) on ONNX Runtime; returns the adapter to use.
 
-        The export is checked against the directories loaded, and refused when stale.
-        """
+        The export is checked against the directories loaded, and refused when stale."""
         try:
             from eventspec.edge.vision.onnx_backend import load_onnx_vision
         except ImportError as exc:
@@ -290,7 +289,8 @@ class EdgeServer:
         loaded = (adapter_dir(adapter_name)
                   if adapter is not None and adapter_name is not None else None)
         path = load_onnx_vision(s.onnx_dir, model_dir=draft_dir(s.model), adapter_dir=loaded,
-                                device=draft.device)
+                                device=draft.device, prefer=s.vision_ort_provider,
+                                cuda_graphs=s.vision_ort_cuda_graphs)
         draft.vision = path.vision
         if path.aligner is not None:
             return path.aligner

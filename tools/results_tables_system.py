@@ -266,19 +266,33 @@ def int4_dense(runs: Named) -> list[str]:
 
 
 def edge_vision(runs: Named) -> list[str]:
-    """Five frames through CLIP, projector, adaptor and the adapter, per runtime."""
+    """Five frames through CLIP, projector, adaptor and the adapter, per runtime; ONNX
+    Runtime with and without CUDA graphs, and TensorRT, where the run has them."""
     (_, r), = runs
     v = r["vision"]
     rows = []
     for key in ("torch", "onnx"):
         t = v[key]
-        name = (f"torch eager, {str(t.get('dtype', '')).removeprefix('torch.')}" if key == "torch"
-                else f"ONNX Runtime {t['onnxruntime']}, "
-                     f"{str(t['provider']).removesuffix('ExecutionProvider')} EP, "
-                     f"{t['precision']}, fused")
-        rows.append((name, f"{t['clip_ms']:.2f} ms", f"{t['events_ms']:.2f} ms",
-                     f"{t['adapter_ms']:.2f} ms", f"{t['total_ms']:.2f} ms"))
+        if key == "torch":
+            dtype = str(t.get("dtype", "")).removeprefix("torch.")
+            rows.append(_vision_row(f"torch eager, {dtype}", t))
+            continue
+        ort = (f"ONNX Runtime {t['onnxruntime']}, "
+               f"{str(t['provider']).removesuffix('ExecutionProvider')} EP, {t['precision']}, "
+               "fused")
+        rows.append(_vision_row(ort + (", CUDA graphs" if t.get("cuda_graph") else ""), t))
+        if "total_ms" in t.get("without_cuda_graphs", {}):
+            rows.append(_vision_row(ort + ", no CUDA graphs", t["without_cuda_graphs"]))
+        trt = t.get("tensorrt", {})
+        if "total_ms" in trt:
+            rows.append(_vision_row(f"ONNX Runtime {t['onnxruntime']}, TensorRT EP, fp16"
+                                    + (", CUDA graphs" if trt.get("cuda_graph") else ""), trt))
     return table(["runtime", "CLIP", "projector + adaptor + pooling", "adapter", "all"], rows)
+
+
+def _vision_row(name: str, t: dict[str, Any]) -> tuple[str, ...]:
+    return (name, f"{t['clip_ms']:.2f} ms", f"{t['events_ms']:.2f} ms",
+            f"{t['adapter_ms']:.2f} ms", f"{t['total_ms']:.2f} ms")
 
 
 def _outcomes(text: object) -> str:

@@ -4,92 +4,126 @@ Loads an export made by :mod:`eventspec.edge.vision.onnx_export`, refuses it whe
 for the model and adapter the edge loaded
 (:func:`~eventspec.edge.vision.onnx_manifest.check_fresh`),
 and serves the :class:`~eventspec.edge.vision.backend.VisionBackend` and
-:class:`~eventspec.edge.vision.backend.Aligner` roles from its sessions.
+:class:`~eventspec.edge.vision.backend.Aligner` roles from its sessions
+(:class:`~eventspec.edge.vision.onnx_session.OrtGraph`: bound buffers, CUDA graphs).
 
-The execution provider is chosen at run time from ``get_available_providers()``: CUDA
-with the fp16 fused graphs when it is there and the draft runs on a CUDA device
-(``onnxruntime-gpu``, the ``edge-gpu`` extra), else CPU with the fp32 graphs. Tensors
-stay torch tensors on both sides: inputs and outputs are bound in place with an
-``IOBinding`` (no copy through numpy, none off the GPU).
+The execution provider is chosen at run time (``--vision-ort-provider``) from
+``get_available_providers()``: on a CUDA device the CUDA EP with the fp16 fused graphs
+(``onnxruntime-gpu``, the ``edge-gpu`` extra), or, when asked for, TensorRT building fp16
+engines from the fp32 graphs; else the CPU EP with the fp32 graphs. A provider listed but
+unable to open a session (TensorRT without its libraries) is logged and the next one
+tried. Tensors stay torch tensors on both sides (no copy through numpy, none off the GPU).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import onnxruntime
 import torch
 
 from eventspec.edge.vision.align import AdapterConfig
 from eventspec.edge.vision.onnx_manifest import check_fresh, read_manifest
-from eventspec.shared.contract.errors import InvalidInput, NotFound
+from eventspec.edge.vision.onnx_session import CPU_EP, CUDA_EP, TRT_EP, OrtGraph
+from eventspec.shared.contract.errors import FailedPrecondition, InvalidInput, NotFound
+
+__all__ = ["CPU_EP", "CUDA_EP", "GRAPH_FILE", "PRECISION", "PROVIDER_CHOICES", "TRT_EP",
+           "OnnxAligner", "OnnxVision", "OnnxVisionPath", "OrtGraph", "choose_provider",
+           "describe", "first_that_opens", "load_onnx_vision", "provider_chain",
+           "trt_cache_dir"]
 
 log = logging.getLogger(__name__)
 
-CUDA_EP = "CUDAExecutionProvider"
-CPU_EP = "CPUExecutionProvider"
+#: ``--vision-ort-provider``: auto (CUDA on a CUDA device, else CPU), cuda (the CUDA EP
+#: or refuse), tensorrt (TensorRT, else the CUDA EP, else refuse).
+PROVIDER_CHOICES = ("auto", "cuda", "tensorrt")
+#: Which of the export's files each provider runs, and in what precision it computes.
+GRAPH_FILE = {CUDA_EP: "fp16", TRT_EP: "fp32", CPU_EP: "fp32"}
+PRECISION = {CUDA_EP: "fp16", TRT_EP: "fp16", CPU_EP: "fp32"}
 
 
-def choose_provider(device: torch.device, available: list[str]) -> tuple[str, str]:
-    """(execution provider, graph precision) for a draft on ``device``.
+def provider_chain(device: torch.device, available: list[str],
+                   prefer: str = "auto") -> list[str]:
+    """The execution providers to try, in order, for a draft on ``device``.
 
-    CUDA runs the fp16 graphs; CPU the fp32 ones (fp16 has few CPU kernels and no gain).
+    TensorRT is tried only when ``prefer`` asks for it: it builds its engines at start
+    (slowly, for a large graph) and no run here has measured it. ``cuda`` and
+    ``tensorrt`` never end on the CPU; ``auto`` does, with a warning when the draft is
+    on CUDA.
     """
-    if device.type == "cuda" and CUDA_EP in available:
-        return CUDA_EP, "fp16"
-    if device.type == "cuda":
+    if prefer not in PROVIDER_CHOICES:
+        raise FailedPrecondition(f"--vision-ort-provider must be one of "
+                                 f"{', '.join(PROVIDER_CHOICES)}, got {prefer!r}")
+    if device.type != "cuda":
+        if prefer != "auto":
+            raise FailedPrecondition(f"--vision-ort-provider {prefer} needs a CUDA --device, "
+                                     f"got {device}")
+        return [CPU_EP]
+    chain = []
+    if prefer == "tensorrt":
+        if TRT_EP in available:
+            chain.append(TRT_EP)
+        else:
+            log.warning("--vision-ort-provider tensorrt: this ONNX Runtime has no TensorRT "
+                        "execution provider (providers: %s); trying the CUDA EP",
+                        ", ".join(available))
+    if CUDA_EP in available:
+        chain.append(CUDA_EP)
+    elif prefer == "auto":
         log.warning(
             "--vision-backend onnx: the draft runs on %s but this ONNX Runtime has no CUDA "
             "execution provider (providers: %s), so the vision path runs on the CPU. "
             "Install the edge-gpu extra (onnxruntime-gpu) after uninstalling onnxruntime.",
             device, ", ".join(available))
-    return CPU_EP, "fp32"
+    if prefer == "auto":
+        chain.append(CPU_EP)
+    if not chain:
+        raise FailedPrecondition(
+            f"--vision-ort-provider {prefer}: this ONNX Runtime has no CUDA execution "
+            f"provider (providers: {', '.join(available)}); install the edge-gpu extra "
+            "(onnxruntime-gpu)")
+    return chain
 
 
-class OrtGraph:
-    """One ONNX graph with a float32 input and output of fixed shapes, run on torch tensors."""
+def choose_provider(device: torch.device, available: list[str],
+                    prefer: str = "auto") -> tuple[str, str]:
+    """(execution provider, compute precision) the chain for ``device`` starts with.
 
-    def __init__(self, path: Path, provider: str, device: torch.device) -> None:
-        if not path.is_file():
-            raise NotFound(f"ONNX graph {path} not found; re-run `eventspec-edge export-onnx`")
-        self.path = path
-        self.device = device if provider == CUDA_EP else torch.device("cpu")
-        options = onnxruntime.SessionOptions()
-        options.log_severity_level = 3  # warnings about unused initializers are noise
-        providers: list[Any] = [provider]
-        if provider == CUDA_EP:
-            providers = [(CUDA_EP, {"device_id": self.device.index or 0})]
-        self.session = onnxruntime.InferenceSession(str(path), options, providers=providers)
-        inp, out = self.session.get_inputs()[0], self.session.get_outputs()[0]
-        self.input_name, self.output_name = inp.name, out.name
-        self.input_shape = tuple(int(d) for d in inp.shape)
-        self.output_shape = tuple(int(d) for d in out.shape)
+    CUDA runs the fp16 graphs; CPU the fp32 ones (fp16 has few CPU kernels and no gain).
+    """
+    first = provider_chain(device, available, prefer)[0]
+    return first, PRECISION[first]
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x of the graph's input shape (any dtype, any device) -> float32 output on the
-        session's device."""
-        if tuple(x.shape) != self.input_shape:
-            raise InvalidInput(
-                f"the ONNX graph {self.path.name} takes {list(self.input_shape)}, got "
-                f"{list(x.shape)} (an export has fixed shapes: 5 event frames)"
-            )
-        x = x.detach().to(self.device, torch.float32).contiguous()
-        out = torch.empty(self.output_shape, dtype=torch.float32, device=self.device)
-        kind, index = self.device.type, self.device.index or 0
-        if kind == "cuda":
-            # ORT runs on its own stream: what torch queued into x must be done first.
-            torch.cuda.current_stream(self.device).synchronize()
-        binding = self.session.io_binding()
-        binding.bind_input(self.input_name, kind, index, np.float32, self.input_shape,
-                           x.data_ptr())
-        binding.bind_output(self.output_name, kind, index, np.float32, self.output_shape,
-                            out.data_ptr())
-        self.session.run_with_iobinding(binding)  # synchronises its stream on return
-        return out
+
+def first_that_opens(chain: list[str], open_on: Callable[[str], dict[str, OrtGraph]]
+                     ) -> tuple[str, dict[str, OrtGraph]]:
+    """The first provider of ``chain`` whose graphs open, and the graphs.
+
+    A failure other than the export's own (a missing graph file, a wrong shape: the same
+    on every provider) is logged with its reason and the next provider tried; the last
+    one's failure is raised.
+    """
+    for i, provider in enumerate(chain):
+        try:
+            return provider, open_on(provider)
+        except (NotFound, InvalidInput):
+            raise
+        except Exception as exc:
+            if i + 1 == len(chain):
+                raise
+            log.warning("--vision-backend onnx: %s could not run the export (%s: %s); "
+                        "trying %s", provider, type(exc).__name__, exc, chain[i + 1])
+    raise FailedPrecondition("--vision-backend onnx: no execution provider to try")
+
+
+def trt_cache_dir() -> Path:
+    """Where TensorRT's engines and timing cache go: ``$XDG_CACHE_HOME/eventspec/ort-trt``."""
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return base / "eventspec" / "ort-trt"
 
 
 class OnnxVision:
@@ -119,36 +153,61 @@ class OnnxAligner:
 @dataclass(frozen=True)
 class OnnxVisionPath:
     """What ``--vision-backend onnx`` runs: the vision backend, the adapter (when the
-    edge loads one), and the provider and precision chosen."""
+    edge loads one), the provider and compute precision chosen, and which graphs run
+    as CUDA graphs (name -> on)."""
 
     vision: OnnxVision
     aligner: OnnxAligner | None
     provider: str
     precision: str
+    cuda_graphs: dict[str, bool]
+
+    @property
+    def cuda_graph(self) -> bool:
+        """Whether every graph runs as a CUDA graph."""
+        return all(self.cuda_graphs.values())
+
+
+def describe(provider: str, precision: str, cuda_graphs: dict[str, bool]) -> str:
+    """The vision backend's name: ``onnx (provider, precision[, CUDA graphs])``; when only
+    some graphs captured, which."""
+    on = [name for name, ok in cuda_graphs.items() if ok]
+    graphs = ("" if not on else ", CUDA graphs" if len(on) == len(cuda_graphs)
+              else f", CUDA graphs: {'/'.join(on)}")
+    return f"onnx ({provider}, {precision}{graphs})"
 
 
 def load_onnx_vision(export_dir: Path, *, model_dir: Path, adapter_dir: Path | None,
-                     device: torch.device) -> OnnxVisionPath:
+                     device: torch.device, prefer: str = "auto",
+                     cuda_graphs: bool = True) -> OnnxVisionPath:
     """Open the export in ``export_dir`` for the model (and adapter) the edge loaded.
 
     Refuses a stale export (FailedPrecondition naming both directories) and one without
-    the adapter graph when ``adapter_dir`` is given.
+    the adapter graph when ``adapter_dir`` is given. ``prefer`` is
+    ``--vision-ort-provider``, ``cuda_graphs`` ``--vision-ort-cuda-graphs``.
     """
     manifest = read_manifest(export_dir)
     check_fresh(export_dir, manifest, model_dir, adapter_dir)
-    provider, precision = choose_provider(device, onnxruntime.get_available_providers())
+    chain = provider_chain(device, onnxruntime.get_available_providers(), prefer)
     files = manifest["graphs"]
+    names = ["clip", "events", *(["adapter"] if adapter_dir is not None else [])]
 
-    def graph(name: str) -> OrtGraph:
-        return OrtGraph(export_dir / files[name][precision], provider, device)
+    def open_on(provider: str) -> dict[str, OrtGraph]:
+        cache = trt_cache_dir() if provider == TRT_EP else None
+        return {name: OrtGraph(export_dir / files[name][GRAPH_FILE[provider]], provider,
+                               device, cuda_graph=cuda_graphs, trt_cache=cache)
+                for name in names}
 
-    name = f"onnx ({provider}, {precision})"
-    vision = OnnxVision(graph("clip"), graph("events"), device, name)
+    provider, graphs = first_that_opens(chain, open_on)
+    precision = PRECISION[provider]
+    on = {name: g.cuda_graph for name, g in graphs.items()}
+    name = describe(provider, precision, on)
+    vision = OnnxVision(graphs["clip"], graphs["events"], device, name)
     aligner = None
     if adapter_dir is not None:
         raw = dict(manifest["adapter"]["config"])
         raw.pop("format_version", None)
-        aligner = OnnxAligner(graph("adapter"), AdapterConfig(**raw))
+        aligner = OnnxAligner(graphs["adapter"], AdapterConfig(**raw))
     log.info("vision path: ONNX Runtime %s, %s, from %s", onnxruntime.__version__, name,
              export_dir)
-    return OnnxVisionPath(vision, aligner, provider, precision)
+    return OnnxVisionPath(vision, aligner, provider, precision, on)

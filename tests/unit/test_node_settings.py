@@ -131,6 +131,8 @@ EDGE: dict[str, Case] = {
     "recalibrate": ("--recalibrate", "1", True),
     "vision_backend": ("--vision-backend", "onnx", "onnx"),
     "onnx_dir": ("--onnx-dir", "/models/eventgpt-onnx", Path("/models/eventgpt-onnx")),
+    "vision_ort_provider": ("--vision-ort-provider", "tensorrt", "tensorrt"),
+    "vision_ort_cuda_graphs": ("--vision-ort-cuda-graphs", "off", False),
     "grace_s": ("--grace-s", "10", 10.0),
     "seed": ("--seed", "3", 3),
     "max_message_bytes": ("--max-message-bytes", "16777216", 16 << 20),
@@ -242,6 +244,9 @@ def test_the_variable_reaches_the_field_and_the_help_names_it(
      "$EVENTSPEC_EDGE_SPECULATION (--speculation) must be one of auto, always"),
     ("edge", [], {"EVENTSPEC_EDGE_VISION_BACKEND": "tensorrt"},
      "$EVENTSPEC_EDGE_VISION_BACKEND (--vision-backend) must be one of torch, onnx"),
+    ("edge", [], {"EVENTSPEC_EDGE_VISION_ORT_PROVIDER": "gpu"},
+     "$EVENTSPEC_EDGE_VISION_ORT_PROVIDER (--vision-ort-provider) must be one of auto, cuda, "
+     "tensorrt"),
     ("edge", [], {"EVENTSPEC_EDGE_SENSOR_SIZE": "640"}, "$EVENTSPEC_EDGE_SENSOR_SIZE='640'"),
     ("edge", ["--max-source-events", "0"], {}, "--max-source-events must be >= 1, got 0"),
     ("edge", [], {"EVENTSPEC_EDGE_MAX_SOURCE_BYTES": "-1"},

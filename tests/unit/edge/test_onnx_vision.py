@@ -10,6 +10,7 @@ argmaxes of logits computed from those features, must be identical.
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from eventspec.edge.config import VISION_ORT_PROVIDERS
 from eventspec.edge.drafting.cache import DraftCache
 from eventspec.edge.drafting.checkpoint import load_draft
 from eventspec.edge.drafting.eventgpt import DraftModel
@@ -24,7 +26,18 @@ from eventspec.edge.drafting.static_backend import StaticDraftBackend
 from eventspec.edge.model_dirs import TOY_ADAPTER_DIR, TOY_DRAFT_DIR
 from eventspec.edge.vision.align import load_adapter
 from eventspec.edge.vision.backend import TorchVision
-from eventspec.edge.vision.onnx_backend import CPU_EP, CUDA_EP, choose_provider, load_onnx_vision
+from eventspec.edge.vision.onnx_backend import (
+    CPU_EP,
+    CUDA_EP,
+    PROVIDER_CHOICES,
+    TRT_EP,
+    OrtGraph,
+    choose_provider,
+    describe,
+    first_that_opens,
+    load_onnx_vision,
+    provider_chain,
+)
 from eventspec.edge.vision.onnx_manifest import read_manifest
 from eventspec.shared.contract.errors import FailedPrecondition, InvalidInput, NotFound
 from tests.support.onnx_vision import toy_onnx_export, toy_pixels
@@ -52,6 +65,8 @@ def onnx_draft(export: Path, adapter: bool = True) -> tuple[DraftModel, object]:
                             adapter_dir=TOY_ADAPTER_DIR if adapter else None,
                             device=torch.device("cpu"))
     assert (path.provider, path.precision) == (CPU_EP, "fp32")
+    assert path.cuda_graph is False and set(path.cuda_graphs) == (
+        {"clip", "events", "adapter"} if adapter else {"clip", "events"})
     draft.vision = path.vision
     return draft, path.aligner
 
@@ -151,6 +166,77 @@ def test_the_provider_follows_the_device_and_what_is_installed() -> None:
     assert choose_provider(cuda, [CUDA_EP, CPU_EP]) == (CUDA_EP, "fp16")
     assert choose_provider(cuda, [CPU_EP]) == (CPU_EP, "fp32")
     assert choose_provider(cpu, [CUDA_EP, CPU_EP]) == (CPU_EP, "fp32")
+    assert choose_provider(cuda, [TRT_EP, CUDA_EP, CPU_EP], "tensorrt") == (TRT_EP, "fp16")
+
+
+def test_tensorrt_is_tried_only_when_asked_for_and_listed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cuda = torch.device("cuda:0")
+    every = [TRT_EP, CUDA_EP, CPU_EP]
+    assert provider_chain(cuda, every) == [CUDA_EP, CPU_EP]
+    assert provider_chain(cuda, every, "cuda") == [CUDA_EP]
+    assert provider_chain(cuda, every, "tensorrt") == [TRT_EP, CUDA_EP]
+    with caplog.at_level(logging.WARNING, logger="eventspec.edge.vision.onnx_backend"):
+        assert provider_chain(cuda, [CUDA_EP, CPU_EP], "tensorrt") == [CUDA_EP]
+    assert "no TensorRT execution provider" in caplog.text, caplog.text
+
+
+def test_cuda_and_tensorrt_never_end_on_the_cpu() -> None:
+    cuda, cpu = torch.device("cuda:0"), torch.device("cpu")
+    for prefer in ("cuda", "tensorrt"):
+        with pytest.raises(FailedPrecondition, match="onnxruntime-gpu"):
+            provider_chain(cuda, [CPU_EP], prefer)
+        with pytest.raises(FailedPrecondition, match="needs a CUDA --device"):
+            provider_chain(cpu, [TRT_EP, CUDA_EP, CPU_EP], prefer)
+    with pytest.raises(FailedPrecondition, match="one of auto, cuda, tensorrt"):
+        provider_chain(cuda, [CUDA_EP], "gpu")
+    assert PROVIDER_CHOICES == VISION_ORT_PROVIDERS
+
+
+def test_a_provider_that_cannot_open_hands_over_to_the_next(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tried: list[str] = []
+    opened: dict[str, OrtGraph] = {}
+
+    def open_on(provider: str) -> dict[str, OrtGraph]:
+        tried.append(provider)
+        if provider == TRT_EP:
+            raise RuntimeError("libnvinfer.so.10: cannot open shared object file")
+        return opened
+
+    with caplog.at_level(logging.WARNING, logger="eventspec.edge.vision.onnx_backend"):
+        assert first_that_opens([TRT_EP, CUDA_EP], open_on) == (CUDA_EP, opened)
+    assert tried == [TRT_EP, CUDA_EP]
+    assert "libnvinfer.so.10" in caplog.text and CUDA_EP in caplog.text, caplog.text
+
+
+def test_the_export_s_own_failure_and_the_last_provider_s_are_raised() -> None:
+    tried: list[str] = []
+
+    def missing(provider: str) -> dict[str, OrtGraph]:
+        tried.append(provider)
+        raise NotFound("ONNX graph clip.onnx not found")
+
+    with pytest.raises(NotFound):
+        first_that_opens([TRT_EP, CUDA_EP, CPU_EP], missing)
+    assert tried == [TRT_EP]  # the same file is missing for every provider
+
+    def broken(provider: str) -> dict[str, OrtGraph]:
+        raise RuntimeError(f"{provider} broke")
+
+    with pytest.raises(RuntimeError, match=f"{CPU_EP} broke"):
+        first_that_opens([CUDA_EP, CPU_EP], broken)
+
+
+def test_the_name_says_which_graphs_replay_as_cuda_graphs() -> None:
+    assert describe(CPU_EP, "fp32", {"clip": False, "events": False}) == (
+        "onnx (CPUExecutionProvider, fp32)")
+    assert describe(CUDA_EP, "fp16", {"clip": True, "events": True}) == (
+        "onnx (CUDAExecutionProvider, fp16, CUDA graphs)")
+    assert describe(CUDA_EP, "fp16", {"clip": True, "events": False, "adapter": True}) == (
+        "onnx (CUDAExecutionProvider, fp16, CUDA graphs: clip/adapter)")
 
 
 def test_export_onnx_refuses_a_missing_model(tmp_path: Path,
