@@ -18,7 +18,13 @@ same target), every answer length and every rate it reports:
 - whether the level meets the SLO (``--slo-ttft-ms`` on TTFT p99 and ``--slo-itl-ms`` on
   ITL p99), and per configuration the highest rate that does (its capacity);
 - the in-server step (engine + sampler + the loop's own work) over the engine's step,
-  and the share of wall time spent in prefill calls, from the scheduler's counters.
+  and the share of wall time spent in prefill calls, from the scheduler's counters;
+- the steps by kind (``step_kinds``: plain, a riding piece, a tower, several prompts'
+  pieces, a prompt's last piece, eager, after a prefill call, after a failed mixed
+  step; ``eventspec.cloud.scheduling.step_kinds``): per kind its steps, wall and device
+  time and the gaps between step completions that it ended (one per session), with
+  p50/p90/p99, and how many of those gaps are in the all-kinds p99 tail: which steps
+  make the ITL p99. Logged in one line per level.
 
 Requests cycle through ``--clips`` clips, ``--questions-per-clip`` questions each,
 round-robin (a clip's next question arrives after every other clip's), so with the
@@ -52,7 +58,7 @@ import numpy as np
 import torch
 from grpc import aio
 
-from benchmarks.load_report import plot
+from benchmarks.load_report import kinds_line, plot
 from benchmarks.stamp import write_result
 from eventspec.cloud.config import CloudSettings
 from eventspec.cloud.scheduling.prefill_chunking import ChunkPolicy
@@ -201,6 +207,7 @@ async def run_rate(server: VerifierServer, reqs: list[OpenRequest], rate: float,
     before = (stats.steps, stats.engine_ms, stats.sampler_ms, stats.overhead_ms,
               stats.prefill_ms, stats.prefills, stats.prefill_chunks,
               stats.engine_device_ms, stats.device_timed_steps)
+    kinds_before = stats.kinds.copy()
     rng = random.Random(seed)
     arrivals = np.cumsum([rng.expovariate(rate) for _ in reqs])
     t0 = time.perf_counter()
@@ -236,6 +243,7 @@ async def run_rate(server: VerifierServer, reqs: list[OpenRequest], rate: float,
         "chunks_per_prefill": (stats.prefill_chunks - before[6])
         / max(1, stats.prefills - before[5]),
         "answers": [r["ids"] for r in rows],
+        "step_kinds": stats.kinds.since(kinds_before).summary(),
         **gc_pauses.report(),
     }
     level["itl_p99_over_p50"] = (level["itl_ms_p99"] / level["itl_ms_p50"]
@@ -294,6 +302,9 @@ async def run_config(args: argparse.Namespace, target: TargetModel, config: Conf
                     "%s %d tokens %g/s: TTFT p99 %.0f ms, ITL p50/p99 %.1f/%.1f ms, %.1f tok/s",
                     config.name, tokens, rate, level["ttft_ms_p99"], level["itl_ms_p50"],
                     level["itl_ms_p99"], level["goodput_tok_s"])
+                logging.getLogger("bench_load").warning(
+                    "%s %d tokens %g/s: %s", config.name, tokens, rate,
+                    kinds_line(level["step_kinds"]))
         assert server.runtime is not None
         info = server.runtime.info
     finally:

@@ -1,5 +1,6 @@
 """The load benchmark's plot (``benchmarks/bench_load.py``): TTFT p99, ITL p99 and
-goodput against the arrival rate, one line per server configuration, with the SLO.
+goodput against the arrival rate, one line per server configuration, with the SLO; and
+the one-line summary of a level's steps by kind (:func:`kinds_line`).
 
     python -m benchmarks.load_report benchmarks/results/load-h200-chunk512.json
 
@@ -47,6 +48,24 @@ def plot(result: dict[str, Any], path: Path) -> str:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return f"wrote {path}"
+
+
+def kinds_line(breakdown: dict[str, Any]) -> str:
+    """A level's steps by kind (``SchedulerStats.kinds``' summary) in one line: the
+    session gaps' p50/p99, then per kind its steps, gap p50/p99, device p50 and how many
+    of its gaps are in the tail (at or over the all-kinds p99)."""
+    gaps = breakdown["gap_ms"]
+    if not gaps["n"]:
+        return "no step gaps recorded"
+    parts = [f"{kind} {k['steps']} steps, gap p50/p99 {_ms(k['gap_ms']['p50'])}/"
+             f"{_ms(k['gap_ms']['p99'])}, device p50 {_ms(k['device_ms']['p50'])}, "
+             f"{k['gaps_in_tail']} in tail" for kind, k in breakdown["kinds"].items()]
+    return (f"step gaps p50/p99 {_ms(gaps['p50'])}/{_ms(gaps['p99'])} ms, tail from "
+            f"{_ms(breakdown['tail_from_ms'])} ms: " + "; ".join(parts))
+
+
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,8 @@
 Where each number comes from, so recording never changes what the server does:
 
 - the engine thread calls :meth:`CloudMetrics.on_step` once per batched step (batch
-  size, tokens, step time: three histogram observations, nothing per token);
+  size, tokens, step time under the step's kind: three histogram observations, nothing
+  per token);
 - each Generate stream owns a :class:`RequestProbe`; it counts per Commit on the event
   loop (inter-token latency, acceptance per draft position) and, at Done, adds the
   request's final statistics to the counters, so the counters move by exactly what
@@ -21,6 +22,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
+from eventspec.cloud.scheduling.step_kinds import StepKind
 from eventspec.shared.contract.errors import ErrorCode, EventSpecError
 from eventspec.shared.contract.principal import Principal
 from eventspec.shared.contract.types import DraftTail, RequestStats
@@ -111,8 +113,11 @@ class CloudMetrics(NodeMetrics):
             "iteration_tokens", "Tokens fed to one batched engine step (committed "
             "tokens plus drafts, over all sessions)", buckets=COUNT_BUCKETS)
         self.step_seconds = self.histogram(
-            "engine_step_seconds", "One batched engine step: forward plus sampler",
-            buckets=STEP_BUCKETS)
+            "engine_step_seconds", "One batched engine step: forward plus sampler, by the "
+            "step's kind (plain, piece, tower, multi, finishing, eager, after_prefill, "
+            "fallback)", ("kind",), buckets=STEP_BUCKETS)
+        #: One child per kind, made now: the label set is fixed, and no step looks one up.
+        self._step_by_kind = {k: self.step_seconds.labels(str(k)) for k in StepKind}
         self.queue_seconds = self.histogram(
             "request_queue_time_seconds", "From a request's prefill being queued to "
             "its prefill starting", buckets=LATENCY_BUCKETS)
@@ -173,11 +178,11 @@ class CloudMetrics(NodeMetrics):
 
     # -- the engine thread ---------------------------------------------------------------
 
-    def on_step(self, sessions: int, tokens: int, seconds: float) -> None:
-        """One batched step ran (called by the scheduler, once per step)."""
+    def on_step(self, sessions: int, tokens: int, seconds: float, kind: StepKind) -> None:
+        """One batched step of ``kind`` ran (called by the engine loop, once per step)."""
         self.batch_size.observe(sessions)
         self.step_tokens.observe(tokens)
-        self.step_seconds.observe(seconds)
+        self._step_by_kind[kind].observe(seconds)
 
     # -- the streams ---------------------------------------------------------------------
 

@@ -192,6 +192,27 @@ def load(runs: Named) -> list[str]:
                    "ITL p50 / p99 ms", "tokens/s", "prefix hits"], rows)
 
 
+def step_kinds(runs: Named) -> list[str]:
+    """A load run's steps by kind (``bench_load``'s ``step_kinds``), per configuration and
+    rate: steps, wall (the loop's host time), device and gap p50 / p99, and the session
+    gaps in the all-kinds p99 tail. Levels of runs made before the breakdown existed are
+    left out."""
+    (_, r), = runs
+    rows = []
+    for run in r["configs"]:
+        for lv in run["levels"]:
+            kinds = lv.get("step_kinds")
+            if not kinds:
+                continue
+            for kind, k in kinds["kinds"].items():
+                rows.append((run["config"]["name"], f"{lv['rate_per_s']:g}", kind, k["steps"],
+                             *(f"{dash(k[t]['p50'], '.1f')} / {dash(k[t]['p99'], '.1f')}"
+                               for t in ("wall_ms", "device_ms", "gap_ms")),
+                             f"{k['gaps_in_tail']} of {kinds['gap_ms']['n']}"))
+    return table(["config", "rate /s", "step kind", "steps", "wall p50 / p99 ms",
+                  "device p50 / p99 ms", "gap p50 / p99 ms", "gaps in the p99 tail"], rows)
+
+
 def prefill_parts(runs: Named) -> list[str]:
     """The prefill's parts, eager (before) against graphed (now)."""
     (_, r), = runs
@@ -288,6 +309,7 @@ KINDS: dict[str, Callable[[Named], list[str]]] = {
     "capacity-server": capacity_server,
     "server-gap": server_gap,
     "load": load,
+    "step-kinds": step_kinds,
     "prefill-parts": prefill_parts,
     "mixed-steps": mixed_steps,
     "kv-arena": kv_arena,

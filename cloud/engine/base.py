@@ -139,3 +139,15 @@ class MixedStepEngine(Protocol):
         """``step(batch)`` and ``prefill_chunks(chunks)`` in one forward: ([N, V] step
         logits, [R, V] logits of each chunk's last position)."""
         ...
+
+
+@runtime_checkable
+class MixedShapeEngine(Protocol):
+    """A mixed-step engine that can say, before the call, whether a mixed step runs at
+    one of its fixed shapes (replayed from a captured graph where graphs are on) or
+    eagerly at exact shapes: the engine loop labels the latter's times apart
+    (``eventspec.cloud.scheduling.step_kinds``)."""
+
+    def mixed_step_fixed(self, batch: StepBatch, piece_rows: Sequence[int]) -> bool:
+        """Whether ``batch`` with prompt pieces of ``piece_rows`` rows runs at a fixed shape."""
+        ...

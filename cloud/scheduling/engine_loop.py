@@ -25,6 +25,10 @@ dozen times a step. On an H100 at 16 and 64 sessions that put the step at 1.28 a
 1.23 times the device's time; with the interval at 0.1 ms (``switch_interval_s``, the
 server's ``--gil-switch-interval-ms``, set while the loop runs) 1.08 and 1.13
 (docs/scheduler.md, "The server as fast as its engine").
+
+Every step is recorded under its kind (``eventspec.cloud.scheduling.step_kinds``: plain,
+a riding piece, a tower, ...) with its times and the gap since the previous step's
+completion, which is what a decoding session's inter-token latency is made of.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from eventspec.cloud.engine.base import BatchedEngine, MixedStepEngine
+from eventspec.cloud.engine.base import BatchedEngine, MixedShapeEngine, MixedStepEngine
 from eventspec.cloud.process import switch_interval
 from eventspec.cloud.scheduling.device_timer import DeviceTimer
 from eventspec.cloud.scheduling.prefill_calls import PrefillCalls, as_error
@@ -45,6 +49,7 @@ from eventspec.cloud.scheduling.prefill_queue import Piece
 from eventspec.cloud.scheduling.sampler import BatchedSampler
 from eventspec.cloud.scheduling.stats import StepObserver
 from eventspec.cloud.scheduling.step_assembly import batch_of
+from eventspec.cloud.scheduling.step_kinds import StepKind, step_kind
 from eventspec.cloud.scheduling.step_plan import StepPlan
 from eventspec.cloud.scheduling.step_scheduler import StepScheduler
 
@@ -74,6 +79,9 @@ class EngineLoop:
         self._thread: threading.Thread | None = None
         self._on_death: Callable[[str], None] | None = None
         self._holds_switch_interval = False
+        self._last_done: float | None = None  # the latest step's completion, while one runs
+        #: Asked whether a mixed step runs at a fixed shape (None: the engine cannot say).
+        self._shapes = engine if isinstance(engine, MixedShapeEngine) else None
 
     def start(self, loop: asyncio.AbstractEventLoop,
               on_death: Callable[[str], None] | None = None) -> None:
@@ -111,7 +119,7 @@ class EngineLoop:
                     self.prefill.run(plan)
                 # The first token goes out now, not after the next step.
                 sched.outbox.flush(self._loop)
-                self._step(riding)
+                self._step(riding, prefilled=plan is not None and not plan.ride)
                 sched.outbox.flush(self._loop)
         except BaseException as exc:  # a bug in the loop must not leave streams hanging
             self.dead = f"{type(exc).__name__}: {exc}"
@@ -125,16 +133,23 @@ class EngineLoop:
             sched.shut_down()
             sched.outbox.flush(self._loop)
 
-    def _step(self, riding: Sequence[Piece]) -> None:
+    def _step(self, riding: Sequence[Piece], *, prefilled: bool = False,
+              fell_back: bool = False) -> None:
         """One engine step and one sampler call for every running session; ``riding``
         prompt pieces go through the same forward (a mixed step), or, if it fails, in a
-        call of their own before a plain step, so a bad piece fails alone."""
+        call of their own before a plain step, so a bad piece fails alone. ``prefilled``
+        and ``fell_back`` are for the step's kind: a prefill call of its own ran before
+        it, or it follows a failed mixed step."""
         plan = self.scheduler.schedule_step(riding)
         if plan is None:
+            self._last_done = None  # nothing decodes across this iteration
             if riding:
                 self.prefill.run_pieces(riding, self._clock())
             return
         batch = batch_of(plan.inputs, self.engine.device)
+        fixed = None  # whether the riding pieces run at a fixed shape (None: cannot tell)
+        if plan.riding and self._shapes is not None:
+            fixed = self._shapes.mixed_step_fixed(batch, [p.end - p.start for p in plan.riding])
         t_engine = self._clock()
         chunk_logits: torch.Tensor | None = None
         if plan.riding:
@@ -150,7 +165,7 @@ class EngineLoop:
                             "running them apart", len(plan.sessions), len(plan.riding),
                             exc_info=True)
                 self.prefill.run_pieces(plan.riding, self._clock())
-                self._step(())
+                self._step((), fell_back=True)
                 return
             self.prefill.after_pieces(plan.riding, chunk_logits, t_engine, own_call=False)
         try:
@@ -161,25 +176,30 @@ class EngineLoop:
             t_sampler = self._clock()
             verdicts = self.sampler(logits, plan.specs)
         except Exception as exc:  # the batch fails, the loop goes on
+            self._last_done = None  # its sessions failed: no gap runs on from it
             self.scheduler.fail(plan.tickets, as_error(exc, "step"))
             return
         t_done = self._clock()
         self.scheduler.update_step(plan, verdicts, (t_done - t_engine) * 1e3)
-        self._record_step(plan, batch.num_tokens, t_engine, t_sampler, t_done)
+        kind = step_kind(plan, fixed_shape=fixed, prefilled=prefilled, fell_back=fell_back)
+        self._record_step(plan, kind, batch.num_tokens, t_engine, t_sampler, t_done)
 
-    def _record_step(self, plan: StepPlan, tokens: int, t_engine: float, t_sampler: float,
-                     t_done: float) -> None:
-        """Count the step and split its time into engine, sampler and the loop's own work
-        (planning before the engine call, and the commits after the sampler); its device
-        time (a mixed step's includes the video tower of a prompt it starts: the
-        embeddings are made inside the timed call) goes to the scheduler."""
+    def _record_step(self, plan: StepPlan, kind: StepKind, tokens: int, t_engine: float,
+                     t_sampler: float, t_done: float) -> None:
+        """Count the step under its kind and split its time into engine, sampler and the
+        loop's own work (planning before the engine call, and the commits after the
+        sampler), with the gap since the previous step's completion; its device time (a
+        mixed step's includes the video tower of a prompt it starts: the embeddings are
+        made inside the timed call) goes to the scheduler."""
         sessions = len(plan.sessions)
         device_ms = self._device_timer.elapsed_ms()  # the sampler's read waited for it
+        gap_ms = None if self._last_done is None else (t_done - self._last_done) * 1e3
+        self._last_done = t_done
         self.scheduler.stats.observe_step(
-            sessions, tokens, engine_ms=(t_sampler - t_engine) * 1e3,
+            sessions, tokens, kind=kind, engine_ms=(t_sampler - t_engine) * 1e3,
             sampler_ms=(t_done - t_sampler) * 1e3,
             overhead_ms=((t_engine - plan.t_start) + (self._clock() - t_done)) * 1e3,
-            device_ms=device_ms)
+            device_ms=device_ms, gap_ms=gap_ms)
         self.scheduler.step_timed(plan, device_ms)  # --prefill-chunk slack's estimates
         if self.observer is not None:
-            self.observer.on_step(sessions, tokens, t_done - t_engine)
+            self.observer.on_step(sessions, tokens, t_done - t_engine, kind)

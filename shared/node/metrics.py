@@ -86,8 +86,10 @@ class NodeMetrics:
     def counter(self, suffix: str, help: str, labels: Sequence[str] = ()) -> Counter:
         return Counter(metric_name(suffix), help, labels, registry=self.registry)
 
-    def histogram(self, suffix: str, help: str, *, buckets: Sequence[float]) -> Histogram:
-        return Histogram(metric_name(suffix), help, buckets=buckets, registry=self.registry)
+    def histogram(self, suffix: str, help: str, labels: Sequence[str] = (), *,
+                  buckets: Sequence[float]) -> Histogram:
+        return Histogram(metric_name(suffix), help, labels, buckets=buckets,
+                         registry=self.registry)
 
     def gauge(self, suffix: str, help: str) -> Gauge:
         return Gauge(metric_name(suffix), help, registry=self.registry)

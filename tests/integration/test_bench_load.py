@@ -35,6 +35,10 @@ def test_the_load_benchmark_reports_every_config_and_identical_answers(tmp_path:
         assert len(level["gc_passes_by_generation"]) == 3
         assert level["gc_pause_ms_max"] <= level["gc_pause_ms_total"]
         assert "answers" not in level
+        # Whole prompts, or pieces in calls of their own ("apart"): no step carries one.
+        kinds = level["step_kinds"]
+        assert set(kinds["kinds"]) <= {"after_prefill", "plain"} and kinds["kinds"]
+        assert kinds["gap_ms"]["n"] == sum(k["gap_ms"]["n"] for k in kinds["kinds"].values())
         assert set(run["capacity_at_slo_per_s"]) == {"6"}
     assert whole["levels"][0]["prefix_hits"] == 0  # the cache is off
     # Two clips, two questions each, round-robin: the second round can hit.

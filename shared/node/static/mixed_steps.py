@@ -182,6 +182,14 @@ class PromptRowsInSteps:
         n = batch.num_tokens
         return logits[:n], logits[n:]
 
+    def mixed_step_fixed(self, batch: StepBatch, piece_rows: Sequence[int]) -> bool:
+        """Whether :meth:`step_with_pieces` would run ``batch`` with pieces of
+        ``piece_rows`` rows at a fixed shape (its captured graph, where graphs are on),
+        not eagerly at exact shapes. Host work only: a few bucket look-ups."""
+        if not piece_rows or not batch.slots:
+            return False
+        return self._mixed_shape(batch, piece_rows) is not None
+
     def _mixed_shape(self, batch: StepBatch, lengths: Sequence[int]
                      ) -> tuple[int, int, int] | None:
         """(Bp, Qp, piece rows) of a fixed-shape mixed step, or None: run it eagerly."""

@@ -27,6 +27,7 @@ from eventspec.cloud.scheduling.prefill_queue import (
     PrefillQueue,
 )
 from eventspec.cloud.scheduling.scheduler import Scheduler
+from eventspec.cloud.scheduling.step_kinds import StepKind
 from eventspec.cloud.scheduling.tickets import Failure, Ticket
 from eventspec.shared.contract.timing import CloudCost
 from eventspec.shared.contract.types import FinishReason
@@ -372,6 +373,8 @@ async def test_a_bad_prompt_in_a_mixed_step_fails_alone() -> None:
     assert sched.pool.free == 3
     assert not [e for kind, e in engine.events if kind == "mixed"
                 and bad.slot in {s for s, _, _ in e[1]}]  # type: ignore[misc, union-attr]
+    # The plain step after the failed mixed one is recorded under its own kind.
+    assert sched.stats.kinds.steps(StepKind.FALLBACK) == 1
 
 
 def test_mixed_steps_can_be_turned_off() -> None:
