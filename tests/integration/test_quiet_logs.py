@@ -60,8 +60,12 @@ def polls(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
 
 def cloud_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    """The edge's warnings, but for its drafter's calibration check: on a busy machine the
+    warm-up's timing can call the cached profile stale (a line about the edge's own
+    speed, not its cloud; a fresh clone's CI run saw it once)."""
     return [r for r in caplog.records if r.levelno >= logging.WARNING
-            and r.name.startswith("eventspec.edge")]
+            and r.name.startswith("eventspec.edge")
+            and not r.getMessage().startswith("edge calibration profile")]
 
 
 async def test_an_unreachable_cloud_is_one_line_with_its_cause_and_a_count(
