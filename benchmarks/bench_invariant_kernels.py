@@ -88,7 +88,9 @@ def decoder_ms(per_shape: dict[str, dict[int, float]], m: int) -> float:
     return LAYERS * sum(per_shape[s][m] for s in LAYER_SHAPES) + per_shape["lm_head"][m]
 
 
-def _gemm_inputs(seed: int) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]]:
+def gemm_inputs(seed: int) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]]:
+    """Random bf16 weights of each 7B shape and activations of the most rows, by K (this
+    benchmark's and ``probe_invariant_persistent``'s inputs)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     weights = {name: (torch.randn(n, k, device="cuda", generator=gen) * 0.02).bfloat16()
                for name, (n, k) in SHAPES.items()}  # fmt: skip
@@ -114,7 +116,7 @@ def bench_gemms(candidates: dict[str, MmConfig]) -> dict[str, Any]:
     """cuBLAS and every candidate on every shape and M; see the module docstring."""
     from eventspec.shared.node.static.invariant_kernels import invariant_mm
 
-    weights, xs = _gemm_inputs(0)
+    weights, xs = gemm_inputs(0)
     ms: dict[str, dict[str, dict[int, float]]] = {"cublas": {}}
     invariant: dict[str, dict[str, bool]] = {}
     errors: dict[str, str] = {}
@@ -175,7 +177,7 @@ def cross_tile_gemms() -> dict[str, Any]:
     batch-invariant; the summary gives the fastest bit-equal tile per shape and M."""
     from eventspec.shared.node.static.invariant_kernels import invariant_mm
 
-    weights, xs = _gemm_inputs(0)
+    weights, xs = gemm_inputs(0)
     out: dict[str, Any] = {}
     best: dict[str, dict[int, tuple[str, float]]] = {}
     for name, (n, k) in SHAPES.items():

@@ -34,10 +34,10 @@ from benchmarks.bench_invariant_kernels import (
     ROWS,
     SHAPES,
     SLOT_POSITIONS,
-    _gemm_inputs,
     bench_ms,
     config_name,
     decoder_ms,
+    gemm_inputs,
 )
 from benchmarks.stamp import write_result
 from eventspec.shared.node.static.invariant_tiles import MmConfig, mm_config, prefill_tiles
@@ -60,7 +60,7 @@ def probe_gemms() -> dict[str, Any]:
     """Bits and times of the persistent kernel per shape and M (module docstring)."""
     from eventspec.shared.node.static.invariant_kernels import invariant_mm
 
-    weights, xs = _gemm_inputs(0)
+    weights, xs = gemm_inputs(0)
     shapes: dict[str, Any] = {}
     fastest: dict[str, dict[int, float]] = {"cublas": {}, "table": {}, "persistent": {}}
     per_shape_ms: dict[str, dict[str, dict[int, float]]] = {key: {} for key in fastest}
