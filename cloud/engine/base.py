@@ -20,6 +20,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from eventspec.cloud.engine.ahead import AheadEmbeds
 from eventspec.shared.node.static.batch import StepBatch
 
 # -- the batched engine API (the scheduler's seam) ----------------------------------------
@@ -112,6 +113,16 @@ class ChunkedPrefillEngine(Protocol):
 
     def load_prefix(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write a saved prefix into the slot's first positions."""
+        ...
+
+
+@runtime_checkable
+class AheadEmbedsEngine(Protocol):
+    """A chunked-prefill engine that can make a prompt's embeddings ahead of its first
+    piece, beside the steps (:mod:`eventspec.cloud.engine.ahead`)."""
+
+    def prompt_embeds_ahead(self, request: PrefillRequest, start: int = 0) -> AheadEmbeds:
+        """:meth:`ChunkedPrefillEngine.prompt_embeds`, enqueued; checked first."""
         ...
 
 

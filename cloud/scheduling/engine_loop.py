@@ -41,10 +41,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from eventspec.cloud.engine.ahead import engine_stream
 from eventspec.cloud.engine.base import BatchedEngine, MixedShapeEngine, MixedStepEngine
 from eventspec.cloud.process import switch_interval
 from eventspec.cloud.scheduling.device_timer import DeviceTimer
-from eventspec.cloud.scheduling.prefill_calls import PrefillCalls, as_error
+from eventspec.cloud.scheduling.prefill_calls import AHEAD_PROMPTS, PrefillCalls, as_error
 from eventspec.cloud.scheduling.prefill_queue import Piece
 from eventspec.cloud.scheduling.sampler import BatchedSampler
 from eventspec.cloud.scheduling.stats import StepObserver
@@ -74,7 +75,8 @@ class EngineLoop:
         self.switch_interval_s = switch_interval_s
         self.dead: str | None = None  # why the loop ended, once it has
         self._clock = clock
-        self._device_timer = DeviceTimer(torch.device(getattr(engine, "device", "cpu")))
+        self._device = torch.device(getattr(engine, "device", "cpu"))
+        self._device_timer = DeviceTimer(self._device)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._on_death: Callable[[str], None] | None = None
@@ -107,20 +109,8 @@ class EngineLoop:
     def _run(self) -> None:
         sched = self.scheduler
         try:
-            while not sched.stopping:
-                self.prefill.reuse_prefixes(sched.take_commands(block=sched.idle))
-                if sched.stopping:
-                    break
-                riding: Sequence[Piece] = ()
-                plan = sched.schedule_prefill()
-                if plan is not None and plan.ride:
-                    riding = plan.pieces
-                elif plan is not None:
-                    self.prefill.run(plan)
-                # The first token goes out now, not after the next step.
-                sched.outbox.flush(self._loop)
-                self._step(riding, prefilled=plan is not None and not plan.ride)
-                sched.outbox.flush(self._loop)
+            with engine_stream(self._device):
+                self._iterate()
         except BaseException as exc:  # a bug in the loop must not leave streams hanging
             self.dead = f"{type(exc).__name__}: {exc}"
             log.exception("the engine loop died")
@@ -131,6 +121,28 @@ class EngineLoop:
             if self.dead is None:
                 self.dead = "stopped"
             sched.shut_down()
+            sched.outbox.flush(self._loop)
+
+    def _iterate(self) -> None:
+        """The iterations, until the scheduler stops. A prompt's tower starts on the
+        engine's side stream as soon as it is queued (``PrefillCalls.embed_ahead``),
+        beside this iteration's step, which runs on a higher-priority stream."""
+        sched = self.scheduler
+        while not sched.stopping:
+            self.prefill.reuse_prefixes(sched.take_commands(block=sched.idle))
+            if sched.stopping:
+                break
+            if sched.pieces:
+                self.prefill.embed_ahead(sched.prefills.towers_to_start(AHEAD_PROMPTS))
+            riding: Sequence[Piece] = ()
+            plan = sched.schedule_prefill()
+            if plan is not None and plan.ride:
+                riding = plan.pieces
+            elif plan is not None:
+                self.prefill.run(plan)
+            # The first token goes out now, not after the next step.
+            sched.outbox.flush(self._loop)
+            self._step(riding, prefilled=plan is not None and not plan.ride)
             sched.outbox.flush(self._loop)
 
     def _step(self, riding: Sequence[Piece], *, prefilled: bool = False,

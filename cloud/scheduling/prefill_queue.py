@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from eventspec.cloud.engine.ahead import AheadEmbeds
 from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.scheduling.piece_slack import Waiting
 from eventspec.cloud.scheduling.tickets import Ticket
@@ -56,6 +57,9 @@ class Pending:
     prefix_key: str | None = None  # save its prefix under this key once it is written
     prefix_len: int = 0
     reused: int = 0  # prompt positions copied from the prefix cache (a hit)
+    #: Its embeddings enqueued on the engine's side stream before its first piece
+    #: (``PrefillCalls.embed_ahead``); ``chunks_of`` takes them into ``embeds``.
+    ahead: AheadEmbeds | None = None
 
     @property
     def length(self) -> int:
@@ -63,11 +67,16 @@ class Pending:
 
     @property
     def tower_due(self) -> bool:
-        """Its next piece runs the video tower: its embeddings are not made yet
-        (``PrefillCalls.chunks_of`` makes them at its first piece), it has pixels to
-        encode, and no reused prefix holds its video rows."""
-        return (self.embeds is None and self.reused == 0
+        """Its next piece runs the video tower: its embeddings are not made yet, nor
+        being made ahead (``PrefillCalls.chunks_of`` makes them at its first piece), it
+        has pixels to encode, and no reused prefix holds its video rows."""
+        return (self.embeds is None and self.ahead is None and self.reused == 0
                 and self.request.pixel_values_videos is not None)
+
+    @property
+    def tower_running(self) -> bool:
+        """Its embeddings are being made on the side stream and are not done yet."""
+        return self.ahead is not None and not self.ahead.ready
 
     def short_tail(self, room: int) -> bool:
         """A reused prefix's rest of at most ``min(SHORT_TAIL_TOKENS, room)`` rows,
@@ -149,7 +158,8 @@ class PrefillQueue:
             tokens += head.length
         return group
 
-    def next_pieces(self, budget: int, still_wanted: Callable[[Ticket], bool]) -> list[Piece]:
+    def next_pieces(self, budget: int, still_wanted: Callable[[Ticket], bool], *,
+                    wait_for_towers: bool = False) -> list[Piece]:
         """The next chunked call: first the short tails (prompts whose prefix came from
         the cache, with at most :data:`SHORT_TAIL_TOKENS` rows left, oldest first, up to
         :data:`SHORT_TAILS_PER_CALL` rows outside the budget), then pieces of the oldest
@@ -157,7 +167,9 @@ class PrefillQueue:
         whose piece reaches its end leaves the queue; one cut short stays at the head,
         and its ``done`` moves on only when the caller records the call
         (:meth:`advance`). Unwanted requests are dropped as they come up, as in
-        :meth:`next_group`."""
+        :meth:`next_group`. ``wait_for_towers``: the pieces stop at the first prompt
+        whose tower still runs on the side stream (``Pending.tower_running``), so the
+        step does not wait for it; none overtakes it."""
         pieces: list[Piece] = []
         taken: set[Pending] = set()
         room = SHORT_TAILS_PER_CALL
@@ -180,6 +192,8 @@ class PrefillQueue:
             if not still_wanted(pending.ticket):
                 self.forget(pending.ticket)
                 continue
+            if wait_for_towers and pending.tower_running:
+                break
             end = min(pending.length, pending.done + left)
             pieces.append(Piece(pending, pending.done, end, pending.tower_due))
             left -= end - pending.done
@@ -207,6 +221,13 @@ class PrefillQueue:
                 others += 1
             out.append(Waiting(rest, pending.tower_due, tail))
         return out
+
+    def towers_to_start(self, limit: int) -> list[Pending]:
+        """The waiting prompts, oldest first, whose tower has not started
+        (``Pending.tower_due``): the ones to embed ahead, as many as keep ``limit``
+        prompts' embeddings made ahead and not yet taken."""
+        room = limit - sum(p.ahead is not None for p in self._waiting)
+        return [p for p in self._waiting if p.tower_due][:max(0, room)]
 
     @staticmethod
     def advance(pieces: list[Piece]) -> None:

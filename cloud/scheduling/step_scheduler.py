@@ -176,7 +176,10 @@ class StepScheduler:
         """Pieces of the oldest prompts within this iteration's budget
         (``ChunkPolicy.budget``: about a step's worth while sessions decode, whole
         prompts otherwise; under ``slack``, :class:`PieceSlack` sizes it from the
-        measured times); with mixed steps and sessions decoding they ride the step."""
+        measured times); with mixed steps and sessions decoding they ride the step.
+        While sessions decode, a prompt whose tower still runs on the side stream waits
+        (with those behind it) rather than hold the step up; with none decoding nothing
+        is gained by waiting, and its piece's call waits for the tower on the device."""
         head = self.prefills.peek()
         if head is None:
             return None
@@ -193,7 +196,8 @@ class StepScheduler:
                                           self.prefills.token_budget)
         if budget is None:  # nothing decodes: whole prompts, as without chunks
             budget = max(self.prefills.token_budget, head.length - head.done)
-        pieces = self.prefills.next_pieces(budget, self._still_wanted)
+        pieces = self.prefills.next_pieces(budget, self._still_wanted,
+                                           wait_for_towers=running > 0)
         if not pieces:
             return None
         t0 = self._clock()

@@ -1,10 +1,11 @@
 """Step kinds through the real engine loop: the static engine on CPU (tiny random
 target, fp32, no graphs), one session decoding while a second prompt arrives and rides
-its steps in 64-row pieces. The loop records the piece that starts the prompt (its video
-tower runs in the step) as ``tower``, the one in between as ``piece``, the last as
-``finishing``, the rest as ``plain`` or ``after_prefill``; where the engine has no fixed
-shape for the pieces, every riding step is ``eager``. The kinds' steps add up to the
-loop's, and the metrics label the step times with the same kinds.
+its steps in 64-row pieces. The prompt's video tower runs ahead of its first piece
+(``PrefillCalls.embed_ahead``), so its pieces are ``piece``, ``piece`` and
+``finishing``; with nothing made ahead the piece that starts it runs the tower in the
+step and is ``tower``. The rest are ``plain`` or ``after_prefill``; where the engine has
+no fixed shape for the pieces, every riding step is ``eager``. The kinds' steps add up
+to the loop's, and the metrics label the step times with the same kinds.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from eventspec.cloud.engine.static.build import build_static_engine, static_kv_plan
 from eventspec.cloud.engine.static.engine import StaticEngine
 from eventspec.cloud.metrics import CloudMetrics
+from eventspec.cloud.scheduling.prefill_calls import PrefillCalls
 from eventspec.cloud.scheduling.prefill_chunking import ChunkPolicy, graphed_piece_rows
 from eventspec.cloud.scheduling.scheduler import Scheduler
 from eventspec.cloud.scheduling.step_kinds import StepKind
@@ -104,10 +106,23 @@ def _labelled(metrics: CloudMetrics) -> dict[str, float]:
             if s.name.endswith("_count") and s.value}
 
 
-async def test_a_riding_prompt_is_recorded_as_tower_piece_and_finishing(
+async def test_a_riding_prompt_made_ahead_is_recorded_as_pieces_and_finishing(
         tiny: TargetModel, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = _engine(tiny, graphed_piece_rows(POLICY, MAX_SEQ))
     assert len(tiny.build_prompt_ids(SECOND)) == 185
+    metrics = CloudMetrics()
+    stats = (await _run(engine, tiny, metrics, monkeypatch)).stats
+    steps = {str(k): stats.kinds.steps(k) for k in StepKind if stats.kinds.steps(k)}
+    assert steps["piece"] == 2 and steps["finishing"] == 1, steps
+    assert set(steps) == {"piece", "finishing", "after_prefill", "plain"}
+    assert sum(steps.values()) == stats.steps
+    assert _labelled(metrics) == steps
+
+
+async def test_a_riding_prompt_is_recorded_as_tower_piece_and_finishing(
+        tiny: TargetModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = _engine(tiny, graphed_piece_rows(POLICY, MAX_SEQ))
+    monkeypatch.setattr(PrefillCalls, "embed_ahead", lambda self, pendings: None)
     metrics = CloudMetrics()
     stats = (await _run(engine, tiny, metrics, monkeypatch)).stats
     steps = {str(k): stats.kinds.steps(k) for k in StepKind if stats.kinds.steps(k)}

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
+from eventspec.cloud.engine.ahead import AheadEmbeds, SideStream
 from eventspec.cloud.engine.base import PrefillChunk, PrefillRequest
 from eventspec.cloud.engine.static.tower_graph import TowerGraph
 from eventspec.cloud.engine.static.weights import (
@@ -61,6 +62,8 @@ class StaticEngine(StaticRuntime):
         self.target = target
         #: The video tower and projector as one graph, captured at warm-up (CUDA graphs).
         self.tower_graph: TowerGraph | None = None
+        #: Where every prompt's embeddings are made (:mod:`eventspec.cloud.engine.ahead`).
+        self.side = SideStream(target.device)
         cos, sin = rope_tables(target, max_seq_len)  # each [T, D]
         super().__init__(
             fuse_language_weights(target), cos, sin, num_slots=num_slots,
@@ -119,15 +122,25 @@ class StaticEngine(StaticRuntime):
         token embeddings with the video tower's projected features scattered into the
         <video> rows, as HF does. The tower runs only when a <video> row is among them
         (a prefix reused from the cache holds them all)."""
+        return self.prompt_embeds_ahead(request, start).take()  # [L - start, H]
+
+    def prompt_embeds_ahead(self, request: PrefillRequest, start: int = 0) -> AheadEmbeds:
+        """:meth:`prompt_embeds` enqueued on the side stream (checked first, on the
+        host): the caller's stream goes on, and ``ready`` says when they are made."""
         video_rows = self.check_prefill(request)
         if not 0 <= start < len(request.input_ids):
             raise InvalidInput(f"prompt rows from {start} of a {len(request.input_ids)}-token "
                                "prompt")
         if any(r >= start for r in video_rows):
-            return self._embeds(request, video_rows)[start:]  # [L - start, H]
-        ids = torch.tensor([int(i) for i in request.input_ids[start:]], device=self.device)
-        with torch.inference_mode():
-            return self.weights.embed.index_select(0, ids)  # [L - start, H]
+            return self.side.run(lambda: self._embeds(request, video_rows)[start:],
+                                 start)  # [L - start, H]
+        return self.side.run(lambda: self._text_embeds(request.input_ids[start:]), start)
+
+    @torch.inference_mode()
+    def _text_embeds(self, ids: Sequence[int]) -> torch.Tensor:
+        """Token embeddings [L, H] of text rows (on the caller's stream: the side one)."""
+        rows = torch.tensor([int(i) for i in ids], device=self.device)  # [L]
+        return self.weights.embed.index_select(0, rows)  # [L, H]
 
     @torch.inference_mode()
     def prefill_chunks(self, chunks: Sequence[PrefillChunk]) -> torch.Tensor:
@@ -156,7 +169,7 @@ class StaticEngine(StaticRuntime):
         report = super().warm_up()
         if self.use_graphs and self.tower_graph is None:
             t0 = time.perf_counter()
-            self.tower_graph = TowerGraph(self.target)
+            self.tower_graph = TowerGraph(self.target, self.side.stream)
             report["tower_graph_s"] = time.perf_counter() - t0
             self.warmup_report = report
         return report
@@ -202,5 +215,6 @@ class StaticEngine(StaticRuntime):
                       video_rows: Sequence[list[int]]) -> torch.Tensor:
         """Each request's embeddings (:meth:`_embeds`), then the runtime's prefill over
         all of them in one pass."""
-        embeds = [self._embeds(r, rows) for r, rows in zip(requests, video_rows, strict=True)]
+        embeds = [self.side.now(lambda r=r, rows=rows: self._embeds(r, rows))  # type: ignore[misc]
+                  for r, rows in zip(requests, video_rows, strict=True)]
         return self.prefill_embeds([r.slot for r in requests], embeds)  # [R, V]

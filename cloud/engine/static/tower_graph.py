@@ -25,20 +25,24 @@ __all__ = ["TowerGraph"]
 class TowerGraph:
     """Pixels [F, 3, S, S] -> projected video features [F T, H], one graph replay."""
 
-    def __init__(self, target: TargetModel) -> None:
+    def __init__(self, target: TargetModel, stream: torch.cuda.Stream | None = None) -> None:
         """Capture the tower and projector on ``target``'s CUDA device (build it before
-        serving: capture must not overlap other work on the device)."""
+        serving: capture must not overlap other work on the device). ``stream``: the
+        side stream it will be replayed on (:class:`eventspec.cloud.engine.ahead.SideStream`);
+        capturing on it, not on the step graphs' capture stream, gives the graph
+        cuBLAS workspaces of its own, so a replay beside a step's shares none."""
         g = target.geometry
         self.target = target
         self._pixels = torch.zeros(g.num_frames, 3, g.image_size, g.image_size,
                                    device=target.device, dtype=target.dtype)  # [F, 3, S, S]
-        stream = torch.cuda.Stream(target.device)  # type: ignore[no-untyped-call]
+        if stream is None:
+            stream = torch.cuda.Stream(target.device)  # type: ignore[no-untyped-call]
         stream.wait_stream(torch.cuda.current_stream(target.device))
         with torch.cuda.stream(stream), torch.inference_mode():
             self._run()  # cuBLAS / cuDNN plans outside the capture
         torch.cuda.current_stream(target.device).wait_stream(stream)
         self._graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), torch.cuda.graph(self._graph):
+        with torch.inference_mode(), torch.cuda.graph(self._graph, stream=stream):
             self._out = self._run()  # [F T, H]
 
     def _run(self) -> torch.Tensor:

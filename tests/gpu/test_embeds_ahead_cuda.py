@@ -1,0 +1,72 @@
+"""A prompt's tower on the side stream beside graphed steps (``make test-gpu``): the
+code path ``tests/unit/cloud/test_embeds_ahead.py`` runs on a CPU, where no stream
+exists. The toy target in float32 on the engine thread's high-priority stream
+(``engine_stream``): embeddings made on the side stream while a session's graphed steps
+run give the bits made alone, and the steps' answer is the one they give with no
+tower beside them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eventspec.cloud.engine.ahead import engine_stream
+from eventspec.cloud.engine.base import PrefillRequest
+from eventspec.cloud.engine.static.build import build_static_engine, static_kv_plan
+from eventspec.cloud.engine.static.engine import StaticEngine
+from eventspec.cloud.model_dirs import TOY, model_dir
+from eventspec.cloud.target import TargetModel, load_target
+from eventspec.shared.node.static.batch import StepBatch
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.fixture(scope="module")
+def toy() -> TargetModel:
+    return load_target(model_dir(TOY), device="cuda", dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def engine(toy: TargetModel) -> StaticEngine:
+    kv = static_kv_plan(toy, kv_cache_bytes=None, max_seq_len=512, max_slots=4)
+    return build_static_engine(toy, kv)
+
+
+def _request(target: TargetModel, slot: int, question: str, seed: int) -> PrefillRequest:
+    g = target.geometry
+    pix = torch.randn(1, g.num_frames, 3, g.image_size, g.image_size,
+                      generator=torch.Generator().manual_seed(seed))  # [1, F, 3, S, S]
+    return PrefillRequest(slot, target.build_prompt_ids(question), pixel_values_videos=pix)
+
+
+def _steps(engine: StaticEngine, target: TargetModel, req: PrefillRequest, first: int,
+           n: int) -> list[int]:
+    """``n`` greedy tokens after ``first`` through graphed one-token steps."""
+    vocab, start, out = target.text_vocab_size, len(req.input_ids), [first]
+    for i in range(n):
+        batch = StepBatch((req.slot,), (start + i,), (1,),
+                          torch.tensor([out[-1]], dtype=torch.long, device="cuda"))
+        out.append(int(engine.step(batch)[0, :vocab].argmax()))
+    return out[1:]
+
+
+def test_a_tower_beside_graphed_steps_changes_neither(engine: StaticEngine,
+                                                      toy: TargetModel) -> None:
+    assert engine.tower_graph is not None and engine.side.stream is not None
+    decoding = _request(toy, 0, "What is moving?", seed=1)
+    newcomer = _request(toy, 1, "How many objects cross from the left?", seed=2)
+    vocab = toy.text_vocab_size
+    with engine_stream(engine.device):
+        alone = engine.prompt_embeds(newcomer).clone()  # [L, H]
+        first = int(engine.prefill([decoding])[0, :vocab].argmax())
+        answer = _steps(engine, toy, decoding, first, 24)
+        for _ in range(3):
+            assert int(engine.prefill([decoding])[0, :vocab].argmax()) == first
+            made = [engine.prompt_embeds_ahead(newcomer) for _ in range(2)]
+            assert _steps(engine, toy, decoding, first, 24) == answer  # towers beside
+            for m in made:
+                assert torch.equal(m.take(), alone)
+    torch.cuda.synchronize()
+    engine.free(0)
