@@ -83,7 +83,7 @@ SEED0 = EVAL_SEED_MIN + 11000
 
 
 #: ``--configs``' options after the GiB.
-OPTIONS = frozenset({"apart", "eager", "thaw"})
+OPTIONS = frozenset({"apart", "eager", "thaw", "inline"})
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,8 @@ class Config:
     options: ``apart``, chunks run in calls of their own (``--mixed-steps off``);
     ``eager``, inside the step but without its CUDA graphs (the engine's mixed-step
     graphs dropped after warm-up: mixed steps at exact shapes, as before they were
-    graphed); ``thaw``, ``--gc-freeze off``."""
+    graphed); ``thaw``, ``--gc-freeze off``; ``inline``, ``--towers-ahead off`` (a
+    prompt's tower inside the step that carries its first piece)."""
 
     name: str
     prefill_chunk: str
@@ -100,6 +101,7 @@ class Config:
     mixed_steps: bool = True
     graphed: bool = True
     gc_freeze: bool = True
+    towers_ahead: bool = True
 
     @classmethod
     def parse(cls, text: str) -> Config:
@@ -114,7 +116,8 @@ class Config:
                 raise ValueError(text)
             ChunkPolicy.parse(chunk)
             return cls(name, chunk, float(gb), mixed_steps="apart" not in rest,
-                       graphed="eager" not in rest, gc_freeze="thaw" not in rest)
+                       graphed="eager" not in rest, gc_freeze="thaw" not in rest,
+                       towers_ahead="inline" not in rest)
         except ValueError:
             raise argparse.ArgumentTypeError(
                 f"--configs: {text!r} is not NAME:PREFILL_CHUNK:PREFIX_CACHE_GB[:OPTION...] "
@@ -275,6 +278,7 @@ async def run_config(args: argparse.Namespace, target: TargetModel, config: Conf
         engine=args.engine, kv_cache_gb=args.kv_cache_gb, max_seq_len=args.max_seq_len,
         prefill_chunk=config.prefill_chunk, prefix_cache_gb=config.prefix_cache_gb,
         mixed_steps=config.mixed_steps, gc_freeze=config.gc_freeze,
+        towers_ahead=config.towers_ahead,
         limits=replace(ServerLimits(), max_sessions=args.max_sessions,
                        max_new_tokens=max(512, *args.answer_tokens)),
         recalibrate=args.calibrate, profile_path=RESULTS / ".load-profile.msgpack")

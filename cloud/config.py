@@ -178,6 +178,12 @@ class CloudSettings(FromEnv):
         True, on_off=True,
         help="with --prefill-chunk, run the chunks inside the decoding sessions' step (one "
              "forward, static engine; not with --batch-invariant); off: a call of their own")
+    #: ``eventspec.cloud.engine.ahead``: the tower beside the steps, not inside one.
+    towers_ahead: bool = setting(
+        True, on_off=True,
+        help="with --prefill-chunk, run a new prompt's video tower on a side CUDA stream "
+             "beside the steps, its first piece waiting for it while sessions decode "
+             "(static engine); off: inside the step that carries its first piece")
     #: ``eventspec.shared.node.static.invariant``: unfused and without CUDA graphs, so slow
     #: on a GPU (not measured there yet).
     batch_invariant: bool = setting(

@@ -193,6 +193,7 @@ def build_runtime(
         prefill_chunk=ChunkPolicy.parse(settings.prefill_chunk),
         prefix_cache=prefix_cache_for(settings, engine), video_token_id=target.video_token_id,
         preprocess_frames=target.preprocess_frames, mixed_steps=settings.mixed_steps,
+        towers_ahead=settings.towers_ahead,
         chunk_cost=cost, verify_cost=cost if settings.verify_width == "auto" else None,
         alpha_prior=lambda: acceptance.value, sit_out=settings.sit_out_policy(),
         switch_interval_s=interval_ms / 1e3 if interval_ms > 0 else None, observer=observer)

@@ -179,7 +179,8 @@ class TargetModel:
                 f"pixel_values_videos must be [1, {', '.join(map(str, expected))}], "
                 f"got {list(pixel_values_videos.shape)}"
             )
-        return pix.to(self.device, self.dtype)
+        # Pinned pixels (the engine's towers ahead) copy without blocking the host.
+        return pix.to(self.device, non_blocking=pix.is_pinned()).to(self.dtype)
 
     @torch.inference_mode()
     def video_features_from_pixels(self, pixel_values_videos: torch.Tensor) -> torch.Tensor:

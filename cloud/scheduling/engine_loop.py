@@ -124,16 +124,12 @@ class EngineLoop:
             sched.outbox.flush(self._loop)
 
     def _iterate(self) -> None:
-        """The iterations, until the scheduler stops. A prompt's tower starts on the
-        engine's side stream as soon as it is queued (``PrefillCalls.embed_ahead``),
-        beside this iteration's step, which runs on a higher-priority stream."""
+        """The iterations, until the scheduler stops."""
         sched = self.scheduler
         while not sched.stopping:
             self.prefill.reuse_prefixes(sched.take_commands(block=sched.idle))
             if sched.stopping:
                 break
-            if sched.pieces:
-                self.prefill.embed_ahead(sched.prefills.towers_to_start(AHEAD_PROMPTS))
             riding: Sequence[Piece] = ()
             plan = sched.schedule_prefill()
             if plan is not None and plan.ride:
@@ -172,6 +168,7 @@ class EngineLoop:
                 logits, chunk_logits = engine.step_with_chunks(
                     batch, self.prefill.chunks_of(plan.riding))
                 self._device_timer.stop()
+                self._start_towers()
             except Exception:
                 log.warning("a mixed step of %d sessions and %d prompt pieces failed; "
                             "running them apart", len(plan.sessions), len(plan.riding),
@@ -185,6 +182,7 @@ class EngineLoop:
                 self._device_timer.start()
                 logits = self.engine.step(batch)  # [N, V]
                 self._device_timer.stop()
+                self._start_towers()
             t_sampler = self._clock()
             verdicts = self.sampler(logits, plan.specs)
         except Exception as exc:  # the batch fails, the loop goes on
@@ -195,6 +193,15 @@ class EngineLoop:
         self.scheduler.update_step(plan, verdicts, (t_done - t_engine) * 1e3)
         kind = step_kind(plan, fixed_shape=fixed, prefilled=prefilled, fell_back=fell_back)
         self._record_step(plan, kind, batch.num_tokens, t_engine, t_sampler, t_done)
+
+    def _start_towers(self) -> None:
+        """Start queued prompts' video towers on the engine's side stream
+        (``PrefillCalls.embed_ahead``) once the step is launched: the host work (pinning
+        the pixels, the launches) overlaps the step on the device, the tower fills what
+        the step leaves of the GPU (the step's stream has the higher priority), and a
+        later iteration gives the prompt its first piece once the tower is done."""
+        if self.scheduler.towers_ahead:
+            self.prefill.embed_ahead(self.scheduler.prefills.towers_to_start(AHEAD_PROMPTS))
 
     def _record_step(self, plan: StepPlan, kind: StepKind, tokens: int, t_engine: float,
                      t_sampler: float, t_done: float) -> None:

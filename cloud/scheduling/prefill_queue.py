@@ -167,9 +167,10 @@ class PrefillQueue:
         whose piece reaches its end leaves the queue; one cut short stays at the head,
         and its ``done`` moves on only when the caller records the call
         (:meth:`advance`). Unwanted requests are dropped as they come up, as in
-        :meth:`next_group`. ``wait_for_towers``: the pieces stop at the first prompt
-        whose tower still runs on the side stream (``Pending.tower_running``), so the
-        step does not wait for it; none overtakes it."""
+        :meth:`next_group`. ``wait_for_towers`` (towers are made ahead, beside the
+        steps): the pieces stop at the first prompt whose tower has not started or still
+        runs (``Pending.tower_due``, ``Pending.tower_running``), so no step waits for
+        it; none overtakes it."""
         pieces: list[Piece] = []
         taken: set[Pending] = set()
         room = SHORT_TAILS_PER_CALL
@@ -192,7 +193,7 @@ class PrefillQueue:
             if not still_wanted(pending.ticket):
                 self.forget(pending.ticket)
                 continue
-            if wait_for_towers and pending.tower_running:
+            if wait_for_towers and (pending.tower_due or pending.tower_running):
                 break
             end = min(pending.length, pending.done + left)
             pieces.append(Piece(pending, pending.done, end, pending.tower_due))

@@ -49,6 +49,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from eventspec.cloud.engine.base import (
+    AheadEmbedsEngine,
     BatchedEngine,
     ChunkedPrefillEngine,
     KvByLengthEngine,
@@ -86,6 +87,7 @@ class Scheduler:
         video_token_id: int = -1,
         preprocess_frames: Callable[[Sequence[bytes]], torch.Tensor] | None = None,
         mixed_steps: bool = True,
+        towers_ahead: bool = True,
         chunk_cost: CloudCost | None = None,
         verify_cost: CloudCost | None = None,
         alpha_prior: Callable[[], float] = neutral_prior,
@@ -101,6 +103,8 @@ class Scheduler:
         preprocessing, for a request that deferred its frames for an expected prefix hit
         and missed; ``mixed_steps``: chunks may ride the step's forward while sessions
         decode (``--mixed-steps``; on only where chunking is and the engine can);
+        ``towers_ahead``: prompts' video towers run beside the steps, on the engine's side
+        stream (``--towers-ahead``; on only with pieces and where the engine can);
         ``chunk_cost``: the cost model the ``auto`` chunk size is read from;
         ``verify_cost``: ``--verify-width auto``'s cost model (None verifies every valid
         draft), with ``alpha_prior`` the acceptance a session's drafts are expected to
@@ -125,12 +129,14 @@ class Scheduler:
         self.pool: SlotPool | ArenaPool = (
             ArenaPool(arena, engine.max_seq_len, engine.num_slots) if arena
             else SlotPool(engine.num_slots, engine.max_seq_len))
+        by_pieces = chunking.enabled or self._prefix_cache is not None
         self.plans = StepScheduler(
             self.pool, free_kv=engine.free, prefill_token_budget=prefill_token_budget,
-            chunking=chunking, pieces=chunking.enabled or self._prefix_cache is not None,
+            chunking=chunking, pieces=by_pieces,
             mixed_steps=self._mixed_steps, chunk_cost=chunk_cost, verify_cost=verify_cost,
             alpha_prior=alpha_prior, padded_tokens=getattr(engine, "padded_tokens", None),
-            sit_out=sit_out, clock=clock)
+            sit_out=sit_out, clock=clock,
+            towers_ahead=towers_ahead and by_pieces and isinstance(engine, AheadEmbedsEngine))
         self.sampler = BatchedSampler(text_vocab_size)
         prefill = PrefillCalls(engine, self.plans, self.sampler, prefix_cache=self._prefix_cache,
                                video_token_id=video_token_id,

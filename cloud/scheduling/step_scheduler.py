@@ -91,6 +91,7 @@ class StepScheduler:
         alpha_prior: Callable[[], float] = neutral_prior,
         padded_tokens: Callable[[int], int] | None = None,
         sit_out: SitOut = NEVER_SIT_OUT,
+        towers_ahead: bool = False,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         """``pieces``: prompts go through the pieces path (chunking on, or a prefix cache);
@@ -98,7 +99,10 @@ class StepScheduler:
         cost model ``auto`` chunks are sized from; ``verify_cost`` (None: verify every
         valid draft), ``alpha_prior`` and ``padded_tokens``: the verify-width rule
         (``eventspec.cloud.scheduling.step_assembly``); ``sit_out``: which dry sessions wait a step
-        in a loaded batch (``eventspec.cloud.speculation.sit_out``)."""
+        in a loaded batch (``eventspec.cloud.speculation.sit_out``); ``towers_ahead``: the
+        loop makes prompts' embeddings ahead on the engine's side stream
+        (``EngineLoop._start_towers``), so while sessions decode a prompt's first piece
+        waits for them."""
         self.prefills = PrefillQueue(prefill_token_budget)  # checks the budget first
         self.pool = pool
         self.chunking = chunking
@@ -109,6 +113,7 @@ class StepScheduler:
         self.alpha_prior = alpha_prior
         self.padded_tokens = padded_tokens
         self.sit_out = sit_out
+        self.towers_ahead = towers_ahead
         #: ``--prefill-chunk slack``'s estimates and rule (None under other policies).
         self.slack = slack_for(chunking, chunk_cost, pool.max_seq_len, prefill_token_budget)
         self.stats = SchedulerStats()
@@ -177,9 +182,9 @@ class StepScheduler:
         (``ChunkPolicy.budget``: about a step's worth while sessions decode, whole
         prompts otherwise; under ``slack``, :class:`PieceSlack` sizes it from the
         measured times); with mixed steps and sessions decoding they ride the step.
-        While sessions decode, a prompt whose tower still runs on the side stream waits
-        (with those behind it) rather than hold the step up; with none decoding nothing
-        is gained by waiting, and its piece's call waits for the tower on the device."""
+        With ``towers_ahead`` and sessions decoding, a prompt whose tower is not made
+        yet waits (with those behind it) rather than hold the step up; with none
+        decoding nothing is gained by waiting, and its piece makes its embeddings."""
         head = self.prefills.peek()
         if head is None:
             return None
@@ -197,7 +202,7 @@ class StepScheduler:
         if budget is None:  # nothing decodes: whole prompts, as without chunks
             budget = max(self.prefills.token_budget, head.length - head.done)
         pieces = self.prefills.next_pieces(budget, self._still_wanted,
-                                           wait_for_towers=running > 0)
+                                           wait_for_towers=self.towers_ahead and running > 0)
         if not pieces:
             return None
         t0 = self._clock()

@@ -19,7 +19,6 @@ import torch
 from eventspec.cloud.engine.static.build import build_static_engine, static_kv_plan
 from eventspec.cloud.engine.static.engine import StaticEngine
 from eventspec.cloud.metrics import CloudMetrics
-from eventspec.cloud.scheduling.prefill_calls import PrefillCalls
 from eventspec.cloud.scheduling.prefill_chunking import ChunkPolicy, graphed_piece_rows
 from eventspec.cloud.scheduling.scheduler import Scheduler
 from eventspec.cloud.scheduling.step_kinds import StepKind
@@ -69,7 +68,7 @@ def _ask(sched: Scheduler, tiny: TargetModel, name: str, question: str, max_new:
 
 
 async def _run(engine: StaticEngine, tiny: TargetModel, metrics: CloudMetrics,
-               monkeypatch: pytest.MonkeyPatch) -> Scheduler:
+               monkeypatch: pytest.MonkeyPatch, *, towers_ahead: bool = True) -> Scheduler:
     """The first request decodes; the second arrives and rides its steps; both finish.
     The first request's first step waits (bounded) until the second is queued, so the
     second always arrives while the first decodes, however fast the loop runs."""
@@ -83,7 +82,7 @@ async def _run(engine: StaticEngine, tiny: TargetModel, metrics: CloudMetrics,
 
     monkeypatch.setattr(engine, "step", step)
     sched = Scheduler(engine, text_vocab_size=tiny.text_vocab_size, prefill_chunk=POLICY,
-                      chunk_cost=TEST_COST, observer=metrics)
+                      chunk_cost=TEST_COST, observer=metrics, towers_ahead=towers_ahead)
     assert sched.mixed_steps
     sched.start()
     try:
@@ -122,9 +121,8 @@ async def test_a_riding_prompt_made_ahead_is_recorded_as_pieces_and_finishing(
 async def test_a_riding_prompt_is_recorded_as_tower_piece_and_finishing(
         tiny: TargetModel, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = _engine(tiny, graphed_piece_rows(POLICY, MAX_SEQ))
-    monkeypatch.setattr(PrefillCalls, "embed_ahead", lambda self, pendings: None)
-    metrics = CloudMetrics()
-    stats = (await _run(engine, tiny, metrics, monkeypatch)).stats
+    metrics = CloudMetrics()  # --towers-ahead off: the tower runs in the step
+    stats = (await _run(engine, tiny, metrics, monkeypatch, towers_ahead=False)).stats
     steps = {str(k): stats.kinds.steps(k) for k in StepKind if stats.kinds.steps(k)}
     assert steps["tower"] == 1 and steps["piece"] == 1 and steps["finishing"] == 1, steps
     # The first prompt went whole (nothing decoded): its first step follows that call.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
@@ -132,9 +133,19 @@ class StaticEngine(StaticRuntime):
             raise InvalidInput(f"prompt rows from {start} of a {len(request.input_ids)}-token "
                                "prompt")
         if any(r >= start for r in video_rows):
+            request = self._pinned(request)
             return self.side.run(lambda: self._embeds(request, video_rows)[start:],
                                  start)  # [L - start, H]
         return self.side.run(lambda: self._text_embeds(request.input_ids[start:]), start)
+
+    def _pinned(self, request: PrefillRequest) -> PrefillRequest:
+        """The request with its pixels in pinned host memory (on a GPU): copied from
+        pageable memory, the side stream's copy may make the host wait for the work
+        already queued there (another prompt's tower) before the next step launches."""
+        pix = request.pixel_values_videos
+        if self.device.type != "cuda" or pix is None or pix.is_cuda or pix.is_pinned():
+            return request
+        return replace(request, pixel_values_videos=pix.pin_memory())
 
     @torch.inference_mode()
     def _text_embeds(self, ids: Sequence[int]) -> torch.Tensor:

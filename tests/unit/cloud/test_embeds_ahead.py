@@ -74,9 +74,10 @@ def test_pieces_stop_at_the_first_running_tower_while_sessions_decode(
     pieces = queue.next_pieces(budget, lambda ticket: True, wait_for_towers=wait)
     taken = [p.pending for p in pieces]
     assert taken == waiting[:len(taken)], "first come, first served"
-    blocked = next((i for i, p in enumerate(waiting) if p.tower_running), None)
+    blocked = next((i for i, p in enumerate(waiting) if p.tower_due or p.tower_running),
+                   None)
     if wait and blocked is not None:
-        assert len(taken) <= blocked, "a piece of a running tower's prompt or one behind it"
+        assert len(taken) <= blocked, "a piece of a prompt whose tower is not made, or behind"
         if blocked == 0:
             assert not pieces
     elif not wait:
@@ -159,18 +160,19 @@ def _pieces_of(engine: MixedFakeEngine, slot: int) -> list[tuple[int, int, int]]
 async def test_steps_go_on_while_a_newcomers_tower_runs_and_its_pieces_follow() -> None:
     engine = _AheadFakeEngine(num_slots=3)
     engine.permits = threading.Semaphore(0)  # the old session steps when the test says
-    engine.tower_done.set()  # the first prompt's tower (nothing decodes beside it)
     sched = Scheduler(engine, text_vocab_size=TEXT_VOCAB, prefill_chunk=ChunkPolicy("fixed", 4))
     seed = _long_seed()
     sched.start()
     try:
         old = _ask(sched, "old", _prompt(seed, 3), 40)
         await until(lambda: old.session.prefilled, "the first request decodes")
-        assert engine.ahead == [old.slot]
+        assert engine.ahead == [], "a prompt alone went whole, with no tower ahead"
         engine.tower_done.clear()
         new = _ask(sched, "new", _prompt(5, 10), 4)
-        engine.permits.release()  # the step under way ends; the next iteration queues it
-        await until(lambda: len(engine.ahead) == 2, "the newcomer's tower started")
+        # The step under way ends; the next iteration queues the newcomer, and its tower
+        # starts once that iteration's step is launched.
+        engine.permits.release(2)
+        await until(lambda: engine.ahead == [new.slot], "the newcomer's tower started")
         before = _steps(engine)
         engine.permits.release(3)
         await until(lambda: _steps(engine) >= before + 3, "the old session steps on")
@@ -200,20 +202,28 @@ async def test_with_nothing_decoding_a_prompt_does_not_wait_for_its_tower() -> N
 
 
 async def test_a_prompt_refused_ahead_fails_alone() -> None:
-    engine = _AheadFakeEngine(num_slots=3)
+    engine = _AheadFakeEngine(num_slots=4)
     engine.tower_done.set()
     engine.refuse = 31
+    engine.permits = threading.Semaphore(0)
     sched = Scheduler(engine, text_vocab_size=TEXT_VOCAB, prefill_chunk=ChunkPolicy("fixed", 4))
+    seed = _long_seed()
     sched.start()
     try:
+        old = _ask(sched, "old", _prompt(seed, 3), 40)
+        await until(lambda: old.session.prefilled, "the first request decodes")
         bad = _ask(sched, "bad", (5, 6, 31, 7), 4)
         good = _ask(sched, "good", _prompt(4, 10), 4)
-        results = await asyncio.gather(answer(bad), answer(good))
+        engine.permits.release(200)
+        results = await asyncio.gather(answer(old), answer(bad), answer(good))
     finally:
+        engine.permits.release(200)
         await asyncio.to_thread(sched.stop)
-    assert isinstance(results[0], Failure) and "refused" in str(results[0].error)
-    assert results[1] == target_only(_prompt(4, 10), 4, MAX_SEQ)
-    assert sched.pool.free == 3
+    assert isinstance(results[1], Failure) and "refused" in str(results[1].error)
+    assert results[0] == target_only(_prompt(seed, 3), 40, MAX_SEQ)
+    assert results[2] == target_only(_prompt(4, 10), 4, MAX_SEQ)
+    assert engine.ahead == [good.slot]
+    assert sched.pool.free == 4
 
 
 @pytest.fixture(scope="module")
