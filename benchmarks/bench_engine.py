@@ -15,7 +15,9 @@ One run measures, and writes to ``$OUT/engine_<device>.json`` and ``.png``:
 - a kernel-time breakdown (torch.profiler) of the B = 1, k = 0 and B = 64, k = 8 steps;
 - greedy agreement with HF eager on the same inputs (bf16 near-ties), and between the
   engine's own single-token and 9-token steps (speculative vs target-only);
-- warm-up time and peak memory.
+- warm-up time and peak memory;
+- with ``--trace-dir DIR``, chrome traces of the B = 1, k = 0 step, graphed and eager
+  (:mod:`benchmarks.step_trace`).
 
 Timing does not depend on weight values; slots beyond the first get a copy of its KV.
 
@@ -50,7 +52,8 @@ from benchmarks.device_timing import (
 )
 from benchmarks.engine_agreement import QUESTION, agreement, batch_invariance, pixels
 from benchmarks.engine_prefill import fill_slots, mixed_costs, prefill_costs
-from benchmarks.stamp import write_result
+from benchmarks.stamp import card_tag, write_result
+from benchmarks.step_trace import without_graphs, write_step_traces
 from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.engine.static.build import (
     build_static_engine,
@@ -215,15 +218,12 @@ def profile_step(engine: StaticEngine, ctx: int, b: int, k: int) -> dict[str, An
     q = k + 1
     batch = StepBatch(tuple(range(b)), (ctx,) * b, (q,) * b,
                       torch.randint(5, 500, (b * q,), device=engine.device))  # fmt: skip
-    graphs, engine.step_graphs = engine.step_graphs, {}  # no graphs: the eager step
-    try:
+    with without_graphs(engine):
         engine.step(batch)
         sync()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             engine.step(batch)
             sync()
-    finally:
-        engine.step_graphs = graphs
     return _kernel_table(prof)
 
 
@@ -357,6 +357,8 @@ def main() -> int:
     parser.add_argument("--batch-invariant", action="store_true",
                         help="build the engine batch-invariant (the cloud's --batch-invariant)")
     parser.add_argument("--table", metavar="JSON", help="print a results file's table, exit")
+    parser.add_argument("--trace-dir", metavar="DIR",
+                        help="also write chrome traces of the B=1, k=0 step there (gzip)")
     args = parser.parse_args()
     if args.table:
         print(markdown(json.loads(Path(args.table).read_text())))
@@ -402,8 +404,7 @@ def main() -> int:
         costs["mixed_step"] = mixed_costs(engine, ctx, args.repeats, mixed_sessions, rows)
         print(json.dumps(costs, indent=1))
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        card = [w for w in str(costs["device"]).split() if w[:1] in "ABH" and w[1:].isdigit()]
-        tag = "tiny" if args.tiny else (card or ["cuda"])[0].lower()
+        tag = "tiny" if args.tiny else card_tag(str(costs["device"]), "cuda")
         write_result(Path(args.out, f"prefill-{tag}.json"), costs)
         return 0
     if args.host_phases:
@@ -474,6 +475,9 @@ def main() -> int:
                                   for b, k in ((1, 0), (16, 8), (64, 8))
                                   if b <= n_slots})  # fmt: skip
         stage("profile_prefill", lambda: profile_prefill(engine, target))
+    if args.trace_dir:
+        card = "tiny" if args.tiny else card_tag(result["device"], "cuda")
+        stage("trace", lambda: write_step_traces(engine, ctx, Path(args.trace_dir), card))
     stage("hf_eager", lambda: hf_step_ms(target, max(3, args.repeats // 2)))
     n_agree = args.agree_tokens if not args.tiny else 20
     stage("agreement", lambda: agreement(engine, target, n_agree))

@@ -39,7 +39,7 @@ import torch
 from benchmarks.device_timing import median_ms
 from benchmarks.engine_agreement import pixels
 from benchmarks.engine_prefill import fill_slots
-from benchmarks.stamp import write_result
+from benchmarks.stamp import card_tag, write_result
 from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.engine.static.build import (
     build_static_engine,
@@ -192,8 +192,7 @@ def main() -> int:
                     (all_fp8, 1, all_fp8.prefill_weights))
         result["all_fp8_agreement"] = compare(fp8_runs, target, args.clips, args.answer_tokens)
     logging.info("%s", result)
-    card = [w for w in str(result["device"]).split() if w[:1] in "ABH" and w[1:].isdigit()]
-    tag = (card or ["cpu"])[0].lower()
+    tag = card_tag(str(result["device"]), "cpu")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     write_result(Path(args.out, f"fp8-prefill-{args.target}-{tag}.json"), result)
     return 0

@@ -60,6 +60,13 @@ def device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
 
+def card_tag(device: str, fallback: str) -> str:
+    """The card's model for a result's file name ("h200" of "NVIDIA H200"), else
+    ``fallback``: one name per card, however the driver spells the rest of it."""
+    card = [w for w in device.split() if w[:1] in "ABH" and w[1:].isdigit()]
+    return (card or [fallback])[0].lower()
+
+
 def versions() -> dict[str, str]:
     """Python and the libraries the numbers depend on ("absent" where not installed)."""
     out = {"python": platform.python_version()}

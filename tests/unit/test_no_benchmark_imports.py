@@ -32,6 +32,7 @@ ALLOWED = {
     # Benchmarks run on CPU with the tiny models: the same code the GPU runs.
     "tests/unit/test_bench_invariant_cost.py": "benchmarks/bench_invariant_cost.py",
     "tests/unit/test_engine_prefill_bench.py": "benchmarks/engine_prefill.py",
+    "tests/unit/test_step_trace.py": "benchmarks/step_trace.py (bench_engine --trace-dir)",
     "tests/unit/test_bench_scheduler_host.py": "benchmarks/bench_scheduler_host.py",
     # Simulators that exist only to be benchmarks.
     "tests/unit/test_bench_kv_arena.py": "benchmarks/bench_kv_arena.py's KV-layout simulation",

@@ -18,6 +18,7 @@ clips stores at the tensor's bounds), as the masks do there.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ import torch
 from eventspec.shared.node.static.attention import HAVE_TRITON
 from eventspec.shared.node.static.invariant_tiles import MmConfig, cdiv
 
-__all__ = ["persistent_invariant_mm", "tma_available"]
+__all__ = ["cuda_index", "persistent_invariant_mm", "sm_count", "tma_available"]
 
 if HAVE_TRITON:
     import triton.language as tl
@@ -67,11 +68,30 @@ def tma_available(device: torch.device) -> bool:
     with host tensor descriptors, and compute capability 9.0 or newer."""
     if not HAVE_TRITON or device.type != "cuda":
         return False
+    return _tma_on(cuda_index(device))
+
+
+def cuda_index(device: torch.device) -> int:
+    """``device``'s CUDA index; plain ``cuda`` names the current device."""
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
+@functools.cache
+def _tma_on(index: int) -> bool:
+    """:func:`tma_available` for CUDA device ``index``, asked once a device: the answer
+    cannot change in a process, and the GEMM asks on every call (about 160 a prefill)."""
     try:
         from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
     except ImportError:
         return False
-    return torch.cuda.get_device_capability(device) >= (9, 0)
+    return torch.cuda.get_device_capability(index) >= (9, 0)
+
+
+@functools.cache
+def sm_count(index: int) -> int:
+    """Multiprocessors of CUDA device ``index``, asked once a device (the persistent
+    kernel's program count, on every call)."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def persistent_invariant_mm(x: torch.Tensor, w: torch.Tensor, dest: torch.Tensor,
@@ -87,7 +107,7 @@ def persistent_invariant_mm(x: torch.Tensor, w: torch.Tensor, dest: torch.Tensor
     x_desc = TensorDescriptor(x, [m, k], [k, 1], [c.block_m, c.block_k])
     w_desc = TensorDescriptor(w, [n, k], [w.stride(0), 1], [c.block_n, c.block_k])
     o_desc = TensorDescriptor(dest, [m, n], [n, 1], [c.block_m, c.block_n])
-    programs = torch.cuda.get_device_properties(x.device).multi_processor_count
+    programs = sm_count(cuda_index(x.device))
     tiles = cdiv(m, c.block_m) * cdiv(n, c.block_n)
     kernel: Any = _persistent_mm_kernel
     kernel[(min(programs, tiles),)](
