@@ -19,13 +19,13 @@ On the CPU there is no stream: the embeddings are made at once and are ready.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["AheadEmbeds", "SideStream", "engine_stream"]
+__all__ = ["AheadEmbeds", "SideStream", "engine_stream", "index_tensor"]
 
 
 @dataclass(eq=False)
@@ -78,6 +78,17 @@ class SideStream:
         """``make()`` on the side stream, handed to the caller's stream at once (every
         use of the tower goes through the side stream: its graph's buffers are one)."""
         return self.run(make, start).take()
+
+
+def index_tensor(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """``values`` as an int64 tensor on ``device`` ([len(values)]). On a GPU it is copied
+    from pinned host memory without blocking the host: a copy from pageable memory made
+    the engine thread wait for the work already queued on the side stream (the tower it
+    had just launched) before it could go on to the next step."""
+    host = torch.tensor([int(v) for v in values], dtype=torch.long)  # [N]
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 @contextlib.contextmanager

@@ -3,7 +3,8 @@ code path ``tests/unit/cloud/test_embeds_ahead.py`` runs on a CPU, where no stre
 exists. The toy target in float32 on the engine thread's high-priority stream
 (``engine_stream``): embeddings made on the side stream while a session's graphed steps
 run give the bits made alone, and the steps' answer is the one they give with no
-tower beside them.
+tower beside them; and the host launches a tower without waiting for the side
+stream's queued work.
 """
 
 from __future__ import annotations
@@ -70,3 +71,24 @@ def test_a_tower_beside_graphed_steps_changes_neither(engine: StaticEngine,
                 assert torch.equal(m.take(), alone)
     torch.cuda.synchronize()
     engine.free(0)
+
+
+def test_the_host_launches_a_tower_without_waiting_for_the_side_stream(
+        engine: StaticEngine, toy: TargetModel) -> None:
+    """A copy from pageable memory on the side stream made the host wait for the work
+    queued there (another prompt's tower) before it could launch the next step."""
+    side = engine.side.stream
+    assert side is not None
+    newcomer = _request(toy, 1, "How many objects cross from the left?", seed=2)
+    with engine_stream(engine.device):
+        engine.prompt_embeds(newcomer)  # pinned blocks and the graph warm
+        torch.cuda.synchronize()
+        slept = torch.cuda.Event()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(500_000_000)  # the side stream busy for a few tenths of a second
+            slept.record(side)
+        made = engine.prompt_embeds_ahead(newcomer)
+        assert not slept.query(), "the host waited for the side stream's queued work"
+        assert not made.ready
+        made.take()
+    torch.cuda.synchronize()

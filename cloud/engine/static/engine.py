@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import torch
 
-from eventspec.cloud.engine.ahead import AheadEmbeds, SideStream
+from eventspec.cloud.engine.ahead import AheadEmbeds, SideStream, index_tensor
 from eventspec.cloud.engine.base import PrefillChunk, PrefillRequest
 from eventspec.cloud.engine.static.tower_graph import TowerGraph
 from eventspec.cloud.engine.static.weights import (
@@ -150,8 +150,7 @@ class StaticEngine(StaticRuntime):
     @torch.inference_mode()
     def _text_embeds(self, ids: Sequence[int]) -> torch.Tensor:
         """Token embeddings [L, H] of text rows (on the caller's stream: the side one)."""
-        rows = torch.tensor([int(i) for i in ids], device=self.device)  # [L]
-        return self.weights.embed.index_select(0, rows)  # [L, H]
+        return self.weights.embed.index_select(0, index_tensor(ids, self.device))  # [L, H]
 
     @torch.inference_mode()
     def prefill_chunks(self, chunks: Sequence[PrefillChunk]) -> torch.Tensor:
@@ -206,8 +205,12 @@ class StaticEngine(StaticRuntime):
 
     @torch.inference_mode()
     def _embeds(self, req: PrefillRequest, video_rows: list[int]) -> torch.Tensor:
-        """Tower + projector, scattered into the prompt's <video> rows: [L, H]."""
+        """Tower + projector, scattered into the prompt's <video> rows: [L, H]. The
+        index tensors go first, copied without blocking the host, so the host does not
+        wait for the tower it launches (it runs ahead on the side stream)."""
         t, w = self.target, self.weights
+        ids = index_tensor(req.input_ids, self.device)  # [L]
+        rows = index_tensor(video_rows, self.device)  # [F*T]
         if req.pixel_values_videos is not None and self.tower_graph is not None:
             video = self.tower_graph(req.pixel_values_videos)  # [F*T, H]
         elif req.pixel_values_videos is not None:
@@ -217,9 +220,7 @@ class StaticEngine(StaticRuntime):
             video = t.project_video_features(req.video_features).reshape(-1, w.hidden)
         else:  # only rows after a reused prefix may go without a visual input
             raise InvalidInput("prefill needs exactly one of pixel_values_videos or video_features")
-        ids = torch.tensor([int(i) for i in req.input_ids], device=self.device)  # [L]
         h = w.embed.index_select(0, ids)  # [L, H]
-        rows = torch.tensor(video_rows, device=self.device)  # [F*T]
         return h.index_copy(0, rows, video.to(h.dtype))  # [L, H]
 
     def _prefill_many(self, requests: Sequence[PrefillRequest],

@@ -22,7 +22,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eventspec.cloud.engine.ahead import AheadEmbeds, SideStream
+from eventspec.cloud.engine.ahead import AheadEmbeds, SideStream, index_tensor
 from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.engine.static.build import build_static_engine, static_kv_plan
 from eventspec.cloud.scheduling.prefill_chunking import ChunkPolicy
@@ -265,3 +265,9 @@ def test_a_bad_prompt_is_refused_ahead_before_the_tower_runs(
         engine.prompt_embeds_ahead(PrefillRequest(
             slot=0, input_ids=whole, pixel_values_videos=req.pixel_values_videos), len(whole))
     assert not calls
+
+
+@given(values=st.lists(st.integers(0, 2**40), max_size=50))
+def test_index_tensors_hold_the_values(values: list[int]) -> None:
+    got = index_tensor(values, torch.device("cpu"))
+    assert got.dtype == torch.long and got.tolist() == values
