@@ -4,10 +4,10 @@ Why: a prompt's first piece used to run its video tower (CLIP ViT-L/14 over 8 fr
 then the projector) inside the step that carried it. On an H200 at 8 requests/s that
 step took 22.2 ms of device time against 7.7 for a plain one, and every session gap at
 or over the inter-token latency's p99 followed such a step
-(``benchmarks/results/load-h200-step-kinds.json``). Here the tower runs as soon as the
-prompt is queued, on a stream of its own, and the prompt's first piece waits until it
-has finished (:attr:`AheadEmbeds.ready`); the step that runs meanwhile does not wait
-for it. The engine thread's own stream (:func:`engine_stream`) has a higher priority,
+(``benchmarks/results/load-h200-step-kinds.json``). Here the tower starts on a stream of
+its own once the first step after the prompt's arrival is launched
+(``EngineLoop._start_towers``), and the prompt's first piece waits until it has finished
+(:attr:`AheadEmbeds.ready`); the steps that run meanwhile do not wait for it. The engine thread's own stream (:func:`engine_stream`) has a higher priority,
 so the step's kernels take the GPU's multiprocessors ahead of the tower's queued
 blocks; the tower fills what the step leaves idle. vLLM's encoder cache makes the same
 split (the encoder's output kept apart from the decoder's steps); the side stream is
