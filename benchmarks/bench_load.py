@@ -121,8 +121,8 @@ class Config:
         except ValueError:
             raise argparse.ArgumentTypeError(
                 f"--configs: {text!r} is not NAME:PREFILL_CHUNK:PREFIX_CACHE_GB[:OPTION...] "
-                "(PREFILL_CHUNK: off, auto, N, slack or slack:R; options: apart, eager, "
-                "thaw)") from None
+                "(PREFILL_CHUNK: off, auto, N, slack or slack:R; options: "
+                f"{', '.join(sorted(OPTIONS))})") from None
 
 
 def workload(n: int, clips: int, per_clip: int, max_new: int) -> list[OpenRequest]:

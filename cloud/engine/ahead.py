@@ -7,11 +7,14 @@ or over the inter-token latency's p99 followed such a step
 (``benchmarks/results/load-h200-step-kinds.json``). Here the tower starts on a stream of
 its own once the first step after the prompt's arrival is launched
 (``EngineLoop._start_towers``), and the prompt's first piece waits until it has finished
-(:attr:`AheadEmbeds.ready`); the steps that run meanwhile do not wait for it. The engine thread's own stream (:func:`engine_stream`) has a higher priority,
-so the step's kernels take the GPU's multiprocessors ahead of the tower's queued
-blocks; the tower fills what the step leaves idle. vLLM's encoder cache makes the same
-split (the encoder's output kept apart from the decoder's steps); the side stream is
-the CUDA way to overlap the two on one device.
+(:attr:`AheadEmbeds.ready`); the steps that run meanwhile do not wait for it. The
+engine thread's own stream (:func:`engine_stream`) has a higher priority, so the step's
+kernels take the GPU's multiprocessors ahead of the tower's queued blocks; the tower
+fills what the step leaves idle. vLLM's encoder cache makes the same split (the
+encoder's output kept apart from the decoder's steps); the side stream is the CUDA way
+to overlap the two on one device. Measured on an H200 at 8 requests/s: the ITL p99 ÷
+p50 2.07 with 512-row pieces against 2.46 with the tower inside the step
+(``benchmarks/results/load-h200-towers-ahead.json``).
 
 On the CPU there is no stream: the embeddings are made at once and are ready.
 """

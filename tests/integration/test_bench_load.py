@@ -24,7 +24,8 @@ def test_the_load_benchmark_reports_every_config_and_identical_answers(tmp_path:
     assert result["answers_identical_across_configs"] is True
     whole, reuse = result["configs"]
     assert whole["config"] == {"name": "whole", "prefill_chunk": "off", "prefix_cache_gb": 0.0,
-                               "mixed_steps": True, "graphed": True, "gc_freeze": True}
+                               "mixed_steps": True, "graphed": True, "gc_freeze": True,
+                               "towers_ahead": True}
     assert reuse["config"]["mixed_steps"] is False
     for run in (whole, reuse):
         (level,) = run["levels"]
@@ -56,6 +57,9 @@ def test_a_config_names_how_its_chunks_run() -> None:
     assert parse("m:512:0:apart") == bench_load.Config("m", "512", 0.0, False, True, True)
     assert parse("m:512:0:eager") == bench_load.Config("m", "512", 0.0, True, False, True)
     assert parse("m:512:0:eager:thaw") == bench_load.Config("m", "512", 0.0, True, False, False)
+    assert parse("m:512:0:inline") == bench_load.Config("m", "512", 0.0, True, True, True,
+                                                        towers_ahead=False)
+    assert parse("m:512:0").towers_ahead
     # slack's R after PREFILL_CHUNK: two numbers are R and the GiB, one is the GiB.
     assert parse("s:slack:0") == bench_load.Config("s", "slack", 0.0, True, True, True)
     assert parse("s:slack:1.25:0.5") == bench_load.Config("s", "slack:1.25", 0.5,
@@ -63,6 +67,7 @@ def test_a_config_names_how_its_chunks_run() -> None:
     assert parse("s:slack:1.5:0:eager") == bench_load.Config("s", "slack:1.5", 0.0,
                                                              True, False, True)
     assert parse("s:slack:0:eager") == bench_load.Config("s", "slack", 0.0, True, False, True)
+    options = re.escape("apart, eager, inline, thaw")
     for bad in ("m:512:0:fast", "m:512:0:thaw:thaw", "s:slack:1:0", "m:lots:0"):
-        with pytest.raises(argparse.ArgumentTypeError, match=re.escape("apart, eager, thaw")):
+        with pytest.raises(argparse.ArgumentTypeError, match=options):
             parse(bad)
