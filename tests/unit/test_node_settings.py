@@ -63,6 +63,7 @@ CLOUD: dict[str, Case] = {
     "prefill_chunk": ("--prefill-chunk", "256", "256"),
     "prefill_dtype": ("--prefill-dtype", "fp8", "fp8"),
     "mixed_steps": ("--mixed-steps", "off", False),
+    "towers_ahead": ("--towers-ahead", "off", False),
     "prefix_cache_gb": ("--prefix-cache-gb", "4", 4.0),
     "batch_invariant": ("--batch-invariant", "1", True),
     "gil_switch_interval_ms": ("--gil-switch-interval-ms", "0.5", 0.5),
