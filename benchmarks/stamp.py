@@ -60,11 +60,17 @@ def device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
 
+#: A card's model in a driver's device name: one or two capitals, then digits, then an
+#: optional capital ("H200", "A100" of "A100-SXM4-80GB", "L40S", "V100").
+_CARD = re.compile(r"\b([A-Z]{1,2}\d{2,4}[A-Z]?)(?:\b|-)")
+
+
 def card_tag(device: str, fallback: str) -> str:
-    """The card's model for a result's file name ("h200" of "NVIDIA H200"), else
-    ``fallback``: one name per card, however the driver spells the rest of it."""
-    card = [w for w in device.split() if w[:1] in "ABH" and w[1:].isdigit()]
-    return (card or [fallback])[0].lower()
+    """The card's model for a result's file name ("h200" of "NVIDIA H200", "a100" of
+    "NVIDIA A100-SXM4-80GB"), else ``fallback``: one name per card, however the driver
+    spells the rest of it."""
+    found = _CARD.search(device)
+    return (found.group(1) if found else fallback).lower()
 
 
 def versions() -> dict[str, str]:

@@ -61,3 +61,7 @@ def test_a_card_is_named_by_its_model() -> None:
     assert card_tag("NVIDIA H200", "cuda") == "h200"
     assert card_tag("cpu", "cpu") == "cpu"
     assert card_tag("NVIDIA H100 80GB HBM3", "cpu") == "h100"
+    assert card_tag("NVIDIA A100-SXM4-80GB", "cuda") == "a100"
+    assert card_tag("Tesla V100-SXM2-16GB", "cuda") == "v100"
+    assert card_tag("NVIDIA L40S", "cuda") == "l40s"
+    assert card_tag("NVIDIA GeForce RTX 4090", "cuda") == "cuda"
