@@ -157,15 +157,27 @@ def _pieces_of(engine: MixedFakeEngine, slot: int) -> list[tuple[int, int, int]]
             if p[0] == slot]  # type: ignore[index]
 
 
+def _held(engine: _AheadFakeEngine) -> Scheduler:
+    """A scheduler over ``engine`` (4-row pieces) whose plain steps wait for the test's
+    permits."""
+    engine.permits = threading.Semaphore(0)
+    return Scheduler(engine, text_vocab_size=TEXT_VOCAB, prefill_chunk=ChunkPolicy("fixed", 4))
+
+
+async def _one_decoding(sched: Scheduler) -> tuple[Ticket, int]:
+    """A request whose answer runs to 40 tokens, once it decodes, and its prompt's seed."""
+    seed = _long_seed()
+    old = _ask(sched, "old", _prompt(seed, 3), 40)
+    await until(lambda: old.session.prefilled, "the first request decodes")
+    return old, seed
+
+
 async def test_steps_go_on_while_a_newcomers_tower_runs_and_its_pieces_follow() -> None:
     engine = _AheadFakeEngine(num_slots=3)
-    engine.permits = threading.Semaphore(0)  # the old session steps when the test says
-    sched = Scheduler(engine, text_vocab_size=TEXT_VOCAB, prefill_chunk=ChunkPolicy("fixed", 4))
-    seed = _long_seed()
+    sched = _held(engine)  # the old session steps when the test says
     sched.start()
     try:
-        old = _ask(sched, "old", _prompt(seed, 3), 40)
-        await until(lambda: old.session.prefilled, "the first request decodes")
+        old, seed = await _one_decoding(sched)
         assert engine.ahead == [], "a prompt alone went whole, with no tower ahead"
         engine.tower_done.clear()
         new = _ask(sched, "new", _prompt(5, 10), 4)
@@ -205,13 +217,10 @@ async def test_a_prompt_refused_ahead_fails_alone() -> None:
     engine = _AheadFakeEngine(num_slots=4)
     engine.tower_done.set()
     engine.refuse = 31
-    engine.permits = threading.Semaphore(0)
-    sched = Scheduler(engine, text_vocab_size=TEXT_VOCAB, prefill_chunk=ChunkPolicy("fixed", 4))
-    seed = _long_seed()
+    sched = _held(engine)
     sched.start()
     try:
-        old = _ask(sched, "old", _prompt(seed, 3), 40)
-        await until(lambda: old.session.prefilled, "the first request decodes")
+        old, seed = await _one_decoding(sched)
         bad = _ask(sched, "bad", (5, 6, 31, 7), 4)
         good = _ask(sched, "good", _prompt(4, 10), 4)
         engine.permits.release(200)
