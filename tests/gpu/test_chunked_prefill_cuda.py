@@ -13,11 +13,10 @@ import pytest
 import torch
 
 from eventspec.cloud.engine.base import PrefillChunk, PrefillRequest
-from eventspec.cloud.engine.static.build import build_static_engine, static_kv_plan
 from eventspec.cloud.engine.static.engine import StaticEngine
-from eventspec.cloud.model_dirs import TOY, model_dir
-from eventspec.cloud.target import TargetModel, load_target
+from eventspec.cloud.target import TargetModel
 from eventspec.shared.node.static.batch import StepBatch
+from tests.support.toy_cuda import toy_engine, toy_target
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -29,13 +28,12 @@ QUESTIONS = ("What is moving?", "How many objects cross from the left?")
 
 @pytest.fixture(scope="module")
 def toy() -> TargetModel:
-    return load_target(model_dir(TOY), device="cuda", dtype=torch.float32)
+    return toy_target()
 
 
 @pytest.fixture(scope="module")
 def engine(toy: TargetModel) -> StaticEngine:
-    kv = static_kv_plan(toy, kv_cache_bytes=None, max_seq_len=512, max_slots=4)
-    return build_static_engine(toy, kv)
+    return toy_engine(toy)
 
 
 def _request(target: TargetModel, slot: int, question: str) -> PrefillRequest:
@@ -115,8 +113,7 @@ def test_a_continuation_chunk_never_runs_cudnn_attention(engine: StaticEngine,
 @pytest.fixture(scope="module")
 def graphed_mixed(toy: TargetModel) -> StaticEngine:
     """Mixed steps replayed from graphs: pieces padded to 64-row tiles, 64 or 256 rows."""
-    kv = static_kv_plan(toy, kv_cache_bytes=None, max_seq_len=512, max_slots=4)
-    return build_static_engine(toy, kv, chunk_buckets=(64, 256))
+    return toy_engine(toy, chunk_buckets=(64, 256))
 
 
 @pytest.mark.parametrize("size,drafts", [(16, 0), (64, 3), (200, 8)])

@@ -14,11 +14,10 @@ import torch
 
 from eventspec.cloud.engine.ahead import engine_stream
 from eventspec.cloud.engine.base import PrefillRequest
-from eventspec.cloud.engine.static.build import build_static_engine, static_kv_plan
 from eventspec.cloud.engine.static.engine import StaticEngine
-from eventspec.cloud.model_dirs import TOY, model_dir
-from eventspec.cloud.target import TargetModel, load_target
+from eventspec.cloud.target import TargetModel
 from eventspec.shared.node.static.batch import StepBatch
+from tests.support.toy_cuda import toy_engine, toy_target
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -26,13 +25,12 @@ pytestmark = [pytest.mark.gpu,
 
 @pytest.fixture(scope="module")
 def toy() -> TargetModel:
-    return load_target(model_dir(TOY), device="cuda", dtype=torch.float32)
+    return toy_target()
 
 
 @pytest.fixture(scope="module")
 def engine(toy: TargetModel) -> StaticEngine:
-    kv = static_kv_plan(toy, kv_cache_bytes=None, max_seq_len=512, max_slots=4)
-    return build_static_engine(toy, kv)
+    return toy_engine(toy)
 
 
 def _request(target: TargetModel, slot: int, question: str, seed: int) -> PrefillRequest:
