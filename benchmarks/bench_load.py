@@ -105,12 +105,14 @@ class Config:
 
     @classmethod
     def parse(cls, text: str) -> Config:
-        """``PREFILL_CHUNK`` may be ``slack:R`` (``n:slack:1.5:0``): after ``slack``,
-        two more numbers are R and the GiB; one is the GiB (R defaults)."""
+        """``PREFILL_CHUNK`` may be ``slack:R`` or ``slack:R:PACE`` (``n:slack:1.5:0``,
+        ``n:slack:2:200:0``): after ``slack``, the last number before the options is the
+        GiB and those before it R and the pace."""
         try:
             name, chunk, *more = text.split(":")
-            if chunk.lower() == "slack" and len(more) >= 2 and more[1] not in OPTIONS:
-                chunk, more = f"{chunk}:{more[0]}", more[1:]
+            for _ in range(2 if chunk.lower() == "slack" else 0):
+                if len(more) >= 2 and more[1] not in OPTIONS:
+                    chunk, more = f"{chunk}:{more[0]}", more[1:]
             gb, *rest = more
             if not set(rest) <= OPTIONS or len(set(rest)) != len(rest):
                 raise ValueError(text)
@@ -121,7 +123,7 @@ class Config:
         except ValueError:
             raise argparse.ArgumentTypeError(
                 f"--configs: {text!r} is not NAME:PREFILL_CHUNK:PREFIX_CACHE_GB[:OPTION...] "
-                "(PREFILL_CHUNK: off, auto, N, slack or slack:R; options: "
+                "(PREFILL_CHUNK: off, auto, N, slack, slack:R or slack:R:PACE; options: "
                 f"{', '.join(sorted(OPTIONS))})") from None
 
 

@@ -58,7 +58,8 @@ def prefill_mode(policy: ChunkPolicy) -> str:
     if not policy.enabled:
         return "whole"
     if policy.mode == "slack":
-        return f"chunks: slack {policy.ratio:g}"
+        pace = f", pace {policy.pace_ms:g} ms" if policy.pace_ms > 0 else ", no pace"
+        return f"chunks: slack {policy.ratio:g}{pace}"
     return "chunks: auto" if policy.mode == "auto" else f"chunks of {policy.tokens}"
 
 

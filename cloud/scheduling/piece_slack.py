@@ -10,22 +10,43 @@ times depends on the step: (R - 1) x its own time. So the piece follows the step
 Sarathi-Serve's token budget does, set from the device times the engine loop measures
 rather than from a profile.
 
-The rule, each iteration while sessions decode: the largest captured bucket ``b`` of
-piece rows (:data:`SLACK_PIECE_ROWS`) such that
+The rule, each iteration while sessions decode, has three layers:
 
-    predicted(step with the pieces of b) <= R x predicted(step without),
+1. **Pace.** The smallest captured bucket ``b`` of piece rows
+   (:data:`SLACK_PIECE_ROWS`) whose steady rate writes every waiting prompt within
+   ``pace`` ms (:data:`DEFAULT_PACE_MS`) of its submission: for each waiting prompt
+   ``i``, oldest first, the rows of it and of those before it fit ``b`` rows a step
+   over the steps left before its deadline, a step taking the predicted time of one
+   with ``b`` rows. Why: the ratio that matters to a decoding session is its slow
+   steps against its typical one, and a policy that fills each step to the limit
+   (layer 2 alone) makes steps alternate between full pieces and none, so the median
+   is a plain step and the tail a full one. Paced pieces are as small as the arrivals
+   allow and ride most steps, so a step with a piece and the typical step are alike
+   (the time-to-first-token is spent up to the pace instead). The same idea as a
+   constant-rate feasibility test in real-time scheduling (Liu and Layland, JACM 1973):
+   the least uniform rate that meets every deadline.
+2. **Slack.** A paced bucket beyond the largest one with
 
-where the step without is the plain step's device time at this shape and the step with
-adds the pieces' rows times the marginal ms per row and, for each prompt whose first
-piece the iteration writes, its video tower (which runs in the same iteration, inside
-the timed engine call: ``PrefillCalls.chunks_of`` makes a prompt's embeddings at its
-first piece). The pieces are laid out as the engine pads them, each in whole 64-row
-tiles (:func:`split`): a budget that ends one prompt and starts the next is cut so both
-fit ``b``'s tiles, so no bucket beyond the largest is needed. The floor is one tile (a
+       predicted(step with the pieces of b) <= R x predicted(step without)
+
+   is cut to that one (R: ``--prefill-chunk slack:R``), and with pacing off
+   (``slack:R:0``) that largest bucket is the rule. The step without is the plain
+   step's device time at this shape and the step with adds the pieces' rows times the
+   marginal ms per row and, for each prompt whose first piece the iteration writes, its
+   video tower (which runs in the same iteration, inside the timed engine call, unless
+   towers run ahead: ``PrefillCalls.chunks_of`` makes a prompt's embeddings at its
+   first piece).
+   A prompt already late for its pace gets that largest bucket too.
+3. **Backlog.** When the oldest waiting prompt has waited more than
+   :data:`BACKLOG_WAIT_MS`, or :data:`PACED_BACKLOG` paces when pacing, the pieces
+   take the largest bucket whatever the ratio (capacity before smoothness, see the
+   constant).
+
+The pieces are laid out as the engine pads them, each in whole 64-row tiles
+(:func:`split`): a budget that ends one prompt and starts the next is cut so both fit
+``b``'s tiles, so no bucket beyond the largest is needed. The floor is one tile (a
 prompt always advances, whatever the estimates say); a step that would start a tower
-before any tower has been measured takes the floor. When the oldest waiting prompt has
-waited more than :data:`BACKLOG_WAIT_MS`, the pieces take the largest bucket whatever
-the ratio (capacity before smoothness, see the constant).
+before any tower has been measured takes the floor.
 
 The estimates (:class:`StepTimes`) are EWMAs of measured device times, seeded from the
 calibrated :class:`CloudCost` before anything is measured. Plain, pure and single
@@ -67,17 +88,29 @@ EWMA_WEIGHT = 0.25
 #: them, and the TTFT SLO (p99 <= 1 s) is what breaks next (256-row pieces broke it at
 #: 8/s there). ITL then degrades to 512's.
 BACKLOG_WAIT_MS = 250.0
+#: ``--prefill-chunk slack``'s pace: paced pieces aim to write each prompt within this
+#: many ms of its submission. Below the backlog bound, so a prompt paced to its
+#: deadline that runs a little late (a slow step, an estimate off) is not yet a
+#: backlog; far below the 1 s TTFT SLO, which also holds the wait for a slot and the
+#: first token's step.
+DEFAULT_PACE_MS = 200.0
+#: With pacing, the backlog bound is this many paces (400 ms at the default): a prompt
+#: late for its pace gets the largest bucket within R, and the largest of all only
+#: once it is this late, so a burst of arrivals grows the pieces to R's bucket first.
+PACED_BACKLOG = 2.0
 
 
 @dataclass(frozen=True)
 class Waiting:
     """A waiting prompt as the budget sees it: rows still to write, whether its next
-    piece runs the video tower (its first, with pixels to encode), and whether it is a
-    reused prefix's short tail (rides whole, outside the budget: ``PrefillQueue``)."""
+    piece runs the video tower (its first, with pixels to encode), whether it is a
+    reused prefix's short tail (rides whole, outside the budget: ``PrefillQueue``), and
+    how long ago its request was submitted (the pace's deadline counts from there)."""
 
     rows: int
     tower: bool = False
     tail: bool = False
+    waited_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -200,13 +233,19 @@ class StepTimes:
 
 
 class PieceSlack:
-    """The slack policy's state: R, the buckets and the estimates (module docstring)."""
+    """The slack policy's state: R, the pace, the buckets and the estimates (module
+    docstring); ``pace_ms`` 0 turns pacing off."""
 
     def __init__(self, ratio: float, cost: CloudCost | None, *,
                  buckets: Sequence[int] = SLACK_PIECE_ROWS, weight: float = EWMA_WEIGHT,
-                 backlog_ms: float = BACKLOG_WAIT_MS) -> None:
+                 backlog_ms: float = BACKLOG_WAIT_MS,
+                 pace_ms: float = DEFAULT_PACE_MS) -> None:
         if not (math.isfinite(ratio) and ratio > 1):
             raise ValueError(f"--prefill-chunk slack:R needs a finite R > 1, got {ratio}")
+        if not (math.isfinite(pace_ms) and pace_ms >= 0):
+            raise ValueError(f"--prefill-chunk slack:R:PACE needs a finite PACE >= 0 ms, "
+                             f"got {pace_ms}")
+        self.pace_ms = pace_ms
         if any(b < CHUNK_TILE or b % CHUNK_TILE for b in buckets):
             raise ValueError(f"slack buckets must be multiples of {CHUNK_TILE}, got {buckets}")
         self.ratio = ratio
@@ -226,9 +265,30 @@ class PieceSlack:
         floor = self._floor(queue)
         if not self.buckets:
             return floor
-        if waited_ms > self.backlog_ms:
+        if waited_ms > self.backlog_bound_ms:
             top = self._split(queue, self.buckets[-1] // CHUNK_TILE)
             return top if top.tokens >= floor.tokens else floor
+        within = self._within_ratio(sessions, tokens, queue, floor)
+        if within is None:
+            return floor
+        smaller = [s for s in (self._split(queue, b // CHUNK_TILE) for b in self.buckets
+                               if b < within.rows) if s.tokens >= floor.tokens]
+        for s in smaller if self.pace_ms > 0 else ():
+            if self._meets_pace(sessions, tokens, queue, s.rows):
+                return s
+        return within
+
+    @property
+    def backlog_bound_ms(self) -> float:
+        """The oldest prompt's wait beyond which pieces take the largest bucket:
+        ``backlog_ms``, or :data:`PACED_BACKLOG` times the pace when pacing, whichever
+        is longer."""
+        return max(self.backlog_ms, PACED_BACKLOG * self.pace_ms)
+
+    def _within_ratio(self, sessions: int, tokens: int, queue: Sequence[Waiting],
+                      floor: Split) -> Split | None:
+        """The largest bucket's split whose predicted step stays within R times the
+        plain one (None: none, or nothing known to predict with)."""
         limit = self.times.plain_ms(sessions, tokens)
         for b in reversed(self.buckets):
             s = self._split(queue, b // CHUNK_TILE)
@@ -237,7 +297,29 @@ class PieceSlack:
             ms = self.times.predict(sessions, tokens, s.rows, s.towers)
             if limit is not None and ms is not None and ms <= self.ratio * limit:
                 return s
-        return floor
+        return None
+
+    def _meets_pace(self, sessions: int, tokens: int, queue: Sequence[Waiting],
+                    rows: int) -> bool:
+        """Whether ``rows`` padded rows a step write every waiting prompt within the
+        pace of its submission: for each, oldest first, its rows and those before it
+        (and this step's tails) fit in the steps of ``rows`` rows left before its
+        deadline, less the towers due up to it when their time is known."""
+        step_ms = self.times.predict(sessions, tokens, rows, 0)
+        if step_ms is None or not step_ms > 0:
+            return False
+        tower_ms = self.times.tower_ms or 0.0
+        written = sum(tiles(w.rows) for w in queue if w.tail) * CHUNK_TILE
+        towers = 0
+        for w in queue:
+            if w.tail or w.rows < 1:
+                continue
+            written += tiles(w.rows) * CHUNK_TILE
+            towers += w.tower
+            left_ms = self.pace_ms - w.waited_ms - towers * tower_ms
+            if written > rows * math.floor(max(0.0, left_ms) / step_ms):
+                return False
+        return True
 
     def _floor(self, queue: Sequence[Waiting]) -> Split:
         """One tile of the oldest prompt (or its rest, if shorter), beside the tails."""

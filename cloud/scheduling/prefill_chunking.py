@@ -16,9 +16,10 @@ almost all video), floored to a multiple of ``CHUNK_QUANTUM`` and held within
 [``AUTO_MIN_CHUNK_TOKENS``, the loop's prefill token budget floored likewise]. With
 nothing decoding there is no one to stall: the oldest prompt goes whole (and those
 behind it, within the budget), as without chunks. ``--prefill-chunk N`` fixes N tokens;
-``off`` prefills whole prompts always. ``--prefill-chunk slack`` (or ``slack:R``) sizes
-each iteration's pieces from the step's measured slack, so that a step with a piece
-stays within R (1.5) times one without: :mod:`eventspec.cloud.scheduling.piece_slack`.
+``off`` prefills whole prompts always. ``--prefill-chunk slack`` (or ``slack:R``, or
+``slack:R:PACE``) sizes each iteration's pieces from the measured step times: as small
+as writes every prompt within PACE ms (200) of its submission, and so that a step with
+a piece stays within R (1.5) times one without: :mod:`eventspec.cloud.scheduling.piece_slack`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from eventspec.cloud.scheduling.piece_slack import DEFAULT_SLACK_RATIO, SLACK_PIECE_ROWS, PieceSlack
+from eventspec.cloud.scheduling.piece_slack import (
+    DEFAULT_PACE_MS,
+    DEFAULT_SLACK_RATIO,
+    SLACK_PIECE_ROWS,
+    PieceSlack,
+)
 from eventspec.shared.contract.timing import CloudCost
 from eventspec.shared.node.static.buckets import CHUNK_TILE
 
@@ -49,26 +55,28 @@ AUTO_MIN_CHUNK_TOKENS = 1024
 @dataclass(frozen=True)
 class ChunkPolicy:
     """``--prefill-chunk``: "off", "auto", a fixed number of tokens, or "slack" with
-    its step-time ratio R (``ratio``)."""
+    its step-time ratio R (``ratio``) and its pace (``pace_ms``, 0: off)."""
 
     mode: str  # "off" | "auto" | "fixed" | "slack"
     tokens: int = 0
     ratio: float = 0.0  # slack's R
+    pace_ms: float = 0.0  # slack's pace
 
     @classmethod
     def parse(cls, text: str) -> ChunkPolicy:
-        """Raises ValueError naming the flag for anything but off, auto, N >= 1, slack
-        or slack:R with a finite R > 1."""
+        """Raises ValueError naming the flag for anything but off, auto, N >= 1, slack,
+        slack:R with a finite R > 1, or slack:R:PACE with a finite PACE >= 0 ms."""
         value = text.strip().lower()
         if value in ("off", "auto"):
             return cls(value)
         if value == "slack" or value.startswith("slack:"):
-            return cls("slack", ratio=_slack_ratio(text, value))
+            ratio, pace = _slack_params(text, value)
+            return cls("slack", ratio=ratio, pace_ms=pace)
         try:
             tokens = int(value)
         except ValueError:
-            raise ValueError(f"--prefill-chunk must be off, auto, slack[:R] or a number of "
-                             f"tokens, got {text!r}") from None
+            raise ValueError(f"--prefill-chunk must be off, auto, slack[:R[:PACE]] or a "
+                             f"number of tokens, got {text!r}") from None
         if tokens < 1:
             raise ValueError(f"--prefill-chunk must be >= 1 token, got {tokens}")
         return cls("fixed", tokens)
@@ -92,18 +100,31 @@ class ChunkPolicy:
         return auto_chunk_tokens(cost, sessions, step_tokens, whole_budget)
 
 
-def _slack_ratio(text: str, value: str) -> float:
-    """R of ``slack`` (the default) or ``slack:R``; ValueError naming the flag."""
-    if value == "slack":
-        return DEFAULT_SLACK_RATIO
-    try:
-        ratio = float(value.removeprefix("slack:"))
-    except ValueError:
-        ratio = math.nan
+def _slack_params(text: str, value: str) -> tuple[float, float]:
+    """R and the pace of ``slack`` (the defaults), ``slack:R`` or ``slack:R:PACE``;
+    ValueError naming the flag."""
+    parts = value.split(":")[1:]
+    if len(parts) > 2:
+        raise ValueError(f"--prefill-chunk slack takes at most R and PACE "
+                         f"(slack:R:PACE), got {text!r}")
+    ratio = _number(parts[0]) if parts else DEFAULT_SLACK_RATIO
     if not (math.isfinite(ratio) and ratio > 1):
         raise ValueError(f"--prefill-chunk slack:R needs a step-time ratio R > 1 (a step "
                          f"with a piece within R times one without), got {text!r}")
-    return ratio
+    pace = _number(parts[1]) if len(parts) == 2 else DEFAULT_PACE_MS
+    if not (math.isfinite(pace) and pace >= 0):
+        raise ValueError(f"--prefill-chunk slack:R:PACE needs a pace of PACE >= 0 ms (each "
+                         f"prompt written within PACE ms of its submission; 0: off), "
+                         f"got {text!r}")
+    return ratio, pace
+
+
+def _number(text: str) -> float:
+    """``text`` as a float, NaN if it is none."""
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
 
 
 def graphed_piece_rows(policy: ChunkPolicy, max_seq_len: int) -> tuple[int, ...]:
@@ -131,7 +152,7 @@ def slack_for(policy: ChunkPolicy, cost: CloudCost | None, max_seq_len: int,
     if policy.mode != "slack":
         return None
     cap = max(CHUNK_TILE, token_budget)
-    return PieceSlack(policy.ratio, cost,
+    return PieceSlack(policy.ratio, cost, pace_ms=policy.pace_ms,
                       buckets=[b for b in graphed_piece_rows(policy, max_seq_len) if b <= cap])
 
 

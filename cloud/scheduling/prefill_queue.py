@@ -204,11 +204,12 @@ class PrefillQueue:
                 self._waiting.remove(piece.pending)
         return pieces
 
-    def outlook(self) -> list[Waiting]:
+    def outlook(self, now: float | None = None) -> list[Waiting]:
         """The waiting prompts as ``--prefill-chunk slack`` sizes a call over them
         (:func:`~eventspec.cloud.scheduling.piece_slack.split`), oldest first: the rows
         each has left, whether its next piece runs the tower, whether it is a short
-        tail (as :meth:`next_pieces` takes them); every tail, and the first
+        tail (as :meth:`next_pieces` takes them), and the ms since its request was
+        submitted at clock time ``now`` (0 without it); every tail, and the first
         :data:`MAX_PIECES` others (a call holds no more)."""
         out, room, others = [], SHORT_TAILS_PER_CALL, 0
         for pending in self._waiting:
@@ -220,7 +221,8 @@ class PrefillQueue:
                 continue
             else:
                 others += 1
-            out.append(Waiting(rest, pending.tower_due, tail))
+            waited = 0.0 if now is None else max(0.0, now - pending.ticket.submitted_at) * 1e3
+            out.append(Waiting(rest, pending.tower_due, tail, waited))
         return out
 
     def towers_to_start(self, limit: int) -> list[Pending]:

@@ -193,8 +193,9 @@ class StepScheduler:
         tokens = max(sessions, self.last_step[1])
         budget: int | None
         if self.slack is not None and sessions:
-            waited_ms = (self._clock() - head.ticket.submitted_at) * 1e3
-            budget = self.slack.choose(sessions, tokens, self.prefills.outlook(),
+            now = self._clock()
+            waited_ms = (now - head.ticket.submitted_at) * 1e3
+            budget = self.slack.choose(sessions, tokens, self.prefills.outlook(now),
                                        waited_ms=waited_ms).tokens
         else:
             budget = self.chunking.budget(self.chunk_cost, sessions, tokens,

@@ -67,7 +67,13 @@ def test_a_config_names_how_its_chunks_run() -> None:
     assert parse("s:slack:1.5:0:eager") == bench_load.Config("s", "slack:1.5", 0.0,
                                                              True, False, True)
     assert parse("s:slack:0:eager") == bench_load.Config("s", "slack", 0.0, True, False, True)
+    # Three numbers: R, the pace and the GiB.
+    assert parse("p:slack:2:200:0") == bench_load.Config("p", "slack:2:200", 0.0,
+                                                         True, True, True)
+    assert parse("p:slack:2:0:1:inline") == bench_load.Config("p", "slack:2:0", 1.0, True,
+                                                              True, True, towers_ahead=False)
     options = re.escape("apart, eager, inline, thaw")
-    for bad in ("m:512:0:fast", "m:512:0:thaw:thaw", "s:slack:1:0", "m:lots:0"):
+    for bad in ("m:512:0:fast", "m:512:0:thaw:thaw", "s:slack:1:0", "m:lots:0",
+                "p:slack:2:-5:0", "p:slack:2:200:1:0"):
         with pytest.raises(argparse.ArgumentTypeError, match=options):
             parse(bad)
