@@ -1,6 +1,6 @@
 """The static-KV engine on a GPU, full-size Video-LLaVA-7B architecture, random bf16 weights.
 
-One run measures, and writes to ``$OUT/engine_<device>.json`` and ``.png``:
+One run measures, and writes to ``$OUT/engine_<card>.json`` and ``.png``:
 
 - copy bandwidth (device-to-device, read + write counted), the floor's denominator;
 - prefill ms: 8 frames + prompt (2,103 tokens), video tower included
@@ -395,7 +395,8 @@ def main() -> int:
         "token_buckets": list(engine.token_buckets),
         "session_buckets": list(engine.session_buckets),
     }
-    tag = "tiny" if args.tiny else result["device"].replace(" ", "_").lower()
+    # The card's model ("h200"), as the prefill's and the traces' files are named.
+    tag = "tiny" if args.tiny else card_tag(result["device"], "cuda")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -434,8 +435,7 @@ def main() -> int:
                                   if b <= n_slots})  # fmt: skip
         stage("profile_prefill", lambda: profile_prefill(engine, target))
     if args.trace_dir:
-        card = "tiny" if args.tiny else card_tag(result["device"], "cuda")
-        stage("trace", lambda: write_step_traces(engine, ctx, Path(args.trace_dir), card))
+        stage("trace", lambda: write_step_traces(engine, ctx, Path(args.trace_dir), tag))
     stage("hf_eager", lambda: hf_step_ms(target, max(3, args.repeats // 2)))
     n_agree = args.agree_tokens if not args.tiny else 20
     stage("agreement", lambda: agreement(engine, target, n_agree))

@@ -105,7 +105,9 @@ class CloudSettings(FromEnv):
         None, help="KV memory budget in GiB: by length, an arena of budget / (KV bytes per "
                    "token) positions less one --max-seq-len for padding; with slots, budget "
                    "/ (max-seq-len x KV bytes per token) slots, at most --max-sessions "
-                   "(default: --kv-memory-fraction of free GPU memory, or 2 GiB on CPU)")
+                   "(default: --kv-memory-fraction of free GPU memory, or 2 GiB on CPU). "
+                   "The KV alone: --prefill-dtype fp8's weight copy and --prefix-cache-gb "
+                   "come on top of it (the default budget leaves room for them)")
     #: "by-length": each request takes KV for its own prompt plus its answer cap from one
     #: arena (``eventspec.cloud.scheduling.kv_arena``; the static engine); "slots": every request a
     #: slot of ``max_seq_len`` positions (the HF engine always).
@@ -168,12 +170,13 @@ class CloudSettings(FromEnv):
              "capability 8.9+, bfloat16; +1 byte a parameter; not with --batch-invariant). "
              "Faster prefill, and later tokens may differ from a bf16 prefill's: "
              "docs/results/engine-gpu.md measures both")
-    #: Saved prompt prefixes (``eventspec.cloud.scheduling.prefix_cache``); taken out of the KV
-    #: budget.
+    #: Saved prompt prefixes (``eventspec.cloud.scheduling.prefix_cache``); taken out of the
+    #: default KV budget, on top of an explicit one.
     prefix_cache_gb: float = setting(
-        0.0, help="GiB of device memory for saved prompt prefixes, taken out of the KV "
-                  "budget: a question about a clip already asked about skips the video "
-                  "prefill (static engine; 0: off)")
+        0.0, help="GiB of device memory for saved prompt prefixes, taken out of the "
+                  "default KV budget (on top of an explicit --kv-cache-gb): a question "
+                  "about a clip already asked about skips the video prefill (static engine; "
+                  "0: off)")
     mixed_steps: bool = setting(
         True, on_off=True,
         help="with --prefill-chunk, run the chunks inside the decoding sessions' step (one "

@@ -19,7 +19,14 @@ from eventspec.cloud.config import CloudSettings
 from eventspec.cloud.engine.base import BatchedEngine, ChunkedPrefillEngine, KvByLengthEngine
 from eventspec.cloud.engine.choice import choose_engine
 from eventspec.cloud.engine.hf import HFEngine
-from eventspec.cloud.engine.kv import GIB, auto_max_seq_len, kv_bytes_per_token, plan_kv
+from eventspec.cloud.engine.kv import (
+    GIB,
+    auto_max_seq_len,
+    check_beside_explicit_kv,
+    device_free_bytes,
+    kv_bytes_per_token,
+    plan_kv,
+)
 from eventspec.cloud.engine.paced import PacedEngine
 from eventspec.cloud.engine.static.build import (
     SCRATCH_SLOTS,
@@ -128,6 +135,10 @@ def build_engine(settings: CloudSettings, target: TargetModel) -> BatchedEngine:
         kv = dataclasses.replace(kv, num_slots=auto_kv_sessions(
             kv_positions=kv.arena_positions, ceiling=GPU_SESSION_CEILING,
             request_positions=default_request_positions(settings, target, max_seq_len)))
+    if kind == "static" and settings.fp8_flag and settings.kv_cache_gb is not None and on_gpu:
+        check_beside_explicit_kv(kv, free_bytes=device_free_bytes(target.device),
+                                 beside_bytes=fp8_copy_bytes_for(text_config),
+                                 beside=f"{settings.fp8_flag}'s weight copy")
     log.info("KV capacity: %s", kv.describe())  # the engine is built with exactly these
     engine: BatchedEngine
     if kind == "static":

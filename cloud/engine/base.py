@@ -154,11 +154,11 @@ class MixedStepEngine(Protocol):
 
 @runtime_checkable
 class MixedShapeEngine(Protocol):
-    """A mixed-step engine that can say, before the call, whether a mixed step runs at
+    """A mixed-step engine that can say, after the call, whether its mixed step ran at
     one of its fixed shapes (replayed from a captured graph where graphs are on) or
     eagerly at exact shapes: the engine loop labels the latter's times apart
-    (``eventspec.cloud.scheduling.step_kinds``)."""
+    (``eventspec.cloud.scheduling.step_kinds``). After, not before: the engine looks the
+    shape up for the step anyway, and a question before it would look it up twice."""
 
-    def mixed_step_fixed(self, batch: StepBatch, piece_rows: Sequence[int]) -> bool:
-        """Whether ``batch`` with prompt pieces of ``piece_rows`` rows runs at a fixed shape."""
-        ...
+    #: Whether the latest :meth:`MixedStepEngine.step_with_chunks` ran at a fixed shape.
+    last_mixed_fixed: bool

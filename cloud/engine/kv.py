@@ -55,6 +55,14 @@ class KVPlan:
     def slot_bytes(self) -> int:
         return self.bytes_per_token * self.max_seq_len
 
+    @property
+    def kv_bytes(self) -> int:
+        """K and V bytes the engine allocates for the plan: the slots and the scratch
+        ones, or the arena and its scratch window."""
+        if self.arena_positions:
+            return (self.arena_positions + self.max_seq_len) * self.bytes_per_token
+        return (self.num_slots + self.scratch_slots) * self.slot_bytes
+
     def describe(self) -> str:
         if self.arena_positions:
             return (
@@ -176,3 +184,27 @@ def plan_kv(
                          max_seq_len=max_seq_len, max_sessions=max_slots)
     return fit_slots(budget, source, bytes_per_token=bytes_per_token, max_seq_len=max_seq_len,
                      max_slots=max_slots, scratch_slots=scratch_slots)
+
+
+def device_free_bytes(device: torch.device) -> int:
+    """What PyTorch can still allocate on CUDA ``device``: the driver's free memory and
+    the blocks its caching allocator holds unused (it frees them before it fails)."""
+    free, _total = torch.cuda.mem_get_info(device)
+    unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return int(free + unused)
+
+
+def check_beside_explicit_kv(plan: KVPlan, *, free_bytes: int, beside_bytes: int,
+                             beside: str) -> None:
+    """An explicit ``--kv-cache-gb`` is the KV alone: what start-up allocates beside it
+    (``beside``, ``beside_bytes``: the fp8 prefill's weight copy) is not taken out of
+    it as it is out of a budget drawn from free memory. When the two cannot both fit in
+    ``free_bytes``, building the engine would fail with a bare CUDA out-of-memory error;
+    this says so first, naming the flags. Raises InvalidInput."""
+    if plan.kv_bytes + beside_bytes <= free_bytes:
+        return
+    raise InvalidInput(
+        f"--kv-cache-gb plans {plan.kv_bytes / GIB:.2f} GiB of KV, and {beside} needs "
+        f"{beside_bytes / GIB:.2f} GiB beside it: more than the {free_bytes / GIB:.2f} GiB "
+        "free; lower --kv-cache-gb (the KV alone), or leave it out for a budget that "
+        "leaves room for both")

@@ -82,7 +82,7 @@ class EngineLoop:
         self._on_death: Callable[[str], None] | None = None
         self._holds_switch_interval = False
         self._last_done: float | None = None  # the latest step's completion, while one runs
-        #: Asked whether a mixed step runs at a fixed shape (None: the engine cannot say).
+        #: Asked whether a mixed step ran at a fixed shape (None: the engine cannot say).
         self._shapes = engine if isinstance(engine, MixedShapeEngine) else None
 
     def start(self, loop: asyncio.AbstractEventLoop,
@@ -155,9 +155,7 @@ class EngineLoop:
                 self.prefill.run_pieces(riding, self._clock())
             return
         batch = batch_of(plan.inputs, self.engine.device)
-        fixed = None  # whether the riding pieces run at a fixed shape (None: cannot tell)
-        if plan.riding and self._shapes is not None:
-            fixed = self._shapes.mixed_step_fixed(batch, [p.end - p.start for p in plan.riding])
+        fixed = None  # whether the riding pieces ran at a fixed shape (None: cannot tell)
         t_engine = self._clock()
         chunk_logits: torch.Tensor | None = None
         if plan.riding:
@@ -168,6 +166,8 @@ class EngineLoop:
                 logits, chunk_logits = engine.step_with_chunks(
                     batch, self.prefill.chunks_of(plan.riding))
                 self._device_timer.stop()
+                if self._shapes is not None:
+                    fixed = self._shapes.last_mixed_fixed
                 self._start_towers()
             except Exception:
                 log.warning("a mixed step of %d sessions and %d prompt pieces failed; "

@@ -55,6 +55,9 @@ class PrefillCalls:
         self._video_token_id = video_token_id
         self._preprocess_frames = preprocess_frames
         self._clock = clock
+        #: The engine as a side-stream one, or None. Decided here once: the check is a
+        #: runtime Protocol's (attribute look-ups), and ``embed_ahead`` runs per step.
+        self._ahead = engine if isinstance(engine, AheadEmbedsEngine) else None
 
     def reuse_prefixes(self, queued: Sequence[Pending]) -> None:
         """Look newly queued prefills up in the prefix cache (a hit's K/V is copied into
@@ -76,9 +79,9 @@ class PrefillCalls:
         """Start each prompt's video tower now, on the engine's side stream
         (:mod:`eventspec.cloud.engine.ahead`), so its first piece finds the embeddings
         made; one the engine rejects fails alone. A no-op for engines without a side
-        stream."""
-        engine = self.engine
-        if not isinstance(engine, AheadEmbedsEngine):
+        stream, and free with no ``pendings`` (it runs after every step launch)."""
+        engine = self._ahead
+        if not pendings or engine is None:
             return
         for pending in pendings:
             if not pending.ticket.slot_held:

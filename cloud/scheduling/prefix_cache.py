@@ -15,8 +15,9 @@ makes the prefix's K/V identical too, which is why reuse is lossless: the reques
 text continues from the copied positions (copy-on-reuse into its own slot; the static
 engine's slots are contiguous, so sharing blocks read-only would need paged KV).
 
-Bounded by bytes (``--prefix-cache-gb``, reserved out of the KV budget at start-up),
-least recently used first out. Only the engine thread touches it.
+Bounded by bytes (``--prefix-cache-gb``, reserved out of the default KV budget at
+start-up, on top of an explicit ``--kv-cache-gb``), least recently used first out. Only
+the engine thread touches it.
 """
 
 from __future__ import annotations

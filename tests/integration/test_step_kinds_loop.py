@@ -109,10 +109,16 @@ async def test_a_riding_prompt_made_ahead_is_recorded_as_pieces_and_finishing(
         tiny: TargetModel, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = _engine(tiny, graphed_piece_rows(POLICY, MAX_SEQ))
     assert len(tiny.build_prompt_ids(SECOND)) == 185
+    lookups: list[object] = []
+    real_shape = engine._mixed_shape
+    monkeypatch.setattr(engine, "_mixed_shape",
+                        lambda *a: lookups.append(real_shape(*a)) or lookups[-1])
     metrics = CloudMetrics()
     stats = (await _run(engine, tiny, metrics, monkeypatch)).stats
     steps = {str(k): stats.kinds.steps(k) for k in StepKind if stats.kinds.steps(k)}
     assert steps["piece"] == 2 and steps["finishing"] == 1, steps
+    # Each mixed step's shape is looked up once, by the engine, for the step and its kind.
+    assert len(lookups) == 3 and None not in lookups, lookups
     assert set(steps) == {"piece", "finishing", "after_prefill", "plain"}
     assert sum(steps.values()) == stats.steps
     assert _labelled(metrics) == steps

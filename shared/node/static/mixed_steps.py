@@ -70,6 +70,9 @@ class PromptRowsInSteps:
     step_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph]
     mixed_graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph]
     occupancy: SlotOccupancy
+    #: Whether the latest :meth:`step_with_pieces` ran at a fixed shape, not eagerly at
+    #: exact shapes: the engine loop labels the step by it, without a look-up of its own.
+    last_mixed_fixed: bool = False
 
     if TYPE_CHECKING:
         def step(self, batch: StepBatch) -> torch.Tensor: ...
@@ -156,6 +159,7 @@ class PromptRowsInSteps:
         if set(slots) & set(batch.slots):
             raise InvalidInput("a slot both steps and prefills in one mixed step")
         shape = self._mixed_shape(batch, [int(e.shape[0]) for e in embeds])
+        self.last_mixed_fixed = shape is not None
         if shape is not None:
             return self._fixed_mixed_step(batch, slots, embeds, starts, shape)
         pieces = lay_out(slots, embeds, starts, self.dtype, self.device)
@@ -181,14 +185,6 @@ class PromptRowsInSteps:
         logits: torch.Tensor = self._fns.lin(x, w.lm_head).float()  # [N + R, V]
         n = batch.num_tokens
         return logits[:n], logits[n:]
-
-    def mixed_step_fixed(self, batch: StepBatch, piece_rows: Sequence[int]) -> bool:
-        """Whether :meth:`step_with_pieces` would run ``batch`` with pieces of
-        ``piece_rows`` rows at a fixed shape (its captured graph, where graphs are on),
-        not eagerly at exact shapes. Host work only: a few bucket look-ups."""
-        if not piece_rows or not batch.slots:
-            return False
-        return self._mixed_shape(batch, piece_rows) is not None
 
     def _mixed_shape(self, batch: StepBatch, lengths: Sequence[int]
                      ) -> tuple[int, int, int] | None:

@@ -66,6 +66,7 @@ from eventspec.shared.node.static.buckets import SESSION_BUCKETS, TOKEN_BUCKETS,
 from eventspec.shared.node.static.chunk_staging import CHUNK_TILE, MAX_PIECES, ChunkStaging
 from eventspec.shared.node.static.fp8 import runtime_weights
 from eventspec.shared.node.static.graph_capture import capture_graph, step_graph_shapes
+from eventspec.shared.node.static.invariant_tma import cuda_index, sm_count
 from eventspec.shared.node.static.kernel_choice import KernelChoice
 from eventspec.shared.node.static.kv_memory import kv_tensor, load_prefix, save_prefix
 from eventspec.shared.node.static.layer_forward import (
@@ -175,9 +176,8 @@ class StaticRuntime(PromptRowsInSteps):
             raise InvalidInput(f"prompt-piece buckets must be multiples of {CHUNK_TILE} up to "
                                f"{max_seq_len}, got {list(chunk_buckets)}")
         self.chunk_buckets = tuple(sorted(set(chunk_buckets)))
-        #: Multiprocessors (the split-KV attention's split count; 1 off CUDA).
-        self.sm_count = (torch.cuda.get_device_properties(self.device).multi_processor_count
-                         if self.device.type == "cuda" else 1)
+        #: Multiprocessors (the split-KV attention's split count; 1 off CUDA), asked once a device.
+        self.sm_count = sm_count(cuda_index(self.device)) if self.device.type == "cuda" else 1
 
         max_b = max(self.session_buckets)
         max_m = max_b * max(self.token_buckets)

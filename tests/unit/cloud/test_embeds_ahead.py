@@ -132,6 +132,33 @@ class _AheadFakeEngine(MixedFakeEngine):
                            _Event(self.tower_done))
 
 
+class _Watched(_AheadFakeEngine):
+    """``_AheadFakeEngine`` that records every attribute looked up on it while
+    ``looked_up`` is a list."""
+
+    def __init__(self, num_slots: int) -> None:
+        self.looked_up: list[str] | None = None
+        super().__init__(num_slots)
+
+    def __getattribute__(self, name: str) -> object:
+        seen = object.__getattribute__(self, "looked_up")
+        if seen is not None:
+            seen.append(name)
+        return object.__getattribute__(self, name)
+
+
+def test_no_prompts_to_start_ahead_leave_the_engine_untouched() -> None:
+    # After every step launch: it must cost nothing when there is nothing to start.
+    engine = _Watched(num_slots=2)
+    calls = Scheduler(engine, text_vocab_size=TEXT_VOCAB,
+                      prefill_chunk=ChunkPolicy("fixed", 4)).engine_loop.prefill
+    assert calls.engine is engine
+    seen: list[str] = []
+    engine.looked_up = seen
+    calls.embed_ahead([])
+    assert seen == []
+
+
 def _ask(sched: Scheduler, name: str, prompt: Sequence[int], max_new: int) -> Ticket:
     ticket = sched.admit(name, session_factory(max_new, len(prompt), MAX_SEQ))
     sched.submit_prefill(ticket, prompt, pixel_values_videos=PIXELS)

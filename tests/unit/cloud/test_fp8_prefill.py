@@ -14,9 +14,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from eventspec.cloud import server as server_module
 from eventspec.cloud.config import CloudSettings
 from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.engine.choice import choose_engine
+from eventspec.cloud.engine.kv import (
+    GIB,
+    check_beside_explicit_kv,
+    device_free_bytes,
+    fit_arena,
+    plan_kv,
+)
 from eventspec.cloud.engine.static.build import (
     build_static_engine,
     fp8_copy_bytes_for,
@@ -184,6 +192,47 @@ def test_the_kv_budget_leaves_exactly_the_copys_bytes() -> None:
     held = sum(getattr(lw, m).nbytes for lw in engine.prefill_weights.layers
                for m in ("wqkv", "wo", "w_gate_up", "w_down"))
     assert fp8_copy_bytes_for(target.model.config.get_text_config(decoder=True)) == held
+
+
+def test_a_plans_kv_bytes_are_what_the_engine_allocates() -> None:
+    target = build_tiny_random_target(seed=0)
+    per_token = kv_bytes_per_slot(target, 1)
+    slots = static_kv_plan(target, kv_cache_bytes=3 * 256 * per_token, max_seq_len=256)
+    arena = fit_arena(1000 * per_token, "test", bytes_per_token=per_token, max_seq_len=256,
+                      max_sessions=2)
+    for kv in (slots, arena):
+        engine = build_static_engine(target, kv, use_graphs=False, warm_up=False)
+        held = sum(t.untyped_storage().nbytes() for t in (engine.k_cache, engine.v_cache))
+        assert kv.kv_bytes == held, kv.describe()
+
+
+def test_the_copy_beside_an_explicit_kv_size_must_fit_what_is_free(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # An explicit --kv-cache-gb is the KV alone: nothing is taken out of it for the copy.
+    kv = plan_kv(bytes_per_token=10, max_seq_len=100, device=torch.device("cuda"),
+                 kv_cache_gb=10_000 / GIB, memory_fraction=0.9, max_slots=64,
+                 scratch_slots=1, reserved_bytes=500)
+    assert kv.kv_bytes == 10_000  # 9 slots and the scratch one
+    check_beside_explicit_kv(kv, free_bytes=10_500, beside_bytes=500, beside="the copy")
+    with pytest.raises(InvalidInput, match=r"--kv-cache-gb plans .* GiB of KV, and the copy needs"):
+        check_beside_explicit_kv(kv, free_bytes=10_499, beside_bytes=500, beside="the copy")
+    # What is free: the driver's free memory and the allocator's cached, unused blocks.
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (1000, 5000))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 300)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 200)
+    assert device_free_bytes(torch.device("cuda")) == 1100
+
+
+def test_an_explicit_kv_size_with_no_room_for_the_copy_is_refused_at_start_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Refused before the engine is built (it would fail with a bare CUDA out-of-memory
+    # error), naming both flags; no GPU is touched before the check.
+    target = build_tiny_random_target(seed=0)
+    monkeypatch.setattr(target, "device", torch.device("cuda"))
+    monkeypatch.setattr(server_module, "device_free_bytes", lambda device: 10**6)
+    settings = CloudSettings(prefill_dtype="fp8", kv_cache_gb=0.01)
+    with pytest.raises(InvalidInput, match=r"--kv-cache-gb .* --prefill-dtype fp8.s weight copy"):
+        server_module.build_engine(settings, target)
 
 
 def test_settings_refuse_fp8_with_batch_invariance_or_the_hf_engine() -> None:
