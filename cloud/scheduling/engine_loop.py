@@ -45,8 +45,8 @@ from eventspec.cloud.engine.ahead import engine_stream
 from eventspec.cloud.engine.base import BatchedEngine, MixedShapeEngine, MixedStepEngine
 from eventspec.cloud.process import switch_interval
 from eventspec.cloud.scheduling.device_timer import DeviceTimer
-from eventspec.cloud.scheduling.prefill_calls import AHEAD_PROMPTS, PrefillCalls, as_error
-from eventspec.cloud.scheduling.prefill_queue import Piece
+from eventspec.cloud.scheduling.prefill_calls import PrefillCalls, as_error
+from eventspec.cloud.scheduling.prefill_queue import AHEAD_PROMPTS, Piece
 from eventspec.cloud.scheduling.sampler import BatchedSampler
 from eventspec.cloud.scheduling.stats import StepObserver
 from eventspec.cloud.scheduling.step_assembly import batch_of
@@ -156,6 +156,7 @@ class EngineLoop:
             return
         batch = batch_of(plan.inputs, self.engine.device)
         fixed = None  # whether the riding pieces ran at a fixed shape (None: cannot tell)
+        beside = 0  # towers started on the side stream once the step was launched
         t_engine = self._clock()
         chunk_logits: torch.Tensor | None = None
         if plan.riding:
@@ -168,7 +169,7 @@ class EngineLoop:
                 self._device_timer.stop()
                 if self._shapes is not None:
                     fixed = self._shapes.last_mixed_fixed
-                self._start_towers()
+                beside = self._start_towers()
             except Exception:
                 log.warning("a mixed step of %d sessions and %d prompt pieces failed; "
                             "running them apart", len(plan.sessions), len(plan.riding),
@@ -182,7 +183,7 @@ class EngineLoop:
                 self._device_timer.start()
                 logits = self.engine.step(batch)  # [N, V]
                 self._device_timer.stop()
-                self._start_towers()
+                beside = self._start_towers()
             t_sampler = self._clock()
             verdicts = self.sampler(logits, plan.specs)
         except Exception as exc:  # the batch fails, the loop goes on
@@ -192,24 +193,30 @@ class EngineLoop:
         t_done = self._clock()
         self.scheduler.update_step(plan, verdicts, (t_done - t_engine) * 1e3)
         kind = step_kind(plan, fixed_shape=fixed, prefilled=prefilled, fell_back=fell_back)
-        self._record_step(plan, kind, batch.num_tokens, t_engine, t_sampler, t_done)
+        self._record_step(plan, kind, batch.num_tokens, t_engine, t_sampler, t_done, beside)
 
-    def _start_towers(self) -> None:
+    def _start_towers(self) -> int:
         """Start queued prompts' video towers on the engine's side stream
         (``PrefillCalls.embed_ahead``) once the step is launched: the host work (pinning
         the pixels, the launches) overlaps the step on the device, the tower fills what
         the step leaves of the GPU (the step's stream has the higher priority), and a
-        later iteration gives the prompt its first piece once the tower is done."""
-        if self.scheduler.towers_ahead:
-            self.prefill.embed_ahead(self.scheduler.prefills.towers_to_start(AHEAD_PROMPTS))
+        later iteration gives the prompt its first piece once the tower is done.
+        Returns how many started: the step's device time includes theirs, which
+        ``--prefill-chunk slack`` learns and prices (``StepScheduler.step_timed``)."""
+        if not self.scheduler.towers_ahead:
+            return 0
+        due = self.scheduler.prefills.towers_to_start(AHEAD_PROMPTS)
+        self.prefill.embed_ahead(due)
+        return sum(p.ahead is not None for p in due)
 
     def _record_step(self, plan: StepPlan, kind: StepKind, tokens: int, t_engine: float,
-                     t_sampler: float, t_done: float) -> None:
+                     t_sampler: float, t_done: float, towers_beside: int = 0) -> None:
         """Count the step under its kind and split its time into engine, sampler and the
         loop's own work (planning before the engine call, and the commits after the
-        sampler), with the gap since the previous step's completion; its device time (a
-        mixed step's includes the video tower of a prompt it starts: the embeddings are
-        made inside the timed call) goes to the scheduler."""
+        sampler), with the gap since the previous step's completion; its device time goes
+        to the scheduler with the ``towers_beside`` it (a mixed step's includes the
+        video tower of a prompt it starts when towers are not ahead: the embeddings are
+        then made inside the timed call)."""
         sessions = len(plan.sessions)
         device_ms = self._device_timer.elapsed_ms()  # the sampler's read waited for it
         gap_ms = None if self._last_done is None else (t_done - self._last_done) * 1e3
@@ -219,6 +226,7 @@ class EngineLoop:
             sampler_ms=(t_done - t_sampler) * 1e3,
             overhead_ms=((t_engine - plan.t_start) + (self._clock() - t_done)) * 1e3,
             device_ms=device_ms, gap_ms=gap_ms)
-        self.scheduler.step_timed(plan, device_ms)  # --prefill-chunk slack's estimates
+        self.scheduler.step_timed(plan, device_ms,  # --prefill-chunk slack's estimates
+                                  towers_beside=towers_beside)
         if self.observer is not None:
             self.observer.on_step(sessions, tokens, t_done - t_engine, kind)

@@ -35,7 +35,11 @@ The rule, each iteration while sessions decode, has three layers:
    marginal ms per row and, for each prompt whose first piece the iteration writes, its
    video tower (which runs in the same iteration, inside the timed engine call, unless
    towers run ahead: ``PrefillCalls.chunks_of`` makes a prompt's embeddings at its
-   first piece).
+   first piece). With towers ahead (``--towers-ahead``, the default) a prompt's tower
+   runs on the side stream beside the step it is started after, and slows that step
+   about as much as inside it (both fill the GPU): the step is priced with the towers
+   the loop will start beside it (``beside``; ``tower_ms`` learned from the steps they
+   ran beside), so its piece shrinks by the tower's time.
    A prompt already late for its pace gets that largest bucket too.
 3. **Backlog.** When the oldest waiting prompt has waited more than
    :data:`BACKLOG_WAIT_MS`, or :data:`PACED_BACKLOG` paces when pacing, the pieces
@@ -205,15 +209,15 @@ class StepTimes:
     def observe(self, sessions: int, tokens: int, rows: int, towers: int,
                 ms: float | None) -> bool:
         """One step's device time (None, NaN, infinite or negative: ignored). A plain
-        step (``rows`` 0) updates its shape; a mixed one, what it took beyond the plain
-        estimate: per row when it started no tower, else per tower after the rows'
-        share. Returns whether the reading was used."""
-        if rows < 0 or towers < 0 or (towers and not rows):
-            raise ValueError(f"a step of {rows} piece rows cannot start {towers} towers")
+        step (no ``rows``, no ``towers``) updates its shape; any other, what it took
+        beyond the plain estimate: per row when no tower ran in it or beside it, else
+        per tower after the rows' share. Returns whether the reading was used."""
+        if rows < 0 or towers < 0:
+            raise ValueError(f"a step cannot have {rows} piece rows or {towers} towers")
         if not _usable(ms):
             return False
         assert ms is not None
-        if rows == 0:
+        if rows == 0 and towers == 0:
             key = self.shape(sessions, tokens)
             self._plain[key] = self._ewma(self._plain.get(key), ms)
             modelled = 0.0 if self.cost is None else self.cost.batch_step_ms(sessions, tokens)
@@ -259,16 +263,18 @@ class PieceSlack:
         return bucket(rows, self.buckets) or rows
 
     def choose(self, sessions: int, tokens: int, queue: Sequence[Waiting], *,
-               waited_ms: float = 0.0) -> Split:
+               waited_ms: float = 0.0, beside: int = 0) -> Split:
         """This iteration's split for a step of ``sessions`` feeding ``tokens`` (the
-        module docstring's rule); ``waited_ms``: how long the oldest prompt has waited."""
+        module docstring's rule); ``waited_ms``: how long the oldest prompt has waited;
+        ``beside``: towers that will run on the side stream beside the step (towers
+        ahead), priced like towers in it."""
         floor = self._floor(queue)
         if not self.buckets:
             return floor
         if waited_ms > self.backlog_bound_ms:
             top = self._split(queue, self.buckets[-1] // CHUNK_TILE)
             return top if top.tokens >= floor.tokens else floor
-        within = self._within_ratio(sessions, tokens, queue, floor)
+        within = self._within_ratio(sessions, tokens, queue, floor, beside)
         if within is None:
             return floor
         smaller = [s for s in (self._split(queue, b // CHUNK_TILE) for b in self.buckets
@@ -286,15 +292,16 @@ class PieceSlack:
         return max(self.backlog_ms, PACED_BACKLOG * self.pace_ms)
 
     def _within_ratio(self, sessions: int, tokens: int, queue: Sequence[Waiting],
-                      floor: Split) -> Split | None:
-        """The largest bucket's split whose predicted step stays within R times the
-        plain one (None: none, or nothing known to predict with)."""
+                      floor: Split, beside: int = 0) -> Split | None:
+        """The largest bucket's split whose predicted step, with ``beside`` towers
+        beside it, stays within R times the plain one (None: none, or nothing known to
+        predict with)."""
         limit = self.times.plain_ms(sessions, tokens)
         for b in reversed(self.buckets):
             s = self._split(queue, b // CHUNK_TILE)
             if s.tokens < floor.tokens:
                 break
-            ms = self.times.predict(sessions, tokens, s.rows, s.towers)
+            ms = self.times.predict(sessions, tokens, s.rows, s.towers + beside)
             if limit is not None and ms is not None and ms <= self.ratio * limit:
                 return s
         return None
@@ -337,10 +344,10 @@ class PieceSlack:
     def observe(self, sessions: int, tokens: int, lengths: Sequence[int], towers: int,
                 ms: float | None, *, widest: int = 1) -> bool:
         """A step's device time, with its pieces' ``lengths`` (none: a plain step), the
-        towers it ran and its ``widest`` session's tokens. Mixed steps the engine cannot
-        run at a captured shape (more than :data:`MAX_PIECES` pieces, more rows than the
-        largest bucket, more than :data:`MIXED_MAX_TOKENS` tokens a session) run eagerly
-        at a cost the budget never predicts: not read."""
+        towers it ran or that ran beside it and its ``widest`` session's tokens. Mixed
+        steps the engine cannot run at a captured shape (more than :data:`MAX_PIECES`
+        pieces, more rows than the largest bucket, more than :data:`MIXED_MAX_TOKENS`
+        tokens a session) run eagerly at a cost the budget never predicts: not read."""
         rows = self.padded_rows(lengths) if lengths else 0
         eager = (len(lengths) > MAX_PIECES or (bool(self.buckets) and rows > self.buckets[-1])
                  or widest > MIXED_MAX_TOKENS)

@@ -35,11 +35,6 @@ from eventspec.shared.contract.errors import EventSpecError, Unavailable
 
 log = logging.getLogger("eventspec.cloud.scheduling.scheduler")
 
-#: Prompts whose embeddings may be in the making on the side stream at once. Each holds
-#: its [L, H] embeddings (17 MB for a 2,103-token Video-LLaVA prompt) until its first
-#: piece; two cover a burst of arrivals within one step at the loads measured.
-AHEAD_PROMPTS = 2
-
 
 class PrefillCalls:
     """Runs prefill plans on ``engine`` and their first tokens through ``sampler``."""

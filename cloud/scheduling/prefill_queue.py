@@ -42,6 +42,10 @@ DEFAULT_PREFILL_TOKEN_BUDGET = 2048
 #: (a piece's cost on a GPU is mostly per call, not per row).
 SHORT_TAIL_TOKENS = 64
 SHORT_TAILS_PER_CALL = 256
+#: Prompts whose embeddings may be in the making on the side stream at once. Each holds
+#: its [L, H] embeddings (17 MB for a 2,103-token Video-LLaVA prompt) until its first
+#: piece; two cover a burst of arrivals within one step at the loads measured.
+AHEAD_PROMPTS = 2
 
 
 @dataclass(eq=False)
@@ -204,13 +208,15 @@ class PrefillQueue:
                 self._waiting.remove(piece.pending)
         return pieces
 
-    def outlook(self, now: float | None = None) -> list[Waiting]:
+    def outlook(self, now: float | None = None, *,
+                towers_in_step: bool = True) -> list[Waiting]:
         """The waiting prompts as ``--prefill-chunk slack`` sizes a call over them
         (:func:`~eventspec.cloud.scheduling.piece_slack.split`), oldest first: the rows
-        each has left, whether its next piece runs the tower, whether it is a short
-        tail (as :meth:`next_pieces` takes them), and the ms since its request was
-        submitted at clock time ``now`` (0 without it); every tail, and the first
-        :data:`MAX_PIECES` others (a call holds no more)."""
+        each has left, whether its next piece runs the tower (never, when towers run
+        ahead: not ``towers_in_step``), whether it is a short tail (as
+        :meth:`next_pieces` takes them), and the ms since its request was submitted at
+        clock time ``now`` (0 without it); every tail, and the first :data:`MAX_PIECES`
+        others (a call holds no more)."""
         out, room, others = [], SHORT_TAILS_PER_CALL, 0
         for pending in self._waiting:
             rest = pending.length - pending.done
@@ -222,7 +228,7 @@ class PrefillQueue:
             else:
                 others += 1
             waited = 0.0 if now is None else max(0.0, now - pending.ticket.submitted_at) * 1e3
-            out.append(Waiting(rest, pending.tower_due, tail, waited))
+            out.append(Waiting(rest, towers_in_step and pending.tower_due, tail, waited))
         return out
 
     def towers_to_start(self, limit: int) -> list[Pending]:

@@ -40,6 +40,7 @@ from eventspec.cloud.engine.base import PrefillRequest
 from eventspec.cloud.scheduling.kv_arena import ArenaPool
 from eventspec.cloud.scheduling.prefill_chunking import ChunkPolicy, slack_for
 from eventspec.cloud.scheduling.prefill_queue import (
+    AHEAD_PROMPTS,
     DEFAULT_PREFILL_TOKEN_BUDGET,
     Pending,
     Piece,
@@ -195,8 +196,11 @@ class StepScheduler:
         if self.slack is not None and sessions:
             now = self._clock()
             waited_ms = (now - head.ticket.submitted_at) * 1e3
-            budget = self.slack.choose(sessions, tokens, self.prefills.outlook(now),
-                                       waited_ms=waited_ms).tokens
+            beside = (len(self.prefills.towers_to_start(AHEAD_PROMPTS))
+                      if self.towers_ahead else 0)  # EngineLoop._start_towers, after launch
+            outlook = self.prefills.outlook(now, towers_in_step=not self.towers_ahead)
+            budget = self.slack.choose(sessions, tokens, outlook, waited_ms=waited_ms,
+                                       beside=beside).tokens
         else:
             budget = self.chunking.budget(self.chunk_cost, sessions, tokens,
                                           self.prefills.token_budget)
@@ -286,13 +290,15 @@ class StepScheduler:
                 self.end(s.ticket, done)
         self.last_step = (len(plan.sessions), plan.tokens)
 
-    def step_timed(self, plan: StepPlan, device_ms: float | None) -> None:
+    def step_timed(self, plan: StepPlan, device_ms: float | None, *,
+                   towers_beside: int = 0) -> None:
         """The step's device time (None: not read), for ``--prefill-chunk slack``'s
-        estimates: a plain step's, or a mixed one's with the pieces and towers it ran."""
+        estimates: a plain step's, or a mixed one's with the pieces and towers it ran,
+        and the ``towers_beside`` it on the side stream (started once it was launched)."""
         if self.slack is not None:
             self.slack.observe(len(plan.sessions), plan.tokens,
                                [p.end - p.start for p in plan.riding],
-                               sum(p.tower for p in plan.riding), device_ms,
+                               sum(p.tower for p in plan.riding) + towers_beside, device_ms,
                                widest=max(len(i.tokens) for i in plan.inputs))
 
     # -- ends ----------------------------------------------------------------------------------

@@ -229,6 +229,43 @@ async def test_steps_go_on_while_a_newcomers_tower_runs_and_its_pieces_follow() 
     assert engine.embedded.count((new.slot, 0)) == 1, "the embeddings were made twice"
 
 
+async def test_slack_prices_a_tower_beside_the_step_it_starts_after() -> None:
+    """Under ``slack`` with towers ahead: the iteration that will start a newcomer's
+    tower sizes its pieces with one tower beside the step, and the step it started
+    after reports it (its device time includes the tower's)."""
+    engine = _AheadFakeEngine(num_slots=3)
+    engine.permits = threading.Semaphore(0)
+    sched = Scheduler(engine, text_vocab_size=TEXT_VOCAB,
+                      prefill_chunk=ChunkPolicy("slack", ratio=1.5, pace_ms=200.0))
+    slack = sched.plans.slack
+    assert slack is not None
+    chose: list[int] = []
+    observed: list[int] = []
+    choose, observe = slack.choose, slack.observe
+    slack.choose = lambda *a, **k: (chose.append(k["beside"]), choose(*a, **k))[1]  # type: ignore[method-assign]
+    slack.observe = lambda *a, **k: (observed.append(a[3]), observe(*a, **k))[1]  # type: ignore[method-assign]
+    sched.start()
+    try:
+        old, seed = await _one_decoding(sched)
+        engine.tower_done.clear()
+        new = _ask(sched, "new", _prompt(5, 10), 4)
+        engine.permits.release(2)
+        await until(lambda: engine.ahead == [new.slot], "the newcomer's tower started")
+        engine.permits.release(3)
+        await until(lambda: 1 in observed, "the step the tower started after reported it")
+        assert 1 in chose, "its pieces were sized without the tower beside the step"
+        engine.tower_done.set()
+        engine.permits.release(100)
+        results = await asyncio.gather(answer(old), answer(new))
+    finally:
+        engine.tower_done.set()
+        engine.permits.release(100)
+        await asyncio.to_thread(sched.stop)
+    assert observed.count(1) == 1 and max(observed) == 1
+    assert results == [target_only(_prompt(seed, 3), 40, MAX_SEQ),
+                       target_only(_prompt(5, 10), 4, MAX_SEQ)]
+
+
 async def test_with_nothing_decoding_a_prompt_does_not_wait_for_its_tower() -> None:
     engine = _AheadFakeEngine(num_slots=2)  # tower_done never set: always "running"
     sched = Scheduler(engine, text_vocab_size=TEXT_VOCAB, prefill_chunk=ChunkPolicy("fixed", 4))

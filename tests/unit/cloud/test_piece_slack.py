@@ -243,8 +243,8 @@ def test_a_bad_reading_is_ignored(bad: float | None) -> None:
         assert not times.observe(16, 16, rows, towers, bad)
     assert (times.plain_ms(16, 16), times.row_ms, times.tower_ms,
             times.plain_ms(2, 2)) == before
-    with pytest.raises(ValueError, match="cannot start 1 towers"):
-        times.observe(16, 16, 0, 1, 5.0)
+    with pytest.raises(ValueError, match="cannot have 0 piece rows or -1 towers"):
+        times.observe(16, 16, 0, -1, 5.0)
 
 
 def test_a_shape_never_measured_follows_the_measured_over_the_model() -> None:
