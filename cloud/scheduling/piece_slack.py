@@ -40,7 +40,10 @@ The rule, each iteration while sessions decode, has three layers:
    about as much as inside it (both fill the GPU): the step is priced with the towers
    the loop will start beside it (``beside``; ``tower_ms`` learned from the steps they
    ran beside), so its piece shrinks by the tower's time.
-   A prompt already late for its pace gets that largest bucket too.
+   A prompt already late for its pace gets that largest bucket too. A paced step with
+   a tower beside it (below) takes the largest smaller bucket whose step with the
+   tower is predicted within the paced step's time without it: the tower takes the
+   place of piece rows, which the pace then spreads over the next steps.
 3. **Backlog.** When the oldest waiting prompt has waited more than
    :data:`BACKLOG_WAIT_MS`, or :data:`PACED_BACKLOG` paces when pacing, the pieces
    take the largest bucket whatever the ratio (capacity before smoothness, see the
@@ -279,10 +282,27 @@ class PieceSlack:
             return floor
         smaller = [s for s in (self._split(queue, b // CHUNK_TILE) for b in self.buckets
                                if b < within.rows) if s.tokens >= floor.tokens]
-        for s in smaller if self.pace_ms > 0 else ():
+        for i, s in enumerate(smaller if self.pace_ms > 0 else ()):
             if self._meets_pace(sessions, tokens, queue, s.rows):
-                return s
+                return self._make_room(sessions, tokens, [floor, *smaller[:i + 1]], beside)
         return within
+
+    def _make_room(self, sessions: int, tokens: int, splits: Sequence[Split],
+                   beside: int) -> Split:
+        """The paced split (``splits[-1]``, the smaller ones before it, the floor first)
+        with ``beside`` towers beside its step: the largest whose step with them is
+        predicted within the paced step's time without them, so a tower takes the
+        place of piece rows rather than making the step it runs beside the slowest (the
+        rows it displaces are paced over the next steps); the floor if none is."""
+        paced = splits[-1]
+        target = self.times.predict(sessions, tokens, paced.rows, paced.towers)
+        if not beside or target is None:
+            return paced
+        for s in reversed(splits):
+            ms = self.times.predict(sessions, tokens, s.rows, s.towers + beside)
+            if ms is not None and ms <= target:
+                return s
+        return splits[0]
 
     @property
     def backlog_bound_ms(self) -> float:

@@ -46,6 +46,11 @@ SHORT_TAILS_PER_CALL = 256
 #: its [L, H] embeddings (17 MB for a 2,103-token Video-LLaVA prompt) until its first
 #: piece; two cover a burst of arrivals within one step at the loads measured.
 AHEAD_PROMPTS = 2
+#: Towers started after one step's launch: a tower beside a step slows it by about the
+#: tower's time (both fill the GPU; 5 ms on an H100), so two at once would double one
+#: step's slowdown where one a step spreads it; at 85 steps a second the loop still
+#: starts far more towers than the 8-12 prompts a second measured arrive.
+TOWERS_PER_STEP = 1
 
 
 @dataclass(eq=False)
@@ -233,9 +238,10 @@ class PrefillQueue:
 
     def towers_to_start(self, limit: int) -> list[Pending]:
         """The waiting prompts, oldest first, whose tower has not started
-        (``Pending.tower_due``): the ones to embed ahead, as many as keep ``limit``
-        prompts' embeddings made ahead and not yet taken."""
-        room = limit - sum(p.ahead is not None for p in self._waiting)
+        (``Pending.tower_due``): the ones to embed ahead after this step's launch, at
+        most :data:`TOWERS_PER_STEP`, and as many as keep ``limit`` prompts' embeddings
+        made ahead and not yet taken."""
+        room = min(TOWERS_PER_STEP, limit - sum(p.ahead is not None for p in self._waiting))
         return [p for p in self._waiting if p.tower_due][:max(0, room)]
 
     @staticmethod

@@ -342,6 +342,35 @@ def test_a_tower_due_on_the_way_takes_its_time_from_the_deadline() -> None:
     assert (plain, towered) == (256, 384)
 
 
+@settings(max_examples=150, deadline=None)
+@given(spec=prompts, seen=readings, ratio=st.floats(1.01, 4.0), sessions=st.integers(1, 64),
+       wait=st.floats(0.0, 300.0), beside=st.integers(1, 2), pace=st.sampled_from([0.0, 200.0]))
+def test_a_tower_beside_never_gives_a_larger_budget(
+        spec: list[tuple[int, int, bool, bool]], seen: list[tuple[int, int, int, float]],
+        ratio: float, sessions: int, wait: float, beside: int, pace: float) -> None:
+    slack = _slack(ratio, seen, pace_ms=pace)
+    outlook = [Waiting(w.rows, False, w.tail, wait) for w in _queue(spec).outlook()]
+    alone = slack.choose(sessions, sessions, outlook, waited_ms=wait)
+    with_tower = slack.choose(sessions, sessions, outlook, waited_ms=wait, beside=beside)
+    assert with_tower.tokens <= alone.tokens
+
+
+def test_a_tower_beside_a_paced_step_takes_the_place_of_piece_rows() -> None:
+    """60 ms waited at R = 3: 384 rows a step (18.95 ms) meet the pace. A tower of
+    3.5 ms beside the step: 128 rows (15.05 + 3.5 = 18.55 ms) fit in the paced step's
+    time, 256 (20.5) do not. Two towers: not even 64 rows (21.1) fit: the floor."""
+    slack = _slack(3.0, H100_STEPS)
+    for _ in range(40):  # a 64-row piece with its tower: 3.5 ms of tower
+        slack.observe(16, 16, [64], 1, 13.1 + 64 * 7.8 / 512 + 3.5)
+    queue = [Waiting(2103, waited_ms=60.0)]
+    assert slack.choose(16, 16, queue, waited_ms=60.0).tokens == 384
+    assert slack.choose(16, 16, queue, waited_ms=60.0, beside=1).tokens == 128
+    assert slack.choose(16, 16, queue, waited_ms=60.0, beside=2).tokens == CHUNK_TILE
+    # Unknown, a tower beside takes the floor, as one in the step does.
+    fresh = _slack(3.0, H100_STEPS)
+    assert fresh.choose(16, 16, queue, waited_ms=60.0, beside=1).tokens == CHUNK_TILE
+
+
 @settings(max_examples=200, deadline=None)
 @given(spec=prompts, seen=readings, ratio=st.floats(1.01, 4.0), sessions=st.integers(1, 64),
        pace=st.floats(1.0, 1000.0), waits=st.lists(st.floats(0.0, 400.0), min_size=6,
