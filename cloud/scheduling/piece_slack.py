@@ -40,7 +40,8 @@ The rule, each iteration while sessions decode, has three layers:
    about as much as inside it (both fill the GPU): the step is priced with the towers
    the loop will start beside it (``beside``; ``tower_ms`` learned from the steps they
    ran beside), so its piece shrinks by the tower's time.
-   A prompt already late for its pace gets that largest bucket too. A paced step with
+   A prompt late for its pace is paced to finish within a quarter pace from now
+   (:data:`LATE_GRACE`); when even that fails, that largest bucket. A paced step with
    a tower beside it (below) takes the largest smaller bucket whose step with the
    tower is predicted within the paced step's time without it: the tower takes the
    place of piece rows, which the pace then spreads over the next steps.
@@ -105,6 +106,11 @@ DEFAULT_PACE_MS = 200.0
 #: late for its pace gets the largest bucket within R, and the largest of all only
 #: once it is this late, so a burst of arrivals grows the pieces to R's bucket first.
 PACED_BACKLOG = 2.0
+#: A prompt late for its pace (or nearly) is paced to finish within this many paces
+#: from now (100 ms at the default) rather than at once: lateness from a slow step or
+#: an estimate a little off then grows its pieces by a bucket or so, instead of taking
+#: R's bucket, the largest step of all (what the ITL tail was made of on the H200).
+LATE_GRACE = 0.25
 
 
 @dataclass(frozen=True)
@@ -331,7 +337,8 @@ class PieceSlack:
         """Whether ``rows`` padded rows a step write every waiting prompt within the
         pace of its submission: for each, oldest first, its rows and those before it
         (and this step's tails) fit in the steps of ``rows`` rows left before its
-        deadline, less the towers due up to it when their time is known."""
+        deadline (at least :data:`LATE_GRACE` paces), less the towers due up to it when
+        their time is known."""
         step_ms = self.times.predict(sessions, tokens, rows, 0)
         if step_ms is None or not step_ms > 0:
             return False
@@ -343,7 +350,8 @@ class PieceSlack:
                 continue
             written += tiles(w.rows) * CHUNK_TILE
             towers += w.tower
-            left_ms = self.pace_ms - w.waited_ms - towers * tower_ms
+            left_ms = max(self.pace_ms - w.waited_ms, LATE_GRACE * self.pace_ms)
+            left_ms -= towers * tower_ms
             if written > rows * math.floor(max(0.0, left_ms) / step_ms):
                 return False
         return True

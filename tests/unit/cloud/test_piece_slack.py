@@ -24,6 +24,7 @@ from eventspec.cloud.scheduling.piece_slack import (
     BACKLOG_WAIT_MS,
     DEFAULT_PACE_MS,
     DEFAULT_SLACK_RATIO,
+    LATE_GRACE,
     PACED_BACKLOG,
     SLACK_PIECE_ROWS,
     PieceSlack,
@@ -355,6 +356,14 @@ def test_a_tower_beside_never_gives_a_larger_budget(
     assert with_tower.tokens <= alone.tokens
 
 
+def test_a_late_prompt_is_paced_to_a_quarter_pace_not_to_rs_bucket() -> None:
+    """300 rows left, 250 ms waited (the pace was 200): a quarter pace (50 ms) holds
+    three 128-row steps (15.05 ms), which write them; R's bucket would be 384."""
+    slack = _slack(1.5, H100_STEPS)
+    assert slack.choose(16, 16, [Waiting(300, waited_ms=250.0)], waited_ms=250.0).tokens == 128
+    assert slack.choose(16, 16, [Waiting(2103, waited_ms=250.0)], waited_ms=250.0).tokens == 384
+
+
 def test_a_tower_beside_a_paced_step_takes_the_place_of_piece_rows() -> None:
     """60 ms waited at R = 3: 384 rows a step (18.95 ms) meet the pace. A tower of
     3.5 ms beside the step: 128 rows (15.05 + 3.5 = 18.55 ms) fit in the paced step's
@@ -401,7 +410,8 @@ def test_a_paced_budget_meets_every_deadline_and_no_smaller_bucket_does(
         for w in (w for w in outlook if not w.tail and w.rows > 0):
             written += -(-w.rows // CHUNK_TILE) * CHUNK_TILE
             towers += w.tower
-            steps = math.floor(max(0.0, pace - w.waited_ms - towers * tower_ms) / step_ms)
+            left = max(pace - w.waited_ms, LATE_GRACE * pace) - towers * tower_ms
+            steps = math.floor(max(0.0, left) / step_ms)
             if written > rows * steps:
                 return False
         return True
