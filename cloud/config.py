@@ -155,11 +155,13 @@ class CloudSettings(FromEnv):
         "512", help="chunked prefill, decode first (static engine): off (whole prompts), auto "
                     "(each iteration prefills about one step's worth of prompt tokens, from "
                     "the cost model, at least 1,024), a number of tokens per iteration, or "
-                    "slack[:R] (pieces of 64-512 rows sized from the measured step times so "
-                    "a step with a piece stays within R times one without; R > 1, default "
-                    "1.5); on a GPU a number or slack gets CUDA graphs of the step with its "
-                    "chunks (auto runs them eagerly); with --batch-invariant the chunks run "
-                    "in calls of their own, and off is faster")
+                    "slack[:R[:PACE]] (pieces of 64-512 rows sized from the measured step "
+                    "times: as small as writes every prompt within PACE ms of its arrival, "
+                    "default 200, 0 off, and so a step with a piece stays within R times "
+                    "one without, R > 1, default 1.5); on a GPU a number or slack gets "
+                    "CUDA graphs of the step with its chunks (auto runs them eagerly); "
+                    "with --batch-invariant the chunks run in calls of their own, and off "
+                    "is faster")
     #: ``eventspec.shared.node.static.fp8``: E4M3 GEMMs for prefill calls of their own;
     #: decode and verify rows stay in the model's dtype (fp8 steps were slower on an H200:
     #: ``fp8-prefill-full-h200.json``'s ``steps``, so no flag offers them).

@@ -196,8 +196,7 @@ class VerifierStats:
     sessions_expired: int = 0
     uptime_s: float = 0.0
     sessions_by_principal: dict[str, int] = field(default_factory=dict)
-    #: "whole", "chunks of N", "chunks: auto" or "chunks: slack R, pace P ms"
-    #: (``--prefill-chunk``).
+    #: "whole", "chunks of N", "chunks: auto" or "chunks: slack R, pace P ms" (--prefill-chunk).
     prefill: str = ""
     prefill_chunks: int = 0
     #: The prefix cache now and since start (all 0 when it is off).
