@@ -339,6 +339,9 @@ def main() -> int:
     kv = static_kv_plan(target, kv_cache_bytes=(n_slots + 1) * kv_bytes_per_slot(target, max_seq),
                         max_seq_len=max_seq)  # n_slots and the padding slot
     t0 = time.perf_counter()
+    # The card's model ("h200"), as every output of this script is named.
+    tag = "tiny" if args.tiny else card_tag(
+        torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "cuda")
     if args.invariance:
         engine = build_static_engine(target, kv, token_buckets=(1, 9),
                                      batch_invariant=args.batch_invariant)
@@ -348,7 +351,7 @@ def main() -> int:
         inv = batch_invariance(engine, target, 200 if not args.tiny else 18, companions)
         print(json.dumps(inv, indent=1))
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        write_result(Path(args.out, "batch_invariance.json"), inv)
+        write_result(Path(args.out, f"engine_{tag}_batch_invariance.json"), inv)
         return 0
     if args.prefill_only:
         mixed_sessions = (1, 2) if args.tiny else (1, 16)
@@ -362,7 +365,6 @@ def main() -> int:
         costs["mixed_step"] = mixed_costs(engine, ctx, args.repeats, mixed_sessions, rows)
         print(json.dumps(costs, indent=1))
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        tag = "tiny" if args.tiny else card_tag(str(costs["device"]), "cuda")
         write_result(Path(args.out, f"prefill-{tag}.json"), costs)
         return 0
     if args.host_phases:
@@ -375,7 +377,7 @@ def main() -> int:
         phases = {f"B{b}_k{k}": host_phases(engine, ctx, b, k, 50) for b, k in pairs}
         print(json.dumps(phases, indent=1))
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        write_result(Path(args.out, "host_phases.json"), phases)
+        write_result(Path(args.out, f"engine_{tag}_host_phases.json"), phases)
         return 0
     engine = build_static_engine(target, kv, compile_layers=args.compile,
                                  batch_invariant=args.batch_invariant)
@@ -395,8 +397,6 @@ def main() -> int:
         "token_buckets": list(engine.token_buckets),
         "session_buckets": list(engine.session_buckets),
     }
-    # The card's model ("h200"), as the prefill's and the traces' files are named.
-    tag = "tiny" if args.tiny else card_tag(result["device"], "cuda")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
