@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
 import torch
@@ -200,9 +200,12 @@ async def _one_decoding(sched: Scheduler) -> tuple[Ticket, int]:
     return old, seed
 
 
-async def test_steps_go_on_while_a_newcomers_tower_runs_and_its_pieces_follow() -> None:
-    engine = _AheadFakeEngine(num_slots=3)
-    sched = _held(engine)  # the old session steps when the test says
+async def _newcomer_beside_a_decoding_session(
+        sched: Scheduler, engine: _AheadFakeEngine,
+        while_its_tower_runs: Callable[[Ticket], Awaitable[None]]) -> Ticket:
+    """Start ``sched``; once a request decodes, a newcomer arrives; its tower starts and
+    runs until ``while_its_tower_runs`` returns, then finishes. Both answers are
+    checked against target-only; returns the newcomer's ticket."""
     sched.start()
     try:
         old, seed = await _one_decoding(sched)
@@ -211,21 +214,35 @@ async def test_steps_go_on_while_a_newcomers_tower_runs_and_its_pieces_follow() 
         new = _ask(sched, "new", _prompt(5, 10), 4)
         # The step under way ends; the next iteration queues the newcomer, and its tower
         # starts once that iteration's step is launched.
+        assert engine.permits is not None
         engine.permits.release(2)
         await until(lambda: engine.ahead == [new.slot], "the newcomer's tower started")
-        before = _steps(engine)
-        engine.permits.release(3)
-        await until(lambda: _steps(engine) >= before + 3, "the old session steps on")
-        assert not _pieces_of(engine, new.slot), "a piece rode before its tower finished"
+        await while_its_tower_runs(new)
         engine.tower_done.set()
         engine.permits.release(100)
         results = await asyncio.gather(answer(old), answer(new))
     finally:
         engine.tower_done.set()
-        engine.permits.release(100)
+        if engine.permits is not None:
+            engine.permits.release(100)
         await asyncio.to_thread(sched.stop)
-    assert results[0] == target_only(_prompt(seed, 3), 40, MAX_SEQ)
-    assert results[1] == target_only(_prompt(5, 10), 4, MAX_SEQ)
+    assert results == [target_only(_prompt(seed, 3), 40, MAX_SEQ),
+                       target_only(_prompt(5, 10), 4, MAX_SEQ)]
+    return new
+
+
+async def test_steps_go_on_while_a_newcomers_tower_runs_and_its_pieces_follow() -> None:
+    engine = _AheadFakeEngine(num_slots=3)
+    sched = _held(engine)  # the old session steps when the test says
+
+    async def steps_go_on(new: Ticket) -> None:
+        before = _steps(engine)
+        assert engine.permits is not None
+        engine.permits.release(3)
+        await until(lambda: _steps(engine) >= before + 3, "the old session steps on")
+        assert not _pieces_of(engine, new.slot), "a piece rode before its tower finished"
+
+    new = await _newcomer_beside_a_decoding_session(sched, engine, steps_go_on)
     assert _pieces_of(engine, new.slot)[0][1] == 0
     assert engine.embedded.count((new.slot, 0)) == 1, "the embeddings were made twice"
 
@@ -245,26 +262,15 @@ async def test_slack_prices_a_tower_beside_the_step_it_starts_after() -> None:
     choose, observe = slack.choose, slack.observe
     slack.choose = lambda *a, **k: (chose.append(k["beside"]), choose(*a, **k))[1]  # type: ignore[method-assign]
     slack.observe = lambda *a, **k: (observed.append(a[3]), observe(*a, **k))[1]  # type: ignore[method-assign]
-    sched.start()
-    try:
-        old, seed = await _one_decoding(sched)
-        engine.tower_done.clear()
-        new = _ask(sched, "new", _prompt(5, 10), 4)
-        engine.permits.release(2)
-        await until(lambda: engine.ahead == [new.slot], "the newcomer's tower started")
+
+    async def reported(new: Ticket) -> None:
+        assert engine.permits is not None
         engine.permits.release(3)
         await until(lambda: 1 in observed, "the step the tower started after reported it")
         assert 1 in chose, "its pieces were sized without the tower beside the step"
-        engine.tower_done.set()
-        engine.permits.release(100)
-        results = await asyncio.gather(answer(old), answer(new))
-    finally:
-        engine.tower_done.set()
-        engine.permits.release(100)
-        await asyncio.to_thread(sched.stop)
+
+    await _newcomer_beside_a_decoding_session(sched, engine, reported)
     assert observed.count(1) == 1 and max(observed) == 1
-    assert results == [target_only(_prompt(seed, 3), 40, MAX_SEQ),
-                       target_only(_prompt(5, 10), 4, MAX_SEQ)]
 
 
 async def test_with_nothing_decoding_a_prompt_does_not_wait_for_its_tower() -> None:
