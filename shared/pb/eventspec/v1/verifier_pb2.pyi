@@ -127,8 +127,8 @@ class VerifierStats(_message.Message):
     uptime_s: _builtins.float
     """Seconds since the server started."""
     prefill: _builtins.str
-    """How prompts are prefilled: "whole", or "chunks of N" / "chunks: auto" / "chunks: slack R"
-    (--prefill-chunk).
+    """How prompts are prefilled: "whole", or "chunks of N" / "chunks: auto" /
+    "chunks: slack R, pace P ms" (--prefill-chunk).
     """
     prefill_chunks: _builtins.int
     """Prompt pieces written by chunked prefill calls since start."""
