@@ -10,7 +10,8 @@ from __future__ import annotations
 from eventspec.cloud.runtime import VerifierRuntime
 from eventspec.cloud.scheduling.prefill_chunking import ChunkPolicy
 from eventspec.cloud.scheduling.prefix_cache import PrefixCache
-from eventspec.shared.contract.types import VerifierStats
+from eventspec.cloud.scheduling.step_kind_stats import StepKindStats
+from eventspec.shared.contract.verifier_stats import StepKindTimes, VerifierStats
 
 #: Principals listed in ``sessions_by_principal`` (the busiest first).
 MAX_PRINCIPALS = 32
@@ -49,8 +50,23 @@ def live_stats(rt: VerifierRuntime | None, *, phase: str, uptime_s: float) -> Ve
         kv_positions_total=sched.pool.positions_total,
         kv_layout="by-length" if sched.kv_by_length else "slots",
         session_capacity=rt.capacity.describe() if rt.capacity is not None else "",
+        step_kinds=step_kind_times(s.kinds.copy()),
         **prefix_cache_view(sched.prefix_cache),
     )
+
+
+def step_kind_times(kinds: StepKindStats) -> tuple[StepKindTimes, ...]:
+    """The kinds that ran, from a snapshot of the loop's histograms (what
+    ``bench_load`` reports per level, here since start)."""
+    summary = kinds.summary()
+    out = []
+    for kind, k in summary["kinds"].items():
+        device, gap = k["device_ms"], k["gap_ms"]
+        out.append(StepKindTimes(
+            kind=kind, steps=k["steps"], device_ms_p50=device["p50"] or 0.0,
+            device_ms_p99=device["p99"] or 0.0, gap_ms_p50=gap["p50"] or 0.0,
+            gap_ms_p99=gap["p99"] or 0.0, gaps_in_tail=k["gaps_in_tail"]))
+    return tuple(out)
 
 
 def prefill_mode(policy: ChunkPolicy) -> str:

@@ -47,7 +47,7 @@ LIMIT = 400
 #: None may grow; remove one once it is split (or has shrunk to the limit).
 OVER_LIMIT = {
     # the domain types both nodes and every client share
-    "shared/contract/types.py": 454,
+    "shared/contract/types.py": 417,  # 454 until VerifierStats left it (verifier_stats.py)
     # EventGPT's model classes on stock transformers
     "edge/drafting/eventgpt.py": 451,
     # the edge process: source, draft model, cloud link and server

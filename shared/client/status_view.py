@@ -18,7 +18,7 @@ from google.protobuf.message import Message
 from grpc import aio
 
 from eventspec.shared.contract import convert_verifier
-from eventspec.shared.contract.types import VerifierStats
+from eventspec.shared.contract.verifier_stats import StepKindTimes, VerifierStats
 from eventspec.shared.pb.eventspec.v1 import (
     edge_pb2,
     edge_pb2_grpc,
@@ -115,6 +115,7 @@ def _render_cloud(address: str, m: verifier_pb2.VerifierStats) -> str:
         ("acceptance (EWMA)", f"{s.acceptance_ewma:.3f}"),
         ("engine steps", f"{s.engine_steps} (mean {s.mean_batch_size:.2f} sessions, "
                          f"{s.mean_tokens_per_step:.2f} tokens per step)"),
+        *((f"  {k.kind} steps", _kind(k)) for k in s.step_kinds),
         ("sessions expired", str(s.sessions_expired)),
         ("prefill", s.prefill + (f" ({s.prefill_chunks} pieces written)"
                                  if s.prefill.startswith("chunks") else "")),
@@ -124,6 +125,15 @@ def _render_cloud(address: str, m: verifier_pb2.VerifierStats) -> str:
     ]
     rows += [(f"sessions of {p}", str(n)) for p, n in s.sessions_by_principal.items()]
     return _lines(head, rows)
+
+
+def _kind(k: StepKindTimes) -> str:
+    """One kind of step: how many, their device time and the gaps they ended (ms)."""
+    device = (f"device p50/p99 {k.device_ms_p50:.1f}/{k.device_ms_p99:.1f} ms"
+              if k.device_ms_p50 else "device not timed")
+    gaps = (f"gaps p50/p99 {k.gap_ms_p50:.1f}/{k.gap_ms_p99:.1f} ms ({k.gaps_in_tail} in the "
+            "ITL p99 tail)" if k.gap_ms_p50 else "no session gaps")
+    return f"{k.steps}: {device}, {gaps}"
 
 
 def _prefix_cache(s: VerifierStats) -> str:

@@ -44,9 +44,9 @@ from eventspec.shared.contract.types import (
     ServerInfo,
     ServerLimits,
     TensorChunkData,
-    VerifierStats,
     VisualGeometry,
 )
+from eventspec.shared.contract.verifier_stats import StepKindTimes, VerifierStats
 from eventspec.shared.pb.eventspec.v1 import common_pb2, verifier_pb2
 
 # -- server info --------------------------------------------------------------------------
@@ -88,15 +88,21 @@ def server_info_from_pb(m: verifier_pb2.ServerInfo) -> ServerInfo:
 def verifier_stats_to_pb(s: VerifierStats) -> verifier_pb2.VerifierStats:
     fields = dataclasses.asdict(s)
     by_principal = fields.pop("sessions_by_principal")
+    kinds = fields.pop("step_kinds")
     msg = verifier_pb2.VerifierStats(**fields)
     msg.sessions_by_principal.update(by_principal)
+    msg.step_kinds.extend(verifier_pb2.StepKindTimes(**k) for k in kinds)
     return msg
 
 
 def verifier_stats_from_pb(m: verifier_pb2.VerifierStats) -> VerifierStats:
     plain = {f.name: getattr(m, f.name) for f in dataclasses.fields(VerifierStats)
-             if f.name != "sessions_by_principal"}
-    return VerifierStats(**plain, sessions_by_principal=dict(m.sessions_by_principal))
+             if f.name not in ("sessions_by_principal", "step_kinds")}
+    kinds = tuple(StepKindTimes(**{f.name: getattr(k, f.name)
+                                   for f in dataclasses.fields(StepKindTimes)})
+                  for k in m.step_kinds)
+    return VerifierStats(**plain, sessions_by_principal=dict(m.sessions_by_principal),
+                         step_kinds=kinds)
 
 
 # -- the Generate stream ------------------------------------------------------------------

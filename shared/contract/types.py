@@ -178,43 +178,6 @@ class ServerLimits:
 
 
 @dataclass(frozen=True)
-class VerifierStats:
-    """The verifier's live state (``Verifier.GetStats``, ``eventspec status``)."""
-
-    state: str
-    model_id: str = ""
-    live_sessions: int = 0
-    max_sessions: int = 0
-    kv_slots_used: int = 0
-    kv_slots_total: int = 0
-    prefills_waiting: int = 0
-    requests_served: int = 0
-    acceptance_ewma: float = 0.0
-    engine_steps: int = 0
-    mean_batch_size: float = 0.0
-    mean_tokens_per_step: float = 0.0
-    sessions_expired: int = 0
-    uptime_s: float = 0.0
-    sessions_by_principal: dict[str, int] = field(default_factory=dict)
-    #: "whole", "chunks of N", "chunks: auto" or "chunks: slack R, pace P ms" (--prefill-chunk).
-    prefill: str = ""
-    prefill_chunks: int = 0
-    #: The prefix cache now and since start (all 0 when it is off).
-    prefix_cache_entries: int = 0
-    prefix_cache_bytes: int = 0
-    prefix_cache_budget_bytes: int = 0
-    prefix_cache_hits: int = 0
-    prefix_cache_misses: int = 0
-    batch_invariant: bool = False
-    #: KV memory in positions now and reserved, and ``--kv-layout`` ("by-length"/"slots").
-    kv_positions_used: int = 0
-    kv_positions_total: int = 0
-    kv_layout: str = ""
-    #: Sessions run at once and admitted, of what length, and why (``--max-sessions``).
-    session_capacity: str = ""
-
-
-@dataclass(frozen=True)
 class ServerInfo:
     """What a Verifier tells its clients about itself."""
 

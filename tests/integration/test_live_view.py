@@ -67,6 +67,14 @@ async def test_live_sessions_slots_and_asks_while_a_request_runs(
     assert after.requests_served == 1 and after.kv_slots_used == 0  # type: ignore[attr-defined]
     assert after.engine_steps >= final.stats.target_steps - 1  # type: ignore[attr-defined]
     assert edge_after.requests_served == 1  # type: ignore[attr-defined]
+    # Every step under its kind: the first after the prompt's own call, then plain ones.
+    kinds = {k.kind: k for k in after.step_kinds}  # type: ignore[attr-defined]
+    assert sum(k.steps for k in kinds.values()) == after.engine_steps  # type: ignore[attr-defined]
+    assert set(kinds) <= {"after_prefill", "plain"} and kinds["plain"].steps >= 1
+    assert kinds["plain"].gap_ms_p99 >= kinds["plain"].gap_ms_p50 > 0
+    assert re.search(r"^    plain steps +\d+: device p50/p99 [\d.]+/[\d.]+ ms, gaps p50/p99 "
+                     r"[\d.]+/[\d.]+ ms \(\d+ in the ITL p99 tail\)$", text_cloud, flags=re.M)
+    assert re.search(r"^    after_prefill steps +1: .*, no session gaps$", text_cloud, flags=re.M)
     assert rc_cloud == 0 and rc_edge == 0
     assert text_cloud.startswith(f"cloud verifier {cloud_addr}: serving")
     assert "KV slots" in text_cloud

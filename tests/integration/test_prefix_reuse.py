@@ -12,7 +12,7 @@ from eventspec.cloud.server import VerifierServer
 from eventspec.demoworld.tiny_target import build_tiny_random_target
 from eventspec.shared.client.status_view import fetch_status
 from eventspec.shared.contract import convert_verifier
-from eventspec.shared.contract.types import VerifierStats
+from eventspec.shared.contract.verifier_stats import VerifierStats
 from tests.support import cloud_harness as h
 
 ASKS = [("What is moving?", 0), ("How many objects are there?", 0),

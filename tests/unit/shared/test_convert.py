@@ -34,6 +34,7 @@ from eventspec.shared.contract.types import (
     VisualGeometry,
     WindowInfo,
 )
+from eventspec.shared.contract.verifier_stats import StepKindTimes, VerifierStats
 from eventspec.shared.pb.eventspec.v1 import edge_pb2, verifier_pb2
 
 PLAN = TimingPlan(True, 27, 4, 2, False, 0.6, 568.0, 30.0, 1.4, "because")
@@ -89,6 +90,27 @@ def test_server_info_round_trip() -> None:
                       (FeatureMode.FRAMES, FeatureMode.ALIGNED),
                       CloudCost(1.0, 0.1, 0.2, 3.0, 0.05, "cpu"), ServerLimits(), 40)
     assert convert_verifier.server_info_from_pb(convert_verifier.server_info_to_pb(info)) == info
+
+
+_KIND_TIMES = st.builds(StepKindTimes, kind=st.sampled_from(["plain", "piece", "multi"]),
+                        steps=st.integers(0, 10**9),
+                        device_ms_p50=st.floats(0, 1e4), device_ms_p99=st.floats(0, 1e4),
+                        gap_ms_p50=st.floats(0, 1e4), gap_ms_p99=st.floats(0, 1e4),
+                        gaps_in_tail=st.integers(0, 10**9))
+
+
+@given(kinds=st.lists(_KIND_TIMES, max_size=8),
+       principals=st.dictionaries(st.text(min_size=1, max_size=8), st.integers(0, 99),
+                                  max_size=3))
+def test_verifier_stats_round_trip_with_steps_by_kind(
+        kinds: list[StepKindTimes], principals: dict[str, int]) -> None:
+    stats = VerifierStats("serving", "m", live_sessions=3,
+                          engine_steps=sum(k.steps for k in kinds),
+                          sessions_by_principal=principals,
+                          prefill="chunks: slack 1.5, pace 200 ms", step_kinds=tuple(kinds))
+    pb = convert_verifier.verifier_stats_to_pb(stats)
+    assert [k.kind for k in pb.step_kinds] == [k.kind for k in kinds]
+    assert convert_verifier.verifier_stats_from_pb(pb) == stats
 
 
 @pytest.mark.parametrize(
