@@ -103,8 +103,9 @@ BACKLOG_WAIT_MS = 250.0
 #: first token's step.
 DEFAULT_PACE_MS = 200.0
 #: With pacing, the backlog bound is this many paces (400 ms at the default): a prompt
-#: late for its pace gets the largest bucket within R, and the largest of all only
-#: once it is this late, so a burst of arrivals grows the pieces to R's bucket first.
+#: late for its pace is paced to :data:`LATE_GRACE`, gets R's bucket when that fails,
+#: and the largest of all only once it is this late, so a burst of arrivals grows the
+#: pieces a bucket at a time first.
 PACED_BACKLOG = 2.0
 #: A prompt late for its pace (or nearly) is paced to finish within this many paces
 #: from now (100 ms at the default) rather than at once: lateness from a slow step or
