@@ -26,6 +26,12 @@ same target), every answer length and every rate it reports:
   p50/p90/p99, and how many of those gaps are in the all-kinds p99 tail: which steps
   make the ITL p99. Logged in one line per level.
 
+How long a level lasts matters: ``--requests`` over the rate is the seconds of
+arrivals, and a short level ends before the queue it would build has built. On an H200
+at 8 requests/s, 48 requests (6 s) met the SLO under every piece rule tried and 192
+(24 s, the same arrivals and 144 more) under none (``docs/results/load-gpu.md``, "A
+longer run"). A capacity claim needs a level long enough that its TTFT stops growing.
+
 Requests cycle through ``--clips`` clips, ``--questions-per-clip`` questions each,
 round-robin (a clip's next question arrives after every other clip's), so with the
 prefix cache on every question after a clip's first can hit. Greedy answers must be
