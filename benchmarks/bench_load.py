@@ -30,7 +30,9 @@ How long a level lasts matters: ``--requests`` over the rate is the seconds of
 arrivals, and a short level ends before the queue it would build has built. On an H200
 at 8 requests/s, 48 requests (6 s) met the SLO under every piece rule tried and 192
 (24 s, the same arrivals and 144 more) under none (``docs/results/load-gpu.md``, "A
-longer run"). A capacity claim needs a level long enough that its TTFT stops growing.
+longer run"). A capacity claim needs a level long enough that its TTFT stops growing:
+``ttft_growth`` (the later half's TTFT p50 over the earlier half's, the ``TTFT x``
+column) says whether it did.
 
 Requests cycle through ``--clips`` clips, ``--questions-per-clip`` questions each,
 round-robin (a clip's next question arrives after every other clip's), so with the
@@ -55,7 +57,7 @@ import logging
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -210,6 +212,18 @@ class GcPauses:
                 "gc_pause_ms_total": sum(self.pauses_ms)}
 
 
+def ttft_growth(ttft_ms: Sequence[float]) -> float | None:
+    """The TTFT p50 of the later half of a level's requests (in arrival order) over the
+    earlier half's: about 1 when the level is steady, and above it while a queue builds
+    (then the level's SLO verdict says more of its length than of its rate). None with
+    fewer than two requests or an earlier median of 0."""
+    half = len(ttft_ms) // 2
+    if half == 0:
+        return None
+    early = float(np.median(ttft_ms[:half]))
+    return float(np.median(ttft_ms[half:])) / early if early > 0 else None
+
+
 async def run_rate(server: VerifierServer, reqs: list[OpenRequest], rate: float,
                    seed: int, slo: tuple[float, float]) -> dict[str, Any]:
     """Every request at its Poisson arrival time; the level's measurements."""
@@ -246,6 +260,7 @@ async def run_rate(server: VerifierServer, reqs: list[OpenRequest], rate: float,
         "rate_per_s": rate, "requests": len(rows), "wall_s": wall,
         "goodput_tok_s": tokens / wall,
         "ttft_ms_p50": float(np.median(ttft)), "ttft_ms_p99": float(np.quantile(ttft, 0.99)),
+        "ttft_growth": ttft_growth(list(ttft)),  # rows are in arrival order
         "itl_ms_p50": float(np.median(itl)), "itl_ms_p99": float(np.quantile(itl, 0.99)),
         "in_server_step_ms": in_server_ms / steps, "engine_step_ms": engine_step,
         "in_server_over_engine": in_server_ms / steps / engine_step if engine_step else None,
@@ -372,13 +387,15 @@ def header(args: argparse.Namespace, target: TargetModel, runs: list[dict[str, A
 
 def table(result: dict[str, Any]) -> str:
     lines = [f"{'config':>10} {'tokens':>6} {'rate':>5} {'TTFT p50':>8} {'p99':>7} "
-             f"{'ITL p50':>7} {'p99':>6} {'tok/s':>7} {'srv/eng':>7} {'hits':>4} SLO"]
+             f"{'TTFT x':>6} {'ITL p50':>7} {'p99':>6} {'tok/s':>7} {'srv/eng':>7} {'hits':>4} SLO"]
     for run in result["configs"]:
         for lv in run["levels"]:
             ratio = lv.get("in_server_over_engine")  # absent: a superseded launch-timed run
+            growth = lv.get("ttft_growth")  # absent: a run before it was reported
             lines.append(
                 f"{run['config']['name']:>10} {lv['answer_tokens']:>6} {lv['rate_per_s']:>5g} "
-                f"{lv['ttft_ms_p50']:>8.0f} {lv['ttft_ms_p99']:>7.0f} {lv['itl_ms_p50']:>7.1f} "
+                f"{lv['ttft_ms_p50']:>8.0f} {lv['ttft_ms_p99']:>7.0f} "
+                f"{'–' if growth is None else f'{growth:.2f}':>6} {lv['itl_ms_p50']:>7.1f} "
                 f"{lv['itl_ms_p99']:>6.1f} {lv['goodput_tok_s']:>7.1f} "
                 f"{'–' if ratio is None else f'{ratio:.2f}':>7} {lv['prefix_hits']:>4} "
                 f"{'yes' if lv['meets_slo'] else 'no'}")

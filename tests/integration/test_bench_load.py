@@ -31,6 +31,7 @@ def test_the_load_benchmark_reports_every_config_and_identical_answers(tmp_path:
         (level,) = run["levels"]
         assert level["requests"] == 4 and level["goodput_tok_s"] > 0
         assert level["ttft_ms_p50"] <= level["ttft_ms_p99"]
+        assert level["ttft_growth"] is None or level["ttft_growth"] > 0
         assert level["itl_ms_p50"] <= level["itl_ms_p99"]
         assert level["engine_step_ms"] <= level["in_server_step_ms"]
         assert len(level["gc_passes_by_generation"]) == 3
@@ -49,6 +50,16 @@ def test_the_load_benchmark_reports_every_config_and_identical_answers(tmp_path:
     # prompt takes several (unless it arrived with nothing decoding: then whole).
     assert whole["levels"][0]["chunks_per_prefill"] == 0
     assert reuse["levels"][0]["chunks_per_prefill"] >= 1
+
+
+@pytest.mark.parametrize("ttft, growth", [
+    ([100.0, 100.0, 300.0, 300.0], 3.0),  # a queue building: the later half waits longer
+    ([120.0, 80.0, 100.0, 100.0], 1.0),  # steady
+    ([100.0, 200.0, 300.0], 2.5),  # odd: the later half holds the middle request
+    ([50.0], None), ([], None), ([0.0, 10.0], None)])
+def test_ttft_growth_compares_the_later_half_with_the_earlier(
+        ttft: list[float], growth: float | None) -> None:
+    assert bench_load.ttft_growth(ttft) == (None if growth is None else pytest.approx(growth))
 
 
 def test_a_config_names_how_its_chunks_run() -> None:
