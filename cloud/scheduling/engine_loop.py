@@ -5,9 +5,10 @@ Each iteration: take the commands (``StepScheduler.take_commands``, then the pre
 cache's lookups of the new prefills); plan and run one prefill call
 (``eventspec.cloud.scheduling.prefill_calls``) unless its pieces ride the step; hand the first
 tokens over at once (so a busy batch adds no step to a time to first token); plan and run
-the batched step, one engine forward and one sampler call for every running session; hand
-its results over. Every hand-over is one ``call_soon_threadsafe`` (the
-:class:`~eventspec.cloud.scheduling.tickets.Outbox`).
+the batched step, one engine forward and one sampler call for every running session, the
+sampler's work queued behind the forward before the loop's other host work, so the
+iteration waits for the device once; hand its results over. Every hand-over is one
+``call_soon_threadsafe`` (the :class:`~eventspec.cloud.scheduling.tickets.Outbox`).
 
 Failures: an engine or sampler error fails that call's requests (a mixed step that fails
 runs its pieces apart and its step plain, so a bad prompt fails alone) and the loop goes
@@ -147,7 +148,12 @@ class EngineLoop:
         prompt pieces go through the same forward (a mixed step), or, if it fails, in a
         call of their own before a plain step, so a bad piece fails alone. ``prefilled``
         and ``fell_back`` are for the step's kind: a prefill call of its own ran before
-        it, or it follows a failed mixed step."""
+        it, or it follows a failed mixed step.
+
+        The sampler's device work is queued right behind the step
+        (``BatchedSampler.launch``); the towers and the riding pieces' first tokens are
+        started while the device runs, and only then does the loop wait for the verdicts.
+        """
         plan = self.scheduler.schedule_step(riding)
         if plan is None:
             self._last_done = None  # nothing decodes across this iteration
@@ -156,39 +162,47 @@ class EngineLoop:
             return
         batch = batch_of(plan.inputs, self.engine.device)
         fixed = None  # whether the riding pieces ran at a fixed shape (None: cannot tell)
-        beside = 0  # towers started on the side stream once the step was launched
         t_engine = self._clock()
         chunk_logits: torch.Tensor | None = None
-        if plan.riding:
-            engine = self.engine
-            assert isinstance(engine, MixedStepEngine)
-            try:
+        try:
+            if plan.riding:
+                engine = self.engine
+                assert isinstance(engine, MixedStepEngine)
                 self._device_timer.start()
                 logits, chunk_logits = engine.step_with_chunks(
                     batch, self.prefill.chunks_of(plan.riding))
                 self._device_timer.stop()
                 if self._shapes is not None:
                     fixed = self._shapes.last_mixed_fixed
-                beside = self._start_towers()
-            except Exception:
-                log.warning("a mixed step of %d sessions and %d prompt pieces failed; "
-                            "running them apart", len(plan.sessions), len(plan.riding),
-                            exc_info=True)
-                self.prefill.run_pieces(plan.riding, self._clock())
-                self._step((), fell_back=True)
-                return
-            self.prefill.after_pieces(plan.riding, chunk_logits, t_engine, own_call=False)
+        except Exception:
+            log.warning("a mixed step of %d sessions and %d prompt pieces failed; "
+                        "running them apart", len(plan.sessions), len(plan.riding),
+                        exc_info=True)
+            self.prefill.run_pieces(plan.riding, self._clock())
+            self._step((), fell_back=True)
+            return
+        failed: Exception | None = None  # the step or its sampler call failed
         try:
             if chunk_logits is None:
                 self._device_timer.start()
                 logits = self.engine.step(batch)  # [N, V]
                 self._device_timer.stop()
-                beside = self._start_towers()
-            t_sampler = self._clock()
-            verdicts = self.sampler(logits, plan.specs)
-        except Exception as exc:  # the batch fails, the loop goes on
+            # Queued behind the step: the host work below overlaps the device's.
+            pending = self.sampler.launch(logits, plan.specs)
+        except Exception as exc:
+            failed = exc
+        beside = self._start_towers()  # towers started on the side stream after the step
+        if chunk_logits is not None:  # the riding pieces' first tokens
+            self.prefill.after_pieces(plan.riding, chunk_logits, t_engine, own_call=False)
+        t_sampler = self._clock()
+        if failed is None:
+            try:
+                verdicts = pending.result()  # the wait for the step's device work
+            except Exception as exc:
+                failed = exc
+        if failed is not None:  # the batch fails, the loop goes on
             self._last_done = None  # its sessions failed: no gap runs on from it
-            self.scheduler.fail(plan.tickets, as_error(exc, "step"))
+            self.scheduler.fail(plan.tickets, as_error(failed, "step"))
             return
         t_done = self._clock()
         self.scheduler.update_step(plan, verdicts, (t_done - t_engine) * 1e3)
@@ -211,12 +225,13 @@ class EngineLoop:
 
     def _record_step(self, plan: StepPlan, kind: StepKind, tokens: int, t_engine: float,
                      t_sampler: float, t_done: float, towers_beside: int = 0) -> None:
-        """Count the step under its kind and split its time into engine, sampler and the
-        loop's own work (planning before the engine call, and the commits after the
-        sampler), with the gap since the previous step's completion; its device time goes
-        to the scheduler with the ``towers_beside`` it (a mixed step's includes the
-        video tower of a prompt it starts when towers are not ahead: the embeddings are
-        then made inside the timed call)."""
+        """Count the step under its kind and split its time into engine (the calls that
+        queue the step and its sampler, and the host work overlapping them), sampler (the
+        wait for the verdicts) and the loop's own work (planning before the engine call,
+        and the commits after the sampler), with the gap since the previous step's
+        completion; its device time goes to the scheduler with the ``towers_beside`` it
+        (a mixed step's includes the video tower of a prompt it starts when towers are
+        not ahead: the embeddings are then made inside the timed call)."""
         sessions = len(plan.sessions)
         device_ms = self._device_timer.elapsed_ms()  # the sampler's read waited for it
         gap_ms = None if self._last_done is None else (t_done - self._last_done) * 1e3

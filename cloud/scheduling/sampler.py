@@ -19,14 +19,25 @@ a prefill a session has one row and may check one hidden draft with it, without 
   ``len(drafts) + 1`` uniforms per step (acceptance tests, then one inverse-CDF draw),
   so a request's samples replay from its seed when its drafts arrive at the same steps.
 
+**One wait per call** (:meth:`BatchedSampler.launch`): the small index arrays go to the
+device through pinned memory without a host sync, so every kernel of the call queues
+behind the engine step that made the logits, and the verdicts come back in one
+asynchronous copy that :meth:`PendingVerdicts.result` waits for. The engine loop
+launches the sampler right after the step and does its other host work before the
+wait (vLLM V1 overlaps its host work with the forward the same way). Before, the first
+index copy (pageable) waited for the step, and the sampler's launches came after it,
+with the device idle: about 0.18 ms a step at one session on an H200
+(``py-spy`` of ``bench_load``, docs/scheduler.md).
+
 Ids at or above ``text_vocab_size`` (``<image>``, ``<video>``, padding) are never
 chosen: both paths read only the text columns of the logits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -59,6 +70,47 @@ def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Gener
     return generator
 
 
+_Finish = Callable[[list[list[int]]], list[Verdict]]
+
+
+class _HostRows:
+    """A small device tensor on its way to the host: on CUDA an asynchronous copy into
+    pinned memory and an event; :meth:`tolist` waits for that event alone."""
+
+    def __init__(self, rows: torch.Tensor) -> None:
+        self._event: Any = None
+        if rows.device.type == "cuda":
+            self._host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
+            self._host.copy_(rows, non_blocking=True)
+            self._event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            self._event.record()
+        else:
+            self._host = rows
+
+    def tolist(self) -> list[list[int]]:
+        if self._event is not None:
+            self._event.synchronize()
+        rows: list[list[int]] = self._host.tolist()
+        return rows
+
+
+class PendingVerdicts:
+    """A sampler call whose device work is queued; :meth:`result` waits for it, once."""
+
+    def __init__(self, parts: Sequence[tuple[Sequence[int], _HostRows, _Finish]],
+                 count: int) -> None:
+        self._parts = parts  # (spec indices, their rows on the way, how rows become verdicts)
+        self._count = count
+
+    def result(self) -> list[Verdict]:
+        """One Verdict per spec, in the specs' order."""
+        verdicts: list[Verdict | None] = [None] * self._count
+        for indices, rows, finish in self._parts:
+            for i, v in zip(indices, finish(rows.tolist()), strict=True):
+                verdicts[i] = v
+        return [v for v in verdicts if v is not None]
+
+
 class BatchedSampler:
     """Greedy acceptance and rejection sampling over a whole batch of sessions."""
 
@@ -69,52 +121,57 @@ class BatchedSampler:
 
     def __call__(self, logits: torch.Tensor, specs: Sequence[SampleSpec]) -> list[Verdict]:
         """logits [N, V] float32 (N = sum of rows), on any device -> one Verdict per spec."""
+        return self.launch(logits, specs).result()
+
+    def launch(self, logits: torch.Tensor, specs: Sequence[SampleSpec]) -> PendingVerdicts:
+        """Queue the call's device work behind whatever made ``logits`` (no host sync);
+        the specs are checked first, before any device work."""
         starts = self._check(logits, specs)
         text = logits[:, : self.text_vocab_size]  # [N, Vt] view: non-text ids never win
-        verdicts: list[Verdict | None] = [None] * len(specs)
-        greedy = [i for i, s in enumerate(specs) if s.temperature == 0]
-        sampled = [i for i, s in enumerate(specs) if s.temperature > 0]
-        if greedy:
-            for i, v in zip(greedy, self._greedy(text, [specs[i] for i in greedy],
-                                                 [starts[i] for i in greedy]), strict=True):
-                verdicts[i] = v
-        if sampled:
-            for i, v in zip(sampled, self._sample(text, [specs[i] for i in sampled],
-                                                  [starts[i] for i in sampled]), strict=True):
-                verdicts[i] = v
-        return [v for v in verdicts if v is not None]
+        parts = []
+        for temperature_zero, part in ((True, self._greedy), (False, self._sample)):
+            indices = [i for i, s in enumerate(specs) if (s.temperature == 0) == temperature_zero]
+            if indices:
+                rows, finish = part(text, [specs[i] for i in indices],
+                                    [starts[i] for i in indices])
+                parts.append((indices, rows, finish))
+        return PendingVerdicts(parts, len(specs))
 
     # -- greedy --------------------------------------------------------------------------
 
     def _greedy(self, text: torch.Tensor, specs: Sequence[SampleSpec],
-                starts: Sequence[int]) -> list[Verdict]:
+                starts: Sequence[int]) -> tuple[_HostRows, _Finish]:
         device = text.device
         width = max(s.rows for s in specs)
         rows, drafts = _padded_rows_and_drafts(specs, starts, width, device)  # [B, W] each
         best = text.argmax(dim=-1)[rows]  # [B, W] argmax id of each session's rows
         match = best == drafts  # [B, W]; padding (-1) never matches
         accepted = match.long().cumprod(dim=1).sum(dim=1)  # [B]
-        host = torch.cat([accepted.unsqueeze(1), best], dim=1).tolist()  # one copy: [B, 1+W]
-        out = []
-        for spec, (a, *ids) in zip(specs, host, strict=True):
-            tokens = [int(d) for d in spec.drafts[:a]]
-            if a < spec.rows:
-                tokens.append(int(ids[a]))  # correction (a < len(drafts)) or bonus
-            out.append(Verdict(int(a), tokens))
-        return out
+        host = _HostRows(torch.cat([accepted.unsqueeze(1), best], dim=1))  # [B, 1+W]
+
+        def finish(rows: list[list[int]]) -> list[Verdict]:
+            out = []
+            for spec, (a, *ids) in zip(specs, rows, strict=True):
+                tokens = [int(d) for d in spec.drafts[:a]]
+                if a < spec.rows:
+                    tokens.append(int(ids[a]))  # correction (a < len(drafts)) or bonus
+                out.append(Verdict(int(a), tokens))
+            return out
+
+        return host, finish
 
     # -- rejection sampling --------------------------------------------------------------
 
     def _sample(self, text: torch.Tensor, specs: Sequence[SampleSpec],
-                starts: Sequence[int]) -> list[Verdict]:
+                starts: Sequence[int]) -> tuple[_HostRows, _Finish]:
         device = text.device
         width = max(s.rows for s in specs)
         rows, drafts = _padded_rows_and_drafts(specs, starts, width, device)  # [B, W]
-        n_drafts = torch.tensor([len(s.drafts) for s in specs], device=device)  # [B]
-        n_rows = torch.tensor([s.rows for s in specs], device=device)  # [B]
-        temps = torch.tensor([s.temperature for s in specs], device=device)  # [B]
-        top_ps = torch.tensor([s.top_p if s.top_p < 1.0 else 2.0 for s in specs],
-                              device=device)  # [B]; 2.0 disables the nucleus exactly
+        n_drafts, n_rows = _to_device([[len(s.drafts) for s in specs],
+                                       [s.rows for s in specs]], torch.long, device)  # [B] each
+        temps, top_ps = _to_device([[s.temperature for s in specs],
+                                    [s.top_p if s.top_p < 1.0 else 2.0 for s in specs]],
+                                   torch.float32, device)  # [B]; top-p 2.0: no nucleus, exactly
         flat_rows = rows.reshape(-1)  # [B*W]
         probs = nucleus(
             text[flat_rows].float() / temps.repeat_interleave(width).unsqueeze(1),
@@ -137,14 +194,18 @@ class BatchedSampler:
         target = uniforms[:, width:] * cdf[:, -1:]  # [B, 1]
         drawn = torch.searchsorted(cdf, target, right=True).clamp(max=cdf.shape[1] - 1)  # [B,1]
         emits = accepted < n_rows  # [B]
-        host = torch.stack([accepted, drawn.squeeze(1), emits.long()], dim=1).tolist()  # [B, 3]
-        out = []
-        for spec, (a, tok, emit) in zip(specs, host, strict=True):
-            tokens = [int(d) for d in spec.drafts[:a]]
-            if emit:
-                tokens.append(int(tok))
-            out.append(Verdict(int(a), tokens))
-        return out
+        host = _HostRows(torch.stack([accepted, drawn.squeeze(1), emits.long()], dim=1))  # [B, 3]
+
+        def finish(rows: list[list[int]]) -> list[Verdict]:
+            out = []
+            for spec, (a, tok, emit) in zip(specs, rows, strict=True):
+                tokens = [int(d) for d in spec.drafts[:a]]
+                if emit:
+                    tokens.append(int(tok))
+                out.append(Verdict(int(a), tokens))
+            return out
+
+        return host, finish
 
     @staticmethod
     def _residual(dist: torch.Tensor, draft: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
@@ -184,16 +245,28 @@ class BatchedSampler:
         return starts
 
 
+def _to_device(lists: Sequence[Sequence[float]], dtype: torch.dtype,
+               device: torch.device) -> torch.Tensor:
+    """Equal-length host lists as one [len(lists), n] tensor on ``device``: on CUDA
+    through pinned memory without a host sync (a pageable copy would wait for every
+    kernel queued before it). The caching host allocator keeps the pinned block until
+    the copy has run."""
+    host = torch.tensor(lists, dtype=dtype)
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def _padded_rows_and_drafts(
     specs: Sequence[SampleSpec], starts: Sequence[int], width: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Flat row index [B, W] (padding repeats the session's last row) and drafts [B, W]
-    (padding -1), built on the host from small lists and moved in one copy each."""
+    (padding -1), built on the host from small lists and moved in one copy."""
     rows = [[st + min(j, s.rows - 1) for j in range(width)] for s, st in zip(specs, starts,
                                                                                strict=True)]
     drafts = [[int(d) for d in s.drafts] + [-1] * (width - len(s.drafts)) for s in specs]
-    return (torch.tensor(rows, dtype=torch.long, device=device),
-            torch.tensor(drafts, dtype=torch.long, device=device))
+    both = _to_device([*rows, *drafts], torch.long, device)  # [2 B, W]
+    return both[: len(specs)], both[len(specs):]
 
 
 def _uniforms(spec: SampleSpec, n: int, device: torch.device) -> torch.Tensor:

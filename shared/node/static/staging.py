@@ -5,8 +5,12 @@ goes, each session's slot, start and length). They live in one int64 block at fi
 offsets (:class:`~eventspec.shared.node.static.buckets.MetaLayout`) so each bucket's
 views keep the addresses its CUDA graph captured; per step the host fills them with
 numpy, copies them once (pinned, asynchronous) and scatters the token ids, and nothing
-synchronises with the host. Kept apart from ``eventspec.cloud.engine.static.engine``,
-which holds the device work these inputs feed.
+synchronises with the host. On CUDA the numpy arrays are written straight into one of
+two pinned blocks kept for the static buffers (a step waits, on an event, only for the
+copy out of the block it reuses, two steps back): a fresh pinned copy per step cost
+about 0.06 ms of host time at one session on an H200, a third of loading the step
+(``py-spy`` of ``bench_load``, docs/scheduler.md). Kept apart from
+``eventspec.cloud.engine.static.engine``, which holds the device work these inputs feed.
 """
 
 from __future__ import annotations
@@ -34,6 +38,15 @@ class StepStaging:
         self.layout = MetaLayout(cap_m=cap_m, cap_b=cap_b)
         self.meta = torch.zeros(self.layout.size, device=device, dtype=torch.long)
         self.ids = torch.zeros(cap_m, device=device, dtype=torch.long)  # [Mmax]
+        #: CUDA: two pinned host blocks [size + Mmax] (index block, then dest) the static
+        #: buffers load from, each with the event after its last copy; None elsewhere.
+        self._pinned: list[tuple[torch.Tensor, Any]] = []
+        if device.type == "cuda":
+            self._pinned = [(torch.empty(self.layout.size + cap_m, dtype=torch.long,
+                                         pin_memory=True),
+                             torch.cuda.Event())  # type: ignore[no-untyped-call]
+                            for _ in range(2)]
+        self._turn = 0
 
     def buffers(self, bp: int, qp: int) -> tuple[MetaLayout, torch.Tensor, torch.Tensor]:
         """(layout, index block, ids) for a (Bp, Qp) step: the static ones when they fit."""
@@ -59,6 +72,21 @@ class StepStaging:
         padded [Bp * Qp] step). Padding rows write K/V into the scratch slot at
         positions 0..Qp-1 and attend over it; their outputs are never gathered.
         """
+        return self._fill_host_meta(np.zeros(layout.size, dtype=np.int64), layout, slots,
+                                    starts, counts, bp, qp)
+
+    def _fill_host_meta(
+        self,
+        block: np.ndarray[Any, Any],
+        layout: MetaLayout,
+        slots: Sequence[int],
+        starts: Sequence[int],
+        counts: Sequence[int],
+        bp: int,
+        qp: int,
+    ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """:meth:`host_meta` into ``block`` (at least ``layout.size``; only the parts the
+        (Bp, Qp) views read are written)."""
         b = len(slots)
         slot_a = np.full(bp, self.scratch_slot, dtype=np.int64)
         start_a = np.zeros(bp, dtype=np.int64)
@@ -70,7 +98,6 @@ class StepStaging:
         wslot = np.where(valid, slot_a[:, None], self.scratch_slot)  # [Bp, Qp]
         wpos = np.where(valid, start_a[:, None] + j, j)  # [Bp, Qp]
         lens = np.where(count_a > 0, start_a + count_a, qp)  # [Bp]
-        block = np.zeros(layout.size, dtype=np.int64)
         m, cm, cb = bp * qp, layout.cap_m, layout.cap_b
         block[:m] = pos.reshape(-1)
         block[cm : cm + m] = wslot.reshape(-1)
@@ -95,14 +122,34 @@ class StepStaging:
     def load(self, batch: StepBatch, bp: int, qp: int) -> tuple[StepInputs, torch.Tensor]:
         """Fill a (Bp, Qp) step's inputs from ``batch``; return them and dest [N]."""
         layout, meta, ids = self.buffers(bp, qp)
-        block, dest_np = self.host_meta(
-            layout, batch.slots, batch.start_positions, batch.counts, bp, qp
-        )
-        staged = self.to_device(np.concatenate([block, dest_np]))  # [size + N]
-        meta.copy_(staged[: layout.size])
-        dest = staged[layout.size :]  # [N]
+        if self._pinned and layout is self.layout:
+            dest = self._load_pinned(batch, bp, qp)
+        else:
+            block, dest_np = self.host_meta(
+                layout, batch.slots, batch.start_positions, batch.counts, bp, qp
+            )
+            staged = self.to_device(np.concatenate([block, dest_np]))  # [size + N]
+            meta.copy_(staged[: layout.size])
+            dest = staged[layout.size :]  # [N]
         ids.index_copy_(0, dest, batch.token_ids.to(self.device, torch.long))  # [M]
         return _inputs(layout, meta, ids, bp, qp), dest
+
+    def _load_pinned(self, batch: StepBatch, bp: int, qp: int) -> torch.Tensor:
+        """The static index block and dest [N] through this turn's pinned block: written
+        in place by numpy once the copy out of it two steps back has run, then one
+        asynchronous copy into the device block. Returns dest [N] on the device."""
+        pinned, copied = self._pinned[self._turn]
+        self._turn ^= 1
+        copied.synchronize()  # normally long done: the step after it has been read
+        host = pinned.numpy()  # [size + Mmax] view of the pinned memory
+        size, n = self.layout.size, batch.num_tokens
+        _, dest_np = self._fill_host_meta(host, self.layout, batch.slots,
+                                          batch.start_positions, batch.counts, bp, qp)
+        host[size : size + n] = dest_np
+        staged = pinned[: size + n].to(self.device, non_blocking=True)  # [size + N]
+        copied.record()
+        self.meta.copy_(staged[:size])
+        return staged[size:]  # [N]
 
     def dummy(self, bp: int, qp: int) -> StepInputs:
         """A valid all-padding step for capture: every row in the scratch slot."""

@@ -121,6 +121,37 @@ def test_greedy_mixed_batch_equals_each_alone() -> None:
     assert together == alone
 
 
+def test_a_launched_call_gives_the_calls_verdicts_in_the_specs_order() -> None:
+    """``launch`` then ``result`` (the engine loop's way) equals the plain call, on a
+    batch that interleaves greedy and sampled sessions (two parts, merged back)."""
+    rng = random.Random(5)
+    specs, blocks = [], []
+    for i in range(9):
+        rows = rng.randint(1, 4)
+        blocks.append(torch.randn(rows, V, generator=torch.Generator().manual_seed(i)))
+        drafts = [rng.randrange(V) for _ in range(rng.randint(0, rows))]
+        t = 0.0 if i % 3 else 0.8
+        specs.append(SampleSpec(rows, drafts, t, 0.9, make_generator(i) if t else None))
+    logits = torch.cat(blocks)
+    launched = BatchedSampler(V).launch(logits, specs).result()
+    for s in specs:  # the same draws again
+        if s.generator is not None:
+            s.generator.manual_seed(specs.index(s))
+    assert launched == BatchedSampler(V)(logits, specs)
+    greedy_alone = [BatchedSampler(V)(b, [s])[0] for b, s in zip(blocks, specs, strict=True)
+                    if s.temperature == 0]
+    assert [v for v, s in zip(launched, specs, strict=True) if s.temperature == 0] == greedy_alone
+
+
+def test_a_launch_checks_the_specs_before_any_work() -> None:
+    gen = make_generator(0)
+    before = gen.get_state()
+    with pytest.raises(InvalidInput, match="text ids"):
+        BatchedSampler(V).launch(one_hot_logits([1, 2, 3]),
+                                 [SampleSpec(1, [], 0.7, 1.0, gen), SampleSpec(2, [V])])
+    assert torch.equal(gen.get_state(), before)  # nothing was drawn
+
+
 # -- sampling -------------------------------------------------------------------------
 
 P = torch.tensor([0.40, 0.25, 0.15, 0.12, 0.08])

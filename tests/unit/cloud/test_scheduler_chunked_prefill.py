@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from eventspec.cloud.scheduling.prefill_calls import PrefillCalls
 from eventspec.cloud.scheduling.prefill_chunking import (
     AUTO_MIN_CHUNK_TOKENS,
     CHUNK_QUANTUM,
@@ -26,6 +28,7 @@ from eventspec.cloud.scheduling.prefill_queue import (
     SHORT_TAILS_PER_CALL,
     PrefillQueue,
 )
+from eventspec.cloud.scheduling.sampler import BatchedSampler, PendingVerdicts, Verdict
 from eventspec.cloud.scheduling.scheduler import Scheduler
 from eventspec.cloud.scheduling.step_kinds import StepKind
 from eventspec.cloud.scheduling.tickets import Failure, Ticket
@@ -347,6 +350,44 @@ async def test_a_mixed_step_carries_a_newcomers_chunks_beside_a_decoding_session
         (new.slot, 16, 17)]
     assert [e for kind, e in engine.events if kind == "chunk"] == [[(old.slot, 0, 3)]], \
         "a chunk ran in a call of its own while a session decoded"
+
+
+async def test_a_mixed_steps_sampler_is_queued_before_the_pieces_first_tokens(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop launches the step's sampler right after the step (its device work queues
+    behind it) and reads the verdicts only after its other host work: here the first
+    tokens of the prompts the mixed step finished, which wait on the device too."""
+    events: list[str] = []
+    launch, result = BatchedSampler.launch, PendingVerdicts.result
+    after = PrefillCalls.after_pieces
+
+    def logged_launch(self: BatchedSampler, *args: Any) -> PendingVerdicts:
+        events.append("launch")
+        return launch(self, *args)
+
+    def logged_result(self: PendingVerdicts) -> list[Verdict]:
+        events.append("result")
+        return result(self)
+
+    def logged_after(self: PrefillCalls, *args: Any, **kw: Any) -> None:
+        mixed = not kw["own_call"]  # the first request's prompt ran in a call of its own
+        events.append("pieces" if mixed else "own call")
+        after(self, *args, **kw)
+        events.append("pieces done" if mixed else "own call done")
+
+    monkeypatch.setattr(BatchedSampler, "launch", logged_launch)
+    monkeypatch.setattr(PendingVerdicts, "result", logged_result)
+    monkeypatch.setattr(PrefillCalls, "after_pieces", logged_after)
+    await _beside_a_decoding_session(MixedFakeEngine(num_slots=3, max_seq_len=MAX_SEQ), 4,
+                                     _prompt(2, 17), 3)
+    riding = [i for i, e in enumerate(events) if e == "pieces"]
+    assert len(riding) == 5  # the newcomer's five pieces rode five steps
+    for i in riding:
+        assert events[i - 1] == "launch", "the pieces' work came before the step's sampler"
+        done = events.index("pieces done", i)
+        assert events[done + 1] == "result"
+    # The last piece finished the prompt: its first token was sampled in between.
+    assert events[riding[-1] + 1 : riding[-1] + 3] == ["launch", "result"]
 
 
 async def test_a_bad_prompt_in_a_mixed_step_fails_alone() -> None:
