@@ -78,6 +78,8 @@ class EngineLoop:
         self._clock = clock
         self._device = torch.device(getattr(engine, "device", "cpu"))
         self._device_timer = DeviceTimer(self._device)
+        #: Results wait for the next step's launch (asynchronous on CUDA; _iterate).
+        self._hand_over_behind = self._device.type == "cuda"
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._on_death: Callable[[str], None] | None = None
@@ -125,9 +127,20 @@ class EngineLoop:
             sched.outbox.flush(self._loop)
 
     def _iterate(self) -> None:
-        """The iterations, until the scheduler stops."""
+        """The iterations, until the scheduler stops.
+
+        On CUDA a step's results are handed over once the next step is queued
+        (``_step``), so the event loop's work on them (the streams' messages) overlaps
+        that step on the device instead of taking the GIL while this thread plans and
+        launches it. With no step to follow they go out at once: before the loop blocks
+        for commands, before a prefill call of its own, and when nothing runs. Where the
+        engine's call is the computation itself (CPU), they go out after each step, as
+        waiting for the next call would hold them back a whole step.
+        """
         sched = self.scheduler
         while not sched.stopping:
+            if sched.idle:
+                sched.outbox.flush(self._loop)
             self.prefill.reuse_prefixes(sched.take_commands(block=sched.idle))
             if sched.stopping:
                 break
@@ -136,11 +149,13 @@ class EngineLoop:
             if plan is not None and plan.ride:
                 riding = plan.pieces
             elif plan is not None:
+                sched.outbox.flush(self._loop)
                 self.prefill.run(plan)
-            # The first token goes out now, not after the next step.
-            sched.outbox.flush(self._loop)
+                # The first token goes out now, not after the next step.
+                sched.outbox.flush(self._loop)
             self._step(riding, prefilled=plan is not None and not plan.ride)
-            sched.outbox.flush(self._loop)
+            if not (sched.running and self._hand_over_behind):  # see above
+                sched.outbox.flush(self._loop)
 
     def _step(self, riding: Sequence[Piece], *, prefilled: bool = False,
               fell_back: bool = False) -> None:
@@ -191,6 +206,7 @@ class EngineLoop:
             pending = self.sampler.launch(logits, plan.specs)
         except Exception as exc:
             failed = exc
+        self.scheduler.outbox.flush(self._loop)  # the last step's results (see _iterate)
         beside = self._start_towers()  # towers started on the side stream after the step
         if chunk_logits is not None:  # the riding pieces' first tokens
             self.prefill.after_pieces(plan.riding, chunk_logits, t_engine, own_call=False)
