@@ -192,6 +192,28 @@ def load(runs: Named) -> list[str]:
                    "ITL p50 / p99 ms", "tokens/s", "prefix hits"], rows)
 
 
+def load_loop(runs: Named) -> list[str]:
+    """Load runs side by side (one per labelled file, e.g. before and after a change to
+    the engine loop), with the loop's own time: the in-server step (the loop's host time
+    per step) against the engine call's device time, and the ITL ratio."""
+    rows = []
+    for label, r in runs:
+        commit = str(r.get("stamp", {}).get("commit", "?"))[:7]
+        for run in r["configs"]:
+            for lv in run["levels"]:
+                rows.append((label, commit, run["config"]["name"], f"{lv['rate_per_s']:g}",
+                             lv["requests"], f"{lv['in_server_step_ms']:.2f}",
+                             f"{lv['engine_step_ms']:.2f}",
+                             f"{lv['in_server_over_engine']:.2f}",
+                             f"{lv['itl_ms_p50']:.1f} / {lv['itl_ms_p99']:.1f}",
+                             f"{lv['itl_p99_over_p50']:.2f}",
+                             f"{lv['ttft_ms_p50']:.0f} / {lv['ttft_ms_p99']:.0f}",
+                             f"{lv['goodput_tok_s']:.1f}"))
+    return table(["run", "commit", "config", "rate /s", "requests", "in-server step ms",
+                   "device ms (engine call)", "in-server ÷ device", "ITL p50 / p99 ms",
+                   "ITL p99 ÷ p50", "TTFT p50 / p99 ms", "tokens/s"], rows)
+
+
 def step_kinds(runs: Named) -> list[str]:
     """A load run's steps by kind (``bench_load``'s ``step_kinds``), per configuration and
     rate: steps, wall (the loop's host time), device and gap p50 / p99, and the session
@@ -309,6 +331,7 @@ KINDS: dict[str, Callable[[Named], list[str]]] = {
     "capacity-server": capacity_server,
     "server-gap": server_gap,
     "load": load,
+    "load-loop": load_loop,
     "step-kinds": step_kinds,
     "prefill-parts": prefill_parts,
     "mixed-steps": mixed_steps,
