@@ -26,8 +26,9 @@ asynchronous copy that :meth:`PendingVerdicts.result` waits for. The engine loop
 launches the sampler right after the step and does its other host work before the
 wait (vLLM V1 overlaps its host work with the forward the same way). Before, the first
 index copy (pageable) waited for the step, and the sampler's launches came after it,
-with the device idle: about 0.18 ms a step at one session on an H200
-(``py-spy`` of ``bench_load``, docs/scheduler.md).
+with the device idle: about 0.23 ms a step at one session on an H200
+(``tools/pyspy_steps.py`` over a ``py-spy`` profile of ``bench_load``;
+docs/results/load-gpu.md).
 
 Ids at or above ``text_vocab_size`` (``<image>``, ``<video>``, padding) are never
 chosen: both paths read only the text columns of the logits.

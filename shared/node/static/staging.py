@@ -9,7 +9,7 @@ synchronises with the host. On CUDA the numpy arrays are written straight into o
 two pinned blocks kept for the static buffers (a step waits, on an event, only for the
 copy out of the block it reuses, two steps back): a fresh pinned copy per step cost
 about 0.06 ms of host time at one session on an H200, a third of loading the step
-(``py-spy`` of ``bench_load``, docs/scheduler.md). Kept apart from
+(``tools/pyspy_steps.py --within StepStaging.load``; docs/results/load-gpu.md). Kept apart from
 ``eventspec.cloud.engine.static.engine``, which holds the device work these inputs feed.
 """
 
