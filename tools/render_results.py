@@ -52,7 +52,8 @@ def _load(name: str) -> ModuleType:
 
 
 #: Every kind of table, by the name a block gives it.
-KINDS = {**_load("results_tables").KINDS, **_load("results_tables_system").KINDS}
+KINDS = {**_load("results_tables").KINDS, **_load("results_tables_system").KINDS,
+         **_load("results_goals").KINDS}
 
 
 def _stamp(result: dict[str, Any], key: str) -> str | None:
