@@ -202,13 +202,19 @@ async def cloud_at_defaults(gate: Gate, layout: str, opts: Options) -> Node:
     return node
 
 
-async def one_request(address: str, seed: int, tokens: int) -> str:
-    """A target-only 2.2k-token request through Generate: "ok" or its status code."""
+def load_message(seed: int, tokens: int) -> verifier_pb2.EdgeMessage:
+    """The Open of one target-only 2.2k-token load request (eight 224-pixel PNG frames)."""
+    from tests.support import cloud_harness as h
+
+    return h.open_msg(QUESTION, h.make_frames(seed, size=224), max_new_tokens=tokens,
+                      speculative=False)
+
+
+async def one_request(address: str, msg: verifier_pb2.EdgeMessage) -> str:
+    """One request through Generate: "ok" or its status code."""
     from tests.support import cloud_harness as h
 
     port = int(address.rsplit(":", 1)[1])
-    msg = h.open_msg(QUESTION, h.make_frames(seed, size=224), max_new_tokens=tokens,
-                     speculative=False)
     try:
         await h.run_generate(port, msg, timeout=300)
     except grpc.aio.AioRpcError as exc:
@@ -224,11 +230,10 @@ async def hold_many(gate: Gate, node: Node, opts: Options) -> None:
     n = running + opts.extra
     peak = {"running": 0, "waiting": 0}
     stats_ms: list[float] = []  # how long each GetStats took under this load
-    stats_timeouts = 0
+    stats_timeouts_at: list[float] = []  # when each GetStats that ran out was sent (s)
     done = asyncio.Event()
 
     async def watch() -> None:
-        nonlocal stats_timeouts
         async with aio.insecure_channel(node.address) as ch:
             stub = verifier_pb2_grpc.VerifierStub(ch)
             while not done.is_set():
@@ -238,25 +243,33 @@ async def hold_many(gate: Gate, node: Node, opts: Options) -> None:
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
                         raise
-                    stats_timeouts += 1
+                    stats_timeouts_at.append(round(t - t0, 1))
                     continue
                 stats_ms.append((time.monotonic() - t) * 1e3)
                 peak["running"] = max(peak["running"], s.kv_slots_used)
                 peak["waiting"] = max(peak["waiting"], s.live_sessions - s.kv_slots_used)
                 await asyncio.sleep(0.01)
 
-    watcher = asyncio.create_task(watch())
+    # Built before the clock and the watcher start, off this event loop: encoding the
+    # frames takes seconds (``messages_built_s``), and built inside each request it held
+    # up the watcher's GetStats replies and the wall, which were then read as the server's.
+    t_build = time.monotonic()
+    messages = await asyncio.to_thread(
+        lambda: [load_message(i, opts.load_tokens) for i in range(n)])
+    built_s = time.monotonic() - t_build
     t0 = time.monotonic()
-    outcomes = await asyncio.gather(*(one_request(node.address, i, opts.load_tokens)
-                                      for i in range(n)))
+    watcher = asyncio.create_task(watch())
+    outcomes = await asyncio.gather(*(one_request(node.address, msg) for msg in messages))
     wall = time.monotonic() - t0
     done.set()
     await watcher
     counts = {o: outcomes.count(o) for o in sorted(set(outcomes))}
     gate.records["load"] = {"requests": n, "answer_tokens": opts.load_tokens, "outcomes": counts,
                             "peak_running": peak["running"], "peak_waiting": peak["waiting"],
-                            "wall_s": round(wall, 2), "get_stats_calls": len(stats_ms),
-                            "get_stats_timeouts_10s": stats_timeouts,
+                            "wall_s": round(wall, 2), "messages_built_s": round(built_s, 2),
+                            "get_stats_calls": len(stats_ms),
+                            "get_stats_timeouts_10s": len(stats_timeouts_at),
+                            "get_stats_timeouts_sent_at_s": stats_timeouts_at,
                             "get_stats_ms_median": round(statistics.median(stats_ms), 1)
                             if stats_ms else None,
                             "get_stats_ms_max": round(max(stats_ms), 1) if stats_ms else None}

@@ -19,8 +19,13 @@ def test_the_cloud_phase_at_defaults_with_load(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "gpu-gate-cloud-cpu.json").read_text())
     assert rc == 0 and summary["passed"], summary["checks"]
     assert summary["load"]["outcomes"] == {"ok": 11} and summary["load"]["peak_waiting"] >= 1
-    assert summary["cloud-by-length"]["calibration"].startswith("measured at warm-up") or \
-        summary["cloud-by-length"]["calibration"].startswith("profile file")
+    # On a busy machine (CI's, or this one while another suite runs) calibration's sanity
+    # check can fail three rounds; the server then serves on the least bad fit, labelled so.
+    assert summary["cloud-by-length"]["calibration"].startswith(
+        ("measured at warm-up", "profile file", "unreliable, this run only"))
+    load = summary["load"]
+    assert load["messages_built_s"] > 0 and load["get_stats_calls"] >= 1
+    assert load["get_stats_timeouts_10s"] == len(load["get_stats_timeouts_sent_at_s"])
     assert any("capacity" in line for line in summary["cloud-slots"]["status"])
     assert len(summary["stamp"]["commit"]) == 40 and "/tmp/" not in json.dumps(summary)
 
