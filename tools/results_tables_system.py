@@ -387,9 +387,12 @@ def gpu_gate_load(runs: Named) -> list[str]:
         rows.append((label, lv["requests"], lv["answer_tokens"], outcomes, lv["peak_running"],
                      lv["peak_waiting"], f"{lv['wall_s']:.1f}",
                      dash(lv.get("get_stats_ms_median"), ".1f"),
-                     dash(lv.get("get_stats_ms_max"), ".1f")))
+                     dash(lv.get("get_stats_ms_max"), ".1f"),
+                     dash(lv.get("get_stats_timeouts_10s"), "d"),
+                     dash(lv.get("messages_built_s"), ".1f")))
     return table(["run", "requests", "answer tokens", "outcomes", "most at once",
-                  "most waiting", "wall s", "GetStats ms p50", "max"], rows)
+                  "most waiting", "wall s", "GetStats ms p50", "max", "GetStats past 10 s",
+                  "messages built first, s"], rows)
 
 
 KINDS: dict[str, Callable[[Named], list[str]]] = {
