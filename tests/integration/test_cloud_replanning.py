@@ -17,7 +17,12 @@ from tests.support import cloud_harness as h
 
 pytestmark = pytest.mark.asyncio
 
-Q, N = "What is moving?", 4 * EVERY_TOKENS
+#: Six re-plan periods: a re-plan is considered every EVERY_TOKENS commits except in the
+#: last period, and needs MIN_TRIALS verified drafts first. On a starved machine a tail
+#: can land after its step, so drafts are verified later: with four periods, one run on
+#: a loaded machine had too few verified drafts in time and sent no re-plan (its answer
+#: was still the target's).
+Q, N = "What is moving?", 6 * EVERY_TOKENS
 
 
 async def _paced_verifier(target: TargetModel) -> VerifierServer:
