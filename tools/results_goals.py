@@ -2,7 +2,7 @@
 
 A goals table written by hand drifts from its JSON the day one run is redone; this one
 is computed, so the figure, the goal and whether it was met come from the same file.
-Each input is labelled with the role it plays (``engine=engine_h200-<commit>.json``),
+Each input is labelled with the role it plays (``engine_h200-<commit>.json=engine``),
 since one measure can need several runs (the prefill reads the engine run and the fp8
 run). ``tools/render_results.py`` loads ``KINDS`` beside the other table modules.
 """
@@ -33,7 +33,7 @@ def _by_role(runs: Named) -> dict[str, dict[str, Any]]:
     missing = sorted(set(ISSUE_39_ROLES) - set(roles))
     if unknown or missing:
         raise ValueError(f"goals-39: roles unknown {unknown}, missing {missing}; label each "
-                         f"file with one of {sorted(ISSUE_39_ROLES)} (role=file.json)")
+                         f"file with one of {sorted(ISSUE_39_ROLES)} (file.json=role)")
     return roles
 
 
