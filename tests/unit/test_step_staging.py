@@ -39,7 +39,7 @@ def test_a_reused_block_gives_the_step_what_a_fresh_one_does(
     layout: MetaLayout = staging.layout
     fresh, dest = staging.host_meta(layout, slots, starts, counts, bp, qp)
     stale = np.full(layout.size + layout.cap_m, junk, dtype=np.int64)  # the kept block
-    reused, dest_reused = staging._fill_host_meta(stale, layout, slots, starts, counts, bp, qp)
+    reused, dest_reused = staging.host_meta(layout, slots, starts, counts, bp, qp, out=stale)
     assert np.array_equal(dest, dest_reused)
     for want, got in zip(layout.views(torch.from_numpy(fresh), bp, qp),
                          layout.views(torch.from_numpy(reused), bp, qp), strict=True):

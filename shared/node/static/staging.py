@@ -65,28 +65,17 @@ class StepStaging:
         counts: Sequence[int],
         bp: int,
         qp: int,
+        out: np.ndarray[Any, Any] | None = None,
     ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         """Build the step's index arrays on the host (numpy, no Python loop over tokens).
 
         Returns (the int64 block for ``layout``, dest [N]: each real token's row in the
         padded [Bp * Qp] step). Padding rows write K/V into the scratch slot at
         positions 0..Qp-1 and attend over it; their outputs are never gathered.
+        ``out``: a block to write into (at least ``layout.size``; the pinned path's),
+        of which only the parts the (Bp, Qp) views read are written; else a fresh one.
         """
-        return self._fill_host_meta(np.zeros(layout.size, dtype=np.int64), layout, slots,
-                                    starts, counts, bp, qp)
-
-    def _fill_host_meta(
-        self,
-        block: np.ndarray[Any, Any],
-        layout: MetaLayout,
-        slots: Sequence[int],
-        starts: Sequence[int],
-        counts: Sequence[int],
-        bp: int,
-        qp: int,
-    ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-        """:meth:`host_meta` into ``block`` (at least ``layout.size``; only the parts the
-        (Bp, Qp) views read are written)."""
+        block = np.zeros(layout.size, dtype=np.int64) if out is None else out
         b = len(slots)
         slot_a = np.full(bp, self.scratch_slot, dtype=np.int64)
         start_a = np.zeros(bp, dtype=np.int64)
@@ -143,8 +132,8 @@ class StepStaging:
         copied.synchronize()  # normally long done: the step after it has been read
         host = pinned.numpy()  # [size + Mmax] view of the pinned memory
         size, n = self.layout.size, batch.num_tokens
-        _, dest_np = self._fill_host_meta(host, self.layout, batch.slots,
-                                          batch.start_positions, batch.counts, bp, qp)
+        _, dest_np = self.host_meta(self.layout, batch.slots, batch.start_positions,
+                                    batch.counts, bp, qp, out=host)
         host[size : size + n] = dest_np
         staged = pinned[: size + n].to(self.device, non_blocking=True)  # [size + N]
         copied.record()
