@@ -119,7 +119,7 @@ def _final(name: str) -> Any:
 
 def test_the_bounds_quoted_beside_the_final_table_are_its_files() -> None:
     page = (ROOT / "docs" / "results" / "engine-gpu.md").read_text()
-    section = page[page.index("## Issue 39's goals at the final commit"):
+    section = page[page.index("## Issue 39's final measurements"):
                    page.index("### Where they stood before the final run")]
     section = " ".join(section.split())
     engine = _final("engine_h200-a190116.json")
